@@ -1,0 +1,41 @@
+"""Install zero-lab's `megatron` package and build its pybind11 helper extension.
+
+The extension (`megatron.data.helpers`) builds the GPT dataset's sample index in C++.
+"""
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import find_packages, setup
+
+helpers_extension = Pybind11Extension(
+    "megatron.data.helpers",
+    ["megatron/data/helpers.cpp"],
+    cxx_std=17,
+    extra_compile_args=["-O3"],
+)
+
+setup(
+    name="zero-lab",
+    version="0.1.0",
+    description="Megatron-DeepSpeed style GPT training with a DeepSpeed ZeRO experiment suite",
+    packages=find_packages(include=["megatron", "megatron.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        # torch is pinned to the CPU build available on the project machines; on a GPU
+        # machine install the matching CUDA build of torch first and this pin is satisfied.
+        "torch==2.13.0",
+        "deepspeed==0.19.8",
+        "numpy==2.4.6",
+        "regex==2026.11.15",
+        "sentencepiece==0.2.3",
+        "pybind11==3.1.0",
+        "tiktoken==0.14.0",
+        "matplotlib==3.11.2",
+        "tqdm==4.70.1",
+        "psutil==7.2.2",
+        "safetensors==0.8.0",
+        "transformers==5.23.0",
+        "tensorboard==2.21.0",
+    ],
+    extras_require={"test": ["pytest==9.2.0"]},
+    ext_modules=[helpers_extension],
+    cmdclass={"build_ext": build_ext},
+)
