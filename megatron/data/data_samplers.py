@@ -1,0 +1,62 @@
+"""Megatron's pretraining sampler and the training data loader.
+
+Samples are consumed strictly in order: each step of a data-parallel group takes the next
+micro_batch_size * data_parallel_size samples and rank r takes its contiguous slice. A
+global batch (micro batches of all ranks and all accumulation steps) is therefore the same
+run of sample ids whatever the data-parallel size, and resuming from consumed_samples
+continues exactly where a run stopped.
+"""
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+from megatron.data.dataset_utils import DatasetError
+
+
+class MegatronPretrainingSampler:
+    """Yields this rank's micro batches of sample ids, from consumed_samples to the end
+    (an incomplete last step is dropped, so all ranks yield the same number of batches)."""
+
+    def __init__(self, total_samples: int, consumed_samples: int, micro_batch_size: int,
+                 data_parallel_rank: int, data_parallel_size: int):
+        if total_samples <= 0:
+            raise DatasetError(f"the dataset has no samples ({total_samples})")
+        if micro_batch_size <= 0:
+            raise DatasetError(f"--micro-batch-size {micro_batch_size}: expected a positive number")
+        if data_parallel_size <= 0 or not 0 <= data_parallel_rank < data_parallel_size:
+            raise DatasetError(f"data-parallel rank {data_parallel_rank} is not in a group of size {data_parallel_size}")
+        if not 0 <= consumed_samples < total_samples:
+            raise DatasetError(f"consumed samples {consumed_samples}: the dataset has {total_samples} samples, "
+                               "none would be left (train more samples or start from 0)")
+        self.total_samples = total_samples
+        self.consumed_samples = consumed_samples
+        self.micro_batch_size = micro_batch_size
+        self.data_parallel_rank = data_parallel_rank
+        self.step_size = micro_batch_size * data_parallel_size
+
+    def __len__(self) -> int:
+        return (self.total_samples - self.consumed_samples) // self.step_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        first = self.data_parallel_rank * self.micro_batch_size
+        for step_start in range(self.consumed_samples, self.total_samples - self.step_size + 1, self.step_size):
+            start = step_start + first
+            yield list(range(start, start + self.micro_batch_size))
+
+
+def collate_samples(samples: list[dict]) -> dict[str, torch.Tensor]:
+    return {"text": torch.stack([torch.as_tensor(sample["text"], dtype=torch.int64) for sample in samples])}
+
+
+def build_pretraining_data_loader(dataset, consumed_samples: int, micro_batch_size: int,
+                                  data_parallel_rank: int, data_parallel_size: int,
+                                  num_workers: int = 0) -> DataLoader | None:
+    """Batches {"text": LongTensor [micro_batch_size, seq_length + 1]} for this rank, or None
+    without a dataset (a split with no samples requested)."""
+    if dataset is None:
+        return None
+    sampler = MegatronPretrainingSampler(len(dataset), consumed_samples, micro_batch_size,
+                                         data_parallel_rank, data_parallel_size)
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+                      collate_fn=collate_samples, persistent_workers=num_workers > 0)
