@@ -1,0 +1,22 @@
+"""Tokenizers with Megatron's --tokenizer-type names; see `build_tokenizer`."""
+from megatron.tokenizer.errors import TokenizerError
+from megatron.tokenizer.gpt2_bpe import GPT2BPETokenizer
+from megatron.tokenizer.tokenizer import (
+    TOKENIZER_TYPES,
+    NullTokenizer,
+    SentencePieceTokenizer,
+    TokenizerConfig,
+    build_tokenizer,
+    padded_vocab_size,
+)
+
+__all__ = [
+    "TOKENIZER_TYPES",
+    "GPT2BPETokenizer",
+    "NullTokenizer",
+    "SentencePieceTokenizer",
+    "TokenizerConfig",
+    "TokenizerError",
+    "build_tokenizer",
+    "padded_vocab_size",
+]
