@@ -1,0 +1,190 @@
+"""The parallel layout (tensor x pipeline x data) and the process groups it implies.
+
+One `ParallelLayout` describes the sizes; `ParallelState.build` turns it into real
+torch.distributed groups and doubles as the `mpu` object DeepSpeed expects, so that
+ZeRO partitions over data-parallel ranks only. Nothing here is a module global: the
+training script builds one `ParallelState` and passes it down.
+
+Rank order follows Megatron: tensor-parallel ranks are adjacent (fastest), then data
+parallel, then pipeline stages (slowest). For world 8, TP=2, PP=2:
+tensor groups [0,1] [2,3] [4,5] [6,7]; data groups [0,2] [1,3] [4,6] [5,7];
+pipeline groups [0,4] [1,5] [2,6] [3,7]; model-parallel groups [0,1,4,5] [2,3,6,7].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+
+
+class ParallelLayoutError(ValueError):
+    """A parallel size that cannot split the world; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    world_size: int
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+
+    def __post_init__(self):
+        for flag, value in (
+            ("--tensor-model-parallel-size", self.tensor_model_parallel_size),
+            ("--pipeline-model-parallel-size", self.pipeline_model_parallel_size),
+        ):
+            if value < 1:
+                raise ParallelLayoutError(f"{flag} must be >= 1, got {value}")
+        if self.world_size < 1:
+            raise ParallelLayoutError(f"world size must be >= 1, got {self.world_size}")
+        model_parallel = self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+        if self.world_size % model_parallel:
+            raise ParallelLayoutError(
+                f"world size {self.world_size} is not divisible by --tensor-model-parallel-size "
+                f"{self.tensor_model_parallel_size} x --pipeline-model-parallel-size "
+                f"{self.pipeline_model_parallel_size}"
+            )
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world_size // (self.tensor_model_parallel_size * self.pipeline_model_parallel_size)
+
+    @property
+    def _stage_size(self) -> int:
+        """Ranks per pipeline stage (TP x DP)."""
+        return self.world_size // self.pipeline_model_parallel_size
+
+    def tensor_groups(self) -> list[list[int]]:
+        tp = self.tensor_model_parallel_size
+        return [list(range(start, start + tp)) for start in range(0, self.world_size, tp)]
+
+    def data_groups(self) -> list[list[int]]:
+        groups = []
+        for stage in range(self.pipeline_model_parallel_size):
+            first = stage * self._stage_size
+            for tp_rank in range(self.tensor_model_parallel_size):
+                groups.append(list(range(first + tp_rank, first + self._stage_size, self.tensor_model_parallel_size)))
+        return groups
+
+    def pipeline_groups(self) -> list[list[int]]:
+        return [list(range(start, self.world_size, self._stage_size)) for start in range(self._stage_size)]
+
+    def model_groups(self) -> list[list[int]]:
+        """Ranks that together hold one full model replica (TP x PP), one group per DP rank."""
+        data_groups = self.data_groups()
+        return [[group[dp_rank] for group in data_groups] for dp_rank in range(self.data_parallel_size)]
+
+
+def _index_of(rank: int, groups: list[list[int]]) -> tuple[int, list[int]]:
+    """The group holding `rank` and the rank's position inside it."""
+    for group in groups:
+        if rank in group:
+            return group.index(rank), group
+    raise ParallelLayoutError(f"rank {rank} is outside every group of the layout")
+
+
+@dataclass
+class _Group:
+    ranks: list[int]
+    rank: int
+    handle: object | None  # a torch.distributed ProcessGroup, or None when not distributed
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+@dataclass
+class ParallelState:
+    """This rank's place in the layout, with its process groups; also DeepSpeed's `mpu`."""
+
+    layout: ParallelLayout
+    rank: int
+    tensor: _Group = field(repr=False)
+    data: _Group = field(repr=False)
+    pipeline: _Group = field(repr=False)
+    model: _Group = field(repr=False)
+
+    @classmethod
+    def build(cls, layout: ParallelLayout) -> "ParallelState":
+        """Create every group of the layout. With torch.distributed initialized all ranks must
+        call this (new_group is collective, even for groups a rank is not in); without it the
+        layout must be a single process and the groups are None (layers then run serially)."""
+        if dist.is_available() and dist.is_initialized():
+            if dist.get_world_size() != layout.world_size:
+                raise ParallelLayoutError(
+                    f"layout is for world size {layout.world_size} but torch.distributed has {dist.get_world_size()}"
+                )
+            rank = dist.get_rank()
+            make_group = dist.new_group
+        elif layout.world_size == 1:
+            rank = 0
+            make_group = None
+        else:
+            raise ParallelLayoutError(f"world size {layout.world_size} needs torch.distributed to be initialized")
+        groups = {}
+        for name, all_groups in (
+            ("tensor", layout.tensor_groups()),
+            ("data", layout.data_groups()),
+            ("pipeline", layout.pipeline_groups()),
+            ("model", layout.model_groups()),
+        ):
+            for ranks in all_groups:
+                handle = make_group(ranks) if make_group else None
+                if rank in ranks:
+                    groups[name] = _Group(ranks, ranks.index(rank), handle)
+        return cls(layout=layout, rank=rank, **groups)
+
+    # --- the mpu interface DeepSpeed queries (deepspeed/utils/bwc.py, zero/*) ---
+    def get_tensor_model_parallel_rank(self) -> int:
+        return self.tensor.rank
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        return self.tensor.size
+
+    def get_tensor_model_parallel_group(self):
+        return self.tensor.handle
+
+    def get_tensor_model_parallel_src_rank(self) -> int:
+        """Global rank of the first rank of this rank's tensor group (broadcast source)."""
+        return self.tensor.ranks[0]
+
+    def get_data_parallel_rank(self) -> int:
+        return self.data.rank
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.data.size
+
+    def get_data_parallel_group(self):
+        return self.data.handle
+
+    def get_data_parallel_group_ranks(self) -> list[int]:
+        return list(self.data.ranks)
+
+    def get_pipeline_model_parallel_rank(self) -> int:
+        return self.pipeline.rank
+
+    def get_pipeline_model_parallel_world_size(self) -> int:
+        return self.pipeline.size
+
+    def get_pipeline_model_parallel_group(self):
+        return self.pipeline.handle
+
+    # DeepSpeed's pipeline naming of the same three.
+    get_pipe_parallel_rank = get_pipeline_model_parallel_rank
+    get_pipe_parallel_world_size = get_pipeline_model_parallel_world_size
+    get_pipe_parallel_group = get_pipeline_model_parallel_group
+
+    def get_model_parallel_rank(self) -> int:
+        return self.model.rank
+
+    def get_model_parallel_world_size(self) -> int:
+        return self.model.size
+
+    def get_model_parallel_group(self):
+        return self.model.handle
+
+    def is_pipeline_first_stage(self) -> bool:
+        return self.pipeline.rank == 0
+
+    def is_pipeline_last_stage(self) -> bool:
+        return self.pipeline.rank == self.pipeline.size - 1

@@ -1,0 +1,134 @@
+"""Tensor-parallel layers: plain nn.Modules that take their process group explicitly.
+
+With group None (or one rank) each is the ordinary serial layer. Weights are drawn as
+the full master matrix from the default generator and then sliced, so a TP=2 model
+built with the same seed holds exactly the shards of the TP=1 model.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.core.tensor_parallel.mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_tensor_model_parallel_region,
+    group_rank,
+    group_size,
+    reduce_from_tensor_model_parallel_region,
+    scatter_to_tensor_model_parallel_region,
+)
+
+InitMethod = Callable[[torch.Tensor], torch.Tensor]
+
+
+def init_method_normal(std: float) -> InitMethod:
+    def init(tensor: torch.Tensor) -> torch.Tensor:
+        return nn.init.normal_(tensor, mean=0.0, std=std)
+
+    return init
+
+
+def scaled_init_method_normal(std: float, num_layers: int) -> InitMethod:
+    """GPT-2's init for projections that add into the residual stream: std / sqrt(2 L)."""
+    return init_method_normal(std / math.sqrt(2.0 * num_layers))
+
+
+def divide(numerator: int, denominator: int, what: str) -> int:
+    if numerator % denominator:
+        raise ValueError(f"{what} {numerator} is not divisible by tensor-parallel size {denominator}")
+    return numerator // denominator
+
+
+def _sharded_weight(
+    full_shape: tuple[int, int], partition_dim: int, group, init_method: InitMethod, params_dtype: torch.dtype
+) -> nn.Parameter:
+    """Initialise the full fp32 master weight, keep this rank's slice along `partition_dim`."""
+    master = torch.empty(full_shape, dtype=torch.float32)
+    init_method(master)
+    shard = master.chunk(group_size(group), dim=partition_dim)[group_rank(group)]
+    weight = nn.Parameter(shard.to(params_dtype).contiguous())
+    mark_tensor_parallel(weight, partition_dim, parallel=group_size(group) > 1)
+    return weight
+
+
+def mark_tensor_parallel(param: nn.Parameter, partition_dim: int, parallel: bool = True) -> None:
+    """The attributes DeepSpeed reads (deepspeed.runtime.utils.is_model_parallel_parameter)
+    so that split parameters count on every rank in the grad norm, replicated ones once."""
+    param.tensor_model_parallel = parallel
+    param.partition_dim = partition_dim
+    param.partition_stride = 1
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x A^T + b with A split by rows (output features) across the group."""
+
+    def __init__(self, input_size: int, output_size: int, *, group, init_method: InitMethod,
+                 bias: bool = True, gather_output: bool = False, params_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.group = group
+        self.gather_output = gather_output
+        self.output_size_per_partition = divide(output_size, group_size(group), "output size")
+        self.weight = _sharded_weight((output_size, input_size), 0, group, init_method, params_dtype)
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(self.output_size_per_partition, dtype=params_dtype))
+            mark_tensor_parallel(self.bias, 0, parallel=group_size(group) > 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tensor_model_parallel_region(x, self.group)
+        y = F.linear(x, self.weight, self.bias)
+        if self.gather_output:
+            y = gather_from_tensor_model_parallel_region(y, self.group)
+        return y
+
+
+class RowParallelLinear(nn.Module):
+    """y = x A^T + b with A split by columns (input features); partial sums are all-reduced."""
+
+    def __init__(self, input_size: int, output_size: int, *, group, init_method: InitMethod,
+                 bias: bool = True, input_is_parallel: bool = True, params_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.group = group
+        self.input_is_parallel = input_is_parallel
+        self.input_size_per_partition = divide(input_size, group_size(group), "input size")
+        self.weight = _sharded_weight((output_size, input_size), 1, group, init_method, params_dtype)
+        # The bias is added once, after the reduction, so it is replicated.
+        self.bias = nn.Parameter(torch.zeros(output_size, dtype=params_dtype)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.input_is_parallel:
+            x = scatter_to_tensor_model_parallel_region(x, self.group)
+        y = reduce_from_tensor_model_parallel_region(F.linear(x, self.weight), self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding table split by vocabulary rows; each rank looks up the ids it owns."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, group, init_method: InitMethod,
+                 params_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.group = group
+        per_rank = divide(num_embeddings, group_size(group), "padded vocab size")
+        self.vocab_start = group_rank(group) * per_rank
+        self.vocab_end = self.vocab_start + per_rank
+        self.weight = _sharded_weight((num_embeddings, embedding_dim), 0, group, init_method, params_dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if group_size(self.group) == 1:
+            return F.embedding(ids, self.weight)
+        outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
+        local_ids = (ids - self.vocab_start).masked_fill(outside, 0)
+        embedded = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tensor_model_parallel_region(embedded, self.group)
+
+
+def parallel_lm_logits(hidden: torch.Tensor, word_embeddings_weight: torch.Tensor, group) -> torch.Tensor:
+    """Logits for this rank's vocab slice, using the (tied) vocab-parallel embedding table.
+
+    The hidden state is replicated, so its gradient is the sum over the vocab shards."""
+    return F.linear(copy_to_tensor_model_parallel_region(hidden, group), word_embeddings_weight)

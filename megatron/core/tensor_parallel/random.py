@@ -1,0 +1,101 @@
+"""Model-parallel RNG and activation checkpointing that replays it.
+
+Dropout on activations that are split across tensor-parallel ranks (attention heads)
+must differ between ranks, or every shard drops the same positions; dropout on
+replicated activations must match across ranks, or the replicas diverge. The default
+generator (seeded identically on all TP ranks) serves the replicated case; the tracker
+holds a second, per-rank generator state that `fork()` swaps in for the split case.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+MODEL_PARALLEL_RNG = "model-parallel-rng"
+# Megatron's offset between the data-parallel seed and the tensor-parallel seeds.
+TENSOR_PARALLEL_SEED_OFFSET = 2718
+
+
+def _default_generator(device: torch.device) -> torch.Generator:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+    return torch.default_generator
+
+
+@dataclass
+class RNGStatesTracker:
+    """Named generator states, one per (name, device type), created lazily from a seed."""
+
+    seeds: dict[str, int] = field(default_factory=dict)
+    states: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
+
+    def add(self, name: str, seed: int) -> None:
+        if name in self.seeds:
+            raise ValueError(f"RNG state {name!r} already exists")
+        if seed in self.seeds.values():
+            raise ValueError(f"seed {seed} is already used by another RNG state")
+        self.seeds[name] = seed
+
+    def _state(self, name: str, device: torch.device) -> torch.Tensor:
+        key = (name, device.type)
+        if key not in self.states:
+            if name not in self.seeds:
+                raise ValueError(f"RNG state {name!r} was never added")
+            generator = torch.Generator(device=device)
+            generator.manual_seed(self.seeds[name])
+            self.states[key] = generator.get_state()
+        return self.states[key]
+
+    @contextlib.contextmanager
+    def fork(self, device: torch.device, name: str = MODEL_PARALLEL_RNG):
+        """Run the body with the tracked state in the device's default generator, then put
+        the default state back and keep the advanced tracked state for next time."""
+        generator = _default_generator(device)
+        saved = generator.get_state()
+        generator.set_state(self._state(name, device))
+        try:
+            yield
+        finally:
+            self.states[(name, device.type)] = generator.get_state()
+            generator.set_state(saved)
+
+    def get_states(self) -> dict[tuple[str, str], torch.Tensor]:
+        return {key: state.clone() for key, state in self.states.items()}
+
+    def set_states(self, states: dict[tuple[str, str], torch.Tensor]) -> None:
+        self.states = {key: state.clone() for key, state in states.items()}
+
+
+def model_parallel_tracker(seed: int, tensor_parallel_rank: int) -> RNGStatesTracker:
+    """A tracker whose model-parallel state differs on each TP rank, derived from `seed`."""
+    tracker = RNGStatesTracker()
+    tracker.add(MODEL_PARALLEL_RNG, seed + TENSOR_PARALLEL_SEED_OFFSET + tensor_parallel_rank)
+    return tracker
+
+
+def checkpoint(function, tracker: RNGStatesTracker, *args):
+    """Activation checkpointing: drop `function`'s activations, recompute them in backward.
+
+    torch restores the default generators for the recompute; the context pair below also
+    rewinds the tracker, so dropout inside forked regions draws the same masks again.
+    """
+
+    def contexts():
+        saved = tracker.get_states()
+
+        @contextlib.contextmanager
+        def replay():
+            current = tracker.get_states()
+            tracker.set_states(saved)
+            try:
+                yield
+            finally:
+                tracker.set_states(current)
+
+        return contextlib.nullcontext(), replay()
+
+    return torch_checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts)

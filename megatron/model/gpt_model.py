@@ -1,0 +1,78 @@
+"""GPT-2: learned positions, pre-LN transformer layers, final LayerNorm, tied output layer.
+
+The model is built for one tensor-parallel group (None = serial) and returns per-token
+fp32 losses computed by the vocab-parallel cross-entropy, or the full logits.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from megatron.core.tensor_parallel import (
+    VocabParallelEmbedding,
+    checkpoint,
+    gather_from_tensor_model_parallel_region,
+    init_method_normal,
+    model_parallel_tracker,
+    vocab_parallel_cross_entropy,
+)
+from megatron.core.tensor_parallel.layers import parallel_lm_logits
+from megatron.core.tensor_parallel.mappings import group_rank, group_size
+from megatron.model.config import GPTConfig, ModelConfigError
+from megatron.model.transformer import ParallelTransformerLayer
+
+
+def _check_tensor_parallel(config: GPTConfig, tp_size: int) -> None:
+    if config.num_attention_heads % tp_size:
+        raise ModelConfigError(
+            f"--num-attention-heads {config.num_attention_heads} is not divisible by "
+            f"--tensor-model-parallel-size {tp_size}"
+        )
+    if config.padded_vocab_size % tp_size:
+        raise ModelConfigError(
+            f"padded vocab size {config.padded_vocab_size} is not divisible by --tensor-model-parallel-size {tp_size}"
+        )
+    if config.ffn_hidden_size % tp_size:
+        raise ModelConfigError(
+            f"--ffn-hidden-size {config.ffn_hidden_size} is not divisible by --tensor-model-parallel-size {tp_size}"
+        )
+
+
+class GPTModel(nn.Module):
+    def __init__(self, config: GPTConfig, tp_group=None):
+        super().__init__()
+        _check_tensor_parallel(config, group_size(tp_group))
+        self.config = config
+        self.tp_group = tp_group
+        # Per-TP-rank dropout stream, derived from the seed the caller gave torch.manual_seed.
+        self.rng_tracker = model_parallel_tracker(torch.initial_seed() % 2**62, group_rank(tp_group))
+        init = init_method_normal(config.init_method_std)
+        self.word_embeddings = VocabParallelEmbedding(
+            config.padded_vocab_size, config.hidden_size, group=tp_group, init_method=init,
+            params_dtype=config.params_dtype,
+        )
+        positions = init(torch.empty(config.max_position_embeddings, config.hidden_size, dtype=torch.float32))
+        self.position_embeddings = nn.Embedding(
+            config.max_position_embeddings, config.hidden_size, _weight=positions.to(config.params_dtype)
+        )
+        self.embedding_dropout = nn.Dropout(config.hidden_dropout)
+        self.layers = nn.ModuleList(
+            ParallelTransformerLayer(config, tp_group, self.rng_tracker) for _ in range(config.num_layers)
+        )
+        self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon, dtype=config.params_dtype)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor | None = None):
+        """input_ids, position_ids, labels: [batch, seq] long. Returns the per-token fp32 loss
+        [batch, seq] when labels are given, else the logits [batch, seq, padded_vocab]."""
+        assert input_ids.dim() == 2 and input_ids.shape == position_ids.shape, (
+            f"expected input_ids and position_ids of one shape [batch, seq], got "
+            f"{tuple(input_ids.shape)} and {tuple(position_ids.shape)}"
+        )
+        x = self.embedding_dropout(self.word_embeddings(input_ids) + self.position_embeddings(position_ids))
+        recompute = self.config.checkpoint_activations and self.training and torch.is_grad_enabled()
+        for layer in self.layers:
+            x = checkpoint(layer, self.rng_tracker, x) if recompute else layer(x)
+        local_logits = parallel_lm_logits(self.final_layernorm(x), self.word_embeddings.weight, self.tp_group)
+        if labels is None:
+            return gather_from_tensor_model_parallel_region(local_logits, self.tp_group)
+        return vocab_parallel_cross_entropy(local_logits, labels, self.tp_group)

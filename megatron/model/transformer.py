@@ -1,0 +1,92 @@
+"""One GPT-2 transformer layer: pre-LayerNorm attention and MLP, each added to the residual.
+
+The tensor-parallel layers carry all communication; this file has no collective calls.
+Activations are [batch, seq, hidden].
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.core.tensor_parallel import (
+    ColumnParallelLinear,
+    RNGStatesTracker,
+    RowParallelLinear,
+    init_method_normal,
+    scaled_init_method_normal,
+)
+from megatron.core.tensor_parallel.mappings import group_size
+from megatron.model.config import GPTConfig
+
+
+def _layer_norm(config: GPTConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon, dtype=config.params_dtype)
+
+
+class ParallelAttention(nn.Module):
+    """Causal self-attention; each TP rank owns num_heads / tp whole heads.
+
+    The fused QKV output is laid out per head as [head, (q, k, v), head_dim] (Megatron's
+    layout), so a contiguous column split hands every rank complete heads.
+    """
+
+    def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker):
+        super().__init__()
+        self.config = config
+        self.rng_tracker = rng_tracker
+        self.local_heads = config.num_attention_heads // group_size(tp_group)
+        self.query_key_value = ColumnParallelLinear(
+            config.hidden_size, 3 * config.hidden_size, group=tp_group,
+            init_method=init_method_normal(config.init_method_std), params_dtype=config.params_dtype,
+        )
+        self.dense = RowParallelLinear(
+            config.hidden_size, config.hidden_size, group=tp_group,
+            init_method=scaled_init_method_normal(config.init_method_std, config.num_layers),
+            params_dtype=config.params_dtype,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        qkv = self.query_key_value(x).view(batch, seq, self.local_heads, 3, self.config.head_dim)
+        q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # each [b, heads, s, d]
+        dropout = self.config.attention_dropout if self.training else 0.0
+        # Heads differ per TP rank, so their dropout draws from the per-rank generator.
+        with self.rng_tracker.fork(x.device):
+            context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        context = context.transpose(1, 2).reshape(batch, seq, self.local_heads * self.config.head_dim)
+        return self.dense(context)
+
+
+class ParallelMLP(nn.Module):
+    """h -> ffn (column split) -> GELU(tanh) -> h (row split)."""
+
+    def __init__(self, config: GPTConfig, tp_group):
+        super().__init__()
+        self.dense_h_to_4h = ColumnParallelLinear(
+            config.hidden_size, config.ffn_hidden_size, group=tp_group,
+            init_method=init_method_normal(config.init_method_std), params_dtype=config.params_dtype,
+        )
+        self.dense_4h_to_h = RowParallelLinear(
+            config.ffn_hidden_size, config.hidden_size, group=tp_group,
+            init_method=scaled_init_method_normal(config.init_method_std, config.num_layers),
+            params_dtype=config.params_dtype,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x), approximate="tanh"))
+
+
+class ParallelTransformerLayer(nn.Module):
+    def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker):
+        super().__init__()
+        self.input_layernorm = _layer_norm(config)
+        self.self_attention = ParallelAttention(config, tp_group, rng_tracker)
+        self.post_attention_layernorm = _layer_norm(config)
+        self.mlp = ParallelMLP(config, tp_group)
+        self.hidden_dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Residual-branch outputs are replicated across TP ranks: default generator.
+        x = x + self.hidden_dropout(self.self_attention(self.input_layernorm(x)))
+        return x + self.hidden_dropout(self.mlp(self.post_attention_layernorm(x)))
