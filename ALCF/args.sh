@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Sourced by train-gpt3.sh after setup.sh and models.sh: environment variables -> the run
+# name, its folders, and the Megatron-DeepSpeed flags in MEGATRON_ARGS. Writes nothing:
+# pretrain_gpt.py writes the DeepSpeed config it generates into RUN_DIR (--run-dir), so
+# there is one config generator (megatron/deepspeed_config.py), not a JSON copy here.
+
+alcf_positive_int() {
+    [[ "${!1}" =~ ^[1-9][0-9]*$ ]] || alcf_die "$1=${!1}: expected a positive integer"
+}
+
+SEQ_LEN=${SEQ_LEN:-1024}
+MICRO_BATCH=${MICRO_BATCH:-1}
+GAS=${GAS:-1}
+MPSIZE=${MPSIZE:-1}
+PPSIZE=${PPSIZE:-1}
+SPSIZE=${SPSIZE:-1}
+SP_TYPE=${SP_TYPE:-megatron}
+ZERO_STAGE=${ZERO_STAGE:-1}
+USE_ACTIVATION_CHECKPOINTING=${USE_ACTIVATION_CHECKPOINTING:-1}
+for var in SEQ_LEN MICRO_BATCH GAS MPSIZE PPSIZE SPSIZE; do alcf_positive_int "$var"; done
+[[ "$ZERO_STAGE" =~ ^[0-3]$ ]] || alcf_die "ZERO_STAGE=$ZERO_STAGE: expected 0, 1, 2 or 3"
+[[ "$USE_ACTIVATION_CHECKPOINTING" =~ ^[01]$ ]] || alcf_die "USE_ACTIVATION_CHECKPOINTING=$USE_ACTIVATION_CHECKPOINTING: expected 0 or 1"
+
+case "$SP_TYPE" in
+    megatron | none) ;;
+    deepspeed) alcf_die "SP_TYPE=deepspeed (DeepSpeed-Ulysses sequence parallelism) is out of scope for zero-lab; use SP_TYPE=megatron (--sequence-parallel with MPSIZE > 1) or SP_TYPE=none" ;;
+    *) alcf_die "SP_TYPE=$SP_TYPE: expected megatron or none" ;;
+esac
+(( SPSIZE == 1 )) || alcf_die "SPSIZE=$SPSIZE: DeepSpeed-Ulysses sequence parallelism is out of scope for zero-lab; use SPSIZE=1"
+
+(( NGPUS % (MPSIZE * PPSIZE) == 0 )) \
+    || alcf_die "NGPUS=$NGPUS ($NHOSTS hosts x $NGPU_PER_HOST) is not divisible by MPSIZE=$MPSIZE x PPSIZE=$PPSIZE"
+DPSIZE=$(( NGPUS / (MPSIZE * PPSIZE) ))
+if [[ -n "${GLOBAL_BATCH:-}" ]]; then
+    alcf_positive_int GLOBAL_BATCH
+    (( GLOBAL_BATCH % (MICRO_BATCH * DPSIZE) == 0 )) \
+        || alcf_die "GLOBAL_BATCH=$GLOBAL_BATCH is not divisible by MICRO_BATCH=$MICRO_BATCH x data-parallel size $DPSIZE"
+    GAS=$(( GLOBAL_BATCH / (MICRO_BATCH * DPSIZE) ))
+else
+    GLOBAL_BATCH=$(( MICRO_BATCH * GAS * DPSIZE ))
+fi
+
+# e.g. gpt_SP_actCkpt_GPT13B_z1_seqlen1024_mp8_pp1_sp1_nl40_hs5120_gb1_mb1 (ALCF Megatron-DeepSpeed naming)
+if [[ -z "${RUN_NAME:-}" ]]; then
+    RUN_NAME="${MODEL_SIZE_KEY}_z${ZERO_STAGE}_seqlen${SEQ_LEN}_mp${MPSIZE}_pp${PPSIZE}_sp${SPSIZE}"
+    RUN_NAME+="_nl${NLAYERS}_hs${HIDDEN}_gb${GLOBAL_BATCH}_mb${MICRO_BATCH}"
+    (( USE_ACTIVATION_CHECKPOINTING == 1 )) && RUN_NAME="actCkpt_${RUN_NAME}"
+    [[ "$SP_TYPE" == megatron ]] && RUN_NAME="SP_${RUN_NAME}"
+    RUN_NAME="gpt_${RUN_NAME}"
+fi
+RUN_DIR=$(realpath -m "${OUTPUT_ROOT:-outputs}/$RUN_NAME")
+RUN_USER=${USER:-$(id -un)}
+LOG_FILE="$RUN_DIR/logs/${RUN_USER}-$(hostname)-nhosts${NHOSTS}-ngpu${NGPUS}-$(date +%Y-%m-%d-%H%M%S).log"
+CHECKPOINT_DIR="$RUN_DIR/checkpoints"
+
+DATA_DIR=${DATA_DIR:-$REPO_ROOT/data}
+DATA_PATH=${DATA_PATH:-$DATA_DIR/dolly_text_document}
+VOCAB_FILE=${VOCAB_FILE:-$DATA_DIR/gpt2-vocab.json}
+MERGE_FILE=${MERGE_FILE:-$DATA_DIR/gpt2-merges.txt}
+read -r -a ALCF_DATA_PATH <<< "$DATA_PATH"  # one prefix, or "weight prefix weight prefix ..."
+if [[ -z "${DTYPE:-}" ]]; then
+    [[ "$ACCELERATOR" == cuda ]] && DTYPE=bf16 || DTYPE=fp32
+fi
+[[ "$DTYPE" =~ ^(fp32|bf16|fp16)$ ]] || alcf_die "DTYPE=$DTYPE: expected fp32, bf16 or fp16"
+
+MEGATRON_ARGS=(
+    --num-layers "$NLAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS"
+    --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
+    --micro-batch-size "$MICRO_BATCH" --global-batch-size "$GLOBAL_BATCH"
+    --tensor-model-parallel-size "$MPSIZE" --pipeline-model-parallel-size "$PPSIZE"
+    --lr "${LR:-3e-4}" --min-lr "${MIN_LR:-3e-5}" --lr-decay-style cosine
+    --lr-warmup-fraction "${LR_WARMUP_FRAC:-0.01}" --weight-decay 0.1 --clip-grad 1.0 --adam-beta2 0.95
+    --data-path "${ALCF_DATA_PATH[@]}" --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE"
+    --split "${DATA_SPLIT:-969,30,1}"
+    --log-interval "${LOG_INTERVAL:-1}" --eval-interval "${EVAL_INTERVAL:-1000}" --eval-iters "${EVAL_ITERS:-10}"
+    --save "$CHECKPOINT_DIR" --save-interval "${SAVE_INTERVAL:-1000}"
+    --tensorboard-dir "$RUN_DIR/tensorboard"
+    --deepspeed --zero-stage "$ZERO_STAGE" --run-dir "$RUN_DIR"
+)
+if [[ -n "${TRAIN_EPOCHS:-}" ]]; then
+    MEGATRON_ARGS+=(--train-epochs "$TRAIN_EPOCHS")
+else
+    MEGATRON_ARGS+=(--train-iters "${TRAIN_ITERS:-1000}")
+fi
+(( PPSIZE == 1 )) && MEGATRON_ARGS+=(--no-pipeline-parallel)
+# Megatron's sequence parallelism splits activations across the TP group; with MPSIZE=1 there is none.
+[[ "$SP_TYPE" == megatron ]] && (( MPSIZE > 1 )) && MEGATRON_ARGS+=(--sequence-parallel)
+(( USE_ACTIVATION_CHECKPOINTING == 1 )) && MEGATRON_ARGS+=(--checkpoint-activations)
+[[ "$DTYPE" != fp32 ]] && MEGATRON_ARGS+=("--$DTYPE")
+[[ -n "${DS_CONFIG:-}" ]] && MEGATRON_ARGS+=(--deepspeed_config "$DS_CONFIG")
+# resume when this run already saved a checkpoint (--load on an empty folder is an error)
+[[ -f "$CHECKPOINT_DIR/latest" ]] && MEGATRON_ARGS+=(--load "$CHECKPOINT_DIR")
+echo "[args] run: $RUN_NAME | dp=$DPSIZE mp=$MPSIZE pp=$PPSIZE | global batch $GLOBAL_BATCH = micro $MICRO_BATCH x gas $GAS x dp $DPSIZE | zero $ZERO_STAGE | $DTYPE"

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Sourced by train-gpt3.sh last: the mpiexec command line, printed, then run unless DRY_RUN=1.
+# The script's own arguments ("$@") are appended to pretrain_gpt.py's flags.
+
+command -v mpiexec >/dev/null 2>&1 \
+    || alcf_die "mpiexec not found on PATH: load the MPI module (PBS clusters) or install MPICH (apt-get install mpich)"
+
+# Hydra (MPICH) and PALS (Cray/HPE) take --ppn and --envall; Open MPI spells ranks per node
+# -npernode and forwards only variables named with -x.
+if mpiexec --version 2>&1 | grep -qiE 'open mpi|openrte'; then
+    MPIEXEC=(mpiexec --verbose -n "$NGPUS" -npernode "$NGPU_PER_HOST" --hostfile "$ALCF_HOSTFILE")
+    for var in PATH LD_LIBRARY_PATH PYTHONPATH VIRTUAL_ENV DS_ACCELERATOR OMP_NUM_THREADS \
+        CUDA_DEVICE_MAX_CONNECTIONS IBV_FORK_SAFE MASTER_ADDR MASTER_PORT HF_HUB_OFFLINE; do
+        [[ -n "${!var+set}" ]] && MPIEXEC+=(-x "$var")
+    done
+else
+    MPIEXEC=(mpiexec --verbose --envall -n "$NGPUS" --ppn "$NGPU_PER_HOST" --hostfile "$ALCF_HOSTFILE")
+fi
+# Shell-quoted only where needed, so the printed line reads like what a user would type.
+alcf_quote() {
+    local word
+    for word in "$@"; do
+        if [[ "$word" =~ ^[A-Za-z0-9_./=:,+@%-]+$ ]]; then printf '%s ' "$word"; else printf '%q ' "$word"; fi
+    done
+}
+read -r -a ALCF_EXTRA_MPIEXEC <<< "${MPIEXEC_EXTRA_ARGS:-}"  # e.g. "--cpu-bind depth -d 16" on Polaris
+ALCF_COMMAND=("${MPIEXEC[@]}" "${ALCF_EXTRA_MPIEXEC[@]}" "${PYTHON:-python3}" "$REPO_ROOT/pretrain_gpt.py" \
+    "${MEGATRON_ARGS[@]}" "$@")
+
+echo "[launch] $(alcf_quote "${ALCF_COMMAND[@]}")"
+if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    echo "[launch] DRY_RUN=1: not launching"
+else
+    echo "$(alcf_quote "${ALCF_COMMAND[@]}")" > "$LOG_FILE"
+    "${ALCF_COMMAND[@]}" 2>&1 | tee -a "$LOG_FILE"
+fi

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Train a GPT-3 family model with Megatron-DeepSpeed flags through mpiexec, inside a PBS job
+# (or on one machine). Everything is set by environment variables, e.g.
+#   MODEL_SIZE_KEY=GPT1_5B SEQ_LEN=1024 MICRO_BATCH=1 SP_TYPE=megatron ./ALCF/train-gpt3.sh
+# (see ALCF/README.md); extra arguments go to pretrain_gpt.py. DRY_RUN=1 prints the command only.
+set -euo pipefail
+ALCF_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(dirname "$ALCF_DIR")
+
+source "$ALCF_DIR/setup.sh"
+source "$ALCF_DIR/models.sh"
+source "$ALCF_DIR/args.sh"
+
+# mpiexec needs a hostfile; without PBS_NODEFILE/HOSTFILE the run uses this host only.
+ALCF_HOSTFILE=${HOSTFILE_IN:-$RUN_DIR/hostfile}
+if [[ "${DRY_RUN:-0}" != 1 ]]; then
+    # One copy of a run per node: two would write the same checkpoints and logs. The lock is
+    # held by this shell and the ranks it starts, and released when they all exit.
+    ALCF_LOCK="${TMPDIR:-/tmp}/zero-lab-${RUN_USER}-${RUN_NAME}.lock"
+    exec {ALCF_LOCK_FD}>"$ALCF_LOCK"
+    flock -n "$ALCF_LOCK_FD" \
+        || alcf_die "run $RUN_NAME is already running on $(hostname) (lock $ALCF_LOCK is held)"
+    mkdir -p "$RUN_DIR/logs"
+    [[ -n "$HOSTFILE_IN" ]] || printf '%s\n' "${HOSTS[@]}" > "$ALCF_HOSTFILE"
+    echo "$LOG_FILE" >> "${LOGFILES:-logfiles}"
+    echo "[train-gpt3] log: $LOG_FILE"
+    echo "[train-gpt3] follow it with: tail -f \$(tail -1 ${LOGFILES:-logfiles})"
+fi
+source "$ALCF_DIR/launch.sh" "$@"

@@ -1,0 +1,288 @@
+"""ALCF/train-gpt3.sh (PBS + mpiexec launch scripts) and megatron/dist_env.py.
+
+The scripts run for real in a subprocess; only what a dev box lacks is faked on PATH: a PBS
+node file with two hosts, `nvidia-smi` listing four GPUs, `qsub`, and for the Open MPI test
+an `mpiexec --version` that answers like Open MPI. The slow tests launch real ranks with
+Debian's MPICH mpiexec.
+"""
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
+from megatron.dist_env import DistEnvError, LauncherEnv, export_launcher_env, resolve_launcher_env
+
+TRAIN = REPO_ROOT / "ALCF" / "train-gpt3.sh"
+SUBMIT = REPO_ROOT / "ALCF" / "submit-pbs.sh"
+EXAMPLE_RUN = "gpt_SP_actCkpt_GPT13B_z1_seqlen1024_mp8_pp1_sp1_nl40_hs5120_gb1_mb1"
+HOSTS = ["x3001c0s7b0n0.hsn.cm.polaris.alcf.anl.gov", "x3001c0s7b1n0.hsn.cm.polaris.alcf.anl.gov"]
+LAUNCH_VARS = ("PBS_NODEFILE", "HOSTFILE", "CUDA_VISIBLE_DEVICES", "NGPU_PER_HOST", "RUN_NAME", "PBS_JOBID",
+               "GLOBAL_BATCH", "GAS", "MPSIZE", "PPSIZE", "SP_TYPE", "ZERO_STAGE", "DTYPE", "DATA_PATH",
+               "MODEL_SIZE_KEY", "TRAIN_ITERS", "TRAIN_EPOCHS", "OMP_NUM_THREADS", "VENV_DIR",
+               "ZERO_LAB_ROOT", "PBS_O_WORKDIR", "PBS_ACCOUNT", "MPIEXEC_EXTRA_ARGS", "OUTPUT_ROOT")
+
+
+def _executable(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A fake PBS allocation: node file with two hosts, nvidia-smi listing 4 GPUs per host."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "nvidia-smi",
+                "#!/bin/sh\nfor i in 0 1 2 3; do echo \"GPU $i: NVIDIA A100-SXM4-40GB (UUID: GPU-$i)\"; done\n")
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("".join(f"{host}\n" for host in HOSTS))
+    return tmp_path
+
+
+def run_script(workdir: Path, script: Path = TRAIN, args=(), gpus=True, **env):
+    """Run an ALCF script in workdir with a clean launch environment plus env."""
+    full = subprocess_env(USER="tester", TMPDIR=workdir, **env)
+    for var in LAUNCH_VARS:
+        if var not in env:
+            full.pop(var, None)
+    if gpus:
+        full["PATH"] = f"{workdir / 'bin'}{os.pathsep}{full['PATH']}"
+    else:
+        full["CUDA_VISIBLE_DEVICES"] = ""  # hides any real GPU too
+    return subprocess.run(["bash", str(script), *args], cwd=workdir, env=full, capture_output=True,
+                          text=True, timeout=300)
+
+
+def launch_line(result) -> str:
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[launch] mpiexec")]
+    assert len(lines) == 1, result.stdout + result.stderr
+    return lines[0]
+
+
+def flag_value(line: str, flag: str) -> str:
+    match = re.search(rf" {re.escape(flag)} (\S+)", line)
+    assert match, f"{flag} missing from {line}"
+    return match.group(1)
+
+
+# ---- dry runs: the command built for a 2-host x 4-GPU PBS job ----
+
+def test_example_run_name_and_mpiexec_command(cluster):
+    result = run_script(cluster, DRY_RUN=1, PBS_NODEFILE=cluster / "nodefile", MODEL_SIZE_KEY="GPT13B",
+                        MPSIZE=8, SEQ_LEN=1024, MICRO_BATCH=1, SP_TYPE="megatron", ZERO_STAGE=1,
+                        USE_ACTIVATION_CHECKPOINTING=1)
+    assert result.returncode == 0, result.stderr
+    line = launch_line(result)
+    assert f" -n 8 --ppn 4 --hostfile {cluster / 'nodefile'} " in line
+    assert line.startswith("[launch] mpiexec --verbose --envall ")
+    assert f"{REPO_ROOT / 'pretrain_gpt.py'} " in line
+    shape = {flag: flag_value(line, flag) for flag in ("--num-layers", "--hidden-size", "--num-attention-heads")}
+    assert shape == {"--num-layers": "40", "--hidden-size": "5120", "--num-attention-heads": "64"}
+    assert flag_value(line, "--tensor-model-parallel-size") == "8"
+    assert flag_value(line, "--global-batch-size") == "1"
+    assert flag_value(line, "--zero-stage") == "1"
+    for flag in ("--sequence-parallel", "--checkpoint-activations", "--bf16", "--deepspeed"):
+        assert f" {flag} " in line
+    run_dir = cluster / "outputs" / EXAMPLE_RUN
+    assert flag_value(line, "--run-dir") == str(run_dir)
+    assert flag_value(line, "--save") == str(run_dir / "checkpoints")
+    assert flag_value(line, "--tensorboard-dir") == str(run_dir / "tensorboard")
+    assert f"run: {EXAMPLE_RUN} " in result.stdout
+    assert not (cluster / "outputs").exists() and not (cluster / "logfiles").exists()  # a dry run writes nothing
+
+
+def test_user_example_gpt1_5b_derives_global_batch(cluster):
+    result = run_script(cluster, DRY_RUN=1, PBS_NODEFILE=cluster / "nodefile", MODEL_SIZE_KEY="GPT1_5B",
+                        SEQ_LEN=1024, MICRO_BATCH=2, GAS=4, MPSIZE=2, SP_TYPE="megatron",
+                        USE_ACTIVATION_CHECKPOINTING=0, ZERO_STAGE=3)
+    assert result.returncode == 0, result.stderr
+    line = launch_line(result)
+    assert (flag_value(line, "--num-layers"), flag_value(line, "--hidden-size"),
+            flag_value(line, "--num-attention-heads")) == ("48", "1536", "24")
+    # 8 GPUs / (mp 2 x pp 1) = dp 4; global = micro 2 x gas 4 x dp 4
+    assert flag_value(line, "--global-batch-size") == "32"
+    assert " --checkpoint-activations" not in line
+    assert "run: gpt_SP_GPT1_5B_z3_seqlen1024_mp2_pp1_sp1_nl48_hs1536_gb32_mb2 " in result.stdout
+
+
+def test_hostfile_and_visible_devices_and_extra_args(cluster):
+    hostfile = cluster / "hosts"
+    hostfile.write_text("nodeA slots=4\nnodeB:4\nnodeC\n")
+    result = run_script(cluster, args=["--eval-iters", "0"], DRY_RUN=1, HOSTFILE=hostfile,
+                        CUDA_VISIBLE_DEVICES="0,1", MODEL_SIZE_KEY="GPT125M", SP_TYPE="none", GLOBAL_BATCH=12)
+    assert result.returncode == 0, result.stderr
+    line = launch_line(result)
+    assert f" -n 6 --ppn 2 --hostfile {hostfile} " in line
+    assert "hosts: nodeA nodeB nodeC " in result.stdout
+    assert line.rstrip().endswith("--eval-iters 0")
+    assert flag_value(line, "--global-batch-size") == "12"
+    assert "run: gpt_actCkpt_GPT125M_z1_" in result.stdout and " --sequence-parallel" not in line
+
+
+def test_no_gpu_runs_cpu_ranks_on_this_host(tmp_path):
+    result = run_script(tmp_path, gpus=False, DRY_RUN=1, MODEL_SIZE_KEY="GPT_TINY", SEQ_LEN=64)
+    assert result.returncode == 0, result.stderr
+    line = launch_line(result)
+    assert " -n 2 --ppn 2 " in line
+    # without a node file the job is this host; the hostfile is written at launch into the run folder
+    assert flag_value(line, "--hostfile").endswith("/hostfile")
+    assert "accelerator=cpu" in result.stdout and " --bf16" not in line
+    assert (flag_value(line, "--num-layers"), flag_value(line, "--hidden-size")) == ("2", "128")
+
+
+def test_open_mpi_spelling(cluster):
+    _executable(cluster / "bin" / "mpiexec",
+                "#!/bin/sh\necho 'mpiexec (OpenRTE) 4.1.5'\necho 'Report bugs to http://www.open-mpi.org/community/help/'\n")
+    result = run_script(cluster, DRY_RUN=1, PBS_NODEFILE=cluster / "nodefile", MODEL_SIZE_KEY="GPT350M")
+    assert result.returncode == 0, result.stderr
+    line = launch_line(result)
+    assert f" -n 8 -npernode 4 --hostfile {cluster / 'nodefile'} " in line
+    assert "--envall" not in line and " -x PATH " in line and " -x CUDA_DEVICE_MAX_CONNECTIONS " in line
+
+
+# ---- bad input: one clear line, exit 1, nothing written ----
+
+@pytest.mark.parametrize("env, message", [
+    (dict(MODEL_SIZE_KEY="GPT7B"), r"MODEL_SIZE_KEY=GPT7B is not a known model; valid keys: .*GPT13B.*GPT_TINY"),
+    (dict(PBS_NODEFILE="/nonexistent/nodefile"), r"PBS_NODEFILE=/nonexistent/nodefile: hostfile does not exist"),
+    (dict(MPSIZE=3), r"NGPUS=8 \(2 hosts x 4\) is not divisible by MPSIZE=3 x PPSIZE=1"),
+    (dict(SP_TYPE="deepspeed"), r"SP_TYPE=deepspeed \(DeepSpeed-Ulysses .*\) is out of scope"),
+    (dict(GLOBAL_BATCH=6), r"GLOBAL_BATCH=6 is not divisible by MICRO_BATCH=1 x data-parallel size 8"),
+    (dict(MICRO_BATCH="two"), r"MICRO_BATCH=two: expected a positive integer"),
+])
+def test_bad_settings_fail_clearly(cluster, env, message):
+    env = {"PBS_NODEFILE": cluster / "nodefile", "MODEL_SIZE_KEY": "GPT125M", **env}
+    result = run_script(cluster, **env)  # not a dry run: the checks must stop it before mpiexec
+    assert result.returncode == 1
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error_lines) == 1 and re.search(message, error_lines[0]), result.stderr
+    assert "Traceback" not in result.stderr and "[launch]" not in result.stdout
+    assert not (cluster / "outputs").exists()
+
+
+def test_second_copy_of_a_run_is_refused(cluster):
+    run_name = "gpt_actCkpt_GPT125M_z1_seqlen1024_mp1_pp1_sp1_nl12_hs768_gb8_mb1"
+    lock_path = cluster / f"zero-lab-tester-{run_name}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # what the first copy holds while it runs
+        result = run_script(cluster, PBS_NODEFILE=cluster / "nodefile", MODEL_SIZE_KEY="GPT125M", SP_TYPE="none")
+    assert result.returncode == 1
+    assert f"error: run {run_name} is already running on" in result.stderr
+    assert "[launch]" not in result.stdout
+
+
+# ---- the PBS submit script ----
+
+def test_submit_builds_qsub_from_variables(cluster):
+    record = cluster / "qsub-args"
+    _executable(cluster / "bin" / "qsub", f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {record}\necho 12345.polaris-pbs\n")
+    result = run_script(cluster, script=SUBMIT, PBS_ACCOUNT="myproject", NNODES=4, WALLTIME="02:00:00",
+                        QUEUE="prod", FILESYSTEMS="home:grand")
+    assert result.returncode == 0, result.stderr
+    assert "12345.polaris-pbs" in result.stdout
+    args = record.read_text().splitlines()
+    for pair in (["-A", "myproject"], ["-q", "prod"], ["-l", "select=4:system=polaris"],
+                 ["-l", "walltime=02:00:00"], ["-l", "filesystems=home:grand"]):
+        assert any(args[i:i + 2] == pair for i in range(len(args))), (pair, args)
+    assert "-V" in args and args[-1] == str(SUBMIT)
+
+    missing = run_script(cluster, script=SUBMIT)
+    assert missing.returncode == 1 and "error: PBS_ACCOUNT is not set" in missing.stderr
+
+
+def test_submit_inside_job_runs_train_script(cluster):
+    # ZERO_LAB_ROOT arrives through qsub -V from the submitting shell
+    result = run_script(cluster, script=SUBMIT, PBS_JOBID="12345.polaris-pbs", PBS_O_WORKDIR=cluster,
+                        ZERO_LAB_ROOT=REPO_ROOT,
+                        PBS_NODEFILE=cluster / "nodefile", DRY_RUN=1, MODEL_SIZE_KEY="GPT13B", MPSIZE=8,
+                        SEQ_LEN=1024, SP_TYPE="megatron")
+    assert result.returncode == 0, result.stderr
+    assert f"run: {EXAMPLE_RUN} " in result.stdout and " -n 8 --ppn 4 " in launch_line(result)
+
+    # plain `qsub ALCF/submit-pbs.sh` from somewhere other than the repository root
+    lost = run_script(cluster, script=SUBMIT, PBS_JOBID="12345.polaris-pbs", PBS_O_WORKDIR=cluster, DRY_RUN=1)
+    assert lost.returncode == 1
+    assert f"error: {cluster}/ALCF/train-gpt3.sh not found: submit from the zero-lab repository root" in lost.stderr
+
+
+# ---- megatron/dist_env.py ----
+
+def test_dist_env_pals_and_hydra():
+    pals = {"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PALS_LOCAL_RANKID": "1",
+            "PBS_NODEFILE": "/unused-when-master-addr-set", "MASTER_ADDR": "x3001c0s7b0n0"}
+    assert resolve_launcher_env(pals) == LauncherEnv(5, 1, 8, "x3001c0s7b0n0", 29500, "MPICH/PALS")
+    hydra = {"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MASTER_PORT": "6000"}
+    assert resolve_launcher_env(hydra) == LauncherEnv(3, 1, 4, "localhost", 6000, "MPICH/PALS")
+
+
+def test_dist_env_open_mpi_master_from_hostfile(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# allocation\n\nnode17 slots=4\nnode18 slots=4\n")
+    environ = {"OMPI_COMM_WORLD_RANK": "6", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "2",
+               "HOSTFILE": str(hostfile)}
+    assert resolve_launcher_env(environ) == LauncherEnv(6, 2, 8, "node17", 29500, "Open MPI")
+    environ = {"PMI_RANK": "0", "PMI_SIZE": "2", "PMI_LOCAL_RANK": "0", "PBS_NODEFILE": str(hostfile),
+               "HOSTFILE": "/ignored"}
+    assert resolve_launcher_env(environ).master_addr == "node17"  # PBS_NODEFILE first
+
+
+def test_dist_env_torchrun_wins_and_single_process():
+    torchrun = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29511", "PMI_RANK": "0", "PMI_SIZE": "1"}
+    assert resolve_launcher_env(torchrun) == LauncherEnv(1, 1, 2, "127.0.0.1", 29511, "torchrun/deepspeed")
+    environ = {}
+    assert export_launcher_env(environ) == LauncherEnv(0, 0, 1, "localhost", 29500, "none")
+    assert environ == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost",
+                       "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"PMI_RANK": "x", "PMI_SIZE": "2", "PMI_LOCAL_RANK": "0"}, "PMI_RANK='x' is not an integer"),
+    ({"PMI_RANK": "2", "PMI_SIZE": "2", "PMI_LOCAL_RANK": "0"}, "PMI_RANK=2 is not below PMI_SIZE=2"),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, "rank 1 of 2 was launched without a local rank: expected one of "
+                                         "PMI_LOCAL_RANK, PALS_LOCAL_RANKID, MPI_LOCALRANKID"),
+    ({"OMPI_COMM_WORLD_RANK": "0"}, "Open MPI launcher: OMPI_COMM_WORLD_SIZE is not set"),
+    ({"PBS_NODEFILE": "/nonexistent/nodefile"}, "PBS_NODEFILE=/nonexistent/nodefile: cannot read hostfile"),
+    ({"MASTER_PORT": "http"}, "MASTER_PORT='http' is not an integer"),
+])
+def test_dist_env_bad_environment(environ, message):
+    with pytest.raises(DistEnvError, match=re.escape(message)):
+        resolve_launcher_env(environ)
+
+
+ALLREDUCE = """
+import torch, torch.distributed as dist
+from megatron.dist_env import export_launcher_env
+env = export_launcher_env()
+dist.init_process_group("gloo")  # env:// rendezvous from what export_launcher_env filled in
+total = torch.tensor([float(env.rank + 1)])
+dist.all_reduce(total)
+print(f"rank {dist.get_rank()}/{dist.get_world_size()} local {env.local_rank} via {env.launcher} "
+      f"master {env.master_addr} sum {total.item():.0f}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec (scripts/setup.sh installs MPICH)")
+def test_dist_env_under_real_mpiexec(tmp_path):
+    hostfile = tmp_path / "nodefile"
+    hostfile.write_text(f"{os.uname().nodename}\n")
+    env = subprocess_env(PBS_NODEFILE=hostfile, MASTER_PORT=29517)
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        env.pop(var, None)
+    result = subprocess.run(["mpiexec", "-n", "2", "--ppn", "2", "--hostfile", str(hostfile),
+                             sys.executable, "-c", ALLREDUCE], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    master = os.uname().nodename
+    assert lines == [f"rank 0/2 local 0 via MPICH/PALS master {master} sum 3",
+                     f"rank 1/2 local 1 via MPICH/PALS master {master} sum 3"]
