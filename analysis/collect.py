@@ -1,0 +1,81 @@
+"""Find the training logs under a path and summarize each run."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from analysis.log_parser import parse_log
+from analysis.run_metadata import collect_metadata
+from analysis.run_summary import RunSummary, summarize_run
+
+
+class SummarizeError(Exception):
+    """A problem with the user's input path; the CLI prints it as one line."""
+
+
+@dataclass
+class Collection:
+    runs: list[RunSummary] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "<log>: why", for the report
+    warnings: list[str] = field(default_factory=list)
+
+
+def find_logs(path: Path) -> list[Path]:
+    """A log file itself, or under a folder every train.log, and *.log where no train.log sits
+    (train.log is the drivers' full log; other .log files beside it are partial copies)."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise SummarizeError(f"{path}: no such file or directory (expected a runs folder or a log file)")
+    logs = []
+    for folder, dirs, files in os.walk(path):
+        dirs.sort()
+        if "train.log" in files:
+            logs.append(Path(folder) / "train.log")
+        else:
+            logs.extend(Path(folder) / name for name in sorted(files) if name.endswith(".log"))
+    return logs
+
+
+def _run_name(log: Path, folder: Path, root: Path, logs_in_folder: int) -> str:
+    """The run's folder relative to the root; the log's own path is added only when the folder
+    holds several logs (e.g. two ALCF attempts in <run>/<timestamp_host>/output.log)."""
+    name = folder.relative_to(root).as_posix() if folder != root else root.name
+    return name if logs_in_folder == 1 else f"{name}/{log.relative_to(folder).as_posix()}"
+
+
+def _disambiguate(runs: list[RunSummary]) -> None:
+    """Two Z1 runs of different models read Z1 125M / Z1 355M; otherwise the run name is added."""
+    for attr in ("model", "run"):
+        counts = Counter(r.label for r in runs)
+        for run in runs:
+            if counts[run.label] > 1 and getattr(run, attr):
+                run.label = f"{run.label} {getattr(run, attr)}"
+
+
+def collect(path: Path, skip_first: int) -> Collection:
+    path = Path(path)
+    logs = find_logs(path)
+    root = path.parent if path.is_file() else path
+    result = Collection()
+    parsed = []
+    for log_path in logs:
+        try:
+            log = parse_log(log_path)
+        except OSError as exc:
+            result.skipped.append(f"{log_path}: unreadable ({exc.strerror or exc})")
+            continue
+        if not log.has_training_lines:
+            result.skipped.append(f"{log_path}: no training lines")
+            continue
+        meta, folder, problems = collect_metadata(log, root)
+        result.warnings += problems
+        parsed.append((log, meta, folder))
+    per_folder = Counter(folder for _, _, folder in parsed)
+    for log, meta, folder in parsed:
+        name = _run_name(log.path, folder, root, per_folder[folder])
+        result.runs.append(summarize_run(log, meta, name, skip_first))
+    _disambiguate(result.runs)
+    return result

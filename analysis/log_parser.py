@@ -1,0 +1,262 @@
+"""Parse Megatron-DeepSpeed training logs (ours and upstream's) into typed records.
+
+A log is scanned for *records*, not lines: two ranks writing to one file can glue
+records onto one line, and launchers put timestamps or rank tags in front, so each
+record is found by the text that starts it and read up to where the next one starts.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The field regexes DESIGN.md promises to users' own scripts; they are used as-is below.
+TGS_RE = re.compile(r"\(tgs\): (\d+\.\d+)")
+ELAPSED_MS_RE = re.compile(r"elapsed time per iteration \(ms\): (\d+\.\d+)")
+MEM_ALLOCATED_RE = re.compile(r", MemAllocated=(\d+\.\d+)GB")
+MAX_MEM_ALLOCATED_RE = re.compile(r", MaxMemAllocated=(\d+\.\d+)GB")
+LM_LOSS_RE = re.compile(r"lm loss: (\d+\.\d+E[+-]\d+)")
+
+# Our memory line opens with "| MemAllocated=", so the comma form above misses it there.
+_ANY_MEM_ALLOCATED_RE = re.compile(r"(?<![A-Za-z])MemAllocated=(\d+\.\d+)GB")
+# Old BigScience-era logs print seconds instead of milliseconds.
+_ELAPSED_S_RE = re.compile(r"elapsed time per iteration \(s\): (\d+\.\d+)")
+_ANSI_RE = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|[@-Z\\-_]|c)")
+
+_RECORD_START_RE = re.compile(
+    r"(?P<iteration>\biteration\s+(?P<it>\d+)\s*/\s*(?P<total>\d+)\s*\|)"
+    r"|(?P<memory>\[Rank (?P<mrank>\d+)\] memory at iteration\s+(?P<mit>\d+)\s*\|)"
+    r"|(?P<megatron_memory>\[Rank (?P<grank>\d+)\] \(after (?P<git>\d+) iterations\) memory \(MB\))"
+    r"|(?P<deepspeed>(?:epoch=\d+/micro_step=\d+/global_step=(?P<dsit>\d+),\s*)?RunningAvgSamplesPerSec=)"
+    r"|(?P<validation>validation loss at (?:iteration\s+(?P<vit>\d+)|the end of training[^|]*?)\s*\|)"
+    r"|(?P<epoch>\bepoch\s+(?P<ep>\d+) done\s*\|)"
+    r"|(?P<model_state>model state memory per rank \(GB\)\s*\|)"
+    r"|(?P<run_info>> run info\s*\|)"
+    r"|(?P<end>\[after training is done\]|> training finished\b)"
+)
+# Megatron prints its parsed arguments as "  name ........ value" once at start-up.
+_ARGUMENT_RE = re.compile(r"^\s*(?:\S+:\s+)?([a-z_0-9]+) \.{3,} (\S.*?)\s*$")
+
+
+@dataclass
+class IterationRecord:
+    """One ` iteration N/M | ... |` line."""
+
+    iteration: int
+    train_iters: int
+    consumed_samples: int | None = None
+    consumed_tokens: int | None = None
+    elapsed_ms: float | None = None
+    lm_loss: float | None = None
+    global_batch_size: int | None = None
+    samples_per_second: float | None = None
+    tgs: float | None = None
+    tflops: float | None = None
+
+
+@dataclass
+class MemoryRecord:
+    """Accelerator/host memory of one rank at one logging step, in GB (2**30 bytes)."""
+
+    source: str  # "zero-lab", "megatron" (report_memory) or "deepspeed" (engine timer)
+    iteration: int | None
+    rank: int | None
+    allocated_gb: float | None = None
+    max_allocated_gb: float | None = None
+    host_rss_gb: float | None = None
+    max_host_rss_gb: float | None = None
+    mfu_pct: float | None = None
+
+
+@dataclass
+class ValidationRecord:
+    iteration: int | None  # None: the end-of-training evaluation
+    lm_loss: float | None
+    ppl: float | None
+
+
+@dataclass
+class EpochRecord:
+    epoch: int
+    iteration: int | None
+    consumed_samples: int | None
+    epoch_time_s: float | None
+    lm_loss: float | None
+
+
+@dataclass
+class ModelStateRecord:
+    """The once-printed measured model-state memory and the ZeRO paper's estimate (GB)."""
+
+    measured: dict[str, float]
+    estimate: dict[str, float]
+    zero_stage: int | None
+    dp_size: int | None
+    dtype: str | None
+    offload: str | None
+
+
+@dataclass
+class ParsedLog:
+    path: Path
+    iterations: list[IterationRecord] = field(default_factory=list)
+    memory: list[MemoryRecord] = field(default_factory=list)
+    validations: list[ValidationRecord] = field(default_factory=list)
+    epochs: list[EpochRecord] = field(default_factory=list)
+    model_state: ModelStateRecord | None = None
+    run_info: dict[str, str] = field(default_factory=dict)
+    arguments: dict[str, str] = field(default_factory=dict)
+    ended_mid_line: bool = False
+    saw_end_marker: bool = False
+
+    @property
+    def has_training_lines(self) -> bool:
+        return bool(self.iterations or self.epochs)
+
+
+def _float(pattern: re.Pattern | str, text: str) -> float | None:
+    match = re.search(pattern, text)
+    return float(match.group(1)) if match else None
+
+
+def _int(pattern: str, text: str) -> int | None:
+    match = re.search(pattern, text)
+    return int(match.group(1)) if match else None
+
+
+def _parse_iteration(seg: str, it: int, total: int) -> IterationRecord:
+    elapsed_ms = _float(ELAPSED_MS_RE, seg)
+    if elapsed_ms is None:
+        seconds = _float(_ELAPSED_S_RE, seg)
+        elapsed_ms = seconds * 1000.0 if seconds is not None else None
+    return IterationRecord(
+        iteration=it,
+        train_iters=total,
+        consumed_samples=_int(r"consumed samples:\s*(\d+)", seg),
+        consumed_tokens=_int(r"consumed tokens:\s*(\d+)", seg),
+        elapsed_ms=elapsed_ms,
+        lm_loss=_float(LM_LOSS_RE, seg),
+        global_batch_size=_int(r"global batch size:\s*(\d+)", seg),
+        samples_per_second=_float(r"samples per second:\s*(\d+\.\d+)", seg),
+        tgs=_float(TGS_RE, seg),
+        tflops=_float(r"TFLOPs:\s*(\d+\.\d+)", seg),
+    )
+
+
+def _parse_memory(seg: str, source: str, iteration: int | None, rank: int | None) -> MemoryRecord:
+    return MemoryRecord(
+        source=source,
+        iteration=iteration,
+        rank=rank,
+        allocated_gb=_float(_ANY_MEM_ALLOCATED_RE, seg),
+        max_allocated_gb=_float(MAX_MEM_ALLOCATED_RE, seg),
+        host_rss_gb=_float(r"(?<![A-Za-z])HostRSS=(\d+\.\d+)GB", seg),
+        max_host_rss_gb=_float(r"MaxHostRSS=(\d+\.\d+)GB", seg),
+        mfu_pct=_float(r"MFU=(\d+\.\d+)%", seg),
+    )
+
+
+def _parse_megatron_memory(seg: str, iteration: int, rank: int) -> MemoryRecord:
+    """Upstream report_memory prints MB (2**20 bytes); convert to GB like the rest."""
+    allocated = _float(r"(?<!max )allocated:\s*(\d+(?:\.\d+)?)", seg)
+    max_allocated = _float(r"max allocated:\s*(\d+(?:\.\d+)?)", seg)
+    return MemoryRecord(
+        source="megatron",
+        iteration=iteration,
+        rank=rank,
+        allocated_gb=allocated / 1024 if allocated is not None else None,
+        max_allocated_gb=max_allocated / 1024 if max_allocated is not None else None,
+    )
+
+
+def _key_values(text: str) -> dict[str, float]:
+    return {k: float(v) for k, v in re.findall(r"(\w+)=(\d+(?:\.\d+)?)", text)}
+
+
+def _parse_model_state(seg: str) -> ModelStateRecord:
+    measured = re.search(r"measured:([^|]*)", seg)
+    estimate = re.search(
+        r"ZeRO estimate \(stage=(\d+), dp=(\d+), dtype=(\w+), offload=([\w+]+)\):([^|]*)", seg
+    )
+    return ModelStateRecord(
+        measured=_key_values(measured.group(1)) if measured else {},
+        estimate=_key_values(estimate.group(5)) if estimate else {},
+        zero_stage=int(estimate.group(1)) if estimate else None,
+        dp_size=int(estimate.group(2)) if estimate else None,
+        dtype=estimate.group(3) if estimate else None,
+        offload=estimate.group(4) if estimate else None,
+    )
+
+
+def _parse_run_info(seg: str) -> dict[str, str]:
+    info = {}
+    for part in seg.split("|")[1:]:
+        key, sep, value = part.partition(":")
+        if sep and key.strip():
+            info[key.strip()] = value.strip()
+    return info
+
+
+def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
+    if kind == "iteration":
+        log.iterations.append(_parse_iteration(seg, int(match["it"]), int(match["total"])))
+    elif kind == "memory":
+        log.memory.append(_parse_memory(seg, "zero-lab", int(match["mit"]), int(match["mrank"])))
+    elif kind == "megatron_memory":
+        log.memory.append(_parse_megatron_memory(seg, int(match["git"]), int(match["grank"])))
+    elif kind == "deepspeed":
+        step = int(match["dsit"]) if match["dsit"] else None
+        log.memory.append(_parse_memory(seg, "deepspeed", step, None))
+    elif kind == "validation":
+        iteration = int(match["vit"]) if match["vit"] else None
+        log.validations.append(ValidationRecord(
+            iteration,
+            _float(r"lm loss value: (\d+\.\d+E[+-]\d+)", seg),
+            _float(r"lm loss PPL: (\d+\.\d+E[+-]\d+)", seg),
+        ))
+    elif kind == "epoch":
+        log.epochs.append(EpochRecord(
+            epoch=int(match["ep"]),
+            iteration=_int(r"iteration\s+(\d+)", seg),
+            consumed_samples=_int(r"consumed samples:\s*(\d+)", seg),
+            epoch_time_s=_float(r"epoch time \(s\):\s*(\d+\.\d+)", seg),
+            lm_loss=_float(LM_LOSS_RE, seg),
+        ))
+    elif kind == "model_state":
+        log.model_state = _parse_model_state(seg)
+    elif kind == "run_info":
+        log.run_info.update(_parse_run_info(seg))
+    elif kind == "end":
+        log.saw_end_marker = True
+
+
+def parse_line(log: ParsedLog, line: str) -> None:
+    """Add every record that starts in `line` to `log`."""
+    matches = list(_RECORD_START_RE.finditer(line))
+    if not matches:
+        arg = _ARGUMENT_RE.match(line)
+        if arg:
+            log.arguments.setdefault(arg.group(1), arg.group(2))
+        return
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        # Each alternative is one outer named group that closes last, so lastgroup is its kind.
+        _add_record(log, match.lastgroup, match, line[match.start():end])
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI_RE.sub("", text)
+
+
+def parse_log(path: Path) -> ParsedLog:
+    """Parse one log file. Undecodable bytes are replaced: a log is evidence, not input to reject."""
+    text = strip_ansi(Path(path).read_bytes().decode("utf-8", errors="replace"))
+    log = ParsedLog(path=Path(path), ended_mid_line=bool(text) and not text.endswith(("\n", "\r")))
+    lines = text.splitlines()
+    if log.ended_mid_line and lines:
+        # Every field ends with " |"; a number cut off before its bar may be cut short
+        # (7.1234E+0 for 7.1234E+01), so keep only the fields that were finished.
+        lines[-1] = lines[-1][: lines[-1].rfind("|") + 1]
+    for line in lines:
+        parse_line(log, line)
+    return log

@@ -1,0 +1,92 @@
+"""PNG plots of run summaries (headless: matplotlib's Agg backend)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from matplotlib.ticker import EngFormatter  # noqa: E402
+
+from analysis.run_summary import RunSummary  # noqa: E402
+
+
+def _save(fig, path: Path) -> None:
+    # Same temp-then-rename rule as the tables; the suffix keeps matplotlib's format detection.
+    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _tick_label(run: RunSummary, attr: str) -> str:
+    estimated = attr == "epoch_time_s" and run.epoch_time_source == "estimated"
+    return f"{run.label}\n(estimated)" if estimated else run.label
+
+
+def _bar_chart(runs: list[RunSummary], series: list[tuple[str, str]], title: str,
+               ylabel: str, path: Path) -> None:
+    """Grouped bars: one group per run, one bar per series, values written on the bars."""
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(runs) * max(1, len(series)) ** 0.5), 4.5))
+    width = 0.8 / len(series)
+    for i, (name, attr) in enumerate(series):
+        values = [getattr(r, attr) for r in runs]
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(runs))]
+        heights = [v if v is not None else 0.0 for v in values]
+        bars = ax.bar(xs, heights, width, label=name)
+        ax.bar_label(bars, labels=["" if v is None else f"{v:,.3g}" for v in values], fontsize=8, padding=2)
+    ax.set_xticks(range(len(runs)), [_tick_label(r, series[0][1]) for r in runs])
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel("run")
+    ax.margins(y=0.15)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    _save(fig, path)
+
+
+def _loss_plot(runs: list[RunSummary], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for run in runs:
+        tokens, losses = zip(*run.loss_curve)
+        ax.plot(tokens, losses, marker="o", markersize=3, label=run.label)
+    ax.set_title("Training loss (lm loss) vs consumed tokens")
+    ax.set_xlabel("consumed tokens")
+    ax.xaxis.set_major_formatter(EngFormatter())  # 400k, 1.2M rather than an offset exponent
+    ax.set_ylabel("lm loss (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def _with(runs: list[RunSummary], *attrs: str) -> list[RunSummary]:
+    return [r for r in runs if any(getattr(r, a) is not None for a in attrs)]
+
+
+def make_plots(runs: list[RunSummary], out_dir: Path) -> list[tuple[str, str]]:
+    """Write the plots that have data; return (file name, caption) for each written."""
+    written = []
+
+    def bars(filename, caption, ylabel, series_spec):
+        shown = _with(runs, *(attr for _, attr in series_spec))
+        if shown:
+            _bar_chart(shown, series_spec, caption, ylabel, out_dir / filename)
+            written.append((filename, caption))
+
+    bars("throughput.png", "Training throughput (all ranks together)", "tokens/s",
+         [("tokens/s", "tokens_per_s")])
+    bars("epoch_time.png", "Average training time per epoch", "seconds per epoch",
+         [("time per epoch", "epoch_time_s")])
+    bars("accelerator_memory.png", "Accelerator memory per rank", "GB (2^30 bytes) per rank",
+         [("MemAllocated mean", "mem_alloc_mean_gb"), ("MaxMemAllocated peak", "max_mem_alloc_peak_gb"),
+          ("ZeRO model-state estimate", "zero_estimate_gb")])
+    bars("host_memory.png", "Host memory (RSS) per rank during training", "GB (2^30 bytes) per rank",
+         [("HostRSS mean", "host_rss_mean_gb"), ("HostRSS peak", "host_rss_peak_gb")])
+    with_curve = [r for r in runs if r.loss_curve]
+    if with_curve:
+        _loss_plot(with_curve, out_dir / "loss.png")
+        written.append(("loss.png", "Training loss vs consumed tokens"))
+    return written

@@ -1,0 +1,122 @@
+"""Write run summaries as summary.md / summary.csv / summary.json and the report.md page."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Callable
+
+from analysis.run_summary import RunSummary
+
+# CSV/JSON carry every field at full precision; the curve goes to JSON and the plot only.
+CSV_FIELDS = [f.name for f in fields(RunSummary) if f.name != "loss_curve"]
+
+
+def _num(digits: int) -> Callable[[float | None], str]:
+    return lambda value: "" if value is None else f"{value:,.{digits}f}"
+
+
+def _loss(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+def _epoch_time(s: RunSummary) -> str:
+    if s.epoch_time_s is None:
+        return ""
+    return ("~" if s.epoch_time_source == "estimated" else "") + f"{s.epoch_time_s:,.1f}"
+
+
+def _batch(s: RunSummary) -> str:
+    return f"{s.micro_batch or '?'}/{s.global_batch or '?'}"
+
+
+def _iterations(s: RunSummary) -> str:
+    return f"{s.last_iteration}/{s.train_iters}" if s.last_iteration is not None else ""
+
+
+# (header, cell) for the markdown table; units in the header so cells stay numbers.
+MARKDOWN_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
+    ("run", lambda s: s.label),
+    ("status", lambda s: "ok" if s.complete else "INCOMPLETE"),
+    ("ZeRO", lambda s: "" if s.zero_stage is None else str(s.zero_stage)),
+    ("offload", lambda s: s.offload or ""),
+    ("model", lambda s: s.model or ""),
+    ("ranks", lambda s: "" if s.world_size is None else str(s.world_size)),
+    ("micro/global batch", _batch),
+    ("seq", lambda s: "" if s.seq_length is None else str(s.seq_length)),
+    ("iters", _iterations),
+    ("tgs (tok/s/rank)", lambda s: _num(1)(s.tgs_mean)),
+    ("tokens/s (all ranks)", lambda s: _num(1)(s.tokens_per_s)),
+    ("ms/iter", lambda s: _num(1)(s.ms_per_iter_mean)),
+    ("epoch time (s)", _epoch_time),
+    ("MemAllocated mean/max (GB)", lambda s: "/".join(
+        _num(2)(v) for v in (s.mem_alloc_mean_gb, s.mem_alloc_max_gb)) if s.mem_alloc_mean_gb is not None else ""),
+    ("MaxMemAllocated peak (GB)", lambda s: _num(2)(s.max_mem_alloc_peak_gb)),
+    ("ZeRO model-state estimate (GB)", lambda s: _num(4)(s.zero_estimate_gb)),
+    ("host RSS mean/peak (GB)", lambda s: "/".join(
+        _num(2)(v) for v in (s.host_rss_mean_gb, s.host_rss_peak_gb)) if s.host_rss_peak_gb is not None else ""),
+    ("TFLOPs", lambda s: _num(2)(s.tflops_mean)),
+    ("MFU (%)", lambda s: _num(1)(s.mfu_mean_pct)),
+    ("lm loss first→last", lambda s: f"{_loss(s.loss_first)}→{_loss(s.loss_last)}" if s.loss_last is not None else ""),
+    ("lm loss at epoch ends", lambda s: ", ".join(_loss(v) for v in s.epoch_losses)),
+    ("val loss", lambda s: _loss(s.val_loss_last)),
+]
+
+
+def markdown_table(summaries: list[RunSummary]) -> str:
+    def row(cells):
+        return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+
+    lines = [row(h for h, _ in MARKDOWN_COLUMNS), row("---" for _ in MARKDOWN_COLUMNS)]
+    lines += [row(cell(s) for _, cell in MARKDOWN_COLUMNS) for s in summaries]
+    return "\n".join(lines) + "\n"
+
+
+def notes(summaries: list[RunSummary], skipped: list[str], skip_first: int) -> str:
+    lines = [
+        f"Throughput, ms/iter, TFLOPs and MFU are means over logged intervals after the first {skip_first} "
+        "(warm-up); memory and loss use every logged step. Memory is per rank, GB = 2**30 bytes. "
+        "`~` marks an epoch time estimated from iteration time (the run did not finish an epoch).",
+    ]
+    lines += [f"- {s.label}: INCOMPLETE ({s.incomplete_reason}), summarized as far as the log goes"
+              for s in summaries if not s.complete]
+    lines += [f"- skipped {entry}" for entry in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def _csv_value(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return ";".join(repr(v) for v in value)
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def csv_text(summaries: list[RunSummary]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_FIELDS)
+    for s in summaries:
+        writer.writerow(_csv_value(getattr(s, name)) for name in CSV_FIELDS)
+    return buffer.getvalue()
+
+
+def json_text(summaries: list[RunSummary], skipped: list[str], skip_first: int) -> str:
+    return json.dumps({"skip_first": skip_first, "runs": [asdict(s) for s in summaries],
+                       "skipped": skipped}, indent=2) + "\n"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write next to the target and rename, so a crash never leaves a half table that looks whole."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def report_markdown(table: str, note_text: str, plots: list[tuple[str, str]]) -> str:
+    parts = ["# ZeRO experiment summary\n", table, note_text]
+    parts += [f"## {caption}\n\n![{caption}]({filename})\n" for filename, caption in plots]
+    return "\n".join(parts)

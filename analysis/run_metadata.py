@@ -1,0 +1,192 @@
+"""What a run was: ZeRO stage, offload, model, world size, batch sizes, sequence length.
+
+Sources, weakest first: the folder name, env.json, command.txt, ds_config.json, the
+arguments Megatron echoes into the log, and the run info line the training prints. A
+stronger source overrides a weaker one field by field.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from analysis.log_parser import ParsedLog
+
+OFFLOAD_KINDS = ("none", "optimizer", "optimizer+params")
+
+
+@dataclass
+class RunMetadata:
+    zero_stage: int | None = None
+    offload: str | None = None  # one of OFFLOAD_KINDS
+    model: str | None = None
+    world_size: int | None = None
+    micro_batch: int | None = None
+    global_batch: int | None = None
+    seq_length: int | None = None
+    train_samples_per_epoch: int | None = None
+
+    def overridden_by(self, stronger: "RunMetadata") -> "RunMetadata":
+        updates = {f.name: getattr(stronger, f.name) for f in fields(self)
+                   if getattr(stronger, f.name) is not None}
+        return replace(self, **updates)
+
+    @property
+    def label(self) -> str | None:
+        """Short run label for tables and plots: Z0..Z3, "+offload" when anything is offloaded."""
+        if self.zero_stage is None:
+            return None
+        suffix = "+offload" if self.offload not in (None, "none") else ""
+        return f"Z{self.zero_stage}{suffix}"
+
+
+def _to_int(value) -> int | None:
+    try:
+        return int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+def _offload(optimizer: bool, params: bool) -> str:
+    return "optimizer+params" if params else ("optimizer" if optimizer else "none")
+
+
+_MODEL_TOKEN_RE = re.compile(r"^(?:tiny|GPT\d+(?:\.\d+)?[MBT]|\d+(?:\.\d+)?[MBT])$", re.IGNORECASE)
+_NAME_FIELDS = {
+    "zero_stage": re.compile(r"^(?:z|stage)(\d)$", re.IGNORECASE),
+    "seq_length": re.compile(r"^seq(?:len)?(\d+)$", re.IGNORECASE),
+    "global_batch": re.compile(r"^gb(\d+)$", re.IGNORECASE),
+    "micro_batch": re.compile(r"^mb(\d+)$", re.IGNORECASE),
+}
+
+
+def from_folder_name(name: str) -> RunMetadata:
+    """gpt_tiny_Z3_OL, gpt_125M_DP, ALCF's gpt_SP_actCkpt_GPT13B_z1_seqlen1024_..._gb1_mb1,
+    ds_stage2_nl32_hs4096_mb4_seq4096_gb96_pp1_tp1_bf16."""
+    meta = RunMetadata()
+    tokens = name.split("_")
+    for token in tokens:
+        if token == "DP":
+            meta.zero_stage = 0
+        elif token == "OL":
+            meta.offload = "optimizer+params"
+        elif _MODEL_TOKEN_RE.match(token) and meta.model is None:
+            meta.model = token
+        for attr, pattern in _NAME_FIELDS.items():
+            match = pattern.match(token)
+            if match:
+                setattr(meta, attr, int(match.group(1)))
+    if meta.zero_stage is not None and meta.offload is None:
+        meta.offload = "none"
+    return meta
+
+
+def from_run_info(info: dict[str, str]) -> RunMetadata:
+    offload = info.get("offload")
+    return RunMetadata(
+        zero_stage=_to_int(info.get("zero stage")),
+        offload=offload if offload in OFFLOAD_KINDS else None,
+        model=info.get("model") or None,
+        world_size=_to_int(info.get("world size")),
+        micro_batch=_to_int(info.get("micro batch")),
+        global_batch=_to_int(info.get("global batch")),
+        seq_length=_to_int(info.get("seq length")),
+        train_samples_per_epoch=_to_int(info.get("train samples per epoch")),
+    )
+
+
+def from_arguments(args: dict[str, str]) -> RunMetadata:
+    """Megatron's start-up argument dump (upstream logs carry no run info line)."""
+    meta = RunMetadata(
+        zero_stage=_to_int(args.get("zero_stage")),
+        world_size=_to_int(args.get("world_size")),
+        micro_batch=_to_int(args.get("micro_batch_size")),
+        global_batch=_to_int(args.get("global_batch_size")),
+        seq_length=_to_int(args.get("seq_length")),
+    )
+    if "cpu_optimizer" in args:
+        meta.offload = _offload(args["cpu_optimizer"] == "True", False)
+    if "num_layers" in args and "hidden_size" in args:
+        meta.model = f"nl{args['num_layers']}_hs{args['hidden_size']}"
+    return meta
+
+
+def from_ds_config(path: Path) -> RunMetadata:
+    config = json.loads(path.read_text())
+    zero = config.get("zero_optimization") or {}
+    on_cpu = lambda key: (zero.get(key) or {}).get("device", "none") not in ("none", None)  # noqa: E731
+    return RunMetadata(
+        zero_stage=_to_int(zero.get("stage", 0)),
+        offload=_offload(on_cpu("offload_optimizer"), on_cpu("offload_param")),
+        micro_batch=_to_int(config.get("train_micro_batch_size_per_gpu")),
+        global_batch=_to_int(config.get("train_batch_size")),
+    )
+
+
+def _flag_values(argv: list[str]) -> dict[str, str]:
+    values = {}
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--"):
+            continue
+        name, eq, value = arg[2:].partition("=")
+        if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            value = argv[i + 1]
+        values[name.replace("_", "-")] = value
+    return values
+
+
+def from_command(path: Path) -> RunMetadata:
+    flags = _flag_values(shlex.split(path.read_text()))
+    nodes = _to_int(flags.get("nnodes")) or 1
+    per_node = _to_int(flags.get("nproc-per-node")) or _to_int(flags.get("num-gpus"))
+    return RunMetadata(
+        zero_stage=_to_int(flags.get("zero-stage")),
+        world_size=per_node * nodes if per_node else None,
+        micro_batch=_to_int(flags.get("micro-batch-size")),
+        global_batch=_to_int(flags.get("global-batch-size")),
+        seq_length=_to_int(flags.get("seq-length")),
+    )
+
+
+def _find_key(obj, key: str):
+    if isinstance(obj, dict):
+        if key in obj:
+            return obj[key]
+        for value in obj.values():
+            found = _find_key(value, key)
+            if found is not None:
+                return found
+    return None
+
+
+def from_env_json(path: Path) -> RunMetadata:
+    return RunMetadata(world_size=_to_int(_find_key(json.loads(path.read_text()), "world_size")))
+
+
+def _named_folder(log_path: Path, root: Path) -> Path:
+    """The folder whose name describes the run: ALCF keeps logs in <run>/<timestamp_host>/."""
+    candidate = log_path.parent
+    while candidate != root and root in candidate.parents:
+        if from_folder_name(candidate.name) != RunMetadata():
+            return candidate
+        candidate = candidate.parent
+    return log_path.parent
+
+
+def collect_metadata(log: ParsedLog, root: Path) -> tuple[RunMetadata, Path, list[str]]:
+    """Metadata of the run that wrote `log`, the folder naming it, and problems met on the way."""
+    folder = _named_folder(log.path, root)
+    meta = from_folder_name(folder.name)
+    problems = []
+    readers = (("env.json", from_env_json), ("command.txt", from_command), ("ds_config.json", from_ds_config))
+    for name, reader in readers:
+        path = log.path.parent / name
+        if path.is_file():
+            try:
+                meta = meta.overridden_by(reader(path))
+            except (ValueError, AttributeError, TypeError) as exc:
+                problems.append(f"{path}: unreadable ({exc.__class__.__name__}: {exc}), ignored")
+    meta = meta.overridden_by(from_arguments(log.arguments)).overridden_by(from_run_info(log.run_info))
+    return meta, folder, problems

@@ -1,0 +1,195 @@
+"""Turn one parsed log plus its metadata into the numbers the ZeRO comparison needs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import fmean
+
+from analysis.log_parser import IterationRecord, MemoryRecord, ParsedLog
+from analysis.run_metadata import RunMetadata
+
+# Our per-rank memory line carries host memory too, so it wins when present; upstream logs
+# mix Megatron's report_memory (once, after the first iteration) and DeepSpeed's engine timer
+# lines (every steps_per_print), which measure the same allocator counters, so both count.
+_OWN_MEMORY_SOURCE = "zero-lab"
+
+
+@dataclass
+class RunSummary:
+    run: str
+    label: str
+    log: str
+    complete: bool
+    incomplete_reason: str
+    zero_stage: int | None
+    offload: str | None
+    model: str | None
+    world_size: int | None
+    micro_batch: int | None
+    global_batch: int | None
+    seq_length: int | None
+    last_iteration: int | None
+    train_iters: int | None
+    intervals_used: int
+    tgs_mean: float | None
+    tokens_per_s: float | None
+    ms_per_iter_mean: float | None
+    samples_per_s_mean: float | None
+    tflops_mean: float | None
+    mfu_mean_pct: float | None
+    epochs_done: int
+    epoch_time_s: float | None
+    epoch_time_source: str
+    mem_alloc_mean_gb: float | None
+    mem_alloc_max_gb: float | None
+    max_mem_alloc_peak_gb: float | None
+    memory_source: str
+    host_rss_mean_gb: float | None
+    host_rss_peak_gb: float | None
+    model_state_measured_gb: float | None
+    zero_estimate_gb: float | None
+    loss_first: float | None
+    loss_last: float | None
+    epoch_losses: list[float]
+    val_loss_last: float | None
+    val_ppl_last: float | None
+    # (consumed tokens, lm loss) per logged iteration; plotted, not tabulated.
+    loss_curve: list[tuple[int, float]] = field(default_factory=list)
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return fmean(values) if values else None
+
+
+def _max(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def unique_iterations(log: ParsedLog) -> list[IterationRecord]:
+    """One record per iteration, in order. Ranks that all print, or a resumed run that
+    repeats iterations, would count twice; the last print of an iteration wins."""
+    by_iteration = {}
+    for record in log.iterations:
+        by_iteration[record.iteration] = record
+    return sorted(by_iteration.values(), key=lambda r: r.iteration)
+
+
+def steady_state(records: list[IterationRecord], skip_first: int) -> list[IterationRecord]:
+    """Drop the first `skip_first` logged intervals (warm-up), always keeping at least one."""
+    timed = [r for r in records if r.elapsed_ms is not None]
+    return timed[min(skip_first, max(len(timed) - 1, 0)):]
+
+
+def _tokens_per_iteration(record: IterationRecord, meta: RunMetadata) -> int | None:
+    batch = record.global_batch_size or meta.global_batch
+    return batch * meta.seq_length if batch and meta.seq_length else None
+
+
+def collective_tokens_per_s(kept: list[IterationRecord], meta: RunMetadata) -> float | None:
+    """All ranks together: tgs * world size when both are known, else tokens per iteration / time."""
+    tgs = _mean(r.tgs for r in kept)
+    if tgs is not None and meta.world_size:
+        return tgs * meta.world_size
+    rates = [tpi * 1000.0 / r.elapsed_ms for r in kept
+             if (tpi := _tokens_per_iteration(r, meta)) and r.elapsed_ms]
+    return fmean(rates) if rates else None
+
+
+def _memory_samples(log: ParsedLog) -> tuple[str, list[MemoryRecord]]:
+    own = [m for m in log.memory if m.source == _OWN_MEMORY_SOURCE]
+    if own:
+        return _OWN_MEMORY_SOURCE, own
+    return "+".join(sorted({m.source for m in log.memory})), log.memory
+
+
+def _consumed_tokens(record: IterationRecord, meta: RunMetadata) -> int | None:
+    if record.consumed_tokens is not None:
+        return record.consumed_tokens
+    if record.consumed_samples is not None and meta.seq_length:
+        return record.consumed_samples * meta.seq_length
+    return None
+
+
+def completeness(log: ParsedLog, records: list[IterationRecord]) -> str:
+    """Why the run looks unfinished, or "" when it finished."""
+    if log.ended_mid_line:
+        return "log ends mid-line"
+    reached_end = bool(records) and records[-1].iteration >= records[-1].train_iters
+    if not (log.saw_end_marker or reached_end):
+        last = records[-1].iteration if records else 0
+        total = records[-1].train_iters if records else "?"
+        return f"no end-of-training marker (last iteration {last}/{total})"
+    return ""
+
+
+def _epoch_time(log: ParsedLog, meta: RunMetadata, ms_per_iter: float | None) -> tuple[float | None, str]:
+    measured = _mean(e.epoch_time_s for e in log.epochs)
+    if measured is not None:
+        return measured, "measured"
+    # Runs shorter than an epoch: iterations per epoch times the steady-state iteration time.
+    if meta.train_samples_per_epoch and meta.global_batch and ms_per_iter:
+        return meta.train_samples_per_epoch / meta.global_batch * ms_per_iter / 1000.0, "estimated"
+    return None, ""
+
+
+def _model_state(log: ParsedLog) -> tuple[float | None, float | None]:
+    state = log.model_state
+    if state is None:
+        return None, None
+    measured = sum(state.measured.get(k, 0.0) for k in ("params", "grads", "optim")) if state.measured else None
+    return measured, state.estimate.get("total")
+
+
+def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) -> RunSummary:
+    records = unique_iterations(log)
+    kept = steady_state(records, skip_first)
+    kept_iterations = {r.iteration for r in kept}
+    source, memory = _memory_samples(log)
+    ms_per_iter = _mean(r.elapsed_ms for r in kept)
+    epoch_time, epoch_source = _epoch_time(log, meta, ms_per_iter)
+    measured_state, estimate = _model_state(log)
+    losses = [r.lm_loss for r in records if r.lm_loss is not None]
+    validations = [v for v in log.validations if v.lm_loss is not None]
+    reason = completeness(log, records)
+    return RunSummary(
+        run=run,
+        label=meta.label or run,
+        log=str(log.path),
+        complete=not reason,
+        incomplete_reason=reason,
+        zero_stage=meta.zero_stage,
+        offload=meta.offload,
+        model=meta.model,
+        world_size=meta.world_size,
+        micro_batch=meta.micro_batch,
+        global_batch=meta.global_batch,
+        seq_length=meta.seq_length,
+        last_iteration=records[-1].iteration if records else None,
+        train_iters=records[-1].train_iters if records else None,
+        intervals_used=len(kept),
+        tgs_mean=_mean(r.tgs for r in kept),
+        tokens_per_s=collective_tokens_per_s(kept, meta),
+        ms_per_iter_mean=ms_per_iter,
+        samples_per_s_mean=_mean(r.samples_per_second for r in kept),
+        tflops_mean=_mean(r.tflops for r in kept),
+        mfu_mean_pct=_mean(m.mfu_pct for m in memory if m.iteration in kept_iterations),
+        epochs_done=len(log.epochs),
+        epoch_time_s=epoch_time,
+        epoch_time_source=epoch_source,
+        mem_alloc_mean_gb=_mean(m.allocated_gb for m in memory),
+        mem_alloc_max_gb=_max(m.allocated_gb for m in memory),
+        max_mem_alloc_peak_gb=_max(m.max_allocated_gb for m in memory),
+        memory_source=source,
+        host_rss_mean_gb=_mean(m.host_rss_gb for m in memory),
+        host_rss_peak_gb=_max([m.max_host_rss_gb for m in memory] + [m.host_rss_gb for m in memory]),
+        model_state_measured_gb=measured_state,
+        zero_estimate_gb=estimate,
+        loss_first=losses[0] if losses else None,
+        loss_last=losses[-1] if losses else None,
+        epoch_losses=[e.lm_loss for e in log.epochs if e.lm_loss is not None],
+        val_loss_last=validations[-1].lm_loss if validations else None,
+        val_ppl_last=validations[-1].ppl if validations else None,
+        loss_curve=[(tokens, r.lm_loss) for r in records
+                    if r.lm_loss is not None and (tokens := _consumed_tokens(r, meta)) is not None],
+    )

@@ -1,0 +1,96 @@
+"""Summarize ZeRO experiment runs: training logs in, comparison tables and plots out.
+
+    python analysis/summarize.py runs/                 # every run folder under runs/
+    python analysis/summarize.py runs/gpt_tiny_Z3_OL   # one run
+    python analysis/summarize.py path/to/train.log --out /tmp/report
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# Run as a script (python analysis/summarize.py) the repo root is not on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from analysis.collect import SummarizeError, collect  # noqa: E402
+from analysis.plots import make_plots  # noqa: E402
+from analysis.report import (csv_text, json_text, markdown_table, notes,  # noqa: E402
+                             report_markdown, write_atomic)
+
+DEFAULT_SKIP_FIRST = 2
+
+DESCRIPTION = """\
+Turn the logs of Megatron-DeepSpeed / zero-lab training runs into a side-by-side comparison.
+
+PATH is a runs folder (searched recursively: train.log in each run folder, else any *.log),
+one run folder, or one log file. Per run it reads the iteration lines (consumed samples and
+tokens, elapsed time per iteration, lm loss, tgs, TFLOPs), memory lines (zero-lab's
+"memory at iteration" line, Megatron's report_memory, DeepSpeed's MemAllocated lines),
+epoch-end, validation, ZeRO-estimate and run-info lines; run metadata comes from that run info
+line, ds_config.json, command.txt, env.json and Megatron's argument dump, else the folder name
+(gpt_tiny_Z3_OL, ALCF's ..._z1_seqlen1024_..._gb1_mb1). Timestamps, rank prefixes, ANSI colours
+and interleaved ranks are tolerated; a log cut off mid-line or without an end-of-training
+marker is summarized as far as it goes and marked INCOMPLETE. Logs with no training lines
+are listed as skipped.
+
+Writes to OUT: summary.md, summary.csv, summary.json (one row per run: ZeRO stage, offload,
+model, ranks, batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
+ms/iteration, time per epoch, mean/max MemAllocated and peak MaxMemAllocated per rank in GB
+(2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, first/last/per-epoch lm
+loss, last validation loss), PNG plots (throughput, epoch time, accelerator memory, host
+memory, loss vs consumed tokens) and report.md showing the table and plots.
+Exit status: 0 when at least one run was summarized, 1 when none was (or PATH is missing).
+"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", type=Path, help="runs folder, run folder, or log file")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default: PATH itself, or a log file's folder)")
+    parser.add_argument("--skip-first", type=int, default=DEFAULT_SKIP_FIRST, metavar="N",
+                        help="logged intervals left out of throughput/time means as warm-up: the first holds "
+                             "one-time costs (op builds, allocator growth), the second often their tail "
+                             f"(default: {DEFAULT_SKIP_FIRST}; at least one interval is always kept)")
+    parser.add_argument("--no-plots", action="store_true", help="write the tables only")
+    args = parser.parse_args(argv)
+    if args.skip_first < 0:
+        parser.error(f"--skip-first {args.skip_first}: expected a count >= 0")
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    found = collect(args.path, args.skip_first)
+    for warning in found.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for entry in found.skipped:
+        print(f"skipped {entry}", file=sys.stderr)
+    if not found.runs:
+        raise SummarizeError(f"{args.path}: no training runs found (no log with iteration lines)")
+    out = args.out or (args.path.parent if args.path.is_file() else args.path)
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown_table(found.runs)
+    note_text = notes(found.runs, found.skipped, args.skip_first)
+    write_atomic(out / "summary.md", table + "\n" + note_text)
+    write_atomic(out / "summary.csv", csv_text(found.runs))
+    write_atomic(out / "summary.json", json_text(found.runs, found.skipped, args.skip_first))
+    plots = [] if args.no_plots else make_plots(found.runs, out)
+    write_atomic(out / "report.md", report_markdown(table, note_text, plots))
+    print(table)
+    print(note_text)
+    print(f"wrote summary.md, summary.csv, summary.json, report.md and {len(plots)} plots to {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except (SummarizeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
