@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Prepare databricks-dolly-15k for GPT-2 training:
+#   $DATA_DIR/dolly_text_document.{bin,idx}  (one document per record, each ending with eod 50256)
+#
+# Environment (all optional):
+#   DATA_DIR     output folder (default <repo>/data)
+#   DOLLY_JSONL  the dolly jsonl (default $DATA_DIR/databricks-dolly-15k.jsonl, downloaded from the hub if absent)
+#   VOCAB_FILE, MERGE_FILE  GPT-2 vocab.json / merges.txt (default $DATA_DIR/gpt2-vocab.json, gpt2-merges.txt,
+#                fetched from the hub, or converted from the openai-whisper sdist on PyPI by tools/gpt2_vocab.py)
+#   PYTHON       interpreter (default the repo's .venv, else python3); WORKERS tokenizer threads (default nproc)
+#   HF_HUB_OFFLINE=1 skips every Hugging Face download.
+# Safe to run again: when the outputs are newer than their inputs nothing is rebuilt.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DATA_DIR=${DATA_DIR:-$REPO/data}
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON=$REPO/.venv/bin/python; else PYTHON=python3; fi
+fi
+WORKERS=${WORKERS:-$(nproc)}
+HUB=https://huggingface.co
+DOLLY_URL=$HUB/datasets/databricks/databricks-dolly-15k/resolve/main/databricks-dolly-15k.jsonl
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+
+say() { echo "[dolly] $*"; }
+die() { echo "error: $*" >&2; exit 1; }
+
+# fetch URL DEST: download to a temporary name and rename, so a failed download leaves nothing.
+fetch() {
+    [[ "${HF_HUB_OFFLINE:-0}" == 1 ]] && return 1
+    command -v curl >/dev/null 2>&1 || return 1
+    curl --fail --silent --show-error --location --connect-timeout 10 --max-time "${DOWNLOAD_TIMEOUT:-120}" \
+        -o "$2.tmp-$$" "$1" && mv "$2.tmp-$$" "$2" || { rm -f "$2.tmp-$$"; return 1; }
+}
+
+mkdir -p "$DATA_DIR"
+
+# 1. The dolly records.
+default_dolly=$DATA_DIR/databricks-dolly-15k.jsonl
+if [[ -n "${DOLLY_JSONL:-}" ]]; then
+    [[ -f "$DOLLY_JSONL" ]] || die "DOLLY_JSONL=$DOLLY_JSONL: file not found"
+elif [[ -f "$default_dolly" ]]; then
+    DOLLY_JSONL=$default_dolly
+else
+    [[ "${HF_HUB_OFFLINE:-0}" == 1 ]] || say "downloading $DOLLY_URL"
+    fetch "$DOLLY_URL" "$default_dolly" || die "cannot download databricks-dolly-15k from the Hugging Face hub \
+(offline or HF_HUB_OFFLINE=1). Provide the file: DOLLY_JSONL=/path/to/databricks-dolly-15k.jsonl bash $0, \
+or put it at $default_dolly"
+    DOLLY_JSONL=$default_dolly
+fi
+
+# 2. The GPT-2 vocabulary.
+if [[ -n "${VOCAB_FILE:-}" || -n "${MERGE_FILE:-}" ]]; then
+    [[ -f "${VOCAB_FILE:-}" ]] || die "VOCAB_FILE=${VOCAB_FILE:-}: file not found (give VOCAB_FILE and MERGE_FILE together)"
+    [[ -f "${MERGE_FILE:-}" ]] || die "MERGE_FILE=${MERGE_FILE:-}: file not found (give VOCAB_FILE and MERGE_FILE together)"
+else
+    VOCAB_FILE=$DATA_DIR/gpt2-vocab.json
+    MERGE_FILE=$DATA_DIR/gpt2-merges.txt
+    if [[ ! -f "$VOCAB_FILE" || ! -f "$MERGE_FILE" ]]; then
+        if fetch $HUB/gpt2/resolve/main/vocab.json "$VOCAB_FILE" && fetch $HUB/gpt2/resolve/main/merges.txt "$MERGE_FILE"; then
+            say "downloaded the GPT-2 vocabulary from the hub"
+        else
+            rm -f "$VOCAB_FILE" "$MERGE_FILE"
+            say "GPT-2 vocabulary not on the hub from here: converting it from PyPI (tools/gpt2_vocab.py)"
+            "$PYTHON" "$REPO/tools/gpt2_vocab.py" --output-dir "$DATA_DIR" --verify-text "$DOLLY_JSONL"
+        fi
+    fi
+fi
+
+# 3. Text per record, then tokenize (skipped when the outputs are newer than every input).
+prefix=$DATA_DIR/dolly_text_document
+if [[ -f $prefix.bin && -f $prefix.idx && $prefix.idx -nt "$DOLLY_JSONL" && $prefix.idx -nt "$VOCAB_FILE" \
+      && $prefix.idx -nt "$MERGE_FILE" && $prefix.bin -nt "$DOLLY_JSONL" ]]; then
+    say "up to date: $prefix.{bin,idx} are newer than $DOLLY_JSONL and the vocabulary (delete them to rebuild)"
+else
+    text_jsonl=$DATA_DIR/dolly_text.jsonl
+    "$PYTHON" "$REPO/tools/dolly_to_text.py" --input "$DOLLY_JSONL" --output "$text_jsonl"
+    "$PYTHON" "$REPO/tools/preprocess_data.py" --input "$text_jsonl" --json-keys text \
+        --output-prefix "$DATA_DIR/dolly" --tokenizer-type GPT2BPETokenizer \
+        --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --append-eod --workers "$WORKERS"
+fi
+"$PYTHON" -c "import sys; from megatron.data.indexed_dataset import MMapIndexedDataset as D; \
+d = D(sys.argv[1]); print(f'[dolly] {sys.argv[1]}: {len(d.doc_idx) - 1} documents, {int(d.sizes.sum())} tokens')" "$prefix"
