@@ -1,0 +1,318 @@
+"""analysis/summarize.py: log parsing (ours and upstream formats), the summary numbers, outputs, exit codes."""
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from statistics import fmean
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.image as mpimg  # noqa: E402
+import pytest  # noqa: E402
+
+from conftest import REPO_ROOT  # noqa: E402
+from conftest import test_env as subprocess_env  # noqa: E402  (renamed: pytest would collect test_env)
+from analysis import log_parser  # noqa: E402
+from analysis.log_parser import ParsedLog, parse_line, parse_log  # noqa: E402
+from analysis.run_metadata import from_folder_name  # noqa: E402
+
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "logs"
+SUMMARIZE = REPO_ROOT / "analysis" / "summarize.py"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+OUR_ITERATION = (
+    " iteration       10/     200 | consumed samples:          320 | consumed tokens:       327680 | elapsed time "
+    "per iteration (ms): 812.3 | learning rate: 1.500E-04 | global batch size:    32 | lm loss: 7.912345E+00 | "
+    "loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:   0 | "
+    "samples per second: 39.394 | tokens per gpu per second (tgs): 20169.846 | TFLOPs: 61.23 |")
+UPSTREAM_ITERATION = (
+    " iteration      199/  317892 | consumed samples:       152832 | consumed tokens:    625999872 | elapsed time "
+    "per iteration (ms): 14287.5 | learning rate: 2.407E-04 | global batch size:   768 | lm loss: 6.543210E-01 | "
+    "loss scale: 1.0 | actual seqlen:  4096 | number of skipped iterations:   0 | number of nan iterations:   0 | "
+    "samples per second: 53.753 | tokens per gpu per second(tgs): 917.421 | TFLOPs: 55.89 |")
+OUR_MEMORY = ("[Rank 0] memory at iteration       10 | MemAllocated=0.12GB, MaxMemAllocated=0.34GB, "
+              "HostRSS=1.23GB, MaxHostRSS=1.30GB, MFU=45.10% |")
+DEEPSPEED_MEMORY = ("[2024-03-07 15:27:02,646] [INFO] [timer.py:260:stop] epoch=0/micro_step=199/global_step=199, "
+                    "RunningAvgSamplesPerSec=58.730622229657506, CurrSamplesPerSec=61.35304005128382, "
+                    "MemAllocated=6.01GB, MaxMemAllocated=19.52GB")
+
+
+def run_cli(*args, **kwargs):
+    return subprocess.run([sys.executable, str(SUMMARIZE), *map(str, args)], env=subprocess_env(), cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def parsed(*lines: str) -> ParsedLog:
+    log = ParsedLog(path=Path("fixture.log"))
+    for line in lines:
+        parse_line(log, log_parser.strip_ansi(line))
+    return log
+
+
+# ---- the DESIGN.md regexes on our lines and upstream's -------------------------------------------
+
+@pytest.mark.parametrize("regex, line, expected", [
+    (log_parser.TGS_RE, OUR_ITERATION, "20169.846"),
+    (log_parser.TGS_RE, UPSTREAM_ITERATION, "917.421"),
+    (log_parser.ELAPSED_MS_RE, OUR_ITERATION, "812.3"),
+    (log_parser.ELAPSED_MS_RE, UPSTREAM_ITERATION, "14287.5"),
+    (log_parser.LM_LOSS_RE, OUR_ITERATION, "7.912345E+00"),
+    (log_parser.LM_LOSS_RE, UPSTREAM_ITERATION, "6.543210E-01"),
+    (log_parser.MEM_ALLOCATED_RE, DEEPSPEED_MEMORY, "6.01"),
+    (log_parser.MAX_MEM_ALLOCATED_RE, DEEPSPEED_MEMORY, "19.52"),
+    (log_parser.MAX_MEM_ALLOCATED_RE, OUR_MEMORY, "0.34"),
+])
+def test_design_regexes_match_both_formats(regex, line, expected):
+    assert regex.search(line).group(1) == expected
+
+
+def test_iteration_records_in_both_formats():
+    ours, upstream = parsed(OUR_ITERATION, UPSTREAM_ITERATION).iterations
+    assert (ours.iteration, ours.train_iters, ours.consumed_samples, ours.consumed_tokens) == (10, 200, 320, 327680)
+    assert (ours.elapsed_ms, ours.lm_loss, ours.tgs, ours.tflops) == (812.3, 7.912345, 20169.846, 61.23)
+    assert (ours.global_batch_size, ours.samples_per_second) == (32, 39.394)
+    assert (upstream.iteration, upstream.train_iters, upstream.consumed_tokens) == (199, 317892, 625999872)
+    assert (upstream.lm_loss, upstream.tgs, upstream.elapsed_ms) == (0.654321, 917.421, 14287.5)
+
+
+def test_memory_records_from_ours_deepspeed_and_megatron():
+    log = parsed(OUR_MEMORY, DEEPSPEED_MEMORY,
+                 "[Rank 3] (after 1 iterations) memory (MB) | allocated: 18244.640625 | max allocated: 41299.5 | "
+                 "reserved: 46764.0 | max reserved: 46764.0")
+    ours, deepspeed, megatron = log.memory
+    assert (ours.source, ours.rank, ours.iteration) == ("zero-lab", 0, 10)
+    assert (ours.allocated_gb, ours.max_allocated_gb, ours.host_rss_gb, ours.max_host_rss_gb, ours.mfu_pct) == (
+        0.12, 0.34, 1.23, 1.30, 45.10)
+    assert (deepspeed.source, deepspeed.iteration, deepspeed.allocated_gb, deepspeed.max_allocated_gb) == (
+        "deepspeed", 199, 6.01, 19.52)
+    assert (megatron.rank, megatron.iteration) == (3, 1)
+    assert megatron.allocated_gb == pytest.approx(18244.640625 / 1024)
+    assert megatron.max_allocated_gb == pytest.approx(41299.5 / 1024)
+
+
+def test_prefixes_colours_and_glued_ranks():
+    log = parsed(
+        "[2024-01-01 10:00:00,123] [INFO] [training.py:1:log] " + OUR_ITERATION,
+        "0: " + UPSTREAM_ITERATION.replace("199/", "200/"),
+        "\x1b[32m[rank1]: " + OUR_MEMORY.replace("[Rank 0]", "[Rank 1]") + "\x1b[0m",
+        OUR_MEMORY + OUR_MEMORY.replace("[Rank 0]", "[Rank 1]").replace("0.12GB", "0.15GB").replace(", MFU=45.10%", ""),
+    )
+    assert [r.iteration for r in log.iterations] == [10, 200]
+    assert log.iterations[0].lm_loss == 7.912345 and log.iterations[1].tgs == 917.421
+    assert [(m.rank, m.allocated_gb) for m in log.memory] == [(1, 0.12), (0, 0.12), (1, 0.15)]
+    assert log.memory[2].mfu_pct is None  # the glued rank-1 record does not borrow rank 0's MFU
+
+
+def test_validation_epoch_model_state_run_info_and_end_lines():
+    log = parsed(
+        " validation loss at iteration 100 | lm loss value: 6.123456E+00 | lm loss PPL: 4.562118E+02 | ",
+        " validation loss at the end of training for val data | lm loss value: 7.123456E-01 | "
+        "lm loss PPL: 2.038503E+00 | ",
+        " epoch    1 done | iteration       50 | consumed samples:         1600 | epoch time (s): 123.456 | "
+        "lm loss: 7.123456E+00 |",
+        " model state memory per rank (GB) | measured: params=0.0120 grads=0.0120 optim=0.0240 other=0.1000 | "
+        "ZeRO estimate (stage=1, dp=2, dtype=fp32, offload=none): params=0.0120 grads=0.0120 optim=0.0120 "
+        "total=0.0360 |",
+        " > run info | zero stage: 3 | offload: optimizer+params | model: tiny | world size: 2 | micro batch: 4 | "
+        "global batch: 16 | seq length: 128 | train samples per epoch: 1234 |",
+        "[after training is done] datetime: 2024-04-04 09:11:30",
+    )
+    assert [(v.iteration, v.lm_loss, v.ppl) for v in log.validations] == [
+        (100, 6.123456, 456.2118), (None, 0.7123456, 2.038503)]
+    (epoch,) = log.epochs
+    assert (epoch.epoch, epoch.iteration, epoch.consumed_samples, epoch.epoch_time_s, epoch.lm_loss) == (
+        1, 50, 1600, 123.456, 7.123456)
+    assert log.iterations == []  # the epoch line's "lm loss" is not an iteration record
+    state = log.model_state
+    assert state.measured == {"params": 0.012, "grads": 0.012, "optim": 0.024, "other": 0.1}
+    assert state.estimate["total"] == 0.036
+    assert (state.zero_stage, state.dp_size, state.dtype, state.offload) == (1, 2, "fp32", "none")
+    assert log.run_info["offload"] == "optimizer+params" and log.run_info["train samples per epoch"] == "1234"
+    assert log.saw_end_marker
+
+
+def test_elapsed_seconds_and_bigscience_rank_prefix_are_read():
+    (record,) = parsed("[default7]: iteration       10/     100 | consumed samples:           10 | "
+                       "elapsed time per iteration (s): 2.40 | lm loss: 1.012345E+01 |").iterations
+    assert (record.iteration, record.elapsed_ms, record.lm_loss) == (10, 2400.0, 10.12345)
+
+
+def test_truncated_last_line_keeps_only_finished_fields():
+    log = parse_log(FIXTURES / "ours" / "gpt_tiny_Z3_OL" / "train.log")
+    assert log.ended_mid_line
+    last = log.iterations[-1]
+    assert (last.iteration, last.consumed_tokens, last.elapsed_ms, last.global_batch_size) == (4, 8192, 1450.0, 8)
+    assert last.lm_loss is None  # "9.8765E+0" was cut off before its "|"
+
+
+def test_folder_names_give_metadata():
+    z3 = from_folder_name("gpt_tiny_Z3_OL")
+    assert (z3.zero_stage, z3.offload, z3.model, z3.label) == (3, "optimizer+params", "tiny", "Z3+offload")
+    dp = from_folder_name("gpt_125M_DP")
+    assert (dp.zero_stage, dp.offload, dp.model, dp.label) == (0, "none", "125M", "Z0")
+    alcf = from_folder_name("gpt_SP_actCkpt_GPT13B_z1_seqlen1024_mp8_pp1_sp1_nl40_hs5120_gb1_mb1")
+    assert (alcf.zero_stage, alcf.model, alcf.seq_length, alcf.global_batch, alcf.micro_batch) == (
+        1, "GPT13B", 1024, 1, 1)
+    assert from_folder_name("0404090742_x1921c0s0b0n0").label is None
+
+
+# ---- the CLI on the fixture runs -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory):
+    out = tmp_path_factory.mktemp("summary")
+    result = run_cli(FIXTURES, "--out", out)
+    assert result.returncode == 0, result.stderr
+    with open(out / "summary.csv", newline="") as f:
+        rows = {row["run"]: row for row in csv.DictReader(f)}
+    return out, result, rows
+
+
+def number(row, key):
+    return float(row[key])
+
+
+def test_summary_numbers_equal_hand_computed_means(summary):
+    _, _, rows = summary
+    z1 = rows["ours/gpt_tiny_Z1"]
+    # Fixture iterations 1..6; the default --skip-first 2 leaves iterations 3..6 for throughput.
+    tgs = [2560.000, 2048.000, 2275.556, 2438.095]
+    ms = [400.0, 500.0, 450.0, 420.0]
+    assert number(z1, "tgs_mean") == pytest.approx(fmean(tgs))
+    assert number(z1, "tokens_per_s") == pytest.approx(fmean(tgs) * 2)  # world size 2
+    assert number(z1, "ms_per_iter_mean") == pytest.approx(fmean(ms))
+    assert number(z1, "samples_per_s_mean") == pytest.approx(fmean([40.000, 32.000, 35.556, 38.095]))
+    assert number(z1, "tflops_mean") == pytest.approx(fmean([0.06, 0.05, 0.05, 0.06]))
+    assert number(z1, "mfu_mean_pct") == pytest.approx(fmean([0.06, 0.05, 0.05, 0.06]))
+    assert int(z1["intervals_used"]) == 4
+    # Memory: every logging step of both ranks (rank 0 then rank 1 values per iteration).
+    allocated = [0.10, 0.11, 0.12, 0.12, 0.12, 0.13, 0.12, 0.13, 0.12, 0.13, 0.12, 0.13]
+    assert number(z1, "mem_alloc_mean_gb") == pytest.approx(fmean(allocated))
+    assert number(z1, "mem_alloc_max_gb") == 0.13
+    assert number(z1, "max_mem_alloc_peak_gb") == 0.35
+    host = [1.20, 1.19, 1.22, 1.21, 1.24, 1.22, 1.25, 1.23, 1.25, 1.23, 1.26, 1.24]
+    assert number(z1, "host_rss_mean_gb") == pytest.approx(fmean(host))
+    assert number(z1, "host_rss_peak_gb") == 1.28
+    assert number(z1, "epoch_time_s") == pytest.approx((3.700 + 1.370) / 2)
+    assert z1["epoch_time_source"] == "measured" and z1["epochs_done"] == "2"
+    assert number(z1, "loss_first") == 10.82345 and number(z1, "loss_last") == 8.345678
+    assert [float(v) for v in z1["epoch_losses"].split(";")] == [10.40411, 8.744855]
+    assert number(z1, "val_loss_last") == 8.234567
+    assert number(z1, "zero_estimate_gb") == 0.036
+    assert number(z1, "model_state_measured_gb") == pytest.approx(0.012 + 0.012 + 0.024)
+    assert (z1["label"], z1["zero_stage"], z1["offload"], z1["model"]) == ("Z1 tiny", "1", "none", "tiny")
+    assert (z1["world_size"], z1["micro_batch"], z1["global_batch"], z1["seq_length"]) == ("2", "4", "16", "128")
+
+
+def test_upstream_run_numbers_and_metadata(summary):
+    _, _, rows = summary
+    (up,) = [row for name, row in rows.items() if name.startswith("upstream/ds_stage2")]
+    # Megatron's argument dump: world size 24, ZeRO 2; throughput from iterations 3 and 4.
+    assert (up["label"], up["world_size"], up["seq_length"], up["global_batch"]) == ("Z2", "24", "4096", "96")
+    assert number(up, "tokens_per_s") == pytest.approx(fmean([835.918, 844.537]) * 24)
+    assert number(up, "ms_per_iter_mean") == pytest.approx(fmean([19600.0, 19400.0]))
+    assert number(up, "loss_last") == 0.7654321 and number(up, "val_loss_last") == 0.7123456
+    # report_memory (MB) after iteration 1 plus DeepSpeed's lines at steps 2..4
+    assert number(up, "mem_alloc_mean_gb") == pytest.approx(fmean([18244.640625 / 1024, 17.82, 17.82, 17.82]))
+    assert number(up, "max_mem_alloc_peak_gb") == 40.34
+    assert up["complete"] == "True"
+    alcf = rows["upstream/gpt_SP_actCkpt_GPT13B_z1_seqlen1024_mp8_pp1_sp1_nl40_hs5120_gb1_mb1"]
+    # No tgs logged, world size unknown: tokens per iteration (1 x 1024) over the iteration time.
+    # Two logged intervals and --skip-first 2: the last one is kept rather than none.
+    assert number(alcf, "tokens_per_s") == pytest.approx(1024 / 2.30)
+    assert alcf["intervals_used"] == "1"
+
+
+def test_metadata_from_ds_config_command_and_env(summary):
+    _, _, rows = summary
+    z3 = rows["ours/gpt_tiny_Z3_OL"]
+    assert (z3["label"], z3["zero_stage"], z3["offload"], z3["model"]) == ("Z3+offload", "3", "optimizer+params", "tiny")
+    assert (z3["world_size"], z3["micro_batch"], z3["global_batch"], z3["seq_length"]) == ("2", "2", "8", "256")
+    assert number(z3, "tgs_mean") == 731.429  # iteration 3 only: the cut-off iteration 4 logged no tgs
+
+
+def test_incomplete_runs_are_marked(summary):
+    _, result, rows = summary
+    assert rows["ours/gpt_tiny_Z1"]["complete"] == "True"
+    z3 = rows["ours/gpt_tiny_Z3_OL"]
+    assert (z3["complete"], z3["incomplete_reason"], z3["last_iteration"]) == ("False", "log ends mid-line", "4")
+    alcf = rows["upstream/gpt_SP_actCkpt_GPT13B_z1_seqlen1024_mp8_pp1_sp1_nl40_hs5120_gb1_mb1"]
+    assert alcf["complete"] == "False" and "no end-of-training marker" in alcf["incomplete_reason"]
+    assert "| Z3+offload | INCOMPLETE |" in result.stdout
+    assert "| Z1 tiny | ok |" in result.stdout
+
+
+def test_log_without_training_lines_is_reported_and_skipped(summary):
+    out, result, rows = summary
+    assert not any("crashed_at_startup" in name for name in rows)
+    assert "skipped" in result.stderr and "crashed_at_startup/train.log: no training lines" in result.stderr
+    skipped = json.loads((out / "summary.json").read_text())["skipped"]
+    assert len(skipped) == 1 and skipped[0].endswith("crashed_at_startup/train.log: no training lines")
+
+
+def test_outputs_tables_report_and_readable_pngs(summary):
+    out, result, rows = summary
+    assert len(rows) == 4
+    data = json.loads((out / "summary.json").read_text())
+    assert data["skip_first"] == 2 and len(data["runs"]) == 4
+    z1 = next(r for r in data["runs"] if r["run"] == "ours/gpt_tiny_Z1")
+    assert z1["loss_curve"][0] == [2048, 10.82345] and len(z1["loss_curve"]) == 6
+    table = (out / "summary.md").read_text()
+    assert table.startswith("| run | status |") and table.count("\n| Z") == 4
+    report = (out / "report.md").read_text()
+    pngs = ["throughput.png", "epoch_time.png", "accelerator_memory.png", "host_memory.png", "loss.png"]
+    for name in pngs:
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 1000, name
+        image = mpimg.imread(out / name)
+        assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100, name
+        assert f"]({name})" in report
+    assert not list(out.glob(".*tmp*")), "temporary files left behind"
+
+
+def test_skip_first_zero_uses_every_interval(tmp_path):
+    result = run_cli(FIXTURES / "ours" / "gpt_tiny_Z1", "--out", tmp_path, "--skip-first", "0", "--no-plots")
+    assert result.returncode == 0, result.stderr
+    (row,) = csv.DictReader(open(tmp_path / "summary.csv", newline=""))
+    assert number(row, "ms_per_iter_mean") == pytest.approx(fmean([2500.0, 800.0, 400.0, 500.0, 450.0, 420.0]))
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_single_log_file_writes_beside_it(tmp_path):
+    log = tmp_path / "gpt_tiny_Z2" / "train.log"
+    log.parent.mkdir()
+    # the same run printed by both ranks: each iteration must count once
+    text = (FIXTURES / "ours" / "gpt_tiny_Z1" / "train.log").read_text()
+    log.write_text(text + text)
+    result = run_cli(log, "--no-plots")
+    assert result.returncode == 0, result.stderr
+    (row,) = csv.DictReader(open(tmp_path / "gpt_tiny_Z2" / "summary.csv", newline=""))
+    assert row["label"] == "Z1" and row["last_iteration"] == "6"  # the run info line beats the folder name
+    assert number(row, "ms_per_iter_mean") == pytest.approx(fmean([400.0, 500.0, 450.0, 420.0]))
+
+
+@pytest.mark.parametrize("make_path, expected", [
+    (lambda tmp: tmp / "does-not-exist", "no such file or directory"),
+    (lambda tmp: shutil.copytree(FIXTURES / "ours" / "crashed_at_startup", tmp / "runs" / "crashed"),
+     "no training runs found"),
+    (lambda tmp: tmp, "no training runs found"),
+])
+def test_nothing_to_summarize_exits_non_zero_with_one_line(tmp_path, make_path, expected):
+    result = run_cli(make_path(tmp_path))
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expected in errors[0]
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.rglob("summary.*"))
+
+
+def test_bad_flag_value_and_help():
+    bad = run_cli(FIXTURES, "--skip-first", "-1")
+    assert bad.returncode == 2 and "--skip-first -1: expected a count >= 0" in bad.stderr
+    helped = run_cli("--help")
+    assert helped.returncode == 0
+    for word in ("--skip-first", "--out", "summary.csv", "INCOMPLETE", "tgs", "Exit status"):
+        assert word in helped.stdout
