@@ -62,12 +62,18 @@ _NAME_FIELDS = {
 }
 
 
+# ALCF model keys hold underscores themselves: GPT1_3B, GPT_TINY.
+_ALCF_MODEL_RE = re.compile(r"(?:^|_)(GPT(?:_TINY|\d+(?:_\d+)?[MBT]))(?=_|$)")
+
+
 def from_folder_name(name: str) -> RunMetadata:
     """gpt_tiny_Z3_OL, gpt_125M_DP, ALCF's gpt_SP_actCkpt_GPT13B_z1_seqlen1024_..._gb1_mb1,
     ds_stage2_nl32_hs4096_mb4_seq4096_gb96_pp1_tp1_bf16."""
     meta = RunMetadata()
-    tokens = name.split("_")
-    for token in tokens:
+    alcf_model = _ALCF_MODEL_RE.search(name)
+    if alcf_model:
+        meta.model = alcf_model.group(1)
+    for token in name.split("_"):
         if token == "DP":
             meta.zero_stage = 0
         elif token == "OL":
@@ -116,10 +122,13 @@ def from_arguments(args: dict[str, str]) -> RunMetadata:
 def from_ds_config(path: Path) -> RunMetadata:
     config = json.loads(path.read_text())
     zero = config.get("zero_optimization") or {}
-    on_cpu = lambda key: (zero.get(key) or {}).get("device", "none") not in ("none", None)  # noqa: E731
+
+    def offloaded(key: str) -> bool:
+        return (zero.get(key) or {}).get("device", "none") not in ("none", None)
+
     return RunMetadata(
         zero_stage=_to_int(zero.get("stage", 0)),
-        offload=_offload(on_cpu("offload_optimizer"), on_cpu("offload_param")),
+        offload=_offload(offloaded("offload_optimizer"), offloaded("offload_param")),
         micro_batch=_to_int(config.get("train_micro_batch_size_per_gpu")),
         global_batch=_to_int(config.get("train_batch_size")),
     )
@@ -175,15 +184,23 @@ def _named_folder(log_path: Path, root: Path) -> Path:
     return log_path.parent
 
 
+def from_log_name(name: str) -> RunMetadata:
+    """ALCF's <user>-<host>-nhosts1-ngpu8-<date>.log names carry the world size."""
+    match = re.search(r"-ngpu(\d+)-", name)
+    return RunMetadata(world_size=int(match.group(1)) if match else None)
+
+
 def collect_metadata(log: ParsedLog, root: Path) -> tuple[RunMetadata, Path, list[str]]:
     """Metadata of the run that wrote `log`, the folder naming it, and problems met on the way."""
     folder = _named_folder(log.path, root)
-    meta = from_folder_name(folder.name)
+    meta = from_folder_name(folder.name).overridden_by(from_log_name(log.path.name))
     problems = []
     readers = (("env.json", from_env_json), ("command.txt", from_command), ("ds_config.json", from_ds_config))
     for name, reader in readers:
-        path = log.path.parent / name
-        if path.is_file():
+        # beside the log (examples_zero runs) or in the run folder above it (ALCF's <run>/logs/)
+        candidates = [log.path.parent / name, folder / name]
+        path = next((p for p in candidates if p.is_file()), None)
+        if path is not None:
             try:
                 meta = meta.overridden_by(reader(path))
             except (ValueError, AttributeError, TypeError) as exc:

@@ -22,6 +22,8 @@ from analysis.run_metadata import from_folder_name  # noqa: E402
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "logs"
 SUMMARIZE = REPO_ROOT / "analysis" / "summarize.py"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# ALCF layout: outputs/<run name>/logs/<user>-<host>-nhosts2-ngpu8-<date>.log
+ALCF_RUN = "upstream/gpt_SP_actCkpt_GPT1_3B_z1_seqlen1024_mp8_pp1_sp1_nl24_hs2048_gb1_mb1"
 
 OUR_ITERATION = (
     " iteration       10/     200 | consumed samples:          320 | consumed tokens:       327680 | elapsed time "
@@ -156,6 +158,8 @@ def test_folder_names_give_metadata():
     alcf = from_folder_name("gpt_SP_actCkpt_GPT13B_z1_seqlen1024_mp8_pp1_sp1_nl40_hs5120_gb1_mb1")
     assert (alcf.zero_stage, alcf.model, alcf.seq_length, alcf.global_batch, alcf.micro_batch) == (
         1, "GPT13B", 1024, 1, 1)
+    assert from_folder_name("gpt_actCkpt_GPT1_3B_z2_seqlen2048_mp1_pp1_sp1_nl24_hs2048_gb8_mb1").model == "GPT1_3B"
+    assert from_folder_name("gpt_GPT_TINY_z0_seqlen128_mp1_pp1_sp1_nl2_hs128_gb4_mb1").model == "GPT_TINY"
     assert from_folder_name("0404090742_x1921c0s0b0n0").label is None
 
 
@@ -219,8 +223,10 @@ def test_upstream_run_numbers_and_metadata(summary):
     assert number(up, "mem_alloc_mean_gb") == pytest.approx(fmean([18244.640625 / 1024, 17.82, 17.82, 17.82]))
     assert number(up, "max_mem_alloc_peak_gb") == 40.34
     assert up["complete"] == "True"
-    alcf = rows["upstream/gpt_SP_actCkpt_GPT13B_z1_seqlen1024_mp8_pp1_sp1_nl40_hs5120_gb1_mb1"]
-    # No tgs logged, world size unknown: tokens per iteration (1 x 1024) over the iteration time.
+    alcf = rows[ALCF_RUN]
+    # labelled "Z1 GPT1_3B": another Z1 run (gpt_tiny_Z1) is in the same table
+    assert (alcf["label"], alcf["model"], alcf["world_size"], alcf["seq_length"]) == ("Z1 GPT1_3B", "GPT1_3B", "8", "1024")
+    # No tgs logged: tokens per iteration (1 x 1024) over the iteration time.
     # Two logged intervals and --skip-first 2: the last one is kept rather than none.
     assert number(alcf, "tokens_per_s") == pytest.approx(1024 / 2.30)
     assert alcf["intervals_used"] == "1"
@@ -239,7 +245,7 @@ def test_incomplete_runs_are_marked(summary):
     assert rows["ours/gpt_tiny_Z1"]["complete"] == "True"
     z3 = rows["ours/gpt_tiny_Z3_OL"]
     assert (z3["complete"], z3["incomplete_reason"], z3["last_iteration"]) == ("False", "log ends mid-line", "4")
-    alcf = rows["upstream/gpt_SP_actCkpt_GPT13B_z1_seqlen1024_mp8_pp1_sp1_nl40_hs5120_gb1_mb1"]
+    alcf = rows[ALCF_RUN]
     assert alcf["complete"] == "False" and "no end-of-training marker" in alcf["incomplete_reason"]
     assert "| Z3+offload | INCOMPLETE |" in result.stdout
     assert "| Z1 tiny | ok |" in result.stdout
