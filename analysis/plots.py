@@ -21,9 +21,17 @@ def _save(fig, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _value_label(value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
 def _tick_label(run: RunSummary, attr: str) -> str:
-    estimated = attr == "epoch_time_s" and run.epoch_time_source == "estimated"
-    return f"{run.label}\n(estimated)" if estimated else run.label
+    notes = [] if run.complete else ["incomplete"]
+    if attr == "epoch_time_s" and run.epoch_time_source == "estimated":
+        notes.append("estimated")
+    return run.label + (f"\n({', '.join(notes)})" if notes else "")
 
 
 def _bar_chart(runs: list[RunSummary], series: list[tuple[str, str]], title: str,
@@ -36,8 +44,9 @@ def _bar_chart(runs: list[RunSummary], series: list[tuple[str, str]], title: str
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(runs))]
         heights = [v if v is not None else 0.0 for v in values]
         bars = ax.bar(xs, heights, width, label=name)
-        ax.bar_label(bars, labels=["" if v is None else f"{v:,.3g}" for v in values], fontsize=8, padding=2)
+        ax.bar_label(bars, labels=[_value_label(v) for v in values], fontsize=8, padding=2)
     ax.set_xticks(range(len(runs)), [_tick_label(r, series[0][1]) for r in runs])
+    ax.set_xlim(-0.75, len(runs) - 0.25)  # a lone run gets a bar, not the whole width
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.set_xlabel("run")
@@ -76,7 +85,7 @@ def make_plots(runs: list[RunSummary], out_dir: Path) -> list[tuple[str, str]]:
             _bar_chart(shown, series_spec, caption, ylabel, out_dir / filename)
             written.append((filename, caption))
 
-    bars("throughput.png", "Training throughput (all ranks together)", "tokens/s",
+    bars("throughput.png", "Training throughput, all ranks together (warm-up excluded)", "tokens/s",
          [("tokens/s", "tokens_per_s")])
     bars("epoch_time.png", "Average training time per epoch", "seconds per epoch",
          [("time per epoch", "epoch_time_s")])
