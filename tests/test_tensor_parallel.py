@@ -1,0 +1,341 @@
+"""Tensor parallelism on real 2-rank gloo groups: layers, loss, RNG and the whole GPT
+model against their serial (TP=1) counterparts; the parallel layout's rank order."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from megatron.core.parallel_state import ParallelLayout, ParallelLayoutError, ParallelState
+from megatron.core.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    gather_from_sequence_parallel_region,
+    init_method_normal,
+    model_parallel_tracker,
+    reduce_scatter_to_sequence_parallel_region,
+    vocab_parallel_cross_entropy,
+)
+from megatron.model import GPTConfig, GPTModel, ModelConfigError
+
+pytestmark = pytest.mark.slow
+SEED = 4321
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world_size, port, fn):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn, world_size=2):
+    """Run fn(rank, world_size) on world_size real processes; a failing rank fails the test."""
+    mp.spawn(_worker, args=(world_size, _free_port(), fn), nprocs=world_size, join=True)
+
+
+def _shard(full, dim, rank, world=2):
+    return full.chunk(world, dim=dim)[rank]
+
+
+def _check_linear_layers(rank, world):
+    group = dist.group.WORLD
+    init = init_method_normal(0.5)
+    x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+
+    torch.manual_seed(SEED)
+    serial_col = ColumnParallelLinear(8, 12, group=None, init_method=init)
+    serial_row = RowParallelLinear(12, 6, group=None, init_method=init)
+    torch.manual_seed(SEED)
+    col = ColumnParallelLinear(8, 12, group=group, init_method=init)
+    row = RowParallelLinear(12, 6, group=group, init_method=init)
+
+    # Each rank holds exactly its half of the serial weights.
+    assert col.weight.shape == (6, 8) and row.weight.shape == (6, 6)
+    assert torch.equal(col.weight, _shard(serial_col.weight, 0, rank))
+    assert torch.equal(row.weight, _shard(serial_row.weight, 1, rank))
+    with torch.no_grad():  # non-zero biases so their gradients and placement are tested too
+        serial_col.bias.copy_(torch.arange(12.0) / 10)
+        col.bias.copy_(_shard(serial_col.bias, 0, rank))
+        serial_row.bias.fill_(0.3)
+        row.bias.fill_(0.3)
+    assert col.weight.tensor_model_parallel and not hasattr(row.bias, "tensor_model_parallel")
+
+    x_serial = x.detach().clone().requires_grad_(True)
+    expected = serial_row(F.gelu(serial_col(x_serial)))
+    torch.testing.assert_close(expected, F.linear(F.gelu(F.linear(x_serial, serial_col.weight, serial_col.bias)),
+                                                  serial_row.weight, serial_row.bias))
+    out = row(F.gelu(col(x)))
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    weights = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1))
+    (expected * weights).sum().backward()
+    (out * weights).sum().backward()
+    torch.testing.assert_close(x.grad, x_serial.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(col.weight.grad, _shard(serial_col.weight.grad, 0, rank), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(col.bias.grad, _shard(serial_col.bias.grad, 0, rank), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(row.weight.grad, _shard(serial_row.weight.grad, 1, rank), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(row.bias.grad, serial_row.bias.grad, rtol=1e-6, atol=1e-6)
+
+    # gather_output / input_is_parallel=False: the same maths with full tensors at both ends.
+    torch.manual_seed(SEED)
+    gathered = ColumnParallelLinear(8, 12, group=group, init_method=init, gather_output=True)
+    scattered = RowParallelLinear(12, 6, group=group, init_method=init, input_is_parallel=False)
+    x2 = x.detach().clone().requires_grad_(True)
+    with torch.no_grad():
+        gathered.bias.copy_(col.bias)
+        scattered.bias.fill_(0.3)
+    out2 = scattered(F.gelu(gathered(x2)))
+    torch.testing.assert_close(out2, expected, rtol=1e-6, atol=1e-6)
+    (out2 * weights).sum().backward()
+    torch.testing.assert_close(x2.grad, x_serial.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_column_and_row_parallel_linear_match_serial():
+    run_ranks(_check_linear_layers)
+
+
+def _check_embedding(rank, world):
+    group = dist.group.WORLD
+    ids = torch.tensor([[0, 5, 9, 15], [8, 7, 1, 8]])  # ids from both halves of a 16-row table
+    torch.manual_seed(SEED)
+    serial = VocabParallelEmbedding(16, 4, group=None, init_method=init_method_normal(1.0))
+    torch.manual_seed(SEED)
+    parallel = VocabParallelEmbedding(16, 4, group=group, init_method=init_method_normal(1.0))
+    assert parallel.weight.shape == (8, 4)
+    assert torch.equal(parallel.weight, _shard(serial.weight, 0, rank))
+    expected, out = serial(ids), parallel(ids)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(2))
+    expected.backward(grad)
+    out.backward(grad)
+    torch.testing.assert_close(parallel.weight.grad, _shard(serial.weight.grad, 0, rank), rtol=1e-6, atol=1e-6)
+
+
+def test_vocab_parallel_embedding_matches_serial():
+    run_ranks(_check_embedding)
+
+
+def _check_cross_entropy(rank, world):
+    group = dist.group.WORLD
+    gen = torch.Generator().manual_seed(3)
+    full = (torch.randn(2, 5, 10, generator=gen) * 4).requires_grad_(True)
+    target = torch.randint(0, 10, (2, 5), generator=gen)
+    local = _shard(full.detach(), -1, rank).clone().requires_grad_(True)
+    loss = vocab_parallel_cross_entropy(local, target, group)
+    expected = F.cross_entropy(full.view(-1, 10), target.view(-1), reduction="none").view(2, 5)
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+    weights = torch.rand(2, 5, generator=gen)
+    (loss * weights).sum().backward()
+    (expected * weights).sum().backward()
+    torch.testing.assert_close(local.grad, _shard(full.grad, -1, rank), rtol=1e-6, atol=1e-6)
+
+
+def test_vocab_parallel_cross_entropy_matches_torch():
+    run_ranks(_check_cross_entropy)
+
+
+def _check_sequence_parallel_mappings(rank, world):
+    group = dist.group.WORLD
+    full = torch.arange(2 * 4 * 3, dtype=torch.float32).view(2, 4, 3)
+    local = _shard(full, 1, rank).clone().requires_grad_(True)
+    gathered = gather_from_sequence_parallel_region(local, group)
+    assert torch.equal(gathered, full)
+    # Backward of the gather is a reduce-scatter: each rank's grad is the sum over ranks of its slice.
+    grad = full * (rank + 1)
+    gathered.backward(grad)
+    assert torch.equal(local.grad, _shard(full * 3, 1, rank))
+
+    partial = (full * (rank + 1)).requires_grad_(True)
+    scattered = reduce_scatter_to_sequence_parallel_region(partial, group)
+    assert torch.equal(scattered, _shard(full * 3, 1, rank))
+    scattered.backward(_shard(full, 1, rank))
+    assert torch.equal(partial.grad, full)  # backward all-gathers
+
+
+def test_sequence_parallel_gather_and_reduce_scatter():
+    run_ranks(_check_sequence_parallel_mappings)
+
+
+def _check_rng_tracker(rank, world):
+    torch.manual_seed(SEED)
+    tracker = model_parallel_tracker(SEED, tensor_parallel_rank=rank)
+    with tracker.fork(torch.device("cpu")):
+        inside = torch.rand(8)
+    outside = torch.rand(8)
+    with tracker.fork(torch.device("cpu")):
+        inside_again = torch.rand(8)
+    assert not torch.equal(inside, inside_again)  # the tracked stream advances
+    everyone = [torch.empty(8) for _ in range(world)]
+    dist.all_gather(everyone, inside)
+    assert not torch.equal(everyone[0], everyone[1])
+    dist.all_gather(everyone, outside)
+    assert torch.equal(everyone[0], everyone[1])
+    torch.manual_seed(SEED)
+    assert torch.equal(torch.rand(8), outside)  # fork neither uses nor advances the default stream
+
+
+def test_rng_tracker_differs_inside_tensor_parallel_region_only():
+    run_ranks(_check_rng_tracker)
+
+
+def _gpt_config(**overrides):
+    fields = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=8, max_position_embeddings=16,
+                  padded_vocab_size=64, hidden_dropout=0.0, attention_dropout=0.0)
+    fields.update(overrides)
+    return GPTConfig(**fields)
+
+
+def _gpt_batch():
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 64, (2, 9), generator=gen)
+    return ids[:, :-1], torch.arange(8).expand(2, 8), ids[:, 1:]
+
+
+def _partition_dim(param):
+    return param.partition_dim if getattr(param, "tensor_model_parallel", False) else None
+
+
+def _check_gpt_tp2_matches_tp1(rank, world):
+    state = ParallelState.build(ParallelLayout(world_size=2, tensor_model_parallel_size=2))
+    group = state.get_tensor_model_parallel_group()
+    config = _gpt_config()
+    torch.manual_seed(SEED)
+    serial = GPTModel(config)
+    torch.manual_seed(SEED)
+    parallel = GPTModel(config, tp_group=group)
+    tokens, positions, labels = _gpt_batch()
+    loss_serial = serial(tokens, positions, labels)
+    loss_parallel = parallel(tokens, positions, labels)
+    torch.testing.assert_close(loss_parallel, loss_serial, rtol=1e-5, atol=0)
+    loss_serial.mean().backward()
+    loss_parallel.mean().backward()
+
+    serial_params = dict(serial.named_parameters())
+    split = 0
+    for name, param in parallel.named_parameters():
+        full = serial_params[name]
+        dim = _partition_dim(param)
+        if dim is None:
+            assert param.shape == full.shape, name
+            expected_value, expected_grad = full, full.grad
+        else:
+            split += 1
+            assert param.shape[dim] * 2 == full.shape[dim], name  # half of each parallel weight
+            expected_value, expected_grad = _shard(full, dim, rank), _shard(full.grad, dim, rank)
+        assert torch.equal(param, expected_value), name
+        rel = (param.grad - expected_grad).norm() / expected_grad.norm()
+        assert rel < 1e-5, f"{name}: relative gradient difference {rel:.3e}"
+    assert split == 1 + 6 * config.num_layers  # embedding; per layer QKV w+b, fc1 w+b, attention-out and fc2 w
+    # Full logits are gathered over the vocab shards when no labels are given.
+    torch.testing.assert_close(parallel(tokens, positions), serial(tokens, positions), rtol=1e-5, atol=1e-6)
+
+    heads_error = "--num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2"
+    with pytest.raises(ModelConfigError, match=heads_error):
+        GPTModel(_gpt_config(hidden_size=24, num_attention_heads=3), tp_group=group)
+    vocab_error = "padded vocab size 63 is not divisible by --tensor-model-parallel-size 2"
+    with pytest.raises(ModelConfigError, match=vocab_error):
+        GPTModel(_gpt_config(padded_vocab_size=63), tp_group=group)
+
+
+def test_gpt_tp2_matches_tp1_loss_and_gradients():
+    run_ranks(_check_gpt_tp2_matches_tp1)
+
+
+def _check_gpt_tp2_dropout_and_recompute(rank, world):
+    group = dist.group.WORLD
+    tokens, positions, labels = _gpt_batch()
+    grads = []
+    for recompute in (False, True):
+        torch.manual_seed(SEED)
+        config = _gpt_config(hidden_dropout=0.2, attention_dropout=0.2, checkpoint_activations=recompute)
+        model = GPTModel(config, tp_group=group)
+        torch.manual_seed(11)
+        model(tokens, positions, labels).mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+        # Replicated parameters see identical activations (and dropout masks) on both TP ranks.
+        for name, param in model.named_parameters():
+            if _partition_dim(param) is None:
+                other = [torch.empty_like(param.grad) for _ in range(world)]
+                dist.all_gather(other, param.grad.contiguous())
+                assert torch.equal(other[0], other[1]), name
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_gpt_tp2_dropout_consistent_and_recompute_exact():
+    run_ranks(_check_gpt_tp2_dropout_and_recompute)
+
+
+def test_layout_rank_order_matches_megatron_world_8_tp2_pp2():
+    layout = ParallelLayout(world_size=8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    assert layout.data_parallel_size == 2
+    assert layout.tensor_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout.data_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.pipeline_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert layout.model_groups() == [[0, 1, 4, 5], [2, 3, 6, 7]]
+
+
+def test_layout_megatron_docstring_example_world_16_tp2_pp4():
+    layout = ParallelLayout(world_size=16, tensor_model_parallel_size=2, pipeline_model_parallel_size=4)
+    assert layout.data_groups() == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14], [13, 15]]
+    assert layout.pipeline_groups() == [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
+    assert layout.tensor_groups()[-1] == [14, 15]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(world_size=6, tensor_model_parallel_size=4),
+         "world size 6 is not divisible by --tensor-model-parallel-size 4 x --pipeline-model-parallel-size 1"),
+        (dict(world_size=8, tensor_model_parallel_size=2, pipeline_model_parallel_size=3),
+         "world size 8 is not divisible by --tensor-model-parallel-size 2 x --pipeline-model-parallel-size 3"),
+        (dict(world_size=4, tensor_model_parallel_size=0), "--tensor-model-parallel-size must be >= 1, got 0"),
+    ],
+)
+def test_layout_errors(kwargs, message):
+    with pytest.raises(ParallelLayoutError) as error:
+        ParallelLayout(**kwargs)
+    assert str(error.value) == message
+
+
+def test_single_process_state_without_distributed():
+    state = ParallelState.build(ParallelLayout(world_size=1))
+    assert state.get_tensor_model_parallel_world_size() == 1 and state.get_data_parallel_world_size() == 1
+    assert state.get_tensor_model_parallel_group() is None
+    with pytest.raises(ParallelLayoutError, match="world size 2 needs torch.distributed to be initialized"):
+        ParallelState.build(ParallelLayout(world_size=2))
+
+
+def _check_state_groups(rank, world):
+    state = ParallelState.build(ParallelLayout(world_size=4, tensor_model_parallel_size=2))
+    assert state.get_tensor_model_parallel_rank() == rank % 2
+    assert state.get_tensor_model_parallel_world_size() == 2
+    assert state.get_data_parallel_rank() == rank // 2 and state.get_data_parallel_world_size() == 2
+    assert state.get_data_parallel_group_ranks() == [rank % 2, rank % 2 + 2]
+    assert state.get_pipe_parallel_world_size() == 1 and state.is_pipeline_last_stage()
+    assert state.get_model_parallel_world_size() == 2
+    assert state.get_tensor_model_parallel_src_rank() == rank - rank % 2
+    # The groups are real: a sum over each group adds exactly its members' ranks.
+    value = torch.tensor([float(rank)])
+    dist.all_reduce(value, group=state.get_tensor_model_parallel_group())
+    assert value.item() == {0: 1, 1: 1, 2: 5, 3: 5}[rank]
+    value = torch.tensor([float(rank)])
+    dist.all_reduce(value, group=state.get_data_parallel_group())
+    assert value.item() == {0: 2, 1: 4, 2: 2, 3: 4}[rank]
+
+
+def test_parallel_state_builds_real_groups_world_4():
+    run_ranks(_check_state_groups, world_size=4)
