@@ -24,11 +24,11 @@ class DollyError(Exception):
 
 def record_text(line: bytes, where: str) -> str:
     try:
-        record = json.loads(line.decode("utf-8"))
+        record = json.loads(line.decode("utf-8").rstrip("\r\n"))
     except UnicodeDecodeError as err:
         raise DollyError(f"{where}: undecodable bytes (not UTF-8 at column {err.start + 1})") from None
     except json.JSONDecodeError as err:
-        raise DollyError(f"{where}: malformed JSON ({err.msg} at column {err.colno})") from None
+        raise DollyError(f"{where}: malformed JSON ({err.msg}: column {err.colno})") from None
     if not isinstance(record, dict):
         raise DollyError(f"{where}: expected a JSON object with keys {', '.join(DOLLY_KEYS)}")
     for key in DOLLY_KEYS:

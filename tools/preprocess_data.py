@@ -99,13 +99,13 @@ def read_chunks(path: str):
 def parse_line(raw: bytes, keys: list[str]) -> list[str]:
     """The texts of `keys` in one jsonl line; raises ValueError with the reason."""
     try:
-        line = raw.decode("utf-8")
+        line = raw.decode("utf-8").rstrip("\r\n")  # a newline inside an unterminated string is not the error
     except UnicodeDecodeError as err:
         raise ValueError(f"undecodable bytes (not UTF-8: byte {raw[err.start]:#04x} at column {err.start + 1})") from None
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
-        raise ValueError(f"malformed JSON ({err.msg} at column {err.colno})") from None
+        raise ValueError(f"malformed JSON ({err.msg}: column {err.colno})") from None
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
     texts = []
