@@ -1,0 +1,404 @@
+"""Megatron-DeepSpeed command-line flags, parsed once into typed, validated sections.
+
+`parse_args(argv, world_size)` is the only entry point: argparse reads the flags, each
+section's __post_init__ checks what it can see alone, and `check_support` checks the
+combinations against one table. Every error is a `ConfigError` naming the flag to change.
+"""
+import argparse
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import deepspeed
+
+
+class ConfigError(ValueError):
+    """A bad flag or flag combination; the message names the flag and what was expected."""
+
+
+def _require(condition, message):
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass
+class ModelArgs:
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    max_position_embeddings: int
+    ffn_hidden_size: int | None = None
+    model_size: str | None = None
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    init_method_std: float = 0.02
+    checkpoint_activations: bool = False
+
+    def __post_init__(self):
+        for flag, value in (("--num-layers", self.num_layers), ("--hidden-size", self.hidden_size),
+                            ("--num-attention-heads", self.num_attention_heads),
+                            ("--seq-length", self.seq_length)):
+            _require(value > 0, f"{flag} must be a positive integer, got {value}")
+        _require(self.hidden_size % self.num_attention_heads == 0,
+                 f"--hidden-size {self.hidden_size} is not divisible by "
+                 f"--num-attention-heads {self.num_attention_heads}")
+        _require(self.seq_length <= self.max_position_embeddings,
+                 f"--seq-length {self.seq_length} is larger than "
+                 f"--max-position-embeddings {self.max_position_embeddings}")
+        for flag, value in (("--hidden-dropout", self.hidden_dropout),
+                            ("--attention-dropout", self.attention_dropout)):
+            _require(0.0 <= value < 1.0, f"{flag} must be in [0, 1), got {value}")
+
+
+@dataclass
+class ParallelArgs:
+    world_size: int
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+
+    def __post_init__(self):
+        _require(self.tensor_model_parallel_size == 1,
+                 f"--tensor-model-parallel-size {self.tensor_model_parallel_size} is not supported yet "
+                 "by pretrain_gpt.py (use 1)")
+        _require(self.pipeline_model_parallel_size == 1,
+                 f"--pipeline-model-parallel-size {self.pipeline_model_parallel_size} is not supported yet "
+                 "by pretrain_gpt.py (use 1 or --no-pipeline-parallel)")
+        _require(not self.sequence_parallel,
+                 "--sequence-parallel is not supported yet (it needs --tensor-model-parallel-size > 1)")
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world_size // (self.tensor_model_parallel_size * self.pipeline_model_parallel_size)
+
+
+@dataclass
+class OptimizerArgs:
+    lr: float = 1.0e-4
+    min_lr: float = 0.0
+    lr_decay_style: str = "cosine"
+    lr_warmup_iters: int = 0
+    lr_warmup_fraction: float | None = None
+    lr_decay_iters: int | None = None
+    weight_decay: float = 0.01
+    clip_grad: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+
+    def __post_init__(self):
+        _require(self.lr_decay_style in ("cosine", "linear", "constant"),
+                 f"--lr-decay-style must be cosine, linear or constant, got {self.lr_decay_style!r}")
+        _require(self.lr >= 0 and self.min_lr >= 0, "--lr and --min-lr must be >= 0")
+        _require(self.min_lr <= self.lr, f"--min-lr {self.min_lr} is larger than --lr {self.lr}")
+        _require(not (self.lr_warmup_fraction is not None and self.lr_warmup_iters > 0),
+                 "--lr-warmup-fraction and --lr-warmup-iters are exclusive; give one")
+        _require(self.clip_grad >= 0, f"--clip-grad must be >= 0, got {self.clip_grad}")
+
+
+@dataclass
+class TrainingArgs:
+    micro_batch_size: int
+    global_batch_size: int
+    gradient_accumulation_steps: int
+    train_iters: int | None = None
+    train_samples: int | None = None
+    train_epochs: float | None = None
+    seed: int = 1234
+    max_nan_iterations: int = 10
+    eod_mask_loss: bool = False
+    compile: bool = False
+
+    def __post_init__(self):
+        given = [flag for flag, value in (("--train-iters", self.train_iters),
+                                          ("--train-samples", self.train_samples),
+                                          ("--train-epochs", self.train_epochs)) if value is not None]
+        _require(len(given) == 1,
+                 "give exactly one of --train-iters, --train-samples, --train-epochs"
+                 + (f" (got {' and '.join(given)})" if given else ""))
+        _require(self.max_nan_iterations > 0, "--max-nan-iterations must be >= 1")
+
+
+@dataclass
+class DataArgs:
+    data_path: list[str]
+    split: str = "969, 30, 1"
+    tokenizer_type: str = "GPT2BPETokenizer"
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    tokenizer_model: str | None = None
+    vocab_size: int | None = None
+    make_vocab_size_divisible_by: int = 128
+    tensor_model_parallel_size: int = 1
+
+    def __post_init__(self):
+        _require(bool(self.data_path), "--data-path is required (a dataset prefix, or weight prefix ...)")
+        prefixes = self.data_path if len(self.data_path) == 1 else self.data_path[1::2]
+        for prefix in prefixes:
+            for suffix in (".bin", ".idx"):
+                _require(os.path.isfile(prefix + suffix),
+                         f"--data-path: {prefix + suffix} does not exist "
+                         "(expected a prefix with .bin/.idx files from tools/preprocess_data.py)")
+        if self.tokenizer_type == "GPT2BPETokenizer":
+            for flag, path in (("--vocab-file", self.vocab_file), ("--merge-file", self.merge_file)):
+                _require(path is not None and os.path.isfile(path),
+                         f"{flag} {path} does not exist (GPT2BPETokenizer needs it)")
+
+
+@dataclass
+class LoggingArgs:
+    log_interval: int = 100
+    eval_interval: int = 1000
+    eval_iters: int = 10
+    tensorboard_dir: str | None = None
+
+    def __post_init__(self):
+        _require(self.log_interval > 0, "--log-interval must be >= 1")
+        _require(self.eval_interval > 0, "--eval-interval must be >= 1")
+        _require(self.eval_iters >= 0, "--eval-iters must be >= 0")
+
+
+@dataclass
+class CheckpointArgs:
+    save: str | None = None
+    load: str | None = None
+    save_interval: int | None = None
+    finetune: bool = False
+
+    def __post_init__(self):
+        if self.load is not None:
+            _require(os.path.isfile(os.path.join(self.load, "latest")),
+                     f"--load {self.load} holds no checkpoint (no 'latest' file there)")
+        _require(self.save_interval is None or self.save_interval > 0, "--save-interval must be >= 1")
+
+
+@dataclass
+class DeepSpeedArgs:
+    zero_stage: int = 0
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    bf16: bool = False
+    fp16: bool = False
+    deepspeed_config: str | None = None
+    run_dir: str | None = None
+
+    def __post_init__(self):
+        _require(self.zero_stage in (0, 1, 2, 3), f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+
+    @property
+    def precision(self) -> str:
+        return "bf16" if self.bf16 else "fp16" if self.fp16 else "fp32"
+
+    @property
+    def offload(self) -> str:
+        if self.offload_params:
+            return "optimizer+params"
+        return "optimizer" if self.offload_optimizer else "none"
+
+
+@dataclass
+class Args:
+    model: ModelArgs
+    parallel: ParallelArgs
+    optimizer: OptimizerArgs
+    training: TrainingArgs
+    data: DataArgs
+    logging: LoggingArgs
+    checkpoint: CheckpointArgs
+    deepspeed: DeepSpeedArgs
+    argv: list[str] = field(default_factory=list)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Pretrain a GPT with DeepSpeed (Megatron-DeepSpeed flags)",
+                                     allow_abbrev=False)
+    model = parser.add_argument_group("model")
+    model.add_argument("--model-size", default=None, help="preset: tiny, 125M, 355M, 774M, 1.5B")
+    for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size"):
+        model.add_argument(flag, type=int, default=None)
+    model.add_argument("--seq-length", type=int, default=None)
+    model.add_argument("--max-position-embeddings", type=int, default=None)
+    model.add_argument("--hidden-dropout", type=float, default=0.1)
+    model.add_argument("--attention-dropout", type=float, default=0.1)
+    model.add_argument("--init-method-std", type=float, default=0.02)
+    model.add_argument("--checkpoint-activations", action="store_true")
+
+    par = parser.add_argument_group("parallelism")
+    par.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    par.add_argument("--no-pipeline-parallel", action="store_true")
+    par.add_argument("--sequence-parallel", action="store_true")
+
+    opt = parser.add_argument_group("optimizer and schedule")
+    opt.add_argument("--lr", type=float, default=1.0e-4)
+    opt.add_argument("--min-lr", type=float, default=0.0)
+    opt.add_argument("--lr-decay-style", default="cosine")
+    opt.add_argument("--lr-warmup-iters", type=int, default=0)
+    opt.add_argument("--lr-warmup-fraction", type=float, default=None)
+    opt.add_argument("--lr-decay-iters", type=int, default=None)
+    opt.add_argument("--weight-decay", type=float, default=0.01)
+    opt.add_argument("--clip-grad", type=float, default=1.0)
+    opt.add_argument("--adam-beta1", type=float, default=0.9)
+    opt.add_argument("--adam-beta2", type=float, default=0.999)
+    opt.add_argument("--adam-eps", type=float, default=1e-8)
+
+    train = parser.add_argument_group("training")
+    train.add_argument("--train-iters", type=int, default=None)
+    train.add_argument("--train-samples", type=int, default=None)
+    train.add_argument("--train-epochs", type=float, default=None, help="zero-lab extra: passes over the train split")
+    train.add_argument("--micro-batch-size", type=int, required=True)
+    train.add_argument("--global-batch-size", type=int, default=None)
+    train.add_argument("--seed", type=int, default=1234)
+    train.add_argument("--max-nan-iterations", type=int, default=10)
+    train.add_argument("--eod-mask-loss", action="store_true")
+    train.add_argument("--compile", action="store_true", help="torch.compile the model")
+    train.add_argument("--bf16", action="store_true")
+    train.add_argument("--fp16", action="store_true")
+
+    data = parser.add_argument_group("data")
+    data.add_argument("--data-path", nargs="*", default=None)
+    data.add_argument("--split", default="969, 30, 1")
+    data.add_argument("--tokenizer-type", default="GPT2BPETokenizer")
+    data.add_argument("--vocab-file", default=None)
+    data.add_argument("--merge-file", default=None)
+    data.add_argument("--tokenizer-model", default=None)
+    data.add_argument("--vocab-size", type=int, default=None)
+    data.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+
+    log = parser.add_argument_group("logging and checkpoints")
+    log.add_argument("--log-interval", type=int, default=100)
+    log.add_argument("--eval-interval", type=int, default=1000)
+    log.add_argument("--eval-iters", type=int, default=10)
+    log.add_argument("--tensorboard-dir", default=None)
+    log.add_argument("--save", default=None)
+    log.add_argument("--load", default=None)
+    log.add_argument("--save-interval", type=int, default=None)
+    log.add_argument("--finetune", action="store_true")
+
+    zero = parser.add_argument_group("ZeRO")
+    zero.add_argument("--zero-stage", type=int, default=None, help="default: the JSON's stage, else 0")
+    zero.add_argument("--zero-offload-optimizer", "--cpu-optimizer", dest="zero_offload_optimizer",
+                      action="store_true", help="ZeRO optimizer state (and step) on the CPU")
+    zero.add_argument("--zero-offload-params", action="store_true", help="ZeRO-3 parameters on the CPU")
+    zero.add_argument("--run-dir", default=None, help="folder where the DeepSpeed JSON actually used is written")
+    return deepspeed.add_config_arguments(parser)
+
+
+def _model_args(ns) -> ModelArgs:
+    sizes = dict(num_layers=ns.num_layers, hidden_size=ns.hidden_size, num_attention_heads=ns.num_attention_heads)
+    if ns.model_size is not None:
+        from megatron.model import MODEL_PRESETS
+        _require(ns.model_size in MODEL_PRESETS,
+                 f"--model-size {ns.model_size!r} is not a preset (choose from {', '.join(MODEL_PRESETS)})")
+        # explicit flags win over the preset, as in Megatron's model scripts
+        sizes = {key: value if value is not None else MODEL_PRESETS[ns.model_size][key]
+                 for key, value in sizes.items()}
+    for key, value in sizes.items():
+        _require(value is not None, f"--{key.replace('_', '-')} is required (or give --model-size)")
+    _require(ns.seq_length is not None, "--seq-length is required")
+    return ModelArgs(**sizes, seq_length=ns.seq_length,
+                     max_position_embeddings=ns.max_position_embeddings or ns.seq_length,
+                     ffn_hidden_size=ns.ffn_hidden_size, model_size=ns.model_size,
+                     hidden_dropout=ns.hidden_dropout, attention_dropout=ns.attention_dropout,
+                     init_method_std=ns.init_method_std, checkpoint_activations=ns.checkpoint_activations)
+
+
+def _training_args(ns, data_parallel_size: int) -> TrainingArgs:
+    micro = ns.micro_batch_size
+    _require(micro > 0, f"--micro-batch-size must be >= 1, got {micro}")
+    global_batch = ns.global_batch_size if ns.global_batch_size is not None else micro * data_parallel_size
+    _require(global_batch % (micro * data_parallel_size) == 0,
+             f"--global-batch-size {global_batch} is not divisible by --micro-batch-size {micro} "
+             f"x data-parallel size {data_parallel_size}")
+    return TrainingArgs(micro_batch_size=micro, global_batch_size=global_batch,
+                        gradient_accumulation_steps=global_batch // (micro * data_parallel_size),
+                        train_iters=ns.train_iters, train_samples=ns.train_samples, train_epochs=ns.train_epochs,
+                        seed=ns.seed, max_nan_iterations=ns.max_nan_iterations, eod_mask_loss=ns.eod_mask_loss,
+                        compile=ns.compile)
+
+
+def read_deepspeed_json(path: str | None) -> dict:
+    if path is None:
+        return {}
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ConfigError(f"--deepspeed_config {path}: cannot read ({err.strerror})") from err
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--deepspeed_config {path}: line {err.lineno}: not valid JSON ({err.msg})") from err
+
+
+def _deepspeed_args(ns) -> DeepSpeedArgs:
+    user = read_deepspeed_json(ns.deepspeed_config)
+    zero = user.get("zero_optimization", {})
+    json_stage = zero.get("stage", 0) if user else None
+    _require(ns.zero_stage is None or json_stage is None or ns.zero_stage == json_stage,
+             f"--zero-stage {ns.zero_stage} disagrees with zero_optimization.stage {json_stage} "
+             f"in --deepspeed_config {ns.deepspeed_config}")
+    offload_opt = zero.get("offload_optimizer", {}).get("device", "none") == "cpu"
+    offload_par = zero.get("offload_param", {}).get("device", "none") == "cpu"
+    return DeepSpeedArgs(
+        zero_stage=ns.zero_stage if ns.zero_stage is not None else (json_stage or 0),
+        offload_optimizer=ns.zero_offload_optimizer or offload_opt or ns.zero_offload_params or offload_par,
+        offload_params=ns.zero_offload_params or offload_par,
+        bf16=ns.bf16 or user.get("bf16", {}).get("enabled", False),
+        fp16=ns.fp16 or user.get("fp16", {}).get("enabled", False),
+        deepspeed_config=ns.deepspeed_config, run_dir=ns.run_dir)
+
+
+# The one table of combinations DeepSpeed (or this stack) does not support:
+# (is it unsupported?, the message naming the flag to change).
+def _unsupported_combinations(args: Args, device_type: str):
+    ds, par = args.deepspeed, args.parallel
+    return [
+        (ds.fp16 and ds.bf16, "--fp16 and --bf16 are exclusive; drop one"),
+        (ds.fp16 and device_type == "cpu",
+         "--fp16 is not supported on the CPU accelerator; drop --fp16 (or use --bf16)"),
+        (ds.offload_optimizer and ds.zero_stage == 0,
+         "--zero-offload-optimizer needs ZeRO; set --zero-stage 1, 2 or 3"),
+        (ds.offload_params and ds.zero_stage != 3,
+         f"--zero-offload-params needs --zero-stage 3 (got --zero-stage {ds.zero_stage})"),
+        (ds.zero_stage >= 2 and par.pipeline_model_parallel_size > 1,
+         f"--zero-stage {ds.zero_stage} cannot be combined with pipeline parallelism; "
+         "use --zero-stage 0/1 or --no-pipeline-parallel"),
+        (par.world_size % (par.tensor_model_parallel_size * par.pipeline_model_parallel_size) != 0,
+         f"world size {par.world_size} is not divisible by --tensor-model-parallel-size x "
+         "--pipeline-model-parallel-size"),
+    ]
+
+
+def check_support(args: Args, device_type: str) -> None:
+    for unsupported, message in _unsupported_combinations(args, device_type):
+        _require(not unsupported, message)
+
+
+def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -> Args:
+    """Parse and validate; raises ConfigError (argparse's own usage errors exit with code 2)."""
+    ns = build_parser().parse_args(argv)
+    pipeline = 1 if ns.no_pipeline_parallel else ns.pipeline_model_parallel_size
+    parallel = ParallelArgs(world_size=world_size, tensor_model_parallel_size=ns.tensor_model_parallel_size,
+                            pipeline_model_parallel_size=pipeline, sequence_parallel=ns.sequence_parallel)
+    args = Args(
+        model=_model_args(ns),
+        parallel=parallel,
+        optimizer=OptimizerArgs(lr=ns.lr, min_lr=ns.min_lr, lr_decay_style=ns.lr_decay_style,
+                                lr_warmup_iters=ns.lr_warmup_iters, lr_warmup_fraction=ns.lr_warmup_fraction,
+                                lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,
+                                clip_grad=ns.clip_grad, adam_beta1=ns.adam_beta1, adam_beta2=ns.adam_beta2,
+                                adam_eps=ns.adam_eps),
+        training=_training_args(ns, parallel.data_parallel_size),
+        data=DataArgs(data_path=ns.data_path or [], split=ns.split, tokenizer_type=ns.tokenizer_type,
+                      vocab_file=ns.vocab_file, merge_file=ns.merge_file, tokenizer_model=ns.tokenizer_model,
+                      vocab_size=ns.vocab_size, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
+                      tensor_model_parallel_size=ns.tensor_model_parallel_size),
+        logging=LoggingArgs(log_interval=ns.log_interval, eval_interval=ns.eval_interval,
+                            eval_iters=ns.eval_iters, tensorboard_dir=ns.tensorboard_dir),
+        checkpoint=CheckpointArgs(save=ns.save, load=ns.load, save_interval=ns.save_interval,
+                                  finetune=ns.finetune),
+        deepspeed=_deepspeed_args(ns),
+        argv=list(argv),
+    )
+    check_support(args, device_type)
+    return args

@@ -1,0 +1,66 @@
+"""Checkpoints through DeepSpeed's engine, plus our client state (iteration, samples, RNG, args).
+
+DeepSpeed writes the `latest` pointer only after every rank finished its files (verified in
+tests/test_resume.py); our own extra file is written under a temporary name and renamed.
+"""
+import json
+import os
+import random
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from megatron.arguments import Args
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tag(iteration: int) -> str:
+    return f"global_step{iteration}"
+
+
+def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, rank: int) -> None:
+    client_state = {"iteration": iteration, "consumed_samples": consumed_samples,
+                    "rng_state": rng_state(), "args": asdict(args)}
+    engine.save_checkpoint(args.checkpoint.save, tag=_tag(iteration), client_state=client_state)
+    if rank == 0:
+        _write_json_atomic(os.path.join(args.checkpoint.save, _tag(iteration), "zero_lab_state.json"),
+                           {"iteration": iteration, "consumed_samples": consumed_samples,
+                            "argv": args.argv})
+    print(f"  successfully saved checkpoint at iteration {iteration:8d} to {args.checkpoint.save}", flush=True)
+
+
+def _write_json_atomic(path: str, payload: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as handle:
+        json.dump(payload, handle, indent=2)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(engine, args: Args) -> tuple[int, int]:
+    """Returns (iteration, consumed_samples); with --finetune only the weights are taken."""
+    finetune = args.checkpoint.finetune
+    path, client_state = engine.load_checkpoint(
+        args.checkpoint.load, load_optimizer_states=not finetune, load_lr_scheduler_states=not finetune,
+        load_module_only=finetune)
+    if path is None:
+        raise RuntimeError(f"--load {args.checkpoint.load}: DeepSpeed found no loadable checkpoint")
+    if finetune:
+        return 0, 0
+    set_rng_state(client_state["rng_state"])
+    print(f"  loaded checkpoint {path} at iteration {client_state['iteration']}", flush=True)
+    return client_state["iteration"], client_state["consumed_samples"]

@@ -1,0 +1,99 @@
+"""Optimizer and learning-rate schedule handed to deepspeed.initialize."""
+import math
+
+import torch
+
+from megatron.arguments import Args, OptimizerArgs
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Biases and LayerNorm weights (every 1-D parameter) get no weight decay, as in Megatron."""
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (no_decay if param.ndim < 2 else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+class NonFiniteSkippingAdamW(torch.optim.AdamW):
+    """AdamW for ZeRO stage 0 in fp32, where DeepSpeed passes the step straight through:
+    it clips by the global grad norm and skips the update when that norm is not finite,
+    which is what DeepSpeed's ZeRO and mixed-precision optimizers already do.
+    DeepSpeed's engine reads `overflow` (skipped step) and `_global_grad_norm`."""
+
+    def __init__(self, params, clip_grad: float, **kwargs):
+        super().__init__(params, **kwargs)
+        self.clip_grad = clip_grad
+        self.overflow = False
+        self._global_grad_norm = None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        self._global_grad_norm = norm.item()
+        self.overflow = not math.isfinite(self._global_grad_norm)
+        if self.overflow:
+            return None
+        if self.clip_grad > 0:
+            torch.nn.utils.clip_grads_with_norm_(
+                [p for group in self.param_groups for p in group["params"]], self.clip_grad, norm)
+        return super().step(closure)
+
+
+def build_optimizer(model: torch.nn.Module, args: Args, on_cuda: bool) -> torch.optim.Optimizer:
+    opt = args.optimizer
+    groups = param_groups(model, opt.weight_decay)
+    kwargs = dict(lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps, weight_decay=opt.weight_decay)
+    if args.deepspeed.offload_optimizer:
+        # the offloaded step runs on the CPU; DeepSpeed requires its own vectorised CPU Adam there
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
+    if args.deepspeed.zero_stage == 0 and args.deepspeed.precision == "fp32":
+        return NonFiniteSkippingAdamW(groups, clip_grad=opt.clip_grad, fused=on_cuda or None, **kwargs)
+    return torch.optim.AdamW(groups, fused=on_cuda or None, **kwargs)
+
+
+class LRSchedule:
+    """Megatron's schedule: linear warmup to --lr, then cosine/linear/constant decay to --min-lr
+    at --lr-decay-iters (default: the whole run). DeepSpeed calls step() once per applied update."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, opt: OptimizerArgs, train_iters: int):
+        self.optimizer = optimizer
+        self.max_lr, self.min_lr, self.style = opt.lr, opt.min_lr, opt.lr_decay_style
+        self.decay_iters = opt.lr_decay_iters or train_iters
+        fraction_warmup = int(opt.lr_warmup_fraction * self.decay_iters) if opt.lr_warmup_fraction else 0
+        self.warmup_iters = opt.lr_warmup_iters or fraction_warmup
+        self.num_steps = 0
+        self._apply()
+
+    def lr_at(self, step: int) -> float:
+        if self.warmup_iters > 0 and step < self.warmup_iters:
+            return self.max_lr * (step + 1) / self.warmup_iters
+        if self.style == "constant" or step >= self.decay_iters:
+            return self.max_lr if self.style == "constant" else self.min_lr
+        progress = (step - self.warmup_iters) / max(1, self.decay_iters - self.warmup_iters)
+        if self.style == "linear":
+            coeff = 1.0 - progress
+        else:
+            coeff = 0.5 * (math.cos(math.pi * progress) + 1.0)
+        return self.min_lr + coeff * (self.max_lr - self.min_lr)
+
+    def _apply(self):
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.num_steps)
+
+    def step(self, *_unused, **_unused_kwargs):
+        self.num_steps += 1
+        self._apply()
+
+    def get_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return {"num_steps": self.num_steps}
+
+    def load_state_dict(self, state: dict):
+        self.num_steps = state["num_steps"]
+        self._apply()

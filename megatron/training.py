@@ -1,0 +1,285 @@
+"""The training loop: a step over the micro-batches, evaluation, logging, checkpoints.
+
+DeepSpeed does ZeRO partitioning, offload, mixed precision, clipping and gradient accumulation;
+this file feeds it batches, turns the loss into the masked mean, and reports.
+"""
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from megatron import memory
+from megatron.arguments import Args
+from megatron.checkpointing import save_checkpoint
+from megatron.initialize import DistInfo
+from megatron.training_log import (IterationStats, TensorBoardWriter, epoch_line, iteration_line, memory_line,
+                                   model_state_line, run_info_line, validation_line)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. too many NaN iterations in a row); the message says why."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    train_iters: int
+    iters_per_epoch: int
+    samples_per_epoch: int
+
+
+@dataclass
+class StepResult:
+    loss: float
+    skipped: bool
+    nan: bool
+    grad_norm: float | None
+    grad_bytes: int = 0
+
+
+@dataclass
+class LoopState:
+    iteration: int = 0
+    consumed_samples: int = 0
+    skipped_iterations: int = 0
+    nan_iterations: int = 0
+    nan_in_a_row: int = 0
+    interval_losses: list = field(default_factory=list)
+    interval_seconds: float = 0.0
+    interval_iterations: int = 0
+    epoch_losses: list = field(default_factory=list)
+    epoch_start: float = field(default_factory=time.time)
+
+
+def resolve_schedule(args: Args, samples_per_epoch: int) -> Schedule:
+    """Turn --train-iters / --train-samples / --train-epochs into iterations."""
+    batch = args.training.global_batch_size
+    iters_per_epoch = max(1, samples_per_epoch // batch)
+    t = args.training
+    if t.train_iters is not None:
+        iters = t.train_iters
+    elif t.train_samples is not None:
+        iters = math.ceil(t.train_samples / batch)
+    else:
+        iters = max(1, round(t.train_epochs * iters_per_epoch))
+    return Schedule(train_iters=iters, iters_per_epoch=iters_per_epoch, samples_per_epoch=samples_per_epoch)
+
+
+def get_batch(batch: dict, device: torch.device, eod: int, eod_mask_loss: bool):
+    """Shift the (seq_length + 1)-token samples into inputs and labels; positions 0..s-1."""
+    text = batch["text"].to(device, non_blocking=True).long()
+    tokens, labels = text[:, :-1].contiguous(), text[:, 1:].contiguous()
+    position_ids = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
+    loss_mask = torch.ones_like(labels, dtype=torch.float32)
+    if eod_mask_loss:
+        loss_mask[labels == eod] = 0.0
+    return tokens, labels, position_ids, loss_mask
+
+
+def masked_mean_loss(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    return (per_token_loss.float() * loss_mask).sum() / loss_mask.sum().clamp(min=1.0)
+
+
+def data_parallel_mean(value: torch.Tensor) -> float:
+    reduced = value.detach().clone().float()
+    dist.all_reduce(reduced)
+    return reduced.item() / dist.get_world_size()
+
+
+def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int, probe_grads=False) -> StepResult:
+    """One optimizer step over gradient_accumulation_steps micro-batches."""
+    losses = []
+    grad_bytes = 0
+    for micro in range(args.training.gradient_accumulation_steps):
+        tokens, labels, position_ids, loss_mask = get_batch(next(data_iterator), dist_info.device, eod,
+                                                            args.training.eod_mask_loss)
+        loss = masked_mean_loss(engine(tokens, position_ids, labels), loss_mask)
+        engine.backward(loss)
+        losses.append(loss.detach())
+        if probe_grads and micro == args.training.gradient_accumulation_steps - 1:
+            grad_bytes = memory.grad_bytes(engine)
+        engine.step()
+    mean_loss = data_parallel_mean(torch.stack(losses).mean())
+    skipped = not engine.was_step_applied()
+    # fp16 overflow skips are loss-scale housekeeping; anywhere else a skipped step means inf/nan grads
+    nan = not math.isfinite(mean_loss) or (skipped and args.deepspeed.precision != "fp16")
+    return StepResult(loss=mean_loss, skipped=skipped, nan=nan, grad_norm=engine.get_global_grad_norm(),
+                      grad_bytes=grad_bytes)
+
+
+@torch.no_grad()
+def evaluate(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int) -> float:
+    engine.eval()
+    losses = []
+    for _ in range(args.logging.eval_iters * args.training.gradient_accumulation_steps):
+        tokens, labels, position_ids, loss_mask = get_batch(next(data_iterator), dist_info.device, eod,
+                                                            args.training.eod_mask_loss)
+        losses.append(masked_mean_loss(engine(tokens, position_ids, labels), loss_mask))
+    engine.train()
+    return data_parallel_mean(torch.stack(losses).mean())
+
+
+@dataclass
+class Reporter:
+    """Everything the loop prints or records: built once, used by the loop."""
+    args: Args
+    dist_info: DistInfo
+    schedule: Schedule
+    flops_per_iteration: float
+    peak_tflops: float | None
+    model_state_estimate: dict
+    tracker: memory.MemoryTracker
+    tensorboard: TensorBoardWriter | None = None
+
+    def print_line(self, line: str):
+        if self.dist_info.rank == 0:
+            print(line, flush=True)
+
+    def iteration(self, state: LoopState, engine):
+        args, world = self.args, self.dist_info.world_size
+        seconds = state.interval_seconds / max(1, state.interval_iterations)
+        batch, seq = args.training.global_batch_size, args.model.seq_length
+        finite = [loss for loss in state.interval_losses if math.isfinite(loss)]
+        tflops = self.flops_per_iteration / seconds / world / 1e12
+        grad_norm = engine.get_global_grad_norm()
+        stats = IterationStats(
+            iteration=state.iteration, train_iters=self.schedule.train_iters,
+            consumed_samples=state.consumed_samples, consumed_tokens=state.consumed_samples * seq,
+            elapsed_ms=seconds * 1000.0, learning_rate=engine.get_lr()[0], global_batch_size=batch,
+            lm_loss=sum(finite) / len(finite) if finite else float("nan"),
+            loss_scale=float(getattr(engine.optimizer, "loss_scale", 1.0)),
+            grad_norm=None if grad_norm is None else float(grad_norm),
+            skipped_iterations=state.skipped_iterations, nan_iterations=state.nan_iterations,
+            samples_per_second=batch / seconds, tokens_per_gpu_per_second=batch * seq / seconds / world,
+            tflops=tflops)
+        self.print_line(iteration_line(stats))
+        mfu = None if self.peak_tflops is None else 100.0 * tflops / self.peak_tflops
+        self.print_line(memory_line(self.dist_info.rank, state.iteration, self.tracker.sample(), mfu))
+        if self.tensorboard is not None:
+            self.tensorboard.iteration(stats)
+
+    def model_state(self, engine, grad_bytes_before_step: int):
+        mem = self.tracker.sample()
+        measured = {"params": memory.param_bytes(engine), "grads": grad_bytes_before_step,
+                    "optim": memory.optimizer_bytes(engine)}
+        held = measured["params"] + measured["optim"] + memory.grad_bytes(engine)
+        # offloaded states live in host memory, outside the CUDA counter, hence the floor at zero
+        measured["other"] = max(0, mem["allocated"] - held)
+        ds = self.args.deepspeed
+        self.print_line(model_state_line(measured, self.model_state_estimate, ds.zero_stage,
+                                     self.args.parallel.data_parallel_size, ds.precision, ds.offload))
+
+    def close(self):
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+    def validation(self, iteration: int, loss: float):
+        self.print_line(validation_line(iteration, loss))
+        if self.tensorboard is not None:
+            self.tensorboard.scalar("validation lm loss", loss, iteration)
+
+    def epoch(self, state: LoopState):
+        finite = [loss for loss in state.epoch_losses if math.isfinite(loss)]
+        loss = sum(finite) / len(finite) if finite else float("nan")
+        self.print_line(epoch_line(state.iteration // self.schedule.iters_per_epoch, state.iteration,
+                               state.consumed_samples, time.time() - state.epoch_start, loss))
+
+
+def _synchronize(dist_info: DistInfo):
+    if dist_info.on_cuda:
+        torch.cuda.synchronize()
+
+
+def _record_step(state: LoopState, result: StepResult, args: Args):
+    state.iteration += 1
+    state.consumed_samples += args.training.global_batch_size
+    state.skipped_iterations += int(result.skipped)
+    state.nan_iterations += int(result.nan)
+    state.nan_in_a_row = state.nan_in_a_row + 1 if result.nan else 0
+    state.interval_losses.append(result.loss)
+    state.epoch_losses.append(result.loss)
+    if state.nan_in_a_row >= args.training.max_nan_iterations:
+        raise TrainingError(f"stopping at iteration {state.iteration}: {state.nan_in_a_row} iterations in a row "
+                            f"had a non-finite loss or gradient (--max-nan-iterations "
+                            f"{args.training.max_nan_iterations})")
+
+
+def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInfo, reporter: Reporter,
+          eod: int, state: LoopState) -> LoopState:
+    """Run from state.iteration to the end of the schedule; returns the final state."""
+    schedule, log = reporter.schedule, args.logging
+    first_step = True
+    while state.iteration < schedule.train_iters:
+        _synchronize(dist_info)
+        start = time.time()
+        result = train_step(engine, train_iterator, args, dist_info, eod, probe_grads=first_step)
+        _synchronize(dist_info)
+        state.interval_seconds += time.time() - start
+        state.interval_iterations += 1
+        _record_step(state, result, args)
+        if first_step:
+            reporter.model_state(engine, result.grad_bytes)
+            first_step = False
+        if state.iteration % log.log_interval == 0 or state.iteration == schedule.train_iters:
+            reporter.iteration(state, engine)
+            state.interval_losses, state.interval_seconds, state.interval_iterations = [], 0.0, 0
+        if valid_iterator is not None and log.eval_iters > 0 and state.iteration % log.eval_interval == 0:
+            reporter.validation(state.iteration, evaluate(engine, valid_iterator, args, dist_info, eod))
+        if state.iteration % schedule.iters_per_epoch == 0:
+            reporter.epoch(state)
+            state.epoch_losses, state.epoch_start = [], time.time()
+        ckpt = args.checkpoint
+        if ckpt.save and ckpt.save_interval and state.iteration % ckpt.save_interval == 0:
+            save_checkpoint(engine, args, state.iteration, state.consumed_samples, dist_info.rank)
+    return state
+
+
+def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int):
+    """Build the model (partitioned at creation under ZeRO-3), optimizer, schedule and DeepSpeed engine.
+    Returns (engine, the DeepSpeed config actually used)."""
+    import deepspeed
+
+    from megatron.deepspeed_config import deepspeed_config
+    from megatron.optimizer import LRSchedule, build_optimizer
+
+    config = deepspeed_config(args, num_params, args.model.hidden_size, dist_info.on_cuda)
+    if args.deepspeed.zero_stage == 3:
+        # each rank materialises only its shard; the full model never sits on one rank
+        with deepspeed.zero.Init(config_dict_or_path=config, remote_device="cpu" if args.deepspeed.offload_params
+                                 else None, pin_memory=dist_info.on_cuda and args.deepspeed.offload_params):
+            model = model_builder()
+    else:
+        model = model_builder().to(dist_info.device)
+    optimizer = build_optimizer(model, args, dist_info.on_cuda)
+    schedule = LRSchedule(optimizer, args.optimizer, train_iters)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule, config=config,
+                                           dist_init_required=False)
+    if args.training.compile:
+        engine.compile()
+    return engine, config
+
+
+def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, model_config, ds_config: dict) -> Reporter:
+    """Print the run-info line and set up what the loop reports; FLOPs and estimates come from accounting."""
+    from deepspeed.accelerator import get_accelerator
+
+    from megatron.model import accounting
+
+    ds, par = args.deepspeed, args.parallel
+    estimate = accounting.zero_model_state_estimate(
+        accounting.count_parameters(model_config), ds.zero_stage, par.data_parallel_size, ds.precision,
+        offload_optimizer=ds.offload_optimizer, offload_param=ds.offload_params)
+    device_name = torch.cuda.get_device_name(dist_info.device) if dist_info.on_cuda else get_accelerator().device_name()
+    reporter = Reporter(
+        args=args, dist_info=dist_info, schedule=schedule,
+        flops_per_iteration=accounting.flops_per_iteration(model_config, args.training.global_batch_size,
+                                                           args.model.checkpoint_activations),
+        peak_tflops=accounting.peak_bf16_tflops(device_name), model_state_estimate=estimate,
+        tracker=memory.MemoryTracker(on_cuda=dist_info.on_cuda),
+        tensorboard=TensorBoardWriter(args.logging.tensorboard_dir)
+        if args.logging.tensorboard_dir and dist_info.rank == 0 else None)
+    reporter.print_line(run_info_line(ds.zero_stage, ds.offload, args.model.model_size or "custom", dist_info.world_size,
+                                  args.training.micro_batch_size, args.training.global_batch_size,
+                                  args.model.seq_length, schedule.samples_per_epoch))
+    return reporter

@@ -1,0 +1,99 @@
+"""The exact log lines users and analysis/summarize.py grep (see DESIGN.md, "Log lines")."""
+import math
+from dataclasses import dataclass
+
+GB = float(2**30)
+
+
+@dataclass
+class IterationStats:
+    iteration: int
+    train_iters: int
+    consumed_samples: int
+    consumed_tokens: int
+    elapsed_ms: float
+    learning_rate: float
+    global_batch_size: int
+    lm_loss: float
+    loss_scale: float
+    grad_norm: float | None
+    skipped_iterations: int
+    nan_iterations: int
+    samples_per_second: float
+    tokens_per_gpu_per_second: float
+    tflops: float
+
+
+def iteration_line(s: IterationStats) -> str:
+    grad_norm = "" if s.grad_norm is None else f" grad norm: {s.grad_norm:.3f} |"
+    return (f" iteration {s.iteration:8d}/{s.train_iters:8d} |"
+            f" consumed samples: {s.consumed_samples:12d} |"
+            f" consumed tokens: {s.consumed_tokens:12d} |"
+            f" elapsed time per iteration (ms): {s.elapsed_ms:.1f} |"
+            f" learning rate: {s.learning_rate:.3E} |"
+            f" global batch size: {s.global_batch_size:5d} |"
+            f" lm loss: {s.lm_loss:.6E} |"
+            f" loss scale: {s.loss_scale:.1f} |"
+            f"{grad_norm}"
+            f" number of skipped iterations: {s.skipped_iterations:3d} |"
+            f" number of nan iterations: {s.nan_iterations:3d} |"
+            f" samples per second: {s.samples_per_second:.3f} |"
+            f" tokens per gpu per second (tgs): {s.tokens_per_gpu_per_second:.3f} |"
+            f" TFLOPs: {s.tflops:.2f} |")
+
+
+def memory_line(rank: int, iteration: int, mem: dict, mfu_percent: float | None) -> str:
+    mfu = "" if mfu_percent is None else f", MFU={mfu_percent:.2f}%"
+    return (f"[Rank {rank}] memory at iteration {iteration:8d} | MemAllocated={mem['allocated'] / GB:.2f}GB, "
+            f"MaxMemAllocated={mem['max_allocated'] / GB:.2f}GB, HostRSS={mem['rss'] / GB:.2f}GB, "
+            f"MaxHostRSS={mem['max_rss'] / GB:.2f}GB{mfu} |")
+
+
+def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: int, precision: str,
+                     offload: str) -> str:
+    m = {key: value / GB for key, value in measured.items()}
+    e = {key: value / GB for key, value in estimate.items()}
+    return (f" model state memory per rank (GB) | measured: params={m['params']:.4f} grads={m['grads']:.4f} "
+            f"optim={m['optim']:.4f} other={m['other']:.4f} | ZeRO estimate (stage={zero_stage}, dp={dp_size}, "
+            f"dtype={precision}, offload={offload}): params={e['params']:.4f} grads={e['grads']:.4f} "
+            f"optim={e['optim']:.4f} total={e['total']:.4f} |")
+
+
+def validation_line(iteration: int, loss: float) -> str:
+    ppl = math.exp(min(20.0, loss)) if math.isfinite(loss) else float("nan")
+    return f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} | "
+
+
+def epoch_line(epoch: int, iteration: int, consumed_samples: int, seconds: float, loss: float) -> str:
+    return (f" epoch {epoch:4d} done | iteration {iteration:8d} | consumed samples: {consumed_samples:12d} | "
+            f"epoch time (s): {seconds:.3f} | lm loss: {loss:.6E} |")
+
+
+def run_info_line(zero_stage: int, offload: str, model: str, world_size: int, micro_batch: int,
+                  global_batch: int, seq_length: int, samples_per_epoch: int) -> str:
+    return (f" > run info | zero stage: {zero_stage} | offload: {offload} | model: {model} | "
+            f"world size: {world_size} | micro batch: {micro_batch} | global batch: {global_batch} | "
+            f"seq length: {seq_length} | train samples per epoch: {samples_per_epoch} |")
+
+
+class TensorBoardWriter:
+    """Scalars under Megatron's names; a no-op object is never created - pass None instead."""
+
+    def __init__(self, log_dir: str):
+        from torch.utils.tensorboard import SummaryWriter
+        self.writer = SummaryWriter(log_dir=log_dir)
+
+    def iteration(self, s: IterationStats):
+        for name, value in (("lm loss", s.lm_loss), ("learning-rate", s.learning_rate),
+                            ("loss-scale", s.loss_scale), ("iteration-time", s.elapsed_ms / 1000.0),
+                            ("samples per second", s.samples_per_second), ("TFLOPs", s.tflops),
+                            ("tgs", s.tokens_per_gpu_per_second)):
+            self.writer.add_scalar(name, value, s.iteration)
+        if s.grad_norm is not None:
+            self.writer.add_scalar("grad-norm", s.grad_norm, s.iteration)
+
+    def scalar(self, name: str, value: float, iteration: int):
+        self.writer.add_scalar(name, value, iteration)
+
+    def close(self):
+        self.writer.close()
