@@ -30,9 +30,9 @@ tokens, elapsed time per iteration, lm loss, tgs, TFLOPs), memory lines (zero-la
 epoch-end, validation, ZeRO-estimate and run-info lines; run metadata comes from that run info
 line, ds_config.json, command.txt, env.json and Megatron's argument dump, else the folder name
 (gpt_tiny_Z3_OL, ALCF's ..._z1_seqlen1024_..._gb1_mb1). Timestamps, rank prefixes, ANSI colours
-and interleaved ranks are tolerated; a log cut off mid-line or without an end-of-training
-marker is summarized as far as it goes and marked INCOMPLETE. Logs with no training lines
-are listed as skipped.
+and interleaved ranks are tolerated. A log cut off mid-line, or one that neither logs its last
+iteration (N/N) nor prints "[after training is done]", is summarized as far as it goes and
+marked INCOMPLETE. Logs with no training lines are listed as skipped.
 
 Writes to OUT: summary.md, summary.csv, summary.json (one row per run: ZeRO stage, offload,
 model, ranks, batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
@@ -40,7 +40,8 @@ ms/iteration, time per epoch, mean/max MemAllocated and peak MaxMemAllocated per
 (2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, first/last/per-epoch lm
 loss, last validation loss), PNG plots (throughput, epoch time, accelerator memory, host
 memory, loss vs consumed tokens) and report.md showing the table and plots.
-Exit status: 0 when at least one run was summarized, 1 when none was (or PATH is missing).
+Exit status: 0 when at least one run was summarized, 1 when none was (or PATH is missing),
+2 for bad command-line flags.
 """
 
 
