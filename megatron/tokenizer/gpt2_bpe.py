@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import tiktoken
 
 from megatron.tokenizer.errors import TokenizerError
@@ -36,8 +37,21 @@ def bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def unicode_to_bytes(token: str, decoder: dict[str, int]) -> bytes:
-    return bytes(decoder[ch] for ch in token)
+@lru_cache(maxsize=1)
+def _byte_translation() -> dict[int, int]:
+    """str.translate table from GPT-2's characters to latin-1 code points (= byte values).
+
+    Characters below 256 that are not in GPT-2's alphabet (e.g. a raw space) map to a
+    non-latin-1 sentinel so that encoding fails instead of passing them through.
+    """
+    table = {cp: 0xFFFF for cp in range(256)}
+    table.update({ord(ch): b for b, ch in bytes_to_unicode().items()})
+    return table
+
+
+def unicode_to_bytes(token: str) -> bytes:
+    """The bytes a vocab.json token stands for; UnicodeEncodeError if it is not byte-level BPE."""
+    return token.translate(_byte_translation()).encode("latin-1")
 
 
 def _read_vocab(vocab_file: str) -> dict[str, int]:
@@ -68,12 +82,11 @@ def load_gpt2_bpe_ranks(vocab_file: str, merge_file: str) -> tuple[dict[bytes, i
     """(mergeable ranks for tiktoken, special tokens) from GPT-2 style vocab/merges files."""
     vocab = _read_vocab(vocab_file)
     merges = _read_merges(merge_file)
-    decoder = {ch: b for b, ch in bytes_to_unicode().items()}
     special = {tok: idx for tok, idx in vocab.items() if tok.startswith("<|") and tok.endswith("|>")}
     try:
-        ranks = {unicode_to_bytes(tok, decoder): idx for tok, idx in vocab.items() if tok not in special}
-    except KeyError as err:
-        raise TokenizerError(f"--vocab-file {vocab_file}: token with character {err} is not byte-level BPE") from None
+        ranks = {unicode_to_bytes(tok): idx for tok, idx in vocab.items() if tok not in special}
+    except UnicodeEncodeError as err:
+        raise TokenizerError(f"--vocab-file {vocab_file}: token {err.object!r} is not byte-level BPE") from None
     _check_merges_match_ranks(merges, vocab, vocab_file, merge_file)
     if len(ranks) != 256 + len(merges):
         raise TokenizerError(
@@ -85,11 +98,18 @@ def load_gpt2_bpe_ranks(vocab_file: str, merge_file: str) -> tuple[dict[bytes, i
 
 def _check_merges_match_ranks(merges: list[str], vocab: dict[str, int], vocab_file: str, merge_file: str) -> None:
     """tiktoken merges by token rank, GPT-2 by merge line: they agree iff ranks follow merge order."""
+    # Fast path first (this runs at every start-up); the loop below only locates the bad line.
+    merged_ids = [vocab.get(merge.replace(" ", "", 1)) for merge in merges]
+    parts = {part for merge in merges for part in merge.split(" ")}
+    if None not in merged_ids and parts <= vocab.keys() and all(merge.count(" ") == 1 for merge in merges):
+        ids = np.array([255, *merged_ids], dtype=np.int64)
+        if np.all(np.diff(ids) > 0):
+            return
     previous = 255
     for line_no, merge in enumerate(merges, start=2):
-        parts = merge.split(" ")
-        merged = "".join(parts)
-        if len(parts) != 2 or parts[0] not in vocab or parts[1] not in vocab or merged not in vocab:
+        pair = merge.split(" ")
+        merged = "".join(pair)
+        if len(pair) != 2 or pair[0] not in vocab or pair[1] not in vocab or merged not in vocab:
             raise TokenizerError(f"--merge-file {merge_file}:{line_no}: merge {merge!r} does not match --vocab-file {vocab_file}")
         if vocab[merged] <= previous:
             raise TokenizerError(
