@@ -55,7 +55,8 @@ MARKDOWN_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
     ("MemAllocated mean/max (GB)", lambda s: "/".join(
         _num(2)(v) for v in (s.mem_alloc_mean_gb, s.mem_alloc_max_gb)) if s.mem_alloc_mean_gb is not None else ""),
     ("MaxMemAllocated peak (GB)", lambda s: _num(2)(s.max_mem_alloc_peak_gb)),
-    ("ZeRO model-state estimate (GB)", lambda s: _num(4)(s.zero_estimate_gb)),
+    ("model states measured/ZeRO estimate (GB)", lambda s: "/".join(
+        _num(4)(v) for v in (s.model_state_measured_gb, s.zero_estimate_gb)) if s.zero_estimate_gb is not None else ""),
     ("host RSS mean/peak (GB)", lambda s: "/".join(
         _num(2)(v) for v in (s.host_rss_mean_gb, s.host_rss_peak_gb)) if s.host_rss_peak_gb is not None else ""),
     ("TFLOPs", lambda s: _num(2)(s.tflops_mean)),

@@ -268,6 +268,7 @@ def test_outputs_tables_report_and_readable_pngs(summary):
     assert z1["loss_curve"][0] == [2048, 10.82345] and len(z1["loss_curve"]) == 6
     table = (out / "summary.md").read_text()
     assert table.startswith("| run | status |") and table.count("\n| Z") == 4
+    assert "| 0.0480/0.0360 |" in table  # measured model states (params+grads+optim) beside the estimate
     report = (out / "report.md").read_text()
     pngs = ["throughput.png", "epoch_time.png", "accelerator_memory.png", "host_memory.png", "loss.png"]
     for name in pngs:
