@@ -5,14 +5,18 @@
 command -v mpiexec >/dev/null 2>&1 \
     || alcf_die "mpiexec not found on PATH: load the MPI module (PBS clusters) or install MPICH (apt-get install mpich)"
 
-# Hydra (MPICH) and PALS (Cray/HPE) take --ppn and --envall; Open MPI spells ranks per node
-# -npernode and forwards only variables named with -x.
-if mpiexec --version 2>&1 | grep -qiE 'open mpi|openrte'; then
+# PALS (Cray/HPE, ALCF) and Hydra (MPICH) take --ppn and --envall; Open MPI spells ranks per node
+# -npernode and forwards only variables named with -x. Hydra's --verbose would copy every
+# environment variable (tokens included) into the log, so only PALS gets it.
+ALCF_MPI_VERSION=$(mpiexec --version 2>&1 || true)
+if grep -qiE 'open mpi|openrte' <<< "$ALCF_MPI_VERSION"; then
     MPIEXEC=(mpiexec --verbose -n "$NGPUS" -npernode "$NGPU_PER_HOST" --hostfile "$ALCF_HOSTFILE")
     for var in PATH LD_LIBRARY_PATH PYTHONPATH VIRTUAL_ENV DS_ACCELERATOR OMP_NUM_THREADS \
         CUDA_DEVICE_MAX_CONNECTIONS IBV_FORK_SAFE MASTER_ADDR MASTER_PORT HF_HUB_OFFLINE; do
         [[ -n "${!var+set}" ]] && MPIEXEC+=(-x "$var")
     done
+elif grep -q 'HYDRA' <<< "$ALCF_MPI_VERSION"; then
+    MPIEXEC=(mpiexec --envall -n "$NGPUS" --ppn "$NGPU_PER_HOST" --hostfile "$ALCF_HOSTFILE")
 else
     MPIEXEC=(mpiexec --verbose --envall -n "$NGPUS" --ppn "$NGPU_PER_HOST" --hostfile "$ALCF_HOSTFILE")
 fi

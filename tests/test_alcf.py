@@ -6,6 +6,7 @@ an `mpiexec --version` that answers like Open MPI. The slow tests launch real ra
 Debian's MPICH mpiexec.
 """
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -36,11 +37,13 @@ def _executable(path: Path, text: str) -> None:
 
 @pytest.fixture
 def cluster(tmp_path):
-    """A fake PBS allocation: node file with two hosts, nvidia-smi listing 4 GPUs per host."""
+    """A fake PBS allocation: node file with two hosts, nvidia-smi listing 4 GPUs per host, PALS mpiexec."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _executable(bin_dir / "nvidia-smi",
                 "#!/bin/sh\nfor i in 0 1 2 3; do echo \"GPU $i: NVIDIA A100-SXM4-40GB (UUID: GPU-$i)\"; done\n")
+    # a stand-in for PALS's mpiexec (ALCF): neither Hydra's nor Open MPI's version banner
+    _executable(bin_dir / "mpiexec", "#!/bin/sh\necho 'mpiexec version 1.2.12 (HPE PALS stand-in)'\n")
     nodefile = tmp_path / "nodefile"
     nodefile.write_text("".join(f"{host}\n" for host in HOSTS))
     return tmp_path
@@ -126,11 +129,15 @@ def test_hostfile_and_visible_devices_and_extra_args(cluster):
     assert "run: gpt_actCkpt_GPT125M_z1_" in result.stdout and " --sequence-parallel" not in line
 
 
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec (scripts/setup.sh installs MPICH)")
 def test_no_gpu_runs_cpu_ranks_on_this_host(tmp_path):
     result = run_script(tmp_path, gpus=False, DRY_RUN=1, MODEL_SIZE_KEY="GPT_TINY", SEQ_LEN=64)
     assert result.returncode == 0, result.stderr
     line = launch_line(result)
     assert " -n 2 --ppn 2 " in line
+    if "HYDRA" in subprocess.run(["mpiexec", "--version"], capture_output=True, text=True).stdout:
+        # Hydra's --verbose would print every environment variable into the log
+        assert line.startswith("[launch] mpiexec --envall -n 2 ") and "--verbose" not in line
     # without a node file the job is this host; the hostfile is written at launch into the run folder
     assert flag_value(line, "--hostfile").endswith("/hostfile")
     assert "accelerator=cpu" in result.stdout and " --bf16" not in line
@@ -286,3 +293,55 @@ def test_dist_env_under_real_mpiexec(tmp_path):
     master = os.uname().nodename
     assert lines == [f"rank 0/2 local 0 via MPICH/PALS master {master} sum 3",
                      f"rank 1/2 local 1 via MPICH/PALS master {master} sum 3"]
+
+
+# ---- a real run: MPICH mpiexec, 2 CPU ranks, the tiny key, the dolly sample ----
+
+ITERATION_LINE = re.compile(r"^ iteration +(\d+)/ +4 \| .*elapsed time per iteration \(ms\): (\d+\.\d+) \| "
+                            r".*lm loss: (\d+\.\d+E[+-]\d+) \| .*\(tgs\): (\d+\.\d+)", re.M)
+MEMORY_LINE = re.compile(r"memory at iteration +\d+ \| MemAllocated=(\d+\.\d+)GB, MaxMemAllocated=(\d+\.\d+)GB, "
+                         r"HostRSS=(\d+\.\d+)GB")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec (scripts/setup.sh installs MPICH)")
+def test_real_run_through_mpiexec(tmp_path, dolly_data_dir):
+    settings = dict(DATA_DIR=dolly_data_dir, MODEL_SIZE_KEY="GPT_TINY", SEQ_LEN=64, MICRO_BATCH=2,
+                    TRAIN_ITERS=4, LOG_INTERVAL=1, EVAL_INTERVAL=2, EVAL_ITERS=1,
+                    DATA_SPLIT="90,8,2")  # the 382-record sample is too small for the default 969,30,1 test split
+    result = run_script(tmp_path, gpus=False, **settings)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    run_name = "gpt_SP_actCkpt_GPT_TINY_z1_seqlen64_mp1_pp1_sp1_nl2_hs128_gb4_mb2"
+    run_dir = tmp_path / "outputs" / run_name
+    log = Path((tmp_path / "logfiles").read_text().splitlines()[-1])
+    assert log.parent == run_dir / "logs" and log.is_file()
+    assert re.fullmatch(rf"tester-{re.escape(os.uname().nodename)}-nhosts1-ngpu2-\d{{4}}-\d\d-\d\d-\d{{6}}\.log", log.name)
+    assert f"log: {log}" in result.stdout
+    text = log.read_text()
+    assert text.splitlines()[0].startswith("mpiexec --envall -n 2 --ppn 2 --hostfile ")
+    assert " > run info | zero stage: 1 | offload: none | model: custom | world size: 2 | micro batch: 2 | " \
+           "global batch: 4 | seq length: 64 |" in text
+    iterations = ITERATION_LINE.findall(text)
+    assert [int(i) for i, *_ in iterations] == [1, 2, 3, 4]
+    assert all(float(ms) > 0 and 5.0 < float(loss) < 12.0 and float(tgs) > 0 for _, ms, loss, tgs in iterations)
+    assert len(MEMORY_LINE.findall(text)) >= 4
+    assert len(re.findall(r" validation loss at iteration [24] \| lm loss value: \d\.\d+E[+-]\d+ \|", text)) == 2
+    assert (run_dir / "hostfile").read_text().split() == [os.uname().nodename]
+    assert (run_dir / "checkpoints" / "latest").is_file()
+    assert list((run_dir / "tensorboard").iterdir())
+    ds_config = json.loads((run_dir / "ds_config.json").read_text())
+    assert ds_config["zero_optimization"]["stage"] == 1 and ds_config["train_batch_size"] == 4
+
+    # the same run again resumes from its checkpoint
+    again = run_script(tmp_path, gpus=False, DRY_RUN=1, **settings)
+    assert flag_value(launch_line(again), "--load") == str(run_dir / "checkpoints")
+
+    summary = subprocess.run([sys.executable, str(REPO_ROOT / "analysis" / "summarize.py"), "outputs",
+                              "--out", "summary", "--no-plots"], cwd=tmp_path, env=subprocess_env(),
+                             capture_output=True, text=True, timeout=120)
+    assert summary.returncode == 0, summary.stderr
+    [row] = json.loads((tmp_path / "summary" / "summary.json").read_text())["runs"]
+    assert (row["run"], row["zero_stage"], row["world_size"], row["global_batch"], row["last_iteration"]) == \
+           (run_name, 1, 2, 4, 4)
+    assert row["loss_last"] == pytest.approx(float(iterations[-1][2]))
