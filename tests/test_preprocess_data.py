@@ -84,7 +84,7 @@ def test_null_tokenizer_and_dtype_by_vocab_size(tmp_path):
     assert ds.dtype == np.int32 and [ds[i].tolist() for i in range(2)] == [[1, 2, 3, 100000], [70000, 5, 100000]]
     source = write_jsonl(tmp_path / "small.jsonl", ['{"text": "7 8"}'])
     result = preprocess("--input", source, "--output-prefix", tmp_path / "small", "--tokenizer-type", "NullTokenizer",
-                        "--vocab-size", "1000")
+                        "--vocab-size", "1000", "--dataset-impl", "mmap")
     assert result.returncode == 0, result.stderr
     assert MMapIndexedDataset(tmp_path / "small_text_document").dtype == np.uint16
 

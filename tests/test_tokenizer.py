@@ -3,6 +3,7 @@ algorithm) on every dolly sample record; round trips; eod/vocab/padding; Null an
 errors; tools/gpt2_vocab.py conversion."""
 import base64
 import json
+import os
 import subprocess
 import sys
 
@@ -161,9 +162,9 @@ def test_merges_out_of_order_with_the_vocab_are_rejected(tmp_path, gpt2_files):
         build_tokenizer(TokenizerConfig(vocab_file=vocab, merge_file=str(tmp_path / "merges.txt")), verbose=False)
 
 
-def run_gpt2_vocab(*args):
+def run_gpt2_vocab(*args, **env):
     return subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "gpt2_vocab.py"), *map(str, args)],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=120)
+                          env=subprocess_env(**env), capture_output=True, text=True, timeout=120)
 
 
 def test_gpt2_vocab_tool_converts_a_ranks_file_back_to_identical_files(tmp_path, gpt2_files):
@@ -190,3 +191,13 @@ def test_gpt2_vocab_tool_rejects_a_bad_ranks_file(tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith("error: ") and "bad.tiktoken:2: expected 'base64-token rank'" in result.stderr
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_gpt2_vocab_tool_without_pypi_says_so(tmp_path):
+    # An empty cache and an index nobody listens on: the download must fail with a clear message.
+    result = run_gpt2_vocab("--output-dir", tmp_path / "out", ZERO_LAB_CACHE=tmp_path / "cache",
+                            PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_CONFIG_FILE=os.devnull)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: could not download openai-whisper==20250625 from PyPI")
+    assert "unreachable" in result.stderr and "VOCAB_FILE/MERGE_FILE" in result.stderr and "--tiktoken-file" in result.stderr
+    assert not (tmp_path / "out").exists()

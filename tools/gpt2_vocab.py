@@ -39,6 +39,8 @@ WHISPER_REQUIREMENT = "openai-whisper==20250625"
 RANKS_MEMBER = "whisper/assets/gpt2.tiktoken"
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 VOCAB_NAME, MERGES_NAME = "gpt2-vocab.json", "gpt2-merges.txt"
+# pip's messages when it cannot reach the index at all (as opposed to a missing package).
+_UNREACHABLE_SIGNS = ("NewConnectionError", "ConnectTimeoutError", "Temporary failure in name resolution", "Could not fetch URL")
 BUILTIN_SAMPLE = "Hello world! GPT-2's BPE: 12345 tokens,\n\n  spaces\tand ünïcødé 日本語 🙂 <|endoftext|> it'll"
 
 
@@ -61,6 +63,8 @@ def download_ranks(workdir: Path) -> bytes:
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        if any(sign in result.stderr for sign in _UNREACHABLE_SIGNS):
+            last = "the package index is unreachable from this machine"
         raise Gpt2VocabError(
             f"could not download {WHISPER_REQUIREMENT} from PyPI (pip exit {result.returncode}: {last}); "
             "provide the GPT-2 files with VOCAB_FILE/MERGE_FILE or a ranks file with --tiktoken-file"

@@ -232,13 +232,16 @@ def parse_args(argv=None) -> PreprocessConfig:
     group.add_argument("--append-eod", action="store_true", help="end every document with the eod token")
     group = parser.add_argument_group("output data")
     group.add_argument("--output-prefix", required=True, help="writes PREFIX_{key}_document.bin/.idx")
+    group.add_argument("--dataset-impl", default="mmap", choices=["mmap"],
+                       help="accepted for Megatron scripts; mmap is the only format")
     group = parser.add_argument_group("runtime")
     group.add_argument("--workers", type=int, default=1, help="tokenizer threads")
     group.add_argument("--log-interval", type=int, default=1000, help="documents between progress updates")
     group.add_argument("--skip-bad-lines", action="store_true",
                        help="count and report malformed lines instead of stopping at the first")
-    args = parser.parse_args(argv)
-    return PreprocessConfig(**vars(args))
+    args = vars(parser.parse_args(argv))
+    del args["dataset_impl"]
+    return PreprocessConfig(**args)
 
 
 def main(argv=None) -> int:
