@@ -40,14 +40,16 @@ if (( NGPU_DETECTED > 0 )); then
     ACCELERATOR=cuda
     NGPU_PER_HOST=${NGPU_PER_HOST:-$NGPU_DETECTED}
 else
-    # No GPU: DeepSpeed's CPU accelerator, NGPU_PER_HOST CPU ranks per host.
-    ACCELERATOR=cpu
+    ACCELERATOR=cpu  # DeepSpeed's CPU accelerator, NGPU_PER_HOST CPU ranks per host
     NGPU_PER_HOST=${NGPU_PER_HOST:-2}
-    export DS_ACCELERATOR=cpu
-    # Ranks on one host share its cores; without this each takes all of them.
-    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / NGPU_PER_HOST > 0 ? $(nproc) / NGPU_PER_HOST : 1 ))}
 fi
 [[ "$NGPU_PER_HOST" =~ ^[1-9][0-9]*$ ]] || alcf_die "NGPU_PER_HOST=$NGPU_PER_HOST: expected a positive integer"
+if [[ "$ACCELERATOR" == cpu ]]; then
+    export DS_ACCELERATOR=cpu
+    # Ranks on one host share its cores; without this each one starts a thread per core.
+    ALCF_THREADS=$(( $(nproc) / NGPU_PER_HOST ))
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( ALCF_THREADS > 0 ? ALCF_THREADS : 1 ))}
+fi
 NGPUS=$(( NHOSTS * NGPU_PER_HOST ))
 
 if [[ -n "${VENV_DIR:-}" ]]; then

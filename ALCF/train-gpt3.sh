@@ -15,8 +15,9 @@ source "$ALCF_DIR/args.sh"
 ALCF_HOSTFILE=${HOSTFILE_IN:-$RUN_DIR/hostfile}
 if [[ "${DRY_RUN:-0}" != 1 ]]; then
     # One copy of a run per node: two would write the same checkpoints and logs. The lock is
-    # held by this shell and the ranks it starts, and released when they all exit.
-    ALCF_LOCK="${TMPDIR:-/tmp}/zero-lab-${RUN_USER}-${RUN_NAME}.lock"
+    # held by this shell and the ranks it starts, and released when they all exit. Not in
+    # $TMPDIR: PBS gives every job its own.
+    ALCF_LOCK="${LOCK_DIR:-/tmp}/zero-lab-${RUN_USER}-${RUN_NAME}.lock"
     exec {ALCF_LOCK_FD}>"$ALCF_LOCK"
     flock -n "$ALCF_LOCK_FD" \
         || alcf_die "run $RUN_NAME is already running on $(hostname) (lock $ALCF_LOCK is held)"

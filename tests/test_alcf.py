@@ -51,7 +51,7 @@ def cluster(tmp_path):
 
 def run_script(workdir: Path, script: Path = TRAIN, args=(), gpus=True, **env):
     """Run an ALCF script in workdir with a clean launch environment plus env."""
-    full = subprocess_env(USER="tester", TMPDIR=workdir, **env)
+    full = subprocess_env(USER="tester", LOCK_DIR=workdir, **env)
     for var in LAUNCH_VARS:
         if var not in env:
             full.pop(var, None)
@@ -119,10 +119,11 @@ def test_hostfile_and_visible_devices_and_extra_args(cluster):
     hostfile = cluster / "hosts"
     hostfile.write_text("nodeA slots=4\nnodeB:4\nnodeC\n")
     result = run_script(cluster, args=["--eval-iters", "0"], DRY_RUN=1, HOSTFILE=hostfile,
-                        CUDA_VISIBLE_DEVICES="0,1", MODEL_SIZE_KEY="GPT125M", SP_TYPE="none", GLOBAL_BATCH=12)
+                        CUDA_VISIBLE_DEVICES="0,1", MODEL_SIZE_KEY="GPT125M", SP_TYPE="none", GLOBAL_BATCH=12,
+                        MPIEXEC_EXTRA_ARGS="--cpu-bind depth -d 16")
     assert result.returncode == 0, result.stderr
     line = launch_line(result)
-    assert f" -n 6 --ppn 2 --hostfile {hostfile} " in line
+    assert f" -n 6 --ppn 2 --hostfile {hostfile} --cpu-bind depth -d 16 {sys.executable} " in line
     assert "hosts: nodeA nodeB nodeC " in result.stdout
     assert line.rstrip().endswith("--eval-iters 0")
     assert flag_value(line, "--global-batch-size") == "12"
@@ -163,6 +164,9 @@ def test_open_mpi_spelling(cluster):
     (dict(SP_TYPE="deepspeed"), r"SP_TYPE=deepspeed \(DeepSpeed-Ulysses .*\) is out of scope"),
     (dict(GLOBAL_BATCH=6), r"GLOBAL_BATCH=6 is not divisible by MICRO_BATCH=1 x data-parallel size 8"),
     (dict(MICRO_BATCH="two"), r"MICRO_BATCH=two: expected a positive integer"),
+    (dict(NGPU_PER_HOST=0), r"NGPU_PER_HOST=0: expected a positive integer"),
+    (dict(HOSTFILE="/nonexistent/hosts", PBS_NODEFILE=""), r"HOSTFILE=/nonexistent/hosts: hostfile does not exist"),
+    (dict(VENV_DIR="/nonexistent/venv"), r"VENV_DIR=/nonexistent/venv: no bin/activate there"),
 ])
 def test_bad_settings_fail_clearly(cluster, env, message):
     env = {"PBS_NODEFILE": cluster / "nodefile", "MODEL_SIZE_KEY": "GPT125M", **env}
