@@ -1,6 +1,7 @@
 """tools/preprocess_data.py: Megatron flags, output files and contents, identical output for
 any worker count and for gzip input, and bad input (file:line errors, exit 1, no files left)."""
 import gzip
+import importlib.util
 import json
 import re
 import subprocess
@@ -142,3 +143,32 @@ def test_missing_input_file(tmp_path):
     result = preprocess("--input", tmp_path / "nope.jsonl", "--output-prefix", tmp_path / "ds",
                         "--tokenizer-type", "NullTokenizer", "--vocab-size", "10")
     assert result.returncode == 1 and result.stderr.startswith("error: --input ") and "nope.jsonl: file not found" in result.stderr
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("preprocess_data", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_small_chunks_give_identical_output_and_true_line_numbers(tmp_path, dolly_sample, gpt2_flags):
+    tool = load_tool()
+    vocab, merges = gpt2_flags[1], gpt2_flags[3]
+    outputs = []
+    for name, chunk_bytes in (("one", tool.CHUNK_BYTES), ("many", 4096)):
+        cfg = tool.PreprocessConfig(input=str(dolly_sample), output_prefix=str(tmp_path / name), vocab_file=vocab,
+                                    merge_file=merges, append_eod=True, workers=2, chunk_bytes=chunk_bytes)
+        totals = tool.run(cfg)
+        assert totals.documents == 382 and totals.empty == 0
+        outputs.append([(tmp_path / f"{name}_text_document.{s}").read_bytes() for s in ("bin", "idx")])
+    assert outputs[0] == outputs[1]
+    lines = open(dolly_sample, "rb").readlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"".join(lines[:300]) + b"{broken\n" + b"".join(lines[300:]))
+    cfg = tool.PreprocessConfig(input=str(bad), output_prefix=str(tmp_path / "bad"), json_keys=["response"],
+                                vocab_file=vocab, merge_file=merges, chunk_bytes=4096)
+    with pytest.raises(tool.PreprocessError, match=r"bad\.jsonl:301: malformed JSON"):
+        tool.run(cfg)
+    assert not list(tmp_path.glob("bad_*"))

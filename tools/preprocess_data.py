@@ -56,6 +56,7 @@ class PreprocessConfig:
     workers: int = 1
     log_interval: int = 1000
     skip_bad_lines: bool = False
+    chunk_bytes: int = CHUNK_BYTES  # not a flag: tests shrink it to cross chunk boundaries
     # Only the raw vocabulary matters for the data files; Megatron preprocesses unpadded too.
     make_vocab_size_divisible_by: int = 1
     tensor_model_parallel_size: int = 1
@@ -80,14 +81,14 @@ class Batch:
     bad_lines: list[str]
 
 
-def read_chunks(path: str):
-    """Yield (number of the chunk's first line, raw lines) in chunks of about CHUNK_BYTES."""
+def read_chunks(path: str, chunk_bytes: int):
+    """Yield (number of the chunk's first line, raw lines) in chunks of about `chunk_bytes`."""
     opener = gzip.open if path.endswith(".gz") else open
     line_no = 1
     with opener(path, "rb") as source:
         while True:
             try:
-                lines = source.readlines(CHUNK_BYTES)
+                lines = source.readlines(chunk_bytes)
             except (OSError, EOFError) as err:  # corrupt or truncated gzip stream
                 raise PreprocessError(f"{path}: cannot read ({err})") from None
             if not lines:
@@ -165,11 +166,10 @@ def run(cfg: PreprocessConfig) -> Totals:
     dtype = best_fitting_dtype(tokenizer.vocab_size)
     Path(cfg.output_prefix).parent.mkdir(parents=True, exist_ok=True)
     builders = {key: MMapIndexedDatasetBuilder(data_file_path(output_prefix(cfg, key)), dtype) for key in cfg.json_keys}
-    totals, start = Totals(), time.perf_counter()
-    progress = tqdm(total=os.path.getsize(cfg.input), unit="B", unit_scale=True, desc="preprocess",
-                    file=sys.stderr, mininterval=0.5, disable=None)
+    totals = Totals()
+    progress = Progress(cfg)
     try:
-        for first_line, lines in read_chunks(cfg.input):
+        for first_line, lines in read_chunks(cfg.input, cfg.chunk_bytes):
             batch = parse_chunk(cfg.input, first_line, lines, cfg)
             for key, texts in batch.texts.items():
                 flat, sizes = encode_texts(tokenizer, texts, cfg, dtype)
@@ -179,7 +179,7 @@ def run(cfg: PreprocessConfig) -> Totals:
             totals.documents += len(batch.texts[cfg.json_keys[0]])
             totals.num_bytes += batch.num_bytes
             totals.bad_lines += batch.bad_lines
-            _show_progress(progress, cfg, totals, start)
+            progress.show(totals)
         if totals.documents == 0:
             raise PreprocessError(f"{cfg.input}: no documents ({len(totals.bad_lines)} bad lines skipped)")
         for key, builder in builders.items():
@@ -193,13 +193,28 @@ def run(cfg: PreprocessConfig) -> Totals:
     return totals
 
 
-def _show_progress(progress, cfg: PreprocessConfig, totals: Totals, start: float) -> None:
-    if totals.documents - getattr(progress, "last_documents", 0) < cfg.log_interval:
-        return
-    progress.last_documents = totals.documents
-    elapsed = max(time.perf_counter() - start, 1e-9)
-    progress.set_postfix_str(f"{totals.documents} docs, {totals.documents / elapsed:.0f} docs/s", refresh=False)
-    progress.update(totals.num_bytes - progress.n)
+class Progress:
+    """tqdm bar over input bytes (MB/s) with documents and docs/s, refreshed every --log-interval docs."""
+
+    def __init__(self, cfg: PreprocessConfig):
+        # A gzip file's size is not the number of bytes read, so no total (and no ETA) then.
+        total = None if cfg.input.endswith(".gz") else os.path.getsize(cfg.input)
+        self._bar = tqdm(total=total, unit="B", unit_scale=True, desc="preprocess", file=sys.stderr,
+                         mininterval=0.5, disable=None)
+        self._interval = cfg.log_interval
+        self._shown_documents = 0
+        self._start = time.perf_counter()
+
+    def show(self, totals: Totals) -> None:
+        if totals.documents - self._shown_documents < self._interval:
+            return
+        self._shown_documents = totals.documents
+        rate = totals.documents / max(time.perf_counter() - self._start, 1e-9)
+        self._bar.set_postfix_str(f"{totals.documents} docs, {rate:.0f} docs/s", refresh=False)
+        self._bar.update(totals.num_bytes - self._bar.n)
+
+    def close(self) -> None:
+        self._bar.close()
 
 
 def report(cfg: PreprocessConfig, totals: Totals, seconds: float) -> None:
