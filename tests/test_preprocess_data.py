@@ -158,11 +158,11 @@ def test_small_chunks_give_identical_output_and_true_line_numbers(tmp_path, doll
     vocab, merges = gpt2_flags[1], gpt2_flags[3]
     outputs = []
     for name, chunk_bytes in (("one", tool.CHUNK_BYTES), ("many", 4096)):
-        cfg = tool.PreprocessConfig(input=str(dolly_sample), output_prefix=str(tmp_path / name), vocab_file=vocab,
-                                    merge_file=merges, append_eod=True, workers=2, chunk_bytes=chunk_bytes)
+        cfg = tool.PreprocessConfig(input=str(dolly_sample), output_prefix=str(tmp_path / name), json_keys=["response"],
+                                    vocab_file=vocab, merge_file=merges, append_eod=True, workers=2, chunk_bytes=chunk_bytes)
         totals = tool.run(cfg)
         assert totals.documents == 382 and totals.empty == 0
-        outputs.append([(tmp_path / f"{name}_text_document.{s}").read_bytes() for s in ("bin", "idx")])
+        outputs.append([(tmp_path / f"{name}_response_document.{s}").read_bytes() for s in ("bin", "idx")])
     assert outputs[0] == outputs[1]
     lines = open(dolly_sample, "rb").readlines()
     bad = tmp_path / "bad.jsonl"
