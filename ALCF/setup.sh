@@ -58,6 +58,6 @@ if [[ -n "${VENV_DIR:-}" ]]; then
     source "$VENV_DIR/bin/activate"
 fi
 
-export CUDA_DEVICE_MAX_CONNECTIONS=1  # lets TP communication overlap compute in issue order
+export CUDA_DEVICE_MAX_CONNECTIONS=1  # one hardware queue keeps kernels in issue order (Megatron TP/SP overlap needs it)
 export IBV_FORK_SAFE=1                # data loader workers fork after InfiniBand is initialised
 echo "[setup] hosts: ${HOSTS[*]} | NHOSTS=$NHOSTS NGPU_PER_HOST=$NGPU_PER_HOST NGPUS=$NGPUS accelerator=$ACCELERATOR"
