@@ -322,5 +322,3 @@ class MMapIndexedDataset:
     @property
     def prefix(self) -> str:
         return self._prefix
-
-    supports_prefetch = False
