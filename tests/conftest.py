@@ -26,6 +26,9 @@ def test_env(**overrides):
     return env
 
 
+test_env.__test__ = False  # a helper, not a test, although its name starts with test_
+
+
 @pytest.fixture(scope="session")
 def repo_root():
     return REPO_ROOT
