@@ -339,3 +339,46 @@ def _check_state_groups(rank, world):
 
 def test_parallel_state_builds_real_groups_world_4():
     run_ranks(_check_state_groups, world_size=4)
+
+
+def _check_deepspeed_zero_with_mpu(rank, world):
+    import deepspeed  # imported here: only this check needs it, and it is slow to import
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    state = ParallelState.build(ParallelLayout(world_size=world, tensor_model_parallel_size=2))
+    config = _gpt_config()
+    torch.manual_seed(SEED)
+    serial = GPTModel(config)
+    torch.manual_seed(SEED)
+    parallel = GPTModel(config, tp_group=state.get_tensor_model_parallel_group())
+    ds_config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 2},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0, "torch_adam": True}},
+        "gradient_clipping": 1.0,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=parallel, model_parameters=parallel.parameters(),
+                                           config=ds_config, mpu=state)
+    # ZeRO partitions over data-parallel ranks only: the two TP ranks hold different shards.
+    assert engine.dp_world_size == 1
+    optimizer = torch.optim.AdamW(serial.parameters(), lr=1e-2, weight_decay=0.0)
+    tokens, positions, labels = _gpt_batch()
+    for _ in range(3):
+        loss = engine(tokens, positions, labels).mean()
+        engine.backward(loss)
+        engine.step()
+        expected = serial(tokens, positions, labels).mean()
+        optimizer.zero_grad()
+        expected.backward()
+        # The gradient norm is over the whole model: gradient clipping (norm > 1 here) only
+        # agrees with the serial run if replicated parameters are counted once.
+        serial_norm = torch.nn.utils.clip_grad_norm_(serial.parameters(), 1.0)
+        optimizer.step()
+        torch.testing.assert_close(loss, expected, rtol=1e-5, atol=0)
+        assert abs(engine.get_global_grad_norm() - serial_norm.item()) < 1e-4 * serial_norm.item()
+    assert serial_norm > 1.0
+
+
+def test_deepspeed_zero_accepts_parallel_state_as_mpu():
+    run_ranks(_check_deepspeed_zero_with_mpu)

@@ -74,14 +74,6 @@ class ParallelLayout:
         return [[group[dp_rank] for group in data_groups] for dp_rank in range(self.data_parallel_size)]
 
 
-def _index_of(rank: int, groups: list[list[int]]) -> tuple[int, list[int]]:
-    """The group holding `rank` and the rank's position inside it."""
-    for group in groups:
-        if rank in group:
-            return group.index(rank), group
-    raise ParallelLayoutError(f"rank {rank} is outside every group of the layout")
-
-
 @dataclass
 class _Group:
     ranks: list[int]
