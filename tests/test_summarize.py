@@ -13,8 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.image as mpimg  # noqa: E402
 import pytest  # noqa: E402
 
-from conftest import REPO_ROOT  # noqa: E402
-from conftest import test_env as subprocess_env  # noqa: E402  (renamed: pytest would collect test_env)
+from conftest import REPO_ROOT, test_env  # noqa: E402
 from analysis import log_parser  # noqa: E402
 from analysis.log_parser import ParsedLog, parse_line, parse_log  # noqa: E402
 from analysis.run_metadata import from_folder_name  # noqa: E402
@@ -43,7 +42,7 @@ DEEPSPEED_MEMORY = ("[2024-03-07 15:27:02,646] [INFO] [timer.py:260:stop] epoch=
 
 
 def run_cli(*args, **kwargs):
-    return subprocess.run([sys.executable, str(SUMMARIZE), *map(str, args)], env=subprocess_env(), cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, str(SUMMARIZE), *map(str, args)], env=test_env(), cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120, **kwargs)
 
 
