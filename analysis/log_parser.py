@@ -32,7 +32,7 @@ _RECORD_START_RE = re.compile(
     r"|(?P<epoch>\bepoch\s+(?P<ep>\d+) done\s*\|)"
     r"|(?P<model_state>model state memory per rank \(GB\)\s*\|)"
     r"|(?P<run_info>> run info\s*\|)"
-    r"|(?P<end>\[after training is done\]|> training finished\b)"
+    r"|(?P<end>\[after training is done\])"  # Megatron's last line
 )
 # Megatron prints its parsed arguments as "  name ........ value" once at start-up.
 _ARGUMENT_RE = re.compile(r"^\s*(?:\S+:\s+)?([a-z_0-9]+) \.{3,} (\S.*?)\s*$")
