@@ -20,6 +20,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,12 @@ class Result:
     documents: int
     tokens: int
     num_bytes: int
+    cpu_seconds: float  # user+sys of this process and its children: insensitive to other load
+
+
+def cpu_now() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def build_corpus(sample: Path, docs: int, path: Path) -> None:
@@ -60,7 +67,7 @@ def build_corpus(sample: Path, docs: int, path: Path) -> None:
 
 
 def run_reference(corpus: Path, prefix: Path, vocab: str, merges: str) -> Result:
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_now()
     tokenizer = GPT2BPETokenizer(vocab, merges)
     builder = MMapIndexedDatasetBuilder(f"{prefix}_text_document.bin", best_fitting_dtype(tokenizer.vocab_size))
     documents = tokens = 0
@@ -70,7 +77,7 @@ def run_reference(corpus: Path, prefix: Path, vocab: str, merges: str) -> Result
         builder.end_document()
         documents, tokens = documents + 1, tokens + len(ids)
     builder.finalize(f"{prefix}_text_document.idx")
-    return Result("reference", time.perf_counter() - start, documents, tokens, corpus.stat().st_size)
+    return Result("reference", time.perf_counter() - start, documents, tokens, corpus.stat().st_size, cpu_now() - cpu)
 
 
 class PythonGPT2BPE:
@@ -115,7 +122,7 @@ def _encode_line(line: bytes) -> list[int]:
 
 
 def run_upstream_style(corpus: Path, prefix: Path, vocab: str, merges: str, workers: int) -> Result:
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_now()
     builder = MMapIndexedDatasetBuilder(f"{prefix}_text_document.bin", best_fitting_dtype(50257))
     documents = tokens = 0
     with multiprocessing.Pool(workers, initializer=_init_worker, initargs=(vocab, merges)) as pool:
@@ -124,20 +131,20 @@ def run_upstream_style(corpus: Path, prefix: Path, vocab: str, merges: str, work
             builder.end_document()
             documents, tokens = documents + 1, tokens + len(ids)
     builder.finalize(f"{prefix}_text_document.idx")
-    return Result("upstream", time.perf_counter() - start, documents, tokens, corpus.stat().st_size)
+    return Result("upstream", time.perf_counter() - start, documents, tokens, corpus.stat().st_size, cpu_now() - cpu)
 
 
 def run_ours(corpus: Path, prefix: Path, vocab: str, merges: str, workers: int) -> Result:
     command = [sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", str(corpus), "--output-prefix",
                str(prefix), "--vocab-file", vocab, "--merge-file", merges, "--append-eod", "--workers", str(workers)]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_now()
     result = subprocess.run(command, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, cpu_now() - cpu
     if result.returncode != 0:
         sys.exit(f"error: preprocess_data.py failed: {result.stderr.strip()}")
     # "Processed N documents, T tokens in ..."
     words = result.stdout.strip().splitlines()[-1].split()
-    return Result(f"ours (--workers {workers})", seconds, int(words[1]), int(words[3]), corpus.stat().st_size)
+    return Result(f"ours (--workers {workers})", seconds, int(words[1]), int(words[3]), corpus.stat().st_size, cpu)
 
 
 def vocab_files(data_dir: Path) -> tuple[str, str]:
@@ -148,10 +155,10 @@ def vocab_files(data_dir: Path) -> tuple[str, str]:
 
 
 def print_table(results: list[Result], ours: Result) -> None:
-    print(f"{'run':<22}{'docs/s':>10}{'MB/s':>9}{'tokens/s':>12}{'wall s':>9}{'ours faster':>13}")
+    print(f"{'run':<22}{'docs/s':>10}{'MB/s':>9}{'tokens/s':>12}{'wall s':>9}{'cpu s':>8}{'ours faster':>13}")
     for r in results:
         print(f"{r.name:<22}{r.documents / r.seconds:>10.0f}{r.num_bytes / r.seconds / 1e6:>9.2f}"
-              f"{r.tokens / r.seconds:>12.0f}{r.seconds:>9.3f}{r.seconds / ours.seconds:>12.2f}x")
+              f"{r.tokens / r.seconds:>12.0f}{r.seconds:>9.3f}{r.cpu_seconds:>8.2f}{r.seconds / ours.seconds:>12.2f}x")
 
 
 def main() -> int:

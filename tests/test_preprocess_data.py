@@ -172,3 +172,16 @@ def test_small_chunks_give_identical_output_and_true_line_numbers(tmp_path, doll
     with pytest.raises(tool.PreprocessError, match=r"bad\.jsonl:301: malformed JSON"):
         tool.run(cfg)
     assert not list(tmp_path.glob("bad_*"))
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_tokenizer_rejection_names_the_line(tmp_path, workers):
+    source = write_jsonl(tmp_path / "ids.jsonl", ['{"text": "1 2"}', '{"text": "3 x"}', '{"text": "4"}'])
+    args = ["--input", source, "--tokenizer-type", "NullTokenizer", "--vocab-size", "10", "--workers", workers]
+    result = preprocess(*args, "--output-prefix", tmp_path / "stop")
+    assert result.returncode == 1 and "ids.jsonl:2: NullTokenizer: text must be whitespace-separated" in result.stderr
+    assert not list(tmp_path.glob("stop*"))
+    result = preprocess(*args, "--output-prefix", tmp_path / "skip", "--skip-bad-lines")
+    assert result.returncode == 0 and "skipped 1 bad lines" in result.stderr
+    ds = MMapIndexedDataset(tmp_path / "skip_text_document")
+    assert [ds[0].tolist(), ds[1].tolist()] == [[1, 2], [4]]

@@ -5,19 +5,23 @@
         --append-eod --workers 2
 
 writes `{output-prefix}_{key}_document.bin/.idx` for every --json-keys key. Megatron's flags,
-a different engine: instead of a process pool that pickles every document, lines are read in
-large chunks, tiktoken encodes a whole chunk on --workers threads (it releases the GIL), and
-each chunk's ids are appended to the .bin with one write. Bad lines stop the run with
-`error: FILE:LINE: ...` and no output files (unless --skip-bad-lines).
+a different engine: upstream sends every document to a process pool and back as Python lists;
+here the main process reads ~1 MB chunks of raw lines, --workers forked processes each parse
+and tokenize whole chunks (tiktoken, compiled BPE) and send back one numpy array of ids per
+chunk, and the main process appends each array to the .bin with one write, in input order.
+Bad lines stop the run with `error: FILE:LINE: ...` and no output files (unless --skip-bad-lines).
 """
 from __future__ import annotations
 
 import argparse
 import gzip
 import json
+import multiprocessing
 import os
 import sys
 import time
+from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -35,7 +39,9 @@ from megatron.data.indexed_dataset import (  # noqa: E402
 )
 from megatron.tokenizer import TOKENIZER_TYPES, TokenizerError, build_tokenizer  # noqa: E402
 
-CHUNK_BYTES = 8 << 20  # large enough to amortize thread start-up, small enough to bound memory
+# One task: large enough that pickling/IPC is noise, small enough to balance workers and to
+# overlap reading with tokenizing.
+CHUNK_BYTES = 1 << 20
 
 
 class PreprocessError(Exception):
@@ -70,15 +76,6 @@ class PreprocessConfig:
             raise PreprocessError("--json-keys: give at least one key")
         if not os.path.isfile(self.input):
             raise PreprocessError(f"--input {self.input}: file not found")
-
-
-@dataclass
-class Batch:
-    """One chunk of parsed input: texts per key, input bytes, bad lines seen."""
-
-    texts: dict[str, list[str]]
-    num_bytes: int
-    bad_lines: list[str]
 
 
 def read_chunks(path: str, chunk_bytes: int):
@@ -119,33 +116,116 @@ def parse_line(raw: bytes, keys: list[str]) -> list[str]:
     return texts
 
 
-def parse_chunk(path: str, first_line: int, lines: list[bytes], cfg: PreprocessConfig) -> Batch:
-    batch = Batch({key: [] for key in cfg.json_keys}, sum(map(len, lines)), [])
-    for line_no, raw in enumerate(lines, start=first_line):
-        if not raw.strip():
-            continue  # blank lines (e.g. a trailing newline) are not records
+@dataclass
+class EncodedChunk:
+    """One chunk's output: per key the ids of its non-empty documents and their sizes."""
+
+    num_bytes: int
+    records: int = 0
+    arrays: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    empty: int = 0  # documents left out because they have no tokens
+    bad_lines: list[str] = field(default_factory=list)
+
+
+class ChunkEncoder:
+    """Parses and tokenizes one chunk of lines (in a worker process when --workers > 1)."""
+
+    def __init__(self, tokenizer, cfg: PreprocessConfig, dtype):
+        self.tokenizer, self.cfg, self.dtype = tokenizer, cfg, dtype
+
+    def __call__(self, chunk: tuple[int, list[bytes]]) -> EncodedChunk:
+        first_line, lines = chunk
+        result = EncodedChunk(num_bytes=sum(map(len, lines)))
+        records = self._parse(first_line, lines, result)
+        if result.bad_lines and not self.cfg.skip_bad_lines:
+            return result  # the main process stops at the first bad line
+        encoded = self._tokenize(records, result)
+        result.records = len(encoded)
+        for index, key in enumerate(self.cfg.json_keys):
+            result.arrays[key] = self._to_arrays([ids[index] for ids in encoded], result)
+        return result
+
+    def _parse(self, first_line: int, lines: list[bytes], result: EncodedChunk) -> list[tuple[int, list[str]]]:
+        """(line number, texts per key) of every good record."""
+        records = []
+        for line_no, raw in enumerate(lines, start=first_line):
+            if not raw.strip():
+                continue  # blank lines (e.g. a trailing newline) are not records
+            try:
+                records.append((line_no, parse_line(raw, self.cfg.json_keys)))
+            except ValueError as err:
+                result.bad_lines.append(f"{self.cfg.input}:{line_no}: {err}")
+                if not self.cfg.skip_bad_lines:
+                    break
+        return records
+
+    def _tokenize(self, records, result: EncodedChunk) -> list[list[list[int]]]:
+        """Per record, the ids of each key. Whole keys at once; record by record only to
+        find the line a tokenizer rejects (e.g. a non-integer for NullTokenizer)."""
         try:
-            texts = parse_line(raw, cfg.json_keys)
-        except ValueError as err:
-            message = f"{path}:{line_no}: {err}"
-            if not cfg.skip_bad_lines:
-                raise PreprocessError(message) from None
-            batch.bad_lines.append(message)
-            continue
-        for key, text in zip(cfg.json_keys, texts):
-            batch.texts[key].append(text)
-    return batch
+            columns = [self.tokenizer.tokenize_batch([texts[i] for _, texts in records])
+                       for i in range(len(self.cfg.json_keys))]
+            return [list(ids) for ids in zip(*columns)]
+        except TokenizerError:
+            pass
+        encoded = []
+        for line_no, texts in records:
+            try:
+                encoded.append([self.tokenizer.tokenize(text) for text in texts])
+            except TokenizerError as err:
+                result.bad_lines.append(f"{self.cfg.input}:{line_no}: {err}")
+                if not self.cfg.skip_bad_lines:
+                    break
+        return encoded
+
+    def _to_arrays(self, documents: list[list[int]], result: EncodedChunk) -> tuple[np.ndarray, np.ndarray]:
+        kept = [ids for ids in documents if ids]
+        result.empty += len(documents) - len(kept)
+        if self.cfg.append_eod:
+            for ids in kept:
+                ids.append(self.tokenizer.eod)
+        sizes = np.fromiter(map(len, kept), dtype=np.int64, count=len(kept))
+        return np.fromiter(chain.from_iterable(kept), dtype=self.dtype, count=int(sizes.sum())), sizes
 
 
-def encode_texts(tokenizer, texts: list[str], cfg: PreprocessConfig, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(all ids concatenated, tokens per document) for non-empty documents, eod appended if asked."""
-    encoded = [ids for ids in tokenizer.tokenize_batch(texts, num_threads=cfg.workers) if ids]
-    if cfg.append_eod:
-        for ids in encoded:
-            ids.append(tokenizer.eod)
-    sizes = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-    flat = np.fromiter(chain.from_iterable(encoded), dtype=dtype, count=int(sizes.sum()))
-    return flat, sizes
+# The encoder a forked worker inherited (set once per worker by the pool's initializer).
+_worker_encoder: ChunkEncoder | None = None
+
+
+def _init_worker(encoder: ChunkEncoder) -> None:
+    global _worker_encoder
+    _worker_encoder = encoder
+
+
+def _encode_in_worker(chunk) -> EncodedChunk:
+    return _worker_encoder(chunk)
+
+
+@contextmanager
+def worker_pool(cfg: PreprocessConfig, encoder: ChunkEncoder):
+    """A pool of forked workers that already hold the tokenizer, or None for --workers 1.
+
+    fork, not spawn: a spawned worker would re-import and reload the vocabulary (~0.3 s each).
+    """
+    if cfg.workers == 1 or "fork" not in multiprocessing.get_all_start_methods():
+        yield None
+        return
+    with multiprocessing.get_context("fork").Pool(cfg.workers, _init_worker, (encoder,)) as pool:
+        yield pool
+
+
+def encoded_chunks(cfg: PreprocessConfig, encoder: ChunkEncoder, pool):
+    """EncodedChunk per input chunk, in input order; a few chunks stay in flight per worker."""
+    if pool is None:
+        yield from map(encoder, read_chunks(cfg.input, cfg.chunk_bytes))
+        return
+    pending = deque()
+    for chunk in read_chunks(cfg.input, cfg.chunk_bytes):
+        pending.append(pool.apply_async(_encode_in_worker, (chunk,)))
+        if len(pending) > 2 * cfg.workers:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
 
 
 @dataclass
@@ -164,32 +244,41 @@ def output_prefix(cfg: PreprocessConfig, key: str) -> str:
 def run(cfg: PreprocessConfig) -> Totals:
     tokenizer = build_tokenizer(cfg, verbose=False)
     dtype = best_fitting_dtype(tokenizer.vocab_size)
+    encoder = ChunkEncoder(tokenizer, cfg, dtype)
     Path(cfg.output_prefix).parent.mkdir(parents=True, exist_ok=True)
-    builders = {key: MMapIndexedDatasetBuilder(data_file_path(output_prefix(cfg, key)), dtype) for key in cfg.json_keys}
-    totals = Totals()
-    progress = Progress(cfg)
+    # The pool forks before any output file is open or any progress thread runs.
+    with worker_pool(cfg, encoder) as pool:
+        builders = {key: MMapIndexedDatasetBuilder(data_file_path(output_prefix(cfg, key)), dtype)
+                    for key in cfg.json_keys}
+        try:
+            totals = write_chunks(cfg, encoded_chunks(cfg, encoder, pool), builders)
+            for key, builder in builders.items():
+                builder.finalize(index_file_path(output_prefix(cfg, key)))
+        except BaseException:
+            for builder in builders.values():
+                builder.discard()
+            raise
+    return totals
+
+
+def write_chunks(cfg: PreprocessConfig, chunks, builders) -> Totals:
+    totals, progress = Totals(), Progress(cfg)
     try:
-        for first_line, lines in read_chunks(cfg.input, cfg.chunk_bytes):
-            batch = parse_chunk(cfg.input, first_line, lines, cfg)
-            for key, texts in batch.texts.items():
-                flat, sizes = encode_texts(tokenizer, texts, cfg, dtype)
+        for chunk in chunks:
+            if chunk.bad_lines and not cfg.skip_bad_lines:
+                raise PreprocessError(chunk.bad_lines[0])
+            for key, (flat, sizes) in chunk.arrays.items():
                 builders[key].add_documents(flat, sizes)
                 totals.tokens += int(sizes.sum())
-                totals.empty += len(texts) - len(sizes)
-            totals.documents += len(batch.texts[cfg.json_keys[0]])
-            totals.num_bytes += batch.num_bytes
-            totals.bad_lines += batch.bad_lines
+            totals.documents += chunk.records
+            totals.empty += chunk.empty
+            totals.num_bytes += chunk.num_bytes
+            totals.bad_lines += chunk.bad_lines
             progress.show(totals)
-        if totals.documents == 0:
-            raise PreprocessError(f"{cfg.input}: no documents ({len(totals.bad_lines)} bad lines skipped)")
-        for key, builder in builders.items():
-            builder.finalize(index_file_path(output_prefix(cfg, key)))
-    except BaseException:
-        for builder in builders.values():
-            builder.discard()
-        raise
     finally:
         progress.close()
+    if totals.documents == 0:
+        raise PreprocessError(f"{cfg.input}: no documents ({len(totals.bad_lines)} bad lines skipped)")
     return totals
 
 
@@ -250,7 +339,7 @@ def parse_args(argv=None) -> PreprocessConfig:
     group.add_argument("--dataset-impl", default="mmap", choices=["mmap"],
                        help="accepted for Megatron scripts; mmap is the only format")
     group = parser.add_argument_group("runtime")
-    group.add_argument("--workers", type=int, default=1, help="tokenizer threads")
+    group.add_argument("--workers", type=int, default=1, help="tokenizer processes")
     group.add_argument("--log-interval", type=int, default=1000, help="documents between progress updates")
     group.add_argument("--skip-bad-lines", action="store_true",
                        help="count and report malformed lines instead of stopping at the first")
