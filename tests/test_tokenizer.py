@@ -153,6 +153,17 @@ def test_tokenizer_errors_name_the_flag(tmp_path, gpt2_files):
         build_tokenizer(TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=0), verbose=False)
 
 
+def test_vocab_file_that_is_not_byte_level_is_rejected(tmp_path, gpt2_files):
+    vocab, merges = gpt2_files
+    encoder = json.load(open(vocab, encoding="utf-8"))
+    encoder["hello world"] = encoder.pop("Ġhello")  # a raw space is not a GPT-2 vocab character
+    (tmp_path / "vocab.json").write_text(json.dumps(encoder), encoding="utf-8")
+    with pytest.raises(TokenizerError, match=r"vocab\.json: token 'hello world' is not in GPT-2's byte-level alphabet"):
+        build_tokenizer(TokenizerConfig(vocab_file=str(tmp_path / "vocab.json"), merge_file=merges), verbose=False)
+    with pytest.raises(TokenizerError, match="--vocab-file .*: cannot read"):
+        build_tokenizer(TokenizerConfig(vocab_file=str(tmp_path), merge_file=merges), verbose=False)
+
+
 def test_merges_out_of_order_with_the_vocab_are_rejected(tmp_path, gpt2_files):
     vocab, merges = gpt2_files
     lines = open(merges, encoding="utf-8").read().split("\n")

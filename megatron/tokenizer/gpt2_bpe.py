@@ -54,11 +54,21 @@ def unicode_to_bytes(token: str) -> bytes:
     return token.translate(_byte_translation()).encode("latin-1")
 
 
+def _is_byte_level(token: str) -> bool:
+    try:
+        unicode_to_bytes(token)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _read_vocab(vocab_file: str) -> dict[str, int]:
     try:
         vocab = json.loads(Path(vocab_file).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TokenizerError(f"--vocab-file {vocab_file}: file not found") from None
+    except OSError as err:
+        raise TokenizerError(f"--vocab-file {vocab_file}: cannot read ({err.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise TokenizerError(f"--vocab-file {vocab_file}: not a GPT-2 vocab.json ({err})") from None
     if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
@@ -71,6 +81,8 @@ def _read_merges(merge_file: str) -> list[str]:
         lines = Path(merge_file).read_text(encoding="utf-8").split("\n")
     except FileNotFoundError:
         raise TokenizerError(f"--merge-file {merge_file}: file not found") from None
+    except OSError as err:
+        raise TokenizerError(f"--merge-file {merge_file}: cannot read ({err.strerror})") from None
     except UnicodeDecodeError as err:
         raise TokenizerError(f"--merge-file {merge_file}: not UTF-8 text ({err})") from None
     if lines and lines[0].startswith("#version"):
@@ -85,8 +97,9 @@ def load_gpt2_bpe_ranks(vocab_file: str, merge_file: str) -> tuple[dict[bytes, i
     special = {tok: idx for tok, idx in vocab.items() if tok.startswith("<|") and tok.endswith("|>")}
     try:
         ranks = {unicode_to_bytes(tok): idx for tok, idx in vocab.items() if tok not in special}
-    except UnicodeEncodeError as err:
-        raise TokenizerError(f"--vocab-file {vocab_file}: token {err.object!r} is not byte-level BPE") from None
+    except UnicodeEncodeError:
+        bad = next(tok for tok in vocab if tok not in special and not _is_byte_level(tok))
+        raise TokenizerError(f"--vocab-file {vocab_file}: token {bad!r} is not in GPT-2's byte-level alphabet") from None
     _check_merges_match_ranks(merges, vocab, vocab_file, merge_file)
     if len(ranks) != 256 + len(merges):
         raise TokenizerError(
