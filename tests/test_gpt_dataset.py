@@ -219,3 +219,18 @@ def test_truncated_index_names_the_file(corpus):
         index.truncate(30)
     with pytest.raises(DatasetError, match=r"--data-path .*corpus: .*corpus\.idx: truncated"):
         build_train_valid_test_datasets([prefix], "1", (10, 0, 0), 8, 1)
+
+
+def test_dolly_dataset_end_to_end(dolly_data_dir):
+    """The real prepared dolly corpus: Megatron's default split, GPT-2 ids, documents joined at eod."""
+    prefix = str(dolly_data_dir / "dolly_text_document")
+    indexed = MMapIndexedDataset(prefix)
+    bounds = split_boundaries(parse_splits("949,50,1"), len(indexed))
+    train_tokens = int(np.asarray(indexed.sizes[: bounds[1]], dtype=np.int64).sum())
+    assert train_samples_per_epoch([prefix], "949,50,1", 128) == (train_tokens - 1) // 128
+    train, valid, test = build_train_valid_test_datasets([prefix], "949,50,1", (300, 16, 0), 128, 1234)
+    assert test is None and len(valid) >= 16
+    texts = np.stack([train[i]["text"] for i in range(300)])
+    assert texts.shape == (300, 129) and texts.min() >= 0 and texts.max() <= 50256
+    assert (texts == 50256).any(axis=1).mean() > 0.2  # samples run across document ends
+    assert sorted(set(np.asarray(valid.doc_idx).tolist())) == list(range(bounds[1], bounds[2]))
