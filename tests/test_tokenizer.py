@@ -207,7 +207,8 @@ def test_gpt2_vocab_tool_rejects_a_bad_ranks_file(tmp_path):
 def test_gpt2_vocab_tool_without_pypi_says_so(tmp_path):
     # An empty cache and an index nobody listens on: the download must fail with a clear message.
     result = run_gpt2_vocab("--output-dir", tmp_path / "out", ZERO_LAB_CACHE=tmp_path / "cache",
-                            PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_CONFIG_FILE=os.devnull)
+                            PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_EXTRA_INDEX_URL="http://127.0.0.1:9/simple",
+                            PIP_FIND_LINKS=tmp_path, PIP_CONFIG_FILE=os.devnull)
     assert result.returncode == 1
     assert result.stderr.startswith("error: could not download openai-whisper==20250625 from PyPI")
     assert "unreachable" in result.stderr and "VOCAB_FILE/MERGE_FILE" in result.stderr and "--tiktoken-file" in result.stderr
