@@ -382,3 +382,66 @@ def _check_deepspeed_zero_with_mpu(rank, world):
 
 def test_deepspeed_zero_accepts_parallel_state_as_mpu():
     run_ranks(_check_deepspeed_zero_with_mpu)
+
+
+def _pipe_to_serial_name(name: str, num_layers: int) -> str:
+    """PipelineModule names ("tied_modules.embed.X", "<layer index>.X") -> GPTModel names."""
+    if name.startswith("tied_modules.embed."):
+        return name[len("tied_modules.embed."):]
+    index, rest = name.split(".", 1)
+    return f"layers.{int(index) - 1}.{rest}" if int(index) <= num_layers else f"final_layernorm.{rest}"
+
+
+def _check_pipeline_matches_serial(rank, world):
+    import deepspeed
+
+    from megatron.model.gpt_model_pipe import build_gpt_pipe
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    deepspeed.init_distributed(dist_backend="gloo")  # PipelineModule talks through deepspeed.comm
+    state = ParallelState.build(ParallelLayout(world_size=world, pipeline_model_parallel_size=2))
+    config = _gpt_config()
+    with pytest.raises(ModelConfigError, match="--num-layers 3 is not divisible by --pipeline-model-parallel-size 2"):
+        build_gpt_pipe(_gpt_config(num_layers=3), state)
+    torch.manual_seed(SEED)
+    serial = GPTModel(config)
+    pipe = build_gpt_pipe(config, state)
+    serial_params = dict(serial.named_parameters())
+    local_layers = set()
+    with torch.no_grad():
+        for name, param in pipe.named_parameters():
+            param.copy_(serial_params[_pipe_to_serial_name(name, config.num_layers)])
+            local_layers.add(name.split(".")[0])
+    # Stage 0 holds the embedding and layer 1, stage 1 layer 2, the final LayerNorm and the tied embedding.
+    assert local_layers == ({"tied_modules", "1"} if rank == 0 else {"tied_modules", "2", "3"})
+    ds_config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0, "torch_adam": True}},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 1000,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=pipe, model_parameters=pipe.parameters(), config=ds_config)
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 64, (4, 9), generator=gen)
+    loss_mask = torch.ones(4, 8)
+    loss_mask[0, :3] = 0  # masked tokens must drop out of the mean
+    positions = torch.arange(8).expand(2, 8)
+    micro_batches = [((ids[i:i + 2, :-1], positions), (ids[i:i + 2, 1:], loss_mask[i:i + 2])) for i in (0, 2)]
+    optimizer = torch.optim.AdamW(serial.parameters(), lr=1e-2, weight_decay=0.0)
+    for _ in range(3):
+        pipe_loss = engine.train_batch(iter(micro_batches))
+        optimizer.zero_grad()
+        serial_loss = 0.0
+        for (tokens, pos), (labels, mask) in micro_batches:
+            loss = (serial(tokens, pos, labels) * mask).sum() / mask.sum() / len(micro_batches)
+            loss.backward()
+            serial_loss += loss.item()
+        torch.nn.utils.clip_grad_norm_(serial.parameters(), 1.0)
+        optimizer.step()
+        assert abs(float(pipe_loss) - serial_loss) < 1e-5 * serial_loss, (float(pipe_loss), serial_loss)
+
+
+def test_pipeline_form_two_stages_matches_serial_training():
+    run_ranks(_check_pipeline_matches_serial)

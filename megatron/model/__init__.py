@@ -1,4 +1,8 @@
-"""GPT model: `from megatron.model import GPTConfig, GPTModel, MODEL_PRESETS`."""
+"""GPT model: `from megatron.model import GPTConfig, GPTModel, MODEL_PRESETS`.
+
+The pipeline form (DeepSpeed PipelineModule) is `megatron.model.gpt_model_pipe.build_gpt_pipe`,
+imported on its own because it pulls in deepspeed.
+"""
 from megatron.model.config import MODEL_PRESETS, GPTConfig, ModelConfigError
 from megatron.model.gpt_model import GPTModel
 

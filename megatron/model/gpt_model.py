@@ -22,7 +22,7 @@ from megatron.model.config import GPTConfig, ModelConfigError
 from megatron.model.transformer import ParallelTransformerLayer
 
 
-def _check_tensor_parallel(config: GPTConfig, tp_size: int) -> None:
+def check_tensor_parallel(config: GPTConfig, tp_size: int) -> None:
     if config.num_attention_heads % tp_size:
         raise ModelConfigError(
             f"--num-attention-heads {config.num_attention_heads} is not divisible by "
@@ -38,23 +38,26 @@ def _check_tensor_parallel(config: GPTConfig, tp_size: int) -> None:
         )
 
 
+def build_embeddings(config: GPTConfig, tp_group) -> tuple[VocabParallelEmbedding, nn.Embedding]:
+    """Word embeddings (split over the vocab; also the tied output layer) and learned positions."""
+    init = init_method_normal(config.init_method_std)
+    words = VocabParallelEmbedding(config.padded_vocab_size, config.hidden_size, group=tp_group,
+                                   init_method=init, params_dtype=config.params_dtype)
+    # _weight skips nn.Embedding's own N(0, 1) draw, so construction uses the RNG exactly once.
+    positions = init(torch.empty(config.max_position_embeddings, config.hidden_size, dtype=torch.float32))
+    return words, nn.Embedding(config.max_position_embeddings, config.hidden_size,
+                               _weight=positions.to(config.params_dtype))
+
+
 class GPTModel(nn.Module):
     def __init__(self, config: GPTConfig, tp_group=None):
         super().__init__()
-        _check_tensor_parallel(config, group_size(tp_group))
+        check_tensor_parallel(config, group_size(tp_group))
         self.config = config
         self.tp_group = tp_group
         # Per-TP-rank dropout stream, derived from the seed the caller gave torch.manual_seed.
         self.rng_tracker = model_parallel_tracker(torch.initial_seed() % 2**62, group_rank(tp_group))
-        init = init_method_normal(config.init_method_std)
-        self.word_embeddings = VocabParallelEmbedding(
-            config.padded_vocab_size, config.hidden_size, group=tp_group, init_method=init,
-            params_dtype=config.params_dtype,
-        )
-        positions = init(torch.empty(config.max_position_embeddings, config.hidden_size, dtype=torch.float32))
-        self.position_embeddings = nn.Embedding(
-            config.max_position_embeddings, config.hidden_size, _weight=positions.to(config.params_dtype)
-        )
+        self.word_embeddings, self.position_embeddings = build_embeddings(config, tp_group)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
         self.layers = nn.ModuleList(
             ParallelTransformerLayer(config, tp_group, self.rng_tracker) for _ in range(config.num_layers)

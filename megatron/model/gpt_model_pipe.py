@@ -1,0 +1,90 @@
+"""GPT-2 in DeepSpeed's pipeline form: the same layers as GPTModel, as a PipelineModule.
+
+Stage 0 embeds, the transformer layers are split evenly over the stages, the last stage
+applies the final LayerNorm and the output layer, which is the word embedding shared
+with stage 0 (a TiedLayerSpec: DeepSpeed syncs the weight and sums its gradients).
+Batches for `engine.train_batch` are ((tokens, position_ids), (labels, loss_mask)).
+"""
+from __future__ import annotations
+
+import torch
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+from torch import nn
+
+from megatron.core.parallel_state import ParallelState
+from megatron.core.tensor_parallel import checkpoint, model_parallel_tracker, vocab_parallel_cross_entropy
+from megatron.core.tensor_parallel.layers import parallel_lm_logits
+from megatron.core.tensor_parallel.random import RNGStatesTracker
+from megatron.model.config import GPTConfig, ModelConfigError
+from megatron.model.gpt_model import build_embeddings, check_tensor_parallel
+from megatron.model.transformer import ParallelTransformerLayer
+
+
+class EmbeddingPipe(nn.Module):
+    def __init__(self, config: GPTConfig, tp_group):
+        super().__init__()
+        self.tp_group = tp_group
+        self.word_embeddings, self.position_embeddings = build_embeddings(config, tp_group)
+        self.embedding_dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        tokens, position_ids = inputs
+        return self.embedding_dropout(self.word_embeddings(tokens) + self.position_embeddings(position_ids))
+
+
+def lm_head(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
+    """The tied output layer on the last stage: this rank's vocab slice of the logits."""
+    return parallel_lm_logits(hidden, embedding.word_embeddings.weight, embedding.tp_group)
+
+
+class TransformerLayerPipe(ParallelTransformerLayer):
+    """A transformer layer that recomputes itself in backward when the config asks for it."""
+
+    def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker):
+        super().__init__(config, tp_group, rng_tracker)
+        self.recompute = config.checkpoint_activations
+        self.rng_tracker = rng_tracker
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and self.training and torch.is_grad_enabled():
+            return checkpoint(super().forward, self.rng_tracker, x)
+        return super().forward(x)
+
+
+class MaskedLMLoss:
+    """Mean per-token loss over the tokens whose loss_mask is 1 (the pipeline's loss_fn)."""
+
+    def __init__(self, tp_group):
+        self.tp_group = tp_group
+
+    def __call__(self, local_logits: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        labels, loss_mask = targets
+        losses = vocab_parallel_cross_entropy(local_logits, labels, self.tp_group)
+        mask = loss_mask.to(losses.dtype)
+        return (losses * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def build_gpt_pipe(config: GPTConfig, state: ParallelState) -> PipelineModule:
+    """A PipelineModule over `state`'s layout (rank order pipe > data > tensor, as Megatron).
+    Needs deepspeed.init_distributed() first; pass the module to deepspeed.initialize without mpu
+    (the PipelineModule brings its own grid with the same groups)."""
+    tp_group = state.get_tensor_model_parallel_group()
+    check_tensor_parallel(config, state.get_tensor_model_parallel_world_size())
+    layout = state.layout
+    if config.num_layers % layout.pipeline_model_parallel_size:
+        raise ModelConfigError(f"--num-layers {config.num_layers} is not divisible by "
+                         f"--pipeline-model-parallel-size {layout.pipeline_model_parallel_size}")
+    tracker = model_parallel_tracker(torch.initial_seed() % 2**62, state.get_tensor_model_parallel_rank())
+    specs = [
+        TiedLayerSpec("embed", EmbeddingPipe, config, tp_group, tied_weight_attr="word_embeddings.weight"),
+        *[LayerSpec(TransformerLayerPipe, config, tp_group, tracker) for _ in range(config.num_layers)],
+        LayerSpec(nn.LayerNorm, config.hidden_size, eps=config.layernorm_epsilon, dtype=config.params_dtype),
+        TiedLayerSpec("embed", EmbeddingPipe, config, tp_group, forward_fn=lm_head,
+                      tied_weight_attr="word_embeddings.weight"),
+    ]
+    topology = PipeModelDataParallelTopology(num_pp=layout.pipeline_model_parallel_size,
+                                             num_mp=layout.tensor_model_parallel_size,
+                                             num_dp=layout.data_parallel_size)
+    return PipelineModule(layers=specs, loss_fn=MaskedLMLoss(tp_group), topology=topology,
+                          partition_method="type:TransformerLayerPipe")
