@@ -80,7 +80,8 @@ def main():
 
     cpp, wall, cpu = timed(helpers.build_sample_idx, sizes, doc_idx, args.seq_length, 1, tokens)
     report("cpp-sample-idx", wall, cpu, tokens)
-    spec = SampleSpec("train", "synthetic", 0, args.docs, tokens, num_samples, args.seq_length, args.seed)
+    spec = SampleSpec("train", "synthetic", 0, args.docs, tokens, "synthetic", num_samples,
+                      args.seq_length, args.seed)
     _, wall, cpu = timed(build_index_arrays, spec, sizes)
     report("full-index", wall, cpu, tokens, "(doc_idx + sample_idx + shuffle_idx)")
     reference, wall, cpu = timed(numpy_sample_idx, sizes, doc_idx, args.seq_length, num_samples)

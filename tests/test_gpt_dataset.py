@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from megatron.data import helpers
+from megatron.data.blendable_dataset import BlendableDataset
 from megatron.data.dataset_utils import DatasetError, parse_splits, split_boundaries
 from megatron.data.gpt_dataset import build_train_valid_test_datasets, train_samples_per_epoch
 from megatron.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder
@@ -146,6 +147,30 @@ def test_incomplete_cache_is_rebuilt(corpus):
         np.testing.assert_array_equal(rebuilt[i]["text"], text)
 
 
+def test_regenerated_data_gets_a_new_cache_key(tmp_path):
+    sizes = np.arange(5, 45)
+    prefix = write_corpus(tmp_path / "corpus", sizes)
+    build_train_valid_test_datasets([prefix], "1", (20, 0, 0), 8, 1)
+    write_corpus(tmp_path / "corpus", sizes[::-1])  # same documents and tokens, other sizes
+    again, _, _ = build_train_valid_test_datasets([prefix], "1", (20, 0, 0), 8, 1)
+    assert len(glob.glob(str(tmp_path / "corpus_train_indexmap_*.npy"))) == 6
+    stream = document_stream(MMapIndexedDataset(prefix), again.doc_idx)
+    sample_id = int(again.shuffle_idx[0])
+    np.testing.assert_array_equal(again[0]["text"], stream[sample_id * 8: sample_id * 8 + 9])
+
+
+def test_unwritable_cache_names_the_file(corpus):
+    prefix, _ = corpus
+    build_train_valid_test_datasets([prefix], "1", (20, 0, 0), 8, 1)
+    files = sorted(glob.glob(prefix + "_train_indexmap_*.npy"))
+    for path in files:
+        os.remove(path)
+    os.mkdir(files[1])  # the sample_idx cache path is taken by a folder
+    with pytest.raises(DatasetError, match=r"--data-path .*corpus: cannot write index cache .*_sample_idx\.npy"):
+        build_train_valid_test_datasets([prefix], "1", (20, 0, 0), 8, 1)
+    assert not glob.glob(prefix + "*.tmp-*")
+
+
 def test_same_seed_same_samples_other_seed_other_order(tmp_path):
     sizes = np.random.default_rng(1).integers(5, 50, size=30)
     prefixes = [write_corpus(tmp_path / name, sizes) for name in ("a", "b")]  # separate caches
@@ -173,6 +198,13 @@ def test_blending_follows_the_weights(tmp_path):
     # Each blended part was built with Megatron's 0.5% margin over its share.
     assert train.datasets[0].spec.num_samples == int(np.ceil(size * 0.3 * 1.005))
     assert train.datasets[1].spec.num_samples == int(np.ceil(size * 0.7 * 1.005))
+
+
+def test_blend_larger_than_a_dataset_is_refused(corpus):
+    prefix, _ = corpus
+    train, _, _ = build_train_valid_test_datasets([prefix], "1", (10, 0, 0), 8, 1)
+    with pytest.raises(DatasetError, match=rf"blended dataset 1 has {len(train)} samples but the blend needs"):
+        BlendableDataset([train, train], [0.1, 0.9], 2 * len(train))
 
 
 def test_blending_indices_greedy_order():

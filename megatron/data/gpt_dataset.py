@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import socket
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +49,7 @@ class SampleSpec:
     first_document: int
     end_document: int  # exclusive
     tokens_per_epoch: int
+    sizes_digest: str  # of the split's document sizes: regenerated data never reuses a stale cache
     num_samples: int
     seq_length: int
     seed: int
@@ -107,10 +109,15 @@ def build_index_arrays(spec: SampleSpec, sizes: np.ndarray) -> dict[str, np.ndar
 
 
 def _save_atomically(path: str, array: np.ndarray) -> None:
-    temp = f"{path}.tmp-{os.getpid()}"
-    with open(temp, "wb") as handle:
-        np.save(handle, array, allow_pickle=False)
-    os.replace(temp, path)
+    # Host and pid in the temporary name: builders on several nodes may share one filesystem.
+    temp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
+    try:
+        with open(temp, "wb") as handle:
+            np.save(handle, array, allow_pickle=False)
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
 
 
 def load_or_build_index_arrays(spec: SampleSpec, sizes: np.ndarray) -> dict[str, np.ndarray]:
@@ -125,7 +132,10 @@ def load_or_build_index_arrays(spec: SampleSpec, sizes: np.ndarray) -> dict[str,
              f"{spec.seq_length} tokens, {spec.num_epochs} epoch(s)")
         # shuffle_idx is written last, so a crash mid-way leaves the cache visibly incomplete.
         for name, array in build_index_arrays(spec, sizes).items():
-            _save_atomically(paths[name], array)
+            try:
+                _save_atomically(paths[name], array)
+            except OSError as exc:
+                raise DatasetError(f"--data-path {spec.prefix}: cannot write index cache {paths[name]} ({exc})") from None
 
     build_on_local_rank_zero(build_if_missing, f"the {spec.name} index of {spec.prefix}")
     try:
@@ -180,11 +190,12 @@ def _split_specs(prefix, indexed, fractions, num_samples, seq_length, seed) -> l
                 f"--data-path {prefix}: the {name} split of --split gets 0 of {len(indexed)} documents "
                 f"but {wanted} {name} samples are requested")
         tokens = int(cumulative[end] - cumulative[first])
+        digest = hashlib.sha256(np.ascontiguousarray(indexed.sizes[first:end]).tobytes()).hexdigest()[:16]
         if tokens <= seq_length:
             raise DatasetError(
                 f"--data-path {prefix}: the {name} split has {tokens} tokens in {end - first} documents, "
                 f"too few for one sample of --seq-length {seq_length} (+1 token)")
-        specs.append(SampleSpec(name, prefix, first, end, tokens, wanted, seq_length, seed))
+        specs.append(SampleSpec(name, prefix, first, end, tokens, digest, wanted, seq_length, seed))
     return specs
 
 
