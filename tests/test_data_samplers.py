@@ -81,7 +81,8 @@ def test_resume_from_consumed_samples_continues_the_sequence(train_dataset):
 
 
 @pytest.mark.parametrize("args,message", [
-    ((10, 10, 2, 0, 1), r"consumed samples 10: the dataset has 10 samples"),
+    ((10, 11, 2, 0, 1), r"consumed samples 11: the dataset has only 10 samples"),
+    ((10, -1, 2, 0, 1), r"consumed samples -1"),
     ((10, 0, 0, 0, 1), r"--micro-batch-size 0"),
     ((10, 0, 2, 2, 2), r"data-parallel rank 2 is not in a group of size 2"),
     ((0, 0, 2, 0, 1), r"the dataset has no samples"),
@@ -89,6 +90,11 @@ def test_resume_from_consumed_samples_continues_the_sequence(train_dataset):
 def test_sampler_rejects_bad_arguments(args, message):
     with pytest.raises(DatasetError, match=message):
         MegatronPretrainingSampler(*args)
+
+
+def test_fully_consumed_dataset_yields_no_batches():
+    assert list(MegatronPretrainingSampler(10, 10, 2, 0, 1)) == []
+    assert list(MegatronPretrainingSampler(10, 9, 2, 0, 1)) == []  # one sample left: no full step
 
 
 def test_loader_without_dataset_is_none():

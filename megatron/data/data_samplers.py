@@ -26,9 +26,10 @@ class MegatronPretrainingSampler:
             raise DatasetError(f"--micro-batch-size {micro_batch_size}: expected a positive number")
         if data_parallel_size <= 0 or not 0 <= data_parallel_rank < data_parallel_size:
             raise DatasetError(f"data-parallel rank {data_parallel_rank} is not in a group of size {data_parallel_size}")
-        if not 0 <= consumed_samples < total_samples:
-            raise DatasetError(f"consumed samples {consumed_samples}: the dataset has {total_samples} samples, "
-                               "none would be left (train more samples or start from 0)")
+        # Equal is allowed: a finished run that is started again simply gets no batches.
+        if not 0 <= consumed_samples <= total_samples:
+            raise DatasetError(f"consumed samples {consumed_samples}: the dataset has only {total_samples} samples "
+                               "(resume with at least as many training samples as already consumed)")
         self.total_samples = total_samples
         self.consumed_samples = consumed_samples
         self.micro_batch_size = micro_batch_size
