@@ -7,7 +7,8 @@ process_databricks_gpt2.sh) and runs:
   reference  one process: json.loads + GPT2BPETokenizer.tokenize + builder.add_item per document
   upstream   (with --upstream) Megatron-DeepSpeed's scheme: multiprocessing.Pool(--workers),
              json.loads + a pure-Python GPT-2 BPE (the algorithm of Megatron's gpt2_tokenization.py)
-  ours       `python tools/preprocess_data.py --workers N` as a subprocess (start-up included)
+  ours       `python tools/preprocess_data.py --workers N` as a subprocess (start-up included),
+             and with --workers 1 when N > 1
 
 It prints docs/s, MB/s, tokens/s and wall seconds for each and the speed-up of ours, and
 fails unless every run wrote byte-identical .bin/.idx files.
@@ -179,10 +180,12 @@ def main() -> int:
         results = [run_reference(corpus, tmp / "reference", vocab, merges)]
         if args.upstream:
             results.append(run_upstream_style(corpus, tmp / "upstream", vocab, merges, args.workers))
+        if args.workers > 1:  # the same tool on one worker shows what the extra workers add
+            results.append(run_ours(corpus, tmp / "ours1", vocab, merges, 1))
         ours = run_ours(corpus, tmp / "ours", vocab, merges, args.workers)
         results.append(ours)
         print_table(results, ours)
-        names = [Path(f"{prefix}_text_document.{s}") for prefix in ("reference", "upstream", "ours") for s in ("bin", "idx")]
+        names = [Path(f"{prefix}_text_document.{s}") for prefix in ("reference", "upstream", "ours1", "ours") for s in ("bin", "idx")]
         outputs = {}
         for path in names:
             if (tmp / path).exists():
