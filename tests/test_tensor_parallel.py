@@ -1,7 +1,10 @@
-"""Tensor parallelism on real 2-rank gloo groups: layers, loss, RNG and the whole GPT
-model against their serial (TP=1) counterparts; the parallel layout's rank order."""
+"""Tensor parallelism on real 2-rank gloo groups (tests marked slow): layers, loss, RNG, the whole
+GPT model, DeepSpeed with our mpu and the pipeline form against their serial counterparts;
+the parallel layout's rank order and errors."""
+import ast
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +25,6 @@ from megatron.core.tensor_parallel import (
 )
 from megatron.model import GPTConfig, GPTModel, ModelConfigError
 
-pytestmark = pytest.mark.slow
 SEED = 4321
 
 
@@ -103,6 +105,7 @@ def _check_linear_layers(rank, world):
     torch.testing.assert_close(x2.grad, x_serial.grad, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_column_and_row_parallel_linear_match_serial():
     run_ranks(_check_linear_layers)
 
@@ -124,6 +127,7 @@ def _check_embedding(rank, world):
     torch.testing.assert_close(parallel.weight.grad, _shard(serial.weight.grad, 0, rank), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_vocab_parallel_embedding_matches_serial():
     run_ranks(_check_embedding)
 
@@ -143,6 +147,7 @@ def _check_cross_entropy(rank, world):
     torch.testing.assert_close(local.grad, _shard(full.grad, -1, rank), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_vocab_parallel_cross_entropy_matches_torch():
     run_ranks(_check_cross_entropy)
 
@@ -165,6 +170,7 @@ def _check_sequence_parallel_mappings(rank, world):
     assert torch.equal(partial.grad, full)  # backward all-gathers
 
 
+@pytest.mark.slow
 def test_sequence_parallel_gather_and_reduce_scatter():
     run_ranks(_check_sequence_parallel_mappings)
 
@@ -187,6 +193,7 @@ def _check_rng_tracker(rank, world):
     assert torch.equal(torch.rand(8), outside)  # fork neither uses nor advances the default stream
 
 
+@pytest.mark.slow
 def test_rng_tracker_differs_inside_tensor_parallel_region_only():
     run_ranks(_check_rng_tracker)
 
@@ -250,6 +257,7 @@ def _check_gpt_tp2_matches_tp1(rank, world):
         GPTModel(_gpt_config(padded_vocab_size=63), tp_group=group)
 
 
+@pytest.mark.slow
 def test_gpt_tp2_matches_tp1_loss_and_gradients():
     run_ranks(_check_gpt_tp2_matches_tp1)
 
@@ -275,8 +283,23 @@ def _check_gpt_tp2_dropout_and_recompute(rank, world):
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
 
 
+@pytest.mark.slow
 def test_gpt_tp2_dropout_consistent_and_recompute_exact():
     run_ranks(_check_gpt_tp2_dropout_and_recompute)
+
+
+def test_core_imports_nothing_from_training_tools_or_tokenizer():
+    core = Path(__file__).resolve().parent.parent / "megatron" / "core"
+    imported = set()
+    for source in core.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+    assert imported, "no imports found: wrong folder?"
+    own = {name for name in imported if name.split(".")[0] in ("megatron", "tools", "pretrain_gpt")}
+    assert all(name.startswith("megatron.core") for name in own), sorted(own)
 
 
 def test_layout_rank_order_matches_megatron_world_8_tp2_pp2():
@@ -337,6 +360,7 @@ def _check_state_groups(rank, world):
     assert value.item() == {0: 2, 1: 4, 2: 2, 3: 4}[rank]
 
 
+@pytest.mark.slow
 def test_parallel_state_builds_real_groups_world_4():
     run_ranks(_check_state_groups, world_size=4)
 
@@ -380,6 +404,7 @@ def _check_deepspeed_zero_with_mpu(rank, world):
     assert serial_norm > 1.0
 
 
+@pytest.mark.slow
 def test_deepspeed_zero_accepts_parallel_state_as_mpu():
     run_ranks(_check_deepspeed_zero_with_mpu)
 
@@ -443,5 +468,6 @@ def _check_pipeline_matches_serial(rank, world):
         assert abs(float(pipe_loss) - serial_loss) < 1e-5 * serial_loss, (float(pipe_loss), serial_loss)
 
 
+@pytest.mark.slow
 def test_pipeline_form_two_stages_matches_serial_training():
     run_ranks(_check_pipeline_matches_serial)
