@@ -65,6 +65,17 @@ def test_global_batches_do_not_depend_on_data_parallel_size(train_dataset):
     assert len({row for step in reference for row in step}) == 40  # no sample repeated
 
 
+def test_worker_processes_give_the_same_batches(train_dataset):
+    def batches(num_workers):
+        loader = build_pretraining_data_loader(train_dataset, 16, 4, 1, 2, num_workers=num_workers)
+        return [batch["text"] for batch in loader]
+
+    serial, parallel = batches(0), batches(2)
+    assert len(serial) == len(parallel) == (len(train_dataset) - 16) // 8
+    for a, b in zip(serial, parallel):
+        assert torch.equal(a, b)
+
+
 def test_ranks_take_contiguous_slices_of_each_step():
     batches = [list(MegatronPretrainingSampler(26, 0, 3, rank, 2)) for rank in range(2)]
     assert batches[0] == [[0, 1, 2], [6, 7, 8], [12, 13, 14], [18, 19, 20]]
