@@ -185,3 +185,13 @@ def test_tokenizer_rejection_names_the_line(tmp_path, workers):
     assert result.returncode == 0 and "skipped 1 bad lines" in result.stderr
     ds = MMapIndexedDataset(tmp_path / "skip_text_document")
     assert [ds[0].tolist(), ds[1].tolist()] == [[1, 2], [4]]
+
+
+def test_tool_does_not_import_torch():
+    """torch costs about a second of start-up; the data tools must not pull it in."""
+    code = ("import sys; sys.path.insert(0, 'tools'); import preprocess_data, merge_datasets, gpt2_vocab; "
+            "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=subprocess_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
