@@ -7,7 +7,7 @@
 #   DOLLY_JSONL  the dolly jsonl (default $DATA_DIR/databricks-dolly-15k.jsonl, downloaded from the hub if absent)
 #   VOCAB_FILE, MERGE_FILE  GPT-2 vocab.json / merges.txt (default $DATA_DIR/gpt2-vocab.json, gpt2-merges.txt,
 #                fetched from the hub, or converted from the openai-whisper sdist on PyPI by tools/gpt2_vocab.py)
-#   PYTHON       interpreter (default the repo's .venv, else python3); WORKERS tokenizer threads (default nproc)
+#   PYTHON       interpreter (default the repo's .venv, else python3); WORKERS tokenizer processes (default nproc, at most 8)
 #   HF_HUB_OFFLINE=1 skips every Hugging Face download.
 # Safe to run again: when the outputs are newer than their inputs nothing is rebuilt.
 set -euo pipefail
@@ -17,7 +17,8 @@ DATA_DIR=${DATA_DIR:-$REPO/data}
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON=$REPO/.venv/bin/python; else PYTHON=python3; fi
 fi
-WORKERS=${WORKERS:-$(nproc)}
+# dolly is ~13 MB (about 13 one-MB chunks): more than 8 workers would mostly fork idle processes.
+WORKERS=${WORKERS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))}
 HUB=https://huggingface.co
 DOLLY_URL=$HUB/datasets/databricks/databricks-dolly-15k/resolve/main/databricks-dolly-15k.jsonl
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
