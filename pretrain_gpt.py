@@ -38,10 +38,10 @@ def model_config(args: Args, padded_vocab: int, dist_info: DistInfo):
 
 
 def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
-    from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from megatron.checkpointing import load_checkpoint, set_rng_state
     from megatron.data.gpt_dataset import train_samples_per_epoch
     from megatron.tokenizer import build_tokenizer, padded_vocab_size
-    from megatron.training import build_reporter, train
+    from megatron.training import build_reporter, save, train
 
     set_seed(args.training.seed)
     tokenizer = build_tokenizer(args.data)
@@ -51,14 +51,16 @@ def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
                                                               args.model.seq_length))
     config = model_config(args, padded, dist_info)
     engine, ds_config = setup_engine_for(args, config, dist_info, schedule.train_iters)
-    state = LoopState()
+    state, rng = LoopState(), None
     if args.checkpoint.load:
-        state.iteration, state.consumed_samples = load_checkpoint(engine, args)
+        state.iteration, state.consumed_samples, rng = load_checkpoint(engine, args)
     reporter = build_reporter(args, dist_info, schedule, config, ds_config)
     train_iter, valid_iter = build_data_iterators(args, dist_info, schedule.train_iters, state.consumed_samples)
+    if rng is not None:
+        set_rng_state(rng, engine.module)
     state = train(engine, train_iter, valid_iter, args, dist_info, reporter, tokenizer.eod, state)
-    if args.checkpoint.save and state.iteration % (args.checkpoint.save_interval or sys.maxsize) != 0:
-        save_checkpoint(engine, args, state.iteration, state.consumed_samples, dist_info.rank)
+    if args.checkpoint.save:
+        save(engine, args, state, dist_info)
     reporter.close()
     return state
 

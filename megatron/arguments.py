@@ -108,6 +108,7 @@ class TrainingArgs:
     train_epochs: float | None = None
     seed: int = 1234
     max_nan_iterations: int = 10
+    exit_interval: int | None = None
     eod_mask_loss: bool = False
     compile: bool = False
 
@@ -119,6 +120,7 @@ class TrainingArgs:
                  "give exactly one of --train-iters, --train-samples, --train-epochs"
                  + (f" (got {' and '.join(given)})" if given else ""))
         _require(self.max_nan_iterations > 0, "--max-nan-iterations must be >= 1")
+        _require(self.exit_interval is None or self.exit_interval > 0, "--exit-interval must be >= 1")
 
 
 @dataclass
@@ -252,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--global-batch-size", type=int, default=None)
     train.add_argument("--seed", type=int, default=1234)
     train.add_argument("--max-nan-iterations", type=int, default=10)
+    train.add_argument("--exit-interval", type=int, default=None,
+                       help="stop (after saving with --save) when the iteration is a multiple of this")
     train.add_argument("--eod-mask-loss", action="store_true")
     train.add_argument("--compile", action="store_true", help="torch.compile the model")
     train.add_argument("--bf16", action="store_true")
@@ -315,7 +319,8 @@ def _training_args(ns, data_parallel_size: int) -> TrainingArgs:
     return TrainingArgs(micro_batch_size=micro, global_batch_size=global_batch,
                         gradient_accumulation_steps=global_batch // (micro * data_parallel_size),
                         train_iters=ns.train_iters, train_samples=ns.train_samples, train_epochs=ns.train_epochs,
-                        seed=ns.seed, max_nan_iterations=ns.max_nan_iterations, eod_mask_loss=ns.eod_mask_loss,
+                        seed=ns.seed, max_nan_iterations=ns.max_nan_iterations,
+                        exit_interval=ns.exit_interval, eod_mask_loss=ns.eod_mask_loss,
                         compile=ns.compile)
 
 

@@ -14,19 +14,26 @@ import torch
 from megatron.arguments import Args
 
 
-def rng_state() -> dict:
+def rng_state(module: torch.nn.Module) -> dict:
+    """Every generator dropout can draw from, including the model's tensor-parallel tracker."""
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    tracker = getattr(module, "rng_tracker", None)
+    if tracker is not None:
+        state["model_parallel_tracker"] = tracker.get_states()
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, module: torch.nn.Module) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+    tracker = getattr(module, "rng_tracker", None)
+    if tracker is not None and "model_parallel_tracker" in state:
+        tracker.set_states(state["model_parallel_tracker"])
 
 
 def _tag(iteration: int) -> str:
@@ -35,7 +42,7 @@ def _tag(iteration: int) -> str:
 
 def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, rank: int) -> None:
     client_state = {"iteration": iteration, "consumed_samples": consumed_samples,
-                    "rng_state": rng_state(), "args": asdict(args)}
+                    "rng_state": rng_state(engine.module), "args": asdict(args)}
     engine.save_checkpoint(args.checkpoint.save, tag=_tag(iteration), client_state=client_state)
     if rank == 0:
         _write_json_atomic(os.path.join(args.checkpoint.save, _tag(iteration), "zero_lab_state.json"),
@@ -51,8 +58,10 @@ def _write_json_atomic(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
-def load_checkpoint(engine, args: Args) -> tuple[int, int]:
-    """Returns (iteration, consumed_samples); with --finetune only the weights are taken."""
+def load_checkpoint(engine, args: Args) -> tuple[int, int, dict | None]:
+    """Returns (iteration, consumed_samples, RNG states); with --finetune only the weights are taken.
+    The caller restores the RNG states with set_rng_state as the last thing before training: creating
+    a DataLoader iterator draws from torch's RNG, so restoring earlier would not continue the run exactly."""
     finetune = args.checkpoint.finetune
     path, client_state = engine.load_checkpoint(
         args.checkpoint.load, load_optimizer_states=not finetune, load_lr_scheduler_states=not finetune,
@@ -60,7 +69,6 @@ def load_checkpoint(engine, args: Args) -> tuple[int, int]:
     if path is None:
         raise RuntimeError(f"--load {args.checkpoint.load}: DeepSpeed found no loadable checkpoint")
     if finetune:
-        return 0, 0
-    set_rng_state(client_state["rng_state"])
+        return 0, 0, None
     print(f"  loaded checkpoint {path} at iteration {client_state['iteration']}", flush=True)
-    return client_state["iteration"], client_state["consumed_samples"]
+    return client_state["iteration"], client_state["consumed_samples"], client_state["rng_state"]

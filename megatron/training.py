@@ -45,6 +45,7 @@ class LoopState:
     skipped_iterations: int = 0
     nan_iterations: int = 0
     nan_in_a_row: int = 0
+    last_saved_iteration: int | None = None
     interval_losses: list = field(default_factory=list)
     interval_seconds: float = 0.0
     interval_iterations: int = 0
@@ -229,10 +230,20 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
         if state.iteration % schedule.iters_per_epoch == 0:
             reporter.epoch(state)
             state.epoch_losses, state.epoch_start = [], time.time()
-        ckpt = args.checkpoint
+        ckpt, exit_interval = args.checkpoint, args.training.exit_interval
         if ckpt.save and ckpt.save_interval and state.iteration % ckpt.save_interval == 0:
-            save_checkpoint(engine, args, state.iteration, state.consumed_samples, dist_info.rank)
+            save(engine, args, state, dist_info)
+        if exit_interval and state.iteration % exit_interval == 0:
+            reporter.print_line(f" exiting program at iteration {state.iteration} (--exit-interval {exit_interval})")
+            break
     return state
+
+
+def save(engine, args: Args, state: LoopState, dist_info: DistInfo) -> None:
+    """Save once per iteration (the final save after the loop skips an iteration already saved)."""
+    if state.last_saved_iteration != state.iteration:
+        save_checkpoint(engine, args, state.iteration, state.consumed_samples, dist_info.rank)
+        state.last_saved_iteration = state.iteration
 
 
 def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int):
