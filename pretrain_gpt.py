@@ -67,6 +67,7 @@ def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
 
 def setup_engine_for(args: Args, config, dist_info: DistInfo, train_iters: int):
     from megatron.deepspeed_config import write_deepspeed_config
+    from megatron.run_record import write_environment_record
     from megatron.model import GPTModel, accounting
     from megatron.training import setup_engine
 
@@ -74,6 +75,7 @@ def setup_engine_for(args: Args, config, dist_info: DistInfo, train_iters: int):
                                      dist_info, train_iters)
     if args.deepspeed.run_dir and dist_info.rank == 0:
         write_deepspeed_config(ds_config, args.deepspeed.run_dir)
+        write_environment_record(args.deepspeed.run_dir, dist_info)
     return engine, ds_config
 
 

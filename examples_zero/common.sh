@@ -1,0 +1,69 @@
+# Shared by the examples_zero/gpt_deepspeed_*.sh drivers (sourced, never run alone).
+# The driver sets ZERO_STAGE, EXPERIMENT (DP|Z1|Z2|Z3|Z3_OL) and OFFLOAD=1 for CPU offload;
+# everything else is an environment default here, identical for all five drivers so runs compare.
+# Extra arguments to the driver are passed to pretrain_gpt.py last, so they override.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-$(command -v python3)}
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+die() { echo "error: $*" >&2; exit 1; }
+
+# With a GPU: GPT-2 125M, seq 1024, bf16 on every visible GPU via the deepspeed launcher.
+# Without: the tiny preset on 2 CPU ranks via torchrun, fp32, a few minutes per driver.
+CUDA_GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())") || die "PYTHON=$PYTHON cannot import torch"
+if (( CUDA_GPUS > 0 )); then
+    MODEL_SIZE=${MODEL_SIZE:-125M}; SEQ_LEN=${SEQ_LEN:-1024}; NGPUS=${NGPUS:-$CUDA_GPUS}
+    MICRO_BATCH=${MICRO_BATCH:-8}; PRECISION=${PRECISION:-bf16}; LAUNCHER=${LAUNCHER:-deepspeed}
+    [[ -n "${TRAIN_ITERS:-}" ]] || TRAIN_EPOCHS=${TRAIN_EPOCHS:-1}
+else
+    export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
+    MODEL_SIZE=${MODEL_SIZE:-tiny}; SEQ_LEN=${SEQ_LEN:-128}; NGPUS=${NGPUS:-2}
+    MICRO_BATCH=${MICRO_BATCH:-4}; PRECISION=${PRECISION:-fp32}; LAUNCHER=${LAUNCHER:-torchrun}
+    [[ -n "${TRAIN_EPOCHS:-}" ]] || TRAIN_ITERS=${TRAIN_ITERS:-60}
+fi
+GLOBAL_BATCH=${GLOBAL_BATCH:-$(( MICRO_BATCH * NGPUS * 2 ))}
+LR=${LR:-6.0e-4}; MIN_LR=${MIN_LR:-6.0e-5}; LR_WARMUP_FRACTION=${LR_WARMUP_FRACTION:-0.01}
+WEIGHT_DECAY=${WEIGHT_DECAY:-0.1}; CLIP_GRAD=${CLIP_GRAD:-1.0}; SEED=${SEED:-1234}
+LOG_INTERVAL=${LOG_INTERVAL:-5}; EVAL_INTERVAL=${EVAL_INTERVAL:-50}; EVAL_ITERS=${EVAL_ITERS:-5}
+MASTER_PORT=${MASTER_PORT:-29500}
+
+DATA_DIR=${DATA_DIR:-$REPO/data}
+DATA_PATH=${DATA_PATH:-$DATA_DIR/dolly_text_document}
+VOCAB_FILE=${VOCAB_FILE:-$DATA_DIR/gpt2-vocab.json}
+MERGE_FILE=${MERGE_FILE:-$DATA_DIR/gpt2-merges.txt}
+if [[ ! -f "$DATA_PATH.bin" || ! -f "$DATA_PATH.idx" ]]; then
+    [[ "$DATA_PATH" == "$DATA_DIR/dolly_text_document" ]] \
+        || die "DATA_PATH=$DATA_PATH: no $DATA_PATH.bin/.idx (make them with tools/preprocess_data.py)"
+    echo "[examples_zero] $DATA_PATH.bin missing: running tools/process_databricks_gpt2.sh"
+    DATA_DIR=$DATA_DIR PYTHON=$PYTHON bash "$REPO/tools/process_databricks_gpt2.sh"
+fi
+
+RUNS_DIR=${RUNS_DIR:-$REPO/runs}
+RUN_NAME=${RUN_NAME:-gpt_${MODEL_SIZE}_${EXPERIMENT}}
+RUN_DIR=$RUNS_DIR/$RUN_NAME
+mkdir -p "$RUN_DIR"
+
+precision_flags=(); [[ "$PRECISION" == fp32 ]] || precision_flags=("--$PRECISION")
+offload_flags=(); [[ "${OFFLOAD:-0}" == 1 ]] && offload_flags=(--zero-offload-optimizer --zero-offload-params)
+length_flags=(); if [[ -n "${TRAIN_ITERS:-}" ]]; then length_flags=(--train-iters "$TRAIN_ITERS");
+                 else length_flags=(--train-epochs "$TRAIN_EPOCHS"); fi
+case "$LAUNCHER" in
+    torchrun)  launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NGPUS" --master_port "$MASTER_PORT") ;;
+    deepspeed) launch=("$PYTHON" -m deepspeed.launcher.runner --num_gpus "$NGPUS" --master_port "$MASTER_PORT") ;;
+    *) die "LAUNCHER=$LAUNCHER: expected torchrun or deepspeed" ;;
+esac
+
+cmd=("${launch[@]}" "$REPO/pretrain_gpt.py"
+     --model-size "$MODEL_SIZE" --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
+     --micro-batch-size "$MICRO_BATCH" --global-batch-size "$GLOBAL_BATCH" "${length_flags[@]}"
+     --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-fraction "$LR_WARMUP_FRACTION"
+     --weight-decay "$WEIGHT_DECAY" --clip-grad "$CLIP_GRAD" --seed "$SEED"
+     --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
+     --data-path "$DATA_PATH" --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --split "969,30,1"
+     --zero-stage "$ZERO_STAGE" "${offload_flags[@]}" "${precision_flags[@]}"
+     --tensorboard-dir "$RUN_DIR/tensorboard" --run-dir "$RUN_DIR" "$@")
+
+printf '%q ' "${cmd[@]}" > "$RUN_DIR/command.txt"; echo >> "$RUN_DIR/command.txt"
+echo "[examples_zero] $RUN_NAME -> $RUN_DIR"
+"${cmd[@]}" 2>&1 | tee "$RUN_DIR/train.log"
