@@ -60,18 +60,13 @@ class ParallelArgs:
     sequence_parallel: bool = False
 
     def __post_init__(self):
-        _require(self.tensor_model_parallel_size == 1,
-                 f"--tensor-model-parallel-size {self.tensor_model_parallel_size} is not supported yet "
-                 "by pretrain_gpt.py (use 1)")
-        _require(self.pipeline_model_parallel_size == 1,
-                 f"--pipeline-model-parallel-size {self.pipeline_model_parallel_size} is not supported yet "
-                 "by pretrain_gpt.py (use 1 or --no-pipeline-parallel)")
-        _require(not self.sequence_parallel,
-                 "--sequence-parallel is not supported yet (it needs --tensor-model-parallel-size > 1)")
+        for flag, value in (("--tensor-model-parallel-size", self.tensor_model_parallel_size),
+                            ("--pipeline-model-parallel-size", self.pipeline_model_parallel_size)):
+            _require(value >= 1, f"{flag} must be >= 1, got {value}")
 
     @property
     def data_parallel_size(self) -> int:
-        return self.world_size // (self.tensor_model_parallel_size * self.pipeline_model_parallel_size)
+        return max(1, self.world_size // (self.tensor_model_parallel_size * self.pipeline_model_parallel_size))
 
 
 @dataclass
@@ -371,6 +366,13 @@ def _unsupported_combinations(args: Args, device_type: str):
         (par.world_size % (par.tensor_model_parallel_size * par.pipeline_model_parallel_size) != 0,
          f"world size {par.world_size} is not divisible by --tensor-model-parallel-size x "
          "--pipeline-model-parallel-size"),
+        (par.tensor_model_parallel_size > 1,
+         f"--tensor-model-parallel-size {par.tensor_model_parallel_size} is not supported yet by pretrain_gpt.py "
+         "(use 1)"),
+        (par.pipeline_model_parallel_size > 1,
+         f"--pipeline-model-parallel-size {par.pipeline_model_parallel_size} is not supported yet by "
+         "pretrain_gpt.py (use 1 or --no-pipeline-parallel)"),
+        (par.sequence_parallel, "--sequence-parallel is not supported yet (it needs tensor parallelism); drop it"),
     ]
 
 

@@ -1,0 +1,172 @@
+"""Flag parsing into the typed sections, gradient accumulation, the DeepSpeed config, and every
+bad-input error (text and exit code)."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT, test_env
+from megatron.arguments import ConfigError, parse_args
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
+from megatron.deepspeed_config import ALIGNMENT, deepspeed_config, generate_config, write_deepspeed_config
+from megatron.optimizer import LRSchedule
+
+
+@pytest.fixture(scope="module")
+def data_prefix(tmp_path_factory):
+    """A real (small) mmap dataset: parse_args checks that the .bin/.idx exist."""
+    prefix = str(tmp_path_factory.mktemp("args_data") / "toy_text_document")
+    builder = MMapIndexedDatasetBuilder(prefix + ".bin", np.uint16)
+    for doc in range(4):
+        builder.add_item(np.arange(doc, doc + 50, dtype=np.int64))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    return prefix
+
+
+def base(prefix, *extra):
+    return ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--micro-batch-size", "2", "--train-iters", "10", "--data-path", prefix,
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000", *extra]
+
+
+def test_flags_fill_the_sections(data_prefix):
+    args = parse_args(base(data_prefix, "--global-batch-size", "16", "--lr", "3e-4", "--zero-stage", "2",
+                           "--lr-decay-style", "linear", "--eod-mask-loss", "--clip-grad", "0.5"), world_size=2)
+    assert (args.model.num_layers, args.model.hidden_size, args.model.max_position_embeddings) == (2, 64, 32)
+    assert args.training.global_batch_size == 16
+    assert args.training.gradient_accumulation_steps == 4  # 16 / (2 micro x 2 data-parallel ranks)
+    assert args.optimizer.lr == 3e-4 and args.optimizer.lr_decay_style == "linear"
+    assert args.optimizer.clip_grad == 0.5 and args.training.eod_mask_loss
+    assert args.deepspeed.zero_stage == 2 and args.deepspeed.precision == "fp32"
+    assert args.data.data_path == [data_prefix] and args.parallel.data_parallel_size == 2
+
+
+def test_global_batch_defaults_to_one_micro_batch_per_rank(data_prefix):
+    args = parse_args(base(data_prefix), world_size=4)
+    assert args.training.global_batch_size == 8 and args.training.gradient_accumulation_steps == 1
+
+
+def test_model_size_preset_with_explicit_override(data_prefix):
+    without_shape = base(data_prefix)[6:]  # drop --num-layers/--hidden-size/--num-attention-heads
+    args = parse_args(["--model-size", "125M", *without_shape, "--num-layers", "3"], world_size=1)
+    assert (args.model.num_layers, args.model.hidden_size, args.model.num_attention_heads) == (3, 768, 12)
+
+
+def test_offload_flags_and_json_stage(data_prefix, tmp_path):
+    args = parse_args(base(data_prefix, "--zero-stage", "3", "--zero-offload-params"), world_size=2)
+    assert args.deepspeed.offload_optimizer and args.deepspeed.offload_params
+    assert args.deepspeed.offload == "optimizer+params"
+    user = tmp_path / "ds.json"
+    user.write_text(json.dumps({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}}))
+    args = parse_args(base(data_prefix, "--deepspeed_config", str(user)), world_size=2)
+    assert args.deepspeed.zero_stage == 1 and args.deepspeed.offload == "optimizer"
+
+
+@pytest.mark.parametrize("extra, world, message", [
+    (["--hidden-size", "100", "--num-attention-heads", "3"], 1,
+     "--hidden-size 100 is not divisible by --num-attention-heads 3"),
+    (["--max-position-embeddings", "16"], 1, "--seq-length 32 is larger than --max-position-embeddings 16"),
+    (["--global-batch-size", "10"], 2,
+     "--global-batch-size 10 is not divisible by --micro-batch-size 2 x data-parallel size 2"),
+    (["--zero-offload-optimizer"], 2, "--zero-offload-optimizer needs ZeRO; set --zero-stage 1, 2 or 3"),
+    (["--zero-stage", "2", "--zero-offload-params"], 2, "--zero-offload-params needs --zero-stage 3"),
+    (["--fp16", "--bf16"], 1, "--fp16 and --bf16 are exclusive"),
+    (["--fp16"], 1, "--fp16 is not supported on the CPU accelerator"),
+    (["--zero-stage", "2", "--pipeline-model-parallel-size", "2"], 2,
+     "--zero-stage 2 cannot be combined with pipeline parallelism"),
+    (["--tensor-model-parallel-size", "2"], 2, "--tensor-model-parallel-size 2 is not supported yet"),
+    (["--zero-stage", "5"], 1, "--zero-stage must be 0, 1, 2 or 3, got 5"),
+    (["--lr-decay-style", "exp"], 1, "--lr-decay-style must be cosine, linear or constant"),
+    (["--train-samples", "100"], 1, "give exactly one of --train-iters, --train-samples, --train-epochs"),
+])
+def test_bad_combinations_name_the_flag(data_prefix, extra, world, message):
+    with pytest.raises(ConfigError) as err:
+        parse_args(base(data_prefix, *extra), world_size=world)
+    assert message in str(err.value)
+
+
+def test_missing_inputs_name_the_path(data_prefix, tmp_path):
+    with pytest.raises(ConfigError, match=r"--data-path: .*nowhere\.bin does not exist"):
+        parse_args(base(str(tmp_path / "nowhere")), world_size=1)
+    with pytest.raises(ConfigError, match=r"--load .* holds no checkpoint \(no 'latest' file there\)"):
+        parse_args(base(data_prefix, "--load", str(tmp_path)), world_size=1)
+    with pytest.raises(ConfigError, match=r"--vocab-file None does not exist"):
+        parse_args(base(data_prefix, "--tokenizer-type", "GPT2BPETokenizer"), world_size=1)
+
+
+def test_zero_stage_flag_disagreeing_with_json(data_prefix, tmp_path):
+    user = tmp_path / "ds.json"
+    user.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    with pytest.raises(ConfigError, match=r"--zero-stage 1 disagrees with zero_optimization.stage 3"):
+        parse_args(base(data_prefix, "--zero-stage", "1", "--deepspeed_config", str(user)), world_size=2)
+    user.write_text('{"zero_optimization": {"stage": 3},\n  "bf16": }')
+    with pytest.raises(ConfigError, match=r"ds.json: line 2: not valid JSON"):
+        parse_args(base(data_prefix, "--deepspeed_config", str(user)), world_size=2)
+
+
+def test_generated_deepspeed_config(data_prefix, tmp_path):
+    args = parse_args(base(data_prefix, "--global-batch-size", "16", "--zero-stage", "3",
+                           "--zero-offload-params", "--clip-grad", "0.7"), world_size=2)
+    config = generate_config(args, num_params=124_000_000, hidden_size=768, on_cuda=False)
+    assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"],
+            config["gradient_accumulation_steps"]) == (16, 2, 4)
+    assert config["gradient_clipping"] == 0.7
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu"
+    assert zero["offload_optimizer"]["device"] == "cpu"
+    # sized from the model, far below DeepSpeed's 5e8 default, and aligned for ZeRO's assertion
+    assert zero["reduce_bucket_size"] == 6_200_000 - 6_200_000 % ALIGNMENT
+    assert zero["stage3_param_persistence_threshold"] == 7680
+    path = write_deepspeed_config(config, str(tmp_path / "run"))
+    assert json.loads(path.read_text()) == config and sorted(p.name for p in path.parent.iterdir()) == [
+        "ds_config.json"]
+
+
+def test_stage0_fp32_clips_in_the_optimizer(data_prefix):
+    config = generate_config(parse_args(base(data_prefix), world_size=1), 1000, 64, on_cuda=False)
+    assert config["gradient_clipping"] == 0.0 and config["zero_optimization"] == {"stage": 0}
+
+
+def test_user_deepspeed_json_must_agree_on_batch(data_prefix, tmp_path):
+    user = tmp_path / "ds.json"
+    user.write_text(json.dumps({"train_batch_size": 32, "zero_optimization": {"stage": 1}}))
+    args = parse_args(base(data_prefix, "--global-batch-size", "16", "--deepspeed_config", str(user)), world_size=2)
+    with pytest.raises(ConfigError, match=r"train_batch_size is 32 but --global-batch-size gives 16"):
+        deepspeed_config(args, 1000, 64, on_cuda=False)
+
+
+def test_lr_schedule_warmup_then_cosine_to_min(data_prefix):
+    import torch
+    args = parse_args(base(data_prefix, "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-iters", "4",
+                           "--lr-decay-iters", "14"), world_size=1)
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1.0)
+    schedule = LRSchedule(optimizer, args.optimizer, train_iters=20)
+    lrs = []
+    for _ in range(16):
+        lrs.append(schedule.get_lr()[0])
+        schedule.step()
+    assert lrs[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert lrs[9] == pytest.approx(1e-4 + 0.5 * 9e-4)  # halfway through the cosine
+    assert lrs[14:] == pytest.approx([1e-4, 1e-4])
+    state = schedule.state_dict()
+    resumed = LRSchedule(optimizer, args.optimizer, train_iters=20)
+    resumed.load_state_dict(state)
+    assert resumed.get_lr() == schedule.get_lr()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--hidden-size", "100", "--num-attention-heads", "3"],
+     "error: --hidden-size 100 is not divisible by --num-attention-heads 3"),
+    (["--data-path", "/nonexistent/prefix"], "error: --data-path: /nonexistent/prefix.bin does not exist"),
+])
+def test_pretrain_gpt_reports_one_line_and_exits_1(data_prefix, extra, message):
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "pretrain_gpt.py"), *base(data_prefix, *extra)],
+                            env=test_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        line for line in result.stderr.splitlines() if line.strip() and "error" in line]
