@@ -1,0 +1,195 @@
+"""Read a zero-lab checkpoint of any ZeRO stage into one full fp32 state dict, and write one.
+
+A checkpoint folder holds `latest` (the tag) and `<tag>/`. Inside the tag, a model-states
+file carries our metadata (`args` from pretrain_gpt.py, or `model_config` from
+tools/hf_to_checkpoint.py) and, below ZeRO-3, the module's weights. When ZeRO optimizer files
+are present their fp32 master weights are consolidated with DeepSpeed's own zero_to_fp32
+(under ZeRO-3 they are the only copy of the weights).
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import sys
+from dataclasses import asdict, dataclass, fields
+
+import torch
+
+from megatron.model import GPTConfig, GPTModel
+from megatron.model.config import ModelConfigError
+from megatron.tokenizer import TokenizerConfig
+
+
+class CheckpointError(ValueError):
+    """A missing, partial or foreign checkpoint; the message names the path and what was expected."""
+
+
+@dataclass
+class LoadedCheckpoint:
+    path: str  # the tag folder
+    iteration: int
+    config: GPTConfig
+    state_dict: dict[str, torch.Tensor]  # our parameter names, full (TP=1), fp32
+    tokenizer: TokenizerConfig | None  # None when the checkpoint does not say (give --vocab-file/--merge-file)
+    data_path: list[str] | None  # what the run trained on (eval_dolly's default)
+    split: str | None
+
+
+def tag_folder(path: str, tag: str | None = None) -> str:
+    """The folder holding the model-states files: `path/<tag or latest>`, or path itself."""
+    if not os.path.isdir(path):
+        raise CheckpointError(f"--load {path}: no such checkpoint folder")
+    if tag is None and glob.glob(os.path.join(path, "*model_states.pt")):
+        return path
+    if tag is None:
+        latest = os.path.join(path, "latest")
+        if not os.path.isfile(latest):
+            raise CheckpointError(f"--load {path}: not a checkpoint (no 'latest' file and no *model_states.pt)")
+        with open(latest) as handle:
+            tag = handle.read().strip()
+    folder = os.path.join(path, tag)
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"--load {path}: tag {tag!r} has no folder {folder}")
+    return folder
+
+
+def _model_states_file(folder: str) -> str:
+    if glob.glob(os.path.join(folder, "layer_*-model_states.pt")):
+        raise CheckpointError(f"{folder}: pipeline-parallel checkpoints (layer_*-model_states.pt) are not supported; "
+                              "export from a run with --pipeline-model-parallel-size 1")
+    files = sorted(glob.glob(os.path.join(folder, "*mp_rank_*_model_states.pt")))
+    if any("mp_rank_00" not in os.path.basename(name) for name in files):
+        raise CheckpointError(f"{folder}: tensor-parallel shards (mp_rank_01 and up) are not supported; "
+                              "export from a run with --tensor-model-parallel-size 1")
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        if os.path.join(folder, name) in files:
+            return os.path.join(folder, name)
+    raise CheckpointError(f"{folder}: no mp_rank_00_model_states.pt or zero_pp_rank_0_mp_rank_00_model_states.pt")
+
+
+def _torch_load(path: str) -> dict:
+    try:
+        # mmap: a stage-0 file also holds the optimizer state, which is never read here
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except (RuntimeError, OSError, EOFError, ValueError) as err:
+        raise CheckpointError(f"{path}: unreadable checkpoint file ({err})") from None
+
+
+def _consolidated_zero_weights(folder: str) -> dict[str, torch.Tensor]:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    # zero_to_fp32 reports progress on stdout; keep stdout for the tools' real output
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            return get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(folder), tag=os.path.basename(folder))
+        except (FileNotFoundError, ValueError, KeyError, RuntimeError) as err:
+            raise CheckpointError(f"{folder}: cannot consolidate the ZeRO checkpoint ({err})") from None
+
+
+def _config_from_metadata(states: dict, words: torch.Tensor, where: str) -> GPTConfig:
+    names = {f.name for f in fields(GPTConfig)} - {"params_dtype"}
+    if "model_config" in states:
+        values = states["model_config"]
+    elif "args" in states and "model" in states["args"]:
+        values = dict(states["args"]["model"], padded_vocab_size=int(words.shape[0]))
+    else:
+        raise CheckpointError(f"{where}: no model description (expected 'args' from pretrain_gpt.py "
+                              "or 'model_config' from tools/hf_to_checkpoint.py)")
+    try:
+        return GPTConfig(**{key: value for key, value in values.items() if key in names})
+    except (ModelConfigError, TypeError) as err:
+        raise CheckpointError(f"{where}: bad model description ({err})") from None
+
+
+def _tokenizer_from_metadata(states: dict, root: str) -> TokenizerConfig | None:
+    if "tokenizer" in states:  # files copied next to a converted checkpoint
+        info = dict(states["tokenizer"])
+        for key in ("vocab_file", "merge_file"):
+            if info.get(key):
+                info[key] = os.path.join(root, info[key])
+        return TokenizerConfig(**info)
+    data = states.get("args", {}).get("data")
+    if not data:
+        return None
+    keys = {f.name for f in fields(TokenizerConfig)}
+    return TokenizerConfig(**{key: value for key, value in data.items() if key in keys})
+
+
+def check_state_dict(state_dict: dict[str, torch.Tensor], config: GPTConfig, where: str) -> None:
+    """Every parameter of GPTModel(config) present with its shape, nothing else."""
+    with torch.device("meta"):
+        expected = {name: tuple(p.shape) for name, p in GPTModel(config).state_dict().items()}
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{where}: weights do not match a GPT with {config.num_layers} layers "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, shape in expected.items():
+        if tuple(state_dict[name].shape) != shape:
+            raise CheckpointError(f"{where}: {name} has shape {tuple(state_dict[name].shape)}, "
+                                  f"the model description gives {shape}")
+
+
+def load_checkpoint_weights(path: str, tag: str | None = None) -> LoadedCheckpoint:
+    folder = tag_folder(path, tag)
+    states_file = _model_states_file(folder)
+    states = _torch_load(states_file)
+    if not isinstance(states, dict) or "module" not in states:
+        raise CheckpointError(f"{states_file}: not a DeepSpeed model-states file (no 'module')")
+    if glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")):
+        weights = _consolidated_zero_weights(folder)
+    else:
+        weights = {name: tensor.float() for name, tensor in states["module"].items()}
+    if "word_embeddings.weight" not in weights or weights["word_embeddings.weight"].numel() == 0:
+        raise CheckpointError(f"{folder}: the weights are not in the model-states file and no ZeRO optimizer "
+                              "files (*_optim_states.pt) are there to consolidate them from")
+    config = _config_from_metadata(states, weights["word_embeddings.weight"], states_file)
+    check_state_dict(weights, config, folder)
+    args = states.get("args", {})
+    return LoadedCheckpoint(path=folder, iteration=int(states.get("iteration", 0)), config=config,
+                            state_dict=weights, tokenizer=_tokenizer_from_metadata(states, os.path.dirname(folder)),
+                            data_path=args.get("data", {}).get("data_path"), split=args.get("data", {}).get("split"))
+
+
+def build_model(config: GPTConfig, state_dict: dict[str, torch.Tensor], device: str = "cpu") -> GPTModel:
+    """GPTModel in eval mode holding `state_dict` (fp32)."""
+    with torch.device("meta"):
+        model = GPTModel(config)
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    return model.to(device).eval()
+
+
+def save_checkpoint_weights(save_dir: str, config: GPTConfig, state_dict: dict[str, torch.Tensor],
+                            tokenizer_files: dict[str, str], source: str) -> str:
+    """Write a checkpoint that `pretrain_gpt.py --load DIR --finetune` and these tools read: iteration 0,
+    no optimizer. tokenizer_files maps vocab_file/merge_file to files copied next to `latest`.
+    Built under a temporary name and renamed, so a failed write leaves no checkpoint behind."""
+    import deepspeed
+
+    check_state_dict(state_dict, config, source)
+    if os.path.exists(save_dir) and os.listdir(save_dir):
+        raise CheckpointError(f"--save {save_dir}: folder exists and is not empty (refusing to overwrite)")
+    tmp = f"{save_dir.rstrip(os.sep)}.tmp-{os.getpid()}"
+    tag = "global_step0"
+    try:
+        os.makedirs(os.path.join(tmp, tag))
+        tokenizer = {"tokenizer_type": "GPT2BPETokenizer"} if tokenizer_files else None
+        for key, src in tokenizer_files.items():
+            shutil.copyfile(src, os.path.join(tmp, os.path.basename(src)))
+            tokenizer[key] = os.path.basename(src)
+        model_config = {key: value for key, value in asdict(config).items() if key != "params_dtype"}
+        payload = {"module": state_dict, "model_config": model_config, "iteration": 0, "consumed_samples": 0,
+                   "dp_world_size": 1, "mp_world_size": 1, "ds_version": deepspeed.__version__, "source": source}
+        if tokenizer:
+            payload["tokenizer"] = tokenizer
+        torch.save(payload, os.path.join(tmp, tag, "mp_rank_00_model_states.pt"))
+        with open(os.path.join(tmp, "latest"), "w") as handle:
+            handle.write(tag)
+        if os.path.isdir(save_dir):
+            os.rmdir(save_dir)  # empty, checked above
+        os.rename(tmp, save_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return save_dir

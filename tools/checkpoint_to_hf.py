@@ -1,0 +1,48 @@
+"""Export a zero-lab checkpoint (any ZeRO stage, offload included) as a Hugging Face GPT-2 folder.
+
+    python tools/checkpoint_to_hf.py --load runs/ckpt/gpt_125M_Z3 --output hf/gpt_125M
+
+The folder (config.json, model.safetensors, vocab.json, merges.txt) loads offline with
+transformers.GPT2LMHeadModel.from_pretrained / AutoTokenizer.from_pretrained. The padded
+vocabulary rows are dropped when the tokenizer is known.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from megatron.inference.checkpoint import CheckpointError, load_checkpoint_weights
+from megatron.inference.hf_folder import save_hf_folder
+from megatron.inference.tokenizer_files import resolve_tokenizer
+from megatron.tokenizer import TokenizerError
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser.add_argument("--load", required=True, help="checkpoint folder (holding 'latest') or one tag folder")
+    parser.add_argument("--tag", default=None, help="checkpoint tag, e.g. global_step100 (default: latest)")
+    parser.add_argument("--output", required=True, help="Hugging Face folder to write (must not exist or be empty)")
+    parser.add_argument("--vocab-file", default=None, help="GPT-2 vocab.json (default: the one the run used)")
+    parser.add_argument("--merge-file", default=None, help="GPT-2 merges.txt (default: the one the run used)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    import transformers
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        loaded = load_checkpoint_weights(args.load, args.tag)
+        tokenizer, files = resolve_tokenizer(loaded.tokenizer, args.vocab_file, args.merge_file)
+        vocab_size = tokenizer.vocab_size if tokenizer else loaded.config.padded_vocab_size
+        save_hf_folder(loaded, args.output, vocab_size, tokenizer.eod if tokenizer else None, files)
+    except (CheckpointError, TokenizerError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output} from {loaded.path} (iteration {loaded.iteration}, {loaded.config.num_layers} layers, "
+          f"hidden {loaded.config.hidden_size}, vocab {vocab_size})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
