@@ -13,7 +13,7 @@ process_databricks_gpt2.sh) and runs:
 It prints docs/s, MB/s, tokens/s and wall seconds for each and the speed-up of ours, and
 fails unless every run wrote byte-identical .bin/.idx files.
 
-    python bench/bench_preprocess.py [--docs 15000] [--workers 2] [--upstream] [--data-dir data]
+    python bench/bench_preprocess.py [--docs 15000] [--workers 2] [--upstream] [--repeat 3] [--data-dir data]
 """
 from __future__ import annotations
 
@@ -169,6 +169,7 @@ def main() -> int:
     parser.add_argument("--upstream", action="store_true", help="also time the Pool + pure-Python BPE scheme")
     parser.add_argument("--data-dir", type=Path, default=REPO / "data", help="holds (or gets) gpt2-vocab.json/merges")
     parser.add_argument("--sample", type=Path, default=DOLLY_SAMPLE)
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each; the table shows the fastest")
     args = parser.parse_args()
     vocab, merges = vocab_files(args.data_dir)
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,14 +177,16 @@ def main() -> int:
         corpus = tmp / "dolly_shaped.jsonl"
         build_corpus(args.sample, args.docs, corpus)
         print(f"corpus: {args.docs} dolly-shaped documents, {corpus.stat().st_size / 1e6:.2f} MB; "
-              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
-        results = [run_reference(corpus, tmp / "reference", vocab, merges)]
+              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; fastest of {args.repeat} runs each")
+        runs = [lambda: run_reference(corpus, tmp / "reference", vocab, merges)]
         if args.upstream:
-            results.append(run_upstream_style(corpus, tmp / "upstream", vocab, merges, args.workers))
+            runs.append(lambda: run_upstream_style(corpus, tmp / "upstream", vocab, merges, args.workers))
         if args.workers > 1:  # the same tool on one worker shows what the extra workers add
-            results.append(run_ours(corpus, tmp / "ours1", vocab, merges, 1))
-        ours = run_ours(corpus, tmp / "ours", vocab, merges, args.workers)
-        results.append(ours)
+            runs.append(lambda: run_ours(corpus, tmp / "ours1", vocab, merges, 1))
+        runs.append(lambda: run_ours(corpus, tmp / "ours", vocab, merges, args.workers))
+        # Fastest of --repeat runs: on a shared machine other jobs only ever add time.
+        results = [min((run() for _ in range(args.repeat)), key=lambda r: r.seconds) for run in runs]
+        ours = results[-1]
         print_table(results, ours)
         names = [Path(f"{prefix}_text_document.{s}") for prefix in ("reference", "upstream", "ours1", "ours") for s in ("bin", "idx")]
         outputs = {}
