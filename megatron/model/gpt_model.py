@@ -19,6 +19,7 @@ from megatron.core.tensor_parallel import (
 from megatron.core.tensor_parallel.layers import parallel_lm_logits
 from megatron.core.tensor_parallel.mappings import group_rank, group_size
 from megatron.model.config import GPTConfig, ModelConfigError
+from megatron.model.kv_cache import KVCache
 from megatron.model.transformer import ParallelTransformerLayer
 
 
@@ -64,17 +65,25 @@ class GPTModel(nn.Module):
         )
         self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon, dtype=config.params_dtype)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor | None = None):
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                kv_cache: KVCache | None = None):
         """input_ids, position_ids, labels: [batch, seq] long. Returns the per-token fp32 loss
-        [batch, seq] when labels are given, else the logits [batch, seq, padded_vocab]."""
+        [batch, seq] when labels are given, else the logits [batch, seq, padded_vocab].
+        With kv_cache, input_ids are the positions after those already in the cache (decoding)."""
         assert input_ids.dim() == 2 and input_ids.shape == position_ids.shape, (
             f"expected input_ids and position_ids of one shape [batch, seq], got "
             f"{tuple(input_ids.shape)} and {tuple(position_ids.shape)}"
         )
         x = self.embedding_dropout(self.word_embeddings(input_ids) + self.position_embeddings(position_ids))
         recompute = self.config.checkpoint_activations and self.training and torch.is_grad_enabled()
-        for layer in self.layers:
-            x = checkpoint(layer, self.rng_tracker, x) if recompute else layer(x)
+        assert not (recompute and kv_cache is not None), "the KV cache is for inference, not recomputed training"
+        for index, layer in enumerate(self.layers):
+            if recompute:
+                x = checkpoint(layer, self.rng_tracker, x)
+            else:
+                x = layer(x, None if kv_cache is None else kv_cache.layer(index))
+        if kv_cache is not None:
+            kv_cache.advance(input_ids.shape[1])
         local_logits = parallel_lm_logits(self.final_layernorm(x), self.word_embeddings.weight, self.tp_group)
         if labels is None:
             return gather_from_tensor_model_parallel_region(local_logits, self.tp_group)

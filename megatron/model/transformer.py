@@ -18,6 +18,7 @@ from megatron.core.tensor_parallel import (
 )
 from megatron.core.tensor_parallel.mappings import group_size
 from megatron.model.config import GPTConfig
+from megatron.model.kv_cache import LayerKVCache
 
 
 def _layer_norm(config: GPTConfig) -> nn.LayerNorm:
@@ -46,14 +47,22 @@ class ParallelAttention(nn.Module):
             params_dtype=config.params_dtype,
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv_cache: LayerKVCache | None = None) -> torch.Tensor:
         batch, seq, _ = x.shape
         qkv = self.query_key_value(x).view(batch, seq, self.local_heads, 3, self.config.head_dim)
         q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # each [b, heads, s, d]
+        past = 0 if kv_cache is None else kv_cache.past_length
+        mask = None
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)
+            # query i sits at position past + i and sees keys 0..past + i (SDPA's is_causal
+            # aligns the triangle top-left, which is only right without a cached prefix)
+            mask = torch.ones(seq, past + seq, dtype=torch.bool, device=x.device).tril(diagonal=past)
         dropout = self.config.attention_dropout if self.training else 0.0
         # Heads differ per TP rank, so their dropout draws from the per-rank generator.
         with self.rng_tracker.fork(x.device):
-            context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                                     is_causal=mask is None)
         context = context.transpose(1, 2).reshape(batch, seq, self.local_heads * self.config.head_dim)
         return self.dense(context)
 
@@ -86,7 +95,7 @@ class ParallelTransformerLayer(nn.Module):
         self.mlp = ParallelMLP(config, tp_group)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv_cache: LayerKVCache | None = None) -> torch.Tensor:
         # Residual-branch outputs are replicated across TP ranks: default generator.
-        x = x + self.hidden_dropout(self.self_attention(self.input_layernorm(x)))
+        x = x + self.hidden_dropout(self.self_attention(self.input_layernorm(x), kv_cache))
         return x + self.hidden_dropout(self.mlp(self.post_attention_layernorm(x)))
