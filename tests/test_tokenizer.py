@@ -89,6 +89,8 @@ def test_gpt2_known_ids_round_trip_eod_and_vocab(gpt2, dolly_texts):
     assert gpt2.detokenize([15496, 995, 50256]) == "Hello world<|endoftext|>"
     for text in dolly_texts:
         assert gpt2.detokenize(gpt2.tokenize(text)) == text
+    with pytest.raises(TokenizerError, match=r"id 50300 is outside the vocabulary \[0, 50257\)"):
+        gpt2.detokenize([15496, 50300])
 
 
 def test_padded_vocab_size_and_megatron_message(gpt2_files, capsys):

@@ -177,4 +177,9 @@ class GPT2BPETokenizer:
             return [ids for part in encoded for ids in part]
 
     def detokenize(self, ids) -> str:
-        return self._encoding.decode([int(i) for i in ids])
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            # e.g. a padded-vocabulary id sampled from the model's extra logits
+            raise TokenizerError(f"GPT2BPETokenizer: id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        return self._encoding.decode(ids)
