@@ -36,6 +36,8 @@ class GPTConfig:
     init_method_std: float = 0.02
     checkpoint_activations: bool = False
     params_dtype: torch.dtype = torch.float32
+    # Megatron's --sequence-parallel: LayerNorm/dropout regions split along the sequence over the TP group.
+    sequence_parallel: bool = False
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:

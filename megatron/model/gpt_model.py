@@ -5,6 +5,8 @@ fp32 losses computed by the vocab-parallel cross-entropy, or the full logits.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -14,13 +16,15 @@ from megatron.core.tensor_parallel import (
     gather_from_tensor_model_parallel_region,
     init_method_normal,
     model_parallel_tracker,
+    scatter_to_sequence_parallel_region,
     vocab_parallel_cross_entropy,
 )
+from megatron.core.tensor_parallel.random import RNGStatesTracker
 from megatron.core.tensor_parallel.layers import parallel_lm_logits
 from megatron.core.tensor_parallel.mappings import group_rank, group_size
 from megatron.model.config import GPTConfig, ModelConfigError
 from megatron.model.kv_cache import KVCache
-from megatron.model.transformer import ParallelTransformerLayer
+from megatron.model.transformer import ParallelTransformerLayer, layer_norm
 
 
 def check_tensor_parallel(config: GPTConfig, tp_size: int) -> None:
@@ -37,6 +41,11 @@ def check_tensor_parallel(config: GPTConfig, tp_size: int) -> None:
         raise ModelConfigError(
             f"--ffn-hidden-size {config.ffn_hidden_size} is not divisible by --tensor-model-parallel-size {tp_size}"
         )
+    if config.sequence_parallel and config.seq_length % tp_size:
+        raise ModelConfigError(
+            f"--seq-length {config.seq_length} is not divisible by --tensor-model-parallel-size {tp_size} "
+            "(needed by --sequence-parallel)"
+        )
 
 
 def build_embeddings(config: GPTConfig, tp_group) -> tuple[VocabParallelEmbedding, nn.Embedding]:
@@ -50,20 +59,46 @@ def build_embeddings(config: GPTConfig, tp_group) -> tuple[VocabParallelEmbeddin
                                _weight=positions.to(config.params_dtype))
 
 
+@contextlib.contextmanager
+def layer_init_seed(base_seed: int, index: int):
+    """Draw layer `index`'s initial weights from its own seed (embeddings 0, transformer layer i
+    at i + 1), leaving the caller's generators as they were: a pipeline stage builds only its own
+    layers, and still gets exactly the weights the whole model built in one process has."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed((base_seed + index) % 2**63)
+        yield
+
+
+def embed(words: VocabParallelEmbedding, positions: nn.Embedding, dropout: nn.Dropout, input_ids: torch.Tensor,
+          position_ids: torch.Tensor, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker) -> torch.Tensor:
+    """Word + position embeddings after dropout: [b, s, h], or this rank's [b, s / tp, h] sequence
+    slice with sequence parallelism (whose dropout then differs per rank, so it uses the tracker)."""
+    x = words(input_ids) + positions(position_ids)
+    if not config.sequence_parallel:
+        return dropout(x)
+    x = scatter_to_sequence_parallel_region(x, tp_group)
+    with rng_tracker.fork(x.device):
+        return dropout(x)
+
+
 class GPTModel(nn.Module):
     def __init__(self, config: GPTConfig, tp_group=None):
         super().__init__()
         check_tensor_parallel(config, group_size(tp_group))
         self.config = config
         self.tp_group = tp_group
-        # Per-TP-rank dropout stream, derived from the seed the caller gave torch.manual_seed.
-        self.rng_tracker = model_parallel_tracker(torch.initial_seed() % 2**62, group_rank(tp_group))
-        self.word_embeddings, self.position_embeddings = build_embeddings(config, tp_group)
+        # Per-TP-rank dropout stream and per-layer init seeds, from the seed given to torch.manual_seed.
+        seed = torch.initial_seed()
+        self.rng_tracker = model_parallel_tracker(seed % 2**62, group_rank(tp_group))
+        with layer_init_seed(seed, 0):
+            self.word_embeddings, self.position_embeddings = build_embeddings(config, tp_group)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
-        self.layers = nn.ModuleList(
-            ParallelTransformerLayer(config, tp_group, self.rng_tracker) for _ in range(config.num_layers)
-        )
-        self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon, dtype=config.params_dtype)
+        self.layers = nn.ModuleList()
+        for index in range(config.num_layers):
+            with layer_init_seed(seed, index + 1):
+                self.layers.append(ParallelTransformerLayer(config, tp_group, self.rng_tracker))
+        self.final_layernorm = layer_norm(config, tp_group)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None):
@@ -74,7 +109,8 @@ class GPTModel(nn.Module):
             f"expected input_ids and position_ids of one shape [batch, seq], got "
             f"{tuple(input_ids.shape)} and {tuple(position_ids.shape)}"
         )
-        x = self.embedding_dropout(self.word_embeddings(input_ids) + self.position_embeddings(position_ids))
+        x = embed(self.word_embeddings, self.position_embeddings, self.embedding_dropout, input_ids, position_ids,
+                  self.config, self.tp_group, self.rng_tracker)
         recompute = self.config.checkpoint_activations and self.training and torch.is_grad_enabled()
         assert not (recompute and kv_cache is not None), "the KV cache is for inference, not recomputed training"
         for index, layer in enumerate(self.layers):
@@ -84,7 +120,8 @@ class GPTModel(nn.Module):
                 x = layer(x, None if kv_cache is None else kv_cache.layer(index))
         if kv_cache is not None:
             kv_cache.advance(input_ids.shape[1])
-        local_logits = parallel_lm_logits(self.final_layernorm(x), self.word_embeddings.weight, self.tp_group)
+        local_logits = parallel_lm_logits(self.final_layernorm(x), self.word_embeddings.weight, self.tp_group,
+                                          self.config.sequence_parallel)
         if labels is None:
             return gather_from_tensor_model_parallel_region(local_logits, self.tp_group)
         return vocab_parallel_cross_entropy(local_logits, labels, self.tp_group)

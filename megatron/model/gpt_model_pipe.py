@@ -14,35 +14,41 @@ from torch import nn
 
 from megatron.core.parallel_state import ParallelState
 from megatron.core.tensor_parallel import checkpoint, model_parallel_tracker, vocab_parallel_cross_entropy
-from megatron.core.tensor_parallel.layers import parallel_lm_logits
+from megatron.core.tensor_parallel.layers import SequenceParallelLayerNorm, parallel_lm_logits
 from megatron.core.tensor_parallel.random import RNGStatesTracker
 from megatron.model.config import GPTConfig, ModelConfigError
-from megatron.model.gpt_model import build_embeddings, check_tensor_parallel
+from megatron.model.gpt_model import build_embeddings, check_tensor_parallel, embed, layer_init_seed
 from megatron.model.transformer import ParallelTransformerLayer
 
 
 class EmbeddingPipe(nn.Module):
-    def __init__(self, config: GPTConfig, tp_group):
+    def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker, init_seed: int):
         super().__init__()
+        self.config = config
         self.tp_group = tp_group
-        self.word_embeddings, self.position_embeddings = build_embeddings(config, tp_group)
+        self.rng_tracker = rng_tracker
+        with layer_init_seed(init_seed, 0):
+            self.word_embeddings, self.position_embeddings = build_embeddings(config, tp_group)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         tokens, position_ids = inputs
-        return self.embedding_dropout(self.word_embeddings(tokens) + self.position_embeddings(position_ids))
+        return embed(self.word_embeddings, self.position_embeddings, self.embedding_dropout, tokens, position_ids,
+                     self.config, self.tp_group, self.rng_tracker)
 
 
 def lm_head(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
     """The tied output layer on the last stage: this rank's vocab slice of the logits."""
-    return parallel_lm_logits(hidden, embedding.word_embeddings.weight, embedding.tp_group)
+    return parallel_lm_logits(hidden, embedding.word_embeddings.weight, embedding.tp_group,
+                              embedding.config.sequence_parallel)
 
 
 class TransformerLayerPipe(ParallelTransformerLayer):
     """A transformer layer that recomputes itself in backward when the config asks for it."""
 
-    def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker):
-        super().__init__(config, tp_group, rng_tracker)
+    def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker, init_seed: int, index: int):
+        with layer_init_seed(init_seed, index + 1):
+            super().__init__(config, tp_group, rng_tracker)
         self.recompute = config.checkpoint_activations
         self.rng_tracker = rng_tracker
 
@@ -75,16 +81,21 @@ def build_gpt_pipe(config: GPTConfig, state: ParallelState) -> PipelineModule:
     if config.num_layers % layout.pipeline_model_parallel_size:
         raise ModelConfigError(f"--num-layers {config.num_layers} is not divisible by "
                          f"--pipeline-model-parallel-size {layout.pipeline_model_parallel_size}")
-    tracker = model_parallel_tracker(torch.initial_seed() % 2**62, state.get_tensor_model_parallel_rank())
+    seed = torch.initial_seed()
+    tracker = model_parallel_tracker(seed % 2**62, state.get_tensor_model_parallel_rank())
     specs = [
-        TiedLayerSpec("embed", EmbeddingPipe, config, tp_group, tied_weight_attr="word_embeddings.weight"),
-        *[LayerSpec(TransformerLayerPipe, config, tp_group, tracker) for _ in range(config.num_layers)],
-        LayerSpec(nn.LayerNorm, config.hidden_size, eps=config.layernorm_epsilon, dtype=config.params_dtype),
-        TiedLayerSpec("embed", EmbeddingPipe, config, tp_group, forward_fn=lm_head,
+        TiedLayerSpec("embed", EmbeddingPipe, config, tp_group, tracker, seed,
+                      tied_weight_attr="word_embeddings.weight"),
+        *[LayerSpec(TransformerLayerPipe, config, tp_group, tracker, seed, index) for index in range(config.num_layers)],
+        LayerSpec(SequenceParallelLayerNorm, config.hidden_size, eps=config.layernorm_epsilon, group=tp_group,
+                  sequence_parallel=config.sequence_parallel, params_dtype=config.params_dtype),
+        TiedLayerSpec("embed", EmbeddingPipe, config, tp_group, tracker, seed, forward_fn=lm_head,
                       tied_weight_attr="word_embeddings.weight"),
     ]
     topology = PipeModelDataParallelTopology(num_pp=layout.pipeline_model_parallel_size,
                                              num_mp=layout.tensor_model_parallel_size,
                                              num_dp=layout.data_parallel_size)
-    return PipelineModule(layers=specs, loss_fn=MaskedLMLoss(tp_group), topology=topology,
-                          partition_method="type:TransformerLayerPipe")
+    module = PipelineModule(layers=specs, loss_fn=MaskedLMLoss(tp_group), topology=topology,
+                            partition_method="type:TransformerLayerPipe")
+    module.rng_tracker = tracker  # saved and restored with checkpoints, as GPTModel's
+    return module

@@ -1,7 +1,8 @@
 """One GPT-2 transformer layer: pre-LayerNorm attention and MLP, each added to the residual.
 
 The tensor-parallel layers carry all communication; this file has no collective calls.
-Activations are [batch, seq, hidden].
+Activations are [batch, seq, hidden]; with sequence parallelism the residual stream outside
+the attention and MLP is [batch, seq / tp, hidden] on each rank.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from megatron.core.tensor_parallel import (
     ColumnParallelLinear,
     RNGStatesTracker,
     RowParallelLinear,
+    SequenceParallelLayerNorm,
     init_method_normal,
     scaled_init_method_normal,
 )
@@ -21,8 +23,9 @@ from megatron.model.config import GPTConfig
 from megatron.model.kv_cache import LayerKVCache
 
 
-def _layer_norm(config: GPTConfig) -> nn.LayerNorm:
-    return nn.LayerNorm(config.hidden_size, eps=config.layernorm_epsilon, dtype=config.params_dtype)
+def layer_norm(config: GPTConfig, tp_group) -> SequenceParallelLayerNorm:
+    return SequenceParallelLayerNorm(config.hidden_size, eps=config.layernorm_epsilon, group=tp_group,
+                                     sequence_parallel=config.sequence_parallel, params_dtype=config.params_dtype)
 
 
 class ParallelAttention(nn.Module):
@@ -40,16 +43,18 @@ class ParallelAttention(nn.Module):
         self.query_key_value = ColumnParallelLinear(
             config.hidden_size, 3 * config.hidden_size, group=tp_group,
             init_method=init_method_normal(config.init_method_std), params_dtype=config.params_dtype,
+            sequence_parallel=config.sequence_parallel,
         )
         self.dense = RowParallelLinear(
             config.hidden_size, config.hidden_size, group=tp_group,
             init_method=scaled_init_method_normal(config.init_method_std, config.num_layers),
-            params_dtype=config.params_dtype,
+            params_dtype=config.params_dtype, sequence_parallel=config.sequence_parallel,
         )
 
     def forward(self, x: torch.Tensor, kv_cache: LayerKVCache | None = None) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        qkv = self.query_key_value(x).view(batch, seq, self.local_heads, 3, self.config.head_dim)
+        qkv = self.query_key_value(x)  # [b, s, 3 h / tp]: the whole sequence even when x is a slice
+        batch, seq, _ = qkv.shape
+        qkv = qkv.view(batch, seq, self.local_heads, 3, self.config.head_dim)
         q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # each [b, heads, s, d]
         past = 0 if kv_cache is None else kv_cache.past_length
         mask = None
@@ -75,11 +80,12 @@ class ParallelMLP(nn.Module):
         self.dense_h_to_4h = ColumnParallelLinear(
             config.hidden_size, config.ffn_hidden_size, group=tp_group,
             init_method=init_method_normal(config.init_method_std), params_dtype=config.params_dtype,
+            sequence_parallel=config.sequence_parallel,
         )
         self.dense_4h_to_h = RowParallelLinear(
             config.ffn_hidden_size, config.hidden_size, group=tp_group,
             init_method=scaled_init_method_normal(config.init_method_std, config.num_layers),
-            params_dtype=config.params_dtype,
+            params_dtype=config.params_dtype, sequence_parallel=config.sequence_parallel,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,13 +95,23 @@ class ParallelMLP(nn.Module):
 class ParallelTransformerLayer(nn.Module):
     def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker):
         super().__init__()
-        self.input_layernorm = _layer_norm(config)
+        self.input_layernorm = layer_norm(config, tp_group)
         self.self_attention = ParallelAttention(config, tp_group, rng_tracker)
-        self.post_attention_layernorm = _layer_norm(config)
+        self.post_attention_layernorm = layer_norm(config, tp_group)
         self.mlp = ParallelMLP(config, tp_group)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
+        self.sequence_parallel = config.sequence_parallel
+        self.rng_tracker = rng_tracker
+
+    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+        # Replicated residual-branch outputs use the default generator (the same mask on every TP
+        # rank); sequence slices differ per rank, so they draw from the per-rank generator.
+        if not self.sequence_parallel:
+            return self.hidden_dropout(x)
+        with self.rng_tracker.fork(x.device):
+            return self.hidden_dropout(x)
 
     def forward(self, x: torch.Tensor, kv_cache: LayerKVCache | None = None) -> torch.Tensor:
-        # Residual-branch outputs are replicated across TP ranks: default generator.
-        x = x + self.hidden_dropout(self.self_attention(self.input_layernorm(x), kv_cache))
-        return x + self.hidden_dropout(self.mlp(self.post_attention_layernorm(x)))
+        assert not (self.sequence_parallel and kv_cache is not None), "the KV cache is for serial decoding"
+        x = x + self._dropout(self.self_attention(self.input_layernorm(x), kv_cache))
+        return x + self._dropout(self.mlp(self.post_attention_layernorm(x)))

@@ -3,6 +3,7 @@ from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_ent
 from megatron.core.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
+    SequenceParallelLayerNorm,
     VocabParallelEmbedding,
     init_method_normal,
     scaled_init_method_normal,
@@ -13,6 +14,7 @@ from megatron.core.tensor_parallel.mappings import (
     gather_from_tensor_model_parallel_region,
     reduce_from_tensor_model_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
+    scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
 from megatron.core.tensor_parallel.random import RNGStatesTracker, checkpoint, model_parallel_tracker
@@ -20,6 +22,7 @@ from megatron.core.tensor_parallel.random import RNGStatesTracker, checkpoint, m
 __all__ = [
     "ColumnParallelLinear",
     "RowParallelLinear",
+    "SequenceParallelLayerNorm",
     "VocabParallelEmbedding",
     "init_method_normal",
     "scaled_init_method_normal",
@@ -30,6 +33,7 @@ __all__ = [
     "gather_from_tensor_model_parallel_region",
     "gather_from_sequence_parallel_region",
     "reduce_scatter_to_sequence_parallel_region",
+    "scatter_to_sequence_parallel_region",
     "RNGStatesTracker",
     "checkpoint",
     "model_parallel_tracker",

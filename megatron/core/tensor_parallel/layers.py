@@ -1,6 +1,10 @@
 """Tensor-parallel layers: plain nn.Modules that take their process group explicitly.
 
-With group None (or one rank) each is the ordinary serial layer. Weights are drawn as
+With group None (or one rank) each is the ordinary serial layer. With sequence_parallel the
+activations entering a column-parallel layer and leaving a row-parallel one are split along
+the sequence (Megatron's sequence parallelism): an all-gather replaces the identity before
+the column layer and a reduce-scatter replaces the all-reduce after the row layer.
+Weights are drawn as
 the full master matrix from the default generator and then sliced, so a TP=2 model
 built with the same seed holds exactly the shards of the TP=1 model.
 """
@@ -15,10 +19,12 @@ from torch import nn
 
 from megatron.core.tensor_parallel.mappings import (
     copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
     gather_from_tensor_model_parallel_region,
     group_rank,
     group_size,
     reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
 
@@ -67,10 +73,12 @@ class ColumnParallelLinear(nn.Module):
     """y = x A^T + b with A split by rows (output features) across the group."""
 
     def __init__(self, input_size: int, output_size: int, *, group, init_method: InitMethod,
-                 bias: bool = True, gather_output: bool = False, params_dtype: torch.dtype = torch.float32):
+                 bias: bool = True, gather_output: bool = False, params_dtype: torch.dtype = torch.float32,
+                 sequence_parallel: bool = False):
         super().__init__()
         self.group = group
         self.gather_output = gather_output
+        self.sequence_parallel = sequence_parallel
         self.output_size_per_partition = divide(output_size, group_size(group), "output size")
         self.weight = _sharded_weight((output_size, input_size), 0, group, init_method, params_dtype)
         self.bias = None
@@ -79,7 +87,10 @@ class ColumnParallelLinear(nn.Module):
             mark_tensor_parallel(self.bias, 0, parallel=group_size(group) > 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = copy_to_tensor_model_parallel_region(x, self.group)
+        if self.sequence_parallel:
+            x = gather_from_sequence_parallel_region(x, self.group)
+        else:
+            x = copy_to_tensor_model_parallel_region(x, self.group)
         y = F.linear(x, self.weight, self.bias)
         if self.gather_output:
             y = gather_from_tensor_model_parallel_region(y, self.group)
@@ -90,10 +101,14 @@ class RowParallelLinear(nn.Module):
     """y = x A^T + b with A split by columns (input features); partial sums are all-reduced."""
 
     def __init__(self, input_size: int, output_size: int, *, group, init_method: InitMethod,
-                 bias: bool = True, input_is_parallel: bool = True, params_dtype: torch.dtype = torch.float32):
+                 bias: bool = True, input_is_parallel: bool = True, params_dtype: torch.dtype = torch.float32,
+                 sequence_parallel: bool = False):
         super().__init__()
+        if sequence_parallel and not input_is_parallel:
+            raise ValueError("a sequence-parallel RowParallelLinear needs input_is_parallel=True")
         self.group = group
         self.input_is_parallel = input_is_parallel
+        self.sequence_parallel = sequence_parallel
         self.input_size_per_partition = divide(input_size, group_size(group), "input size")
         self.weight = _sharded_weight((output_size, input_size), 1, group, init_method, params_dtype)
         # The bias is added once, after the reduction, so it is replicated.
@@ -102,8 +117,32 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.group)
-        y = reduce_from_tensor_model_parallel_region(F.linear(x, self.weight), self.group)
-        return y if self.bias is None else y + self.bias
+        partial = F.linear(x, self.weight)
+        if not self.sequence_parallel:
+            y = reduce_from_tensor_model_parallel_region(partial, self.group)
+            return y if self.bias is None else y + self.bias
+        y = reduce_scatter_to_sequence_parallel_region(partial, self.group)
+        # Each rank adds the bias to its own sequence slice, so the bias gradient is the sum over ranks.
+        return y if self.bias is None else y + copy_to_tensor_model_parallel_region(self.bias, self.group)
+
+
+class SequenceParallelLayerNorm(nn.LayerNorm):
+    """LayerNorm whose weights are replicated across the group while its input is split along the
+    sequence: each rank's gradient covers only its slice, so the gradients are summed over the group.
+    With group None or sequence_parallel False it is nn.LayerNorm."""
+
+    def __init__(self, hidden_size: int, *, eps: float, group, sequence_parallel: bool,
+                 params_dtype: torch.dtype = torch.float32):
+        super().__init__(hidden_size, eps=eps, dtype=params_dtype)
+        self.group = group
+        self.sequence_parallel = sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.sequence_parallel:
+            return super().forward(x)
+        weight = copy_to_tensor_model_parallel_region(self.weight, self.group)
+        bias = copy_to_tensor_model_parallel_region(self.bias, self.group)
+        return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -127,8 +166,14 @@ class VocabParallelEmbedding(nn.Module):
         return reduce_from_tensor_model_parallel_region(embedded, self.group)
 
 
-def parallel_lm_logits(hidden: torch.Tensor, word_embeddings_weight: torch.Tensor, group) -> torch.Tensor:
+def parallel_lm_logits(hidden: torch.Tensor, word_embeddings_weight: torch.Tensor, group,
+                       sequence_parallel: bool = False) -> torch.Tensor:
     """Logits for this rank's vocab slice, using the (tied) vocab-parallel embedding table.
 
-    The hidden state is replicated, so its gradient is the sum over the vocab shards."""
-    return F.linear(copy_to_tensor_model_parallel_region(hidden, group), word_embeddings_weight)
+    The hidden state is replicated (or, sequence parallel, gathered first), so its gradient is
+    the sum over the vocab shards."""
+    if sequence_parallel:
+        hidden = gather_from_sequence_parallel_region(hidden, group)
+    else:
+        hidden = copy_to_tensor_model_parallel_region(hidden, group)
+    return F.linear(hidden, word_embeddings_weight)

@@ -129,6 +129,19 @@ class _GatherFromSequenceRegion(torch.autograd.Function):
         return _reduce_scatter(grad, SEQUENCE_DIM, ctx.group), None
 
 
+class _ScatterToSequenceRegion(torch.autograd.Function):
+    """Keep this rank's slice of the sequence dim forward; all-gather the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split(x, SEQUENCE_DIM, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad, SEQUENCE_DIM, ctx.group), None
+
+
 class _ReduceScatterToSequenceRegion(torch.autograd.Function):
     """Reduce-scatter over the sequence dim forward; all-gather the gradient backward."""
 
@@ -160,6 +173,10 @@ def gather_from_tensor_model_parallel_region(x, group):
 
 def gather_from_sequence_parallel_region(x, group):
     return _GatherFromSequenceRegion.apply(x, group)
+
+
+def scatter_to_sequence_parallel_region(x, group):
+    return _ScatterToSequenceRegion.apply(x, group)
 
 
 def reduce_scatter_to_sequence_parallel_region(x, group):
