@@ -207,14 +207,15 @@ def _record_step(state: LoopState, result: StepResult, args: Args):
 
 
 def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInfo, reporter: Reporter,
-          eod: int, state: LoopState) -> LoopState:
-    """Run from state.iteration to the end of the schedule; returns the final state."""
+          eod: int, state: LoopState, step_fn=train_step, evaluate_fn=evaluate) -> LoopState:
+    """Run from state.iteration to the end of the schedule; returns the final state.
+    step_fn/evaluate_fn: this file's, or megatron.pipeline_training's for the pipeline engine."""
     schedule, log = reporter.schedule, args.logging
     first_step = True
     while state.iteration < schedule.train_iters:
         _synchronize(dist_info)
         start = time.time()
-        result = train_step(engine, train_iterator, args, dist_info, eod, probe_grads=first_step)
+        result = step_fn(engine, train_iterator, args, dist_info, eod, probe_grads=first_step)
         _synchronize(dist_info)
         state.interval_seconds += time.time() - start
         state.interval_iterations += 1
@@ -226,7 +227,7 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
             reporter.iteration(state, engine)
             state.interval_losses, state.interval_seconds, state.interval_iterations = [], 0.0, 0
         if valid_iterator is not None and log.eval_iters > 0 and state.iteration % log.eval_interval == 0:
-            reporter.validation(state.iteration, evaluate(engine, valid_iterator, args, dist_info, eod))
+            reporter.validation(state.iteration, evaluate_fn(engine, valid_iterator, args, dist_info, eod))
         if state.iteration % schedule.iters_per_epoch == 0:
             reporter.epoch(state)
             state.epoch_losses, state.epoch_start = [], time.time()
@@ -246,9 +247,10 @@ def save(engine, args: Args, state: LoopState, dist_info: DistInfo) -> None:
         state.last_saved_iteration = state.iteration
 
 
-def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int):
+def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int, mpu=None):
     """Build the model (partitioned at creation under ZeRO-3), optimizer, schedule and DeepSpeed engine.
-    Returns (engine, the DeepSpeed config actually used)."""
+    mpu: the ParallelState with tensor parallelism, so ZeRO partitions over data-parallel ranks only
+    (None for a PipelineModule, which brings its own grid). Returns (engine, the DeepSpeed config used)."""
     import deepspeed
 
     from megatron.deepspeed_config import deepspeed_config
@@ -258,14 +260,14 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     if args.deepspeed.zero_stage == 3:
         # each rank materialises only its shard; the full model never sits on one rank
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device="cpu" if args.deepspeed.offload_params
-                                 else None, pin_memory=dist_info.on_cuda and args.deepspeed.offload_params):
+                                 else None, pin_memory=dist_info.on_cuda and args.deepspeed.offload_params, mpu=mpu):
             model = model_builder()
     else:
         model = model_builder().to(dist_info.device)
     optimizer = build_optimizer(model, args, dist_info.on_cuda)
     schedule = LRSchedule(optimizer, args.optimizer, train_iters)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule, config=config,
-                                           dist_init_required=False)
+                                           mpu=mpu, dist_init_required=False)
     if args.training.compile:
         engine.compile()
     return engine, config
