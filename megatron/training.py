@@ -247,10 +247,11 @@ def save(engine, args: Args, state: LoopState, dist_info: DistInfo) -> None:
         state.last_saved_iteration = state.iteration
 
 
-def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int, mpu=None):
+def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int, state=None):
     """Build the model (partitioned at creation under ZeRO-3), optimizer, schedule and DeepSpeed engine.
-    mpu: the ParallelState with tensor parallelism, so ZeRO partitions over data-parallel ranks only
-    (None for a PipelineModule, which brings its own grid). Returns (engine, the DeepSpeed config used)."""
+    state: the ParallelState; it is DeepSpeed's mpu (ZeRO partitions over data-parallel ranks only) except
+    for a PipelineModule, which brings its own grid. Returns (engine, the DeepSpeed config actually used)."""
+    mpu = state if state is not None and args.parallel.pipeline_model_parallel_size == 1 else None
     import deepspeed
 
     from megatron.deepspeed_config import deepspeed_config
@@ -264,7 +265,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
             model = model_builder()
     else:
         model = model_builder().to(dist_info.device)
-    optimizer = build_optimizer(model, args, dist_info.on_cuda)
+    optimizer = build_optimizer(model, args, dist_info.on_cuda, state)
     schedule = LRSchedule(optimizer, args.optimizer, train_iters)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule, config=config,
                                            mpu=mpu, dist_init_required=False)
