@@ -4,6 +4,7 @@ import math
 import torch
 
 from megatron.arguments import Args, OptimizerArgs
+from megatron.core.grad_norm import model_parallel_grad_norm
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -20,18 +21,20 @@ class NonFiniteSkippingAdamW(torch.optim.AdamW):
     """AdamW for ZeRO stage 0 in fp32, where DeepSpeed passes the step straight through:
     it clips by the global grad norm and skips the update when that norm is not finite,
     which is what DeepSpeed's ZeRO and mixed-precision optimizers already do.
+    With model parallelism the norm covers the whole replica (norm_group: its TP x PP ranks).
     DeepSpeed's engine reads `overflow` (skipped step) and `_global_grad_norm`."""
 
-    def __init__(self, params, clip_grad: float, **kwargs):
+    def __init__(self, params, clip_grad: float, norm_group=None, tensor_rank: int = 0, **kwargs):
         super().__init__(params, **kwargs)
         self.clip_grad = clip_grad
+        self.norm_group, self.tensor_rank = norm_group, tensor_rank
         self.overflow = False
         self._global_grad_norm = None
 
     @torch.no_grad()
     def step(self, closure=None):
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads)
+        params = [p for group in self.param_groups for p in group["params"]]
+        norm = model_parallel_grad_norm(params, self.tensor_rank, self.norm_group)
         self._global_grad_norm = norm.item()
         self.overflow = not math.isfinite(self._global_grad_norm)
         if self.overflow:
@@ -42,7 +45,8 @@ class NonFiniteSkippingAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
-def build_optimizer(model: torch.nn.Module, args: Args, on_cuda: bool) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, args: Args, on_cuda: bool, state=None) -> torch.optim.Optimizer:
+    """state: the ParallelState when the model is split over tensor/pipeline ranks."""
     opt = args.optimizer
     groups = param_groups(model, opt.weight_decay)
     kwargs = dict(lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps, weight_decay=opt.weight_decay)
@@ -51,7 +55,10 @@ def build_optimizer(model: torch.nn.Module, args: Args, on_cuda: bool) -> torch.
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
     if args.deepspeed.zero_stage == 0 and args.deepspeed.precision == "fp32":
-        return NonFiniteSkippingAdamW(groups, clip_grad=opt.clip_grad, fused=on_cuda or None, **kwargs)
+        split = state is not None and state.get_model_parallel_world_size() > 1
+        return NonFiniteSkippingAdamW(groups, clip_grad=opt.clip_grad, fused=on_cuda or None,
+                                      norm_group=state.get_model_parallel_group() if split else None,
+                                      tensor_rank=state.get_tensor_model_parallel_rank() if split else 0, **kwargs)
     return torch.optim.AdamW(groups, fused=on_cuda or None, **kwargs)
 
 
