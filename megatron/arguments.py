@@ -351,7 +351,8 @@ def _deepspeed_args(ns) -> DeepSpeedArgs:
 # The one table of combinations DeepSpeed (or this stack) does not support:
 # (is it unsupported?, the message naming the flag to change).
 def _unsupported_combinations(args: Args, device_type: str):
-    ds, par = args.deepspeed, args.parallel
+    ds, par, m = args.deepspeed, args.parallel, args.model
+    tp, pp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size
     return [
         (ds.fp16 and ds.bf16, "--fp16 and --bf16 are exclusive; drop one"),
         (ds.fp16 and device_type == "cpu",
@@ -366,13 +367,18 @@ def _unsupported_combinations(args: Args, device_type: str):
         (par.world_size % (par.tensor_model_parallel_size * par.pipeline_model_parallel_size) != 0,
          f"world size {par.world_size} is not divisible by --tensor-model-parallel-size x "
          "--pipeline-model-parallel-size"),
-        (par.tensor_model_parallel_size > 1,
-         f"--tensor-model-parallel-size {par.tensor_model_parallel_size} is not supported yet by pretrain_gpt.py "
-         "(use 1)"),
-        (par.pipeline_model_parallel_size > 1,
-         f"--pipeline-model-parallel-size {par.pipeline_model_parallel_size} is not supported yet by "
-         "pretrain_gpt.py (use 1 or --no-pipeline-parallel)"),
-        (par.sequence_parallel, "--sequence-parallel is not supported yet (it needs tensor parallelism); drop it"),
+        (m.num_attention_heads % tp != 0,
+         f"--num-attention-heads {m.num_attention_heads} is not divisible by --tensor-model-parallel-size {tp}"),
+        (m.hidden_size % tp != 0, f"--hidden-size {m.hidden_size} is not divisible by --tensor-model-parallel-size {tp}"),
+        ((m.ffn_hidden_size or 4 * m.hidden_size) % tp != 0,
+         f"--ffn-hidden-size {m.ffn_hidden_size or 4 * m.hidden_size} is not divisible by "
+         f"--tensor-model-parallel-size {tp}"),
+        (m.num_layers % pp != 0, f"--num-layers {m.num_layers} is not divisible by --pipeline-model-parallel-size {pp}"),
+        (par.sequence_parallel and tp == 1,
+         "--sequence-parallel needs --tensor-model-parallel-size > 1 (it splits the sequence over the TP group)"),
+        (par.sequence_parallel and m.seq_length % tp != 0,
+         f"--seq-length {m.seq_length} is not divisible by --tensor-model-parallel-size {tp} "
+         "(needed by --sequence-parallel)"),
     ]
 
 
