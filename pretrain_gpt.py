@@ -9,19 +9,21 @@ from megatron.initialize import DistInfo, initialize_distributed, launcher_world
 from megatron.training import LoopState, TrainingError, resolve_schedule
 
 
-def build_data_iterators(args: Args, dist_info: DistInfo, train_iters: int, consumed_samples: int):
+def build_data_iterators(args: Args, dist_info: DistInfo, train_iters: int, iteration: int, consumed_samples: int):
+    """Train and validation iterators positioned where a run at `iteration` left them (as Megatron does,
+    the validation stream continues across evaluations, so a resumed run sees the same validation batches)."""
     from megatron.data.data_samplers import build_pretraining_data_loader
     from megatron.data.gpt_dataset import build_train_valid_test_datasets
 
     batch, log = args.training.global_batch_size, args.logging
-    num_evals = train_iters // log.eval_interval
     # the test split is never evaluated during pretraining, so no test samples are asked for
-    wanted = (train_iters * batch, num_evals * log.eval_iters * batch, 0)
+    wanted = (train_iters * batch, train_iters // log.eval_interval * log.eval_iters * batch, 0)
     train_ds, valid_ds, _ = build_train_valid_test_datasets(args.data.data_path, args.data.split, wanted,
                                                              args.model.seq_length, args.training.seed)
+    valid_consumed = iteration // log.eval_interval * log.eval_iters * batch
     dp_rank, dp_size = dist_info.rank, args.parallel.data_parallel_size
     loaders = [build_pretraining_data_loader(ds, consumed, args.training.micro_batch_size, dp_rank, dp_size)
-               for ds, consumed in ((train_ds, consumed_samples), (valid_ds, 0))]
+               for ds, consumed in ((train_ds, consumed_samples), (valid_ds, valid_consumed))]
     return [None if loader is None else iter(loader) for loader in loaders]
 
 
@@ -55,7 +57,8 @@ def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
     if args.checkpoint.load:
         state.iteration, state.consumed_samples, rng = load_checkpoint(engine, args)
     reporter = build_reporter(args, dist_info, schedule, config, ds_config)
-    train_iter, valid_iter = build_data_iterators(args, dist_info, schedule.train_iters, state.consumed_samples)
+    train_iter, valid_iter = build_data_iterators(args, dist_info, schedule.train_iters, state.iteration,
+                                                 state.consumed_samples)
     if rng is not None:
         set_rng_state(rng, engine.module)
     state = train(engine, train_iter, valid_iter, args, dist_info, reporter, tokenizer.eod, state)
@@ -85,8 +88,10 @@ def project_errors() -> tuple[type[Exception], ...]:
     from megatron.data.indexed_dataset import IndexedDatasetError
     from megatron.dist_env import DistEnvError
     from megatron.model.config import ModelConfigError
+    from megatron.inference.checkpoint import CheckpointError
     from megatron.tokenizer import TokenizerError
-    return ConfigError, TrainingError, DatasetError, IndexedDatasetError, DistEnvError, ModelConfigError, TokenizerError
+    return (ConfigError, TrainingError, DatasetError, IndexedDatasetError, DistEnvError, ModelConfigError,
+            TokenizerError, CheckpointError)
 
 
 def main(argv: list[str]) -> int:

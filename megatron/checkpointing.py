@@ -62,13 +62,15 @@ def load_checkpoint(engine, args: Args) -> tuple[int, int, dict | None]:
     """Returns (iteration, consumed_samples, RNG states); with --finetune only the weights are taken.
     The caller restores the RNG states with set_rng_state as the last thing before training: creating
     a DataLoader iterator draws from torch's RNG, so restoring earlier would not continue the run exactly."""
-    finetune = args.checkpoint.finetune
-    path, client_state = engine.load_checkpoint(
-        args.checkpoint.load, load_optimizer_states=not finetune, load_lr_scheduler_states=not finetune,
-        load_module_only=finetune)
+    if args.checkpoint.finetune:
+        # weights only, from a checkpoint of any ZeRO stage or tools/hf_to_checkpoint.py (DeepSpeed's
+        # loader needs the same partitioning as the run); iteration, optimizer and schedule start afresh
+        from megatron.inference.finetune import load_finetune_weights
+        path = load_finetune_weights(engine, args.checkpoint.load)
+        print(f"  loaded weights from {path} for fine-tuning (iteration and optimizer reset)", flush=True)
+        return 0, 0, None
+    path, client_state = engine.load_checkpoint(args.checkpoint.load)
     if path is None:
         raise RuntimeError(f"--load {args.checkpoint.load}: DeepSpeed found no loadable checkpoint")
-    if finetune:
-        return 0, 0, None
     print(f"  loaded checkpoint {path} at iteration {client_state['iteration']}", flush=True)
     return client_state["iteration"], client_state["consumed_samples"], client_state["rng_state"]
