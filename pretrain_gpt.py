@@ -5,6 +5,7 @@ import sys
 import torch
 
 from megatron.arguments import Args, ConfigError, parse_args
+from megatron.core.parallel_state import ParallelLayout, ParallelState
 from megatron.initialize import DistInfo, initialize_distributed, launcher_world_size, set_seed
 from megatron.training import LoopState, TrainingError, resolve_schedule
 
@@ -21,7 +22,9 @@ def build_data_iterators(args: Args, dist_info: DistInfo, train_iters: int, iter
     train_ds, valid_ds, _ = build_train_valid_test_datasets(args.data.data_path, args.data.split, wanted,
                                                              args.model.seq_length, args.training.seed)
     valid_consumed = iteration // log.eval_interval * log.eval_iters * batch
-    dp_rank, dp_size = dist_info.rank, args.parallel.data_parallel_size
+    layout = parallel_layout(args)
+    # tensor- and pipeline-parallel ranks of one replica read the same data
+    dp_rank, dp_size = layout.data_parallel_rank(dist_info.rank), layout.data_parallel_size
     loaders = [build_pretraining_data_loader(ds, consumed, args.training.micro_batch_size, dp_rank, dp_size)
                for ds, consumed in ((train_ds, consumed_samples), (valid_ds, valid_consumed))]
     return [None if loader is None else iter(loader) for loader in loaders]
@@ -36,7 +39,20 @@ def model_config(args: Args, padded_vocab: int, dist_info: DistInfo):
                      padded_vocab_size=padded_vocab, ffn_hidden_size=m.ffn_hidden_size,
                      hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
                      init_method_std=m.init_method_std, checkpoint_activations=m.checkpoint_activations,
-                     params_dtype=dtype)
+                     params_dtype=dtype, sequence_parallel=args.parallel.sequence_parallel)
+
+
+def parallel_layout(args: Args) -> ParallelLayout:
+    par = args.parallel
+    return ParallelLayout(par.world_size, par.tensor_model_parallel_size, par.pipeline_model_parallel_size)
+
+
+def step_functions(args: Args) -> dict:
+    """With pipeline parallelism DeepSpeed's pipeline engine runs the micro-batches (train_batch)."""
+    if args.parallel.pipeline_model_parallel_size == 1:
+        return {}
+    from megatron.pipeline_training import pipeline_evaluate, pipeline_train_step
+    return dict(step_fn=pipeline_train_step, evaluate_fn=pipeline_evaluate)
 
 
 def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
@@ -61,7 +77,8 @@ def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
                                                  state.consumed_samples)
     if rng is not None:
         set_rng_state(rng, engine.module)
-    state = train(engine, train_iter, valid_iter, args, dist_info, reporter, tokenizer.eod, state)
+    state = train(engine, train_iter, valid_iter, args, dist_info, reporter, tokenizer.eod, state,
+                  **step_functions(args))
     if args.checkpoint.save:
         save(engine, args, state, dist_info)
     reporter.close()
@@ -74,8 +91,14 @@ def setup_engine_for(args: Args, config, dist_info: DistInfo, train_iters: int):
     from megatron.model import GPTModel, accounting
     from megatron.training import setup_engine
 
-    engine, ds_config = setup_engine(lambda: GPTModel(config), accounting.count_parameters(config), args,
-                                     dist_info, train_iters)
+    parallel = ParallelState.build(parallel_layout(args))
+    if args.parallel.pipeline_model_parallel_size > 1:
+        from megatron.model.gpt_model_pipe import build_gpt_pipe
+        def builder(): return build_gpt_pipe(config, parallel)
+    else:
+        def builder(): return GPTModel(config, parallel.get_tensor_model_parallel_group())
+    engine, ds_config = setup_engine(builder, accounting.count_parameters(config), args, dist_info, train_iters,
+                                     parallel)
     if args.deepspeed.run_dir and dist_info.rank == 0:
         write_deepspeed_config(ds_config, args.deepspeed.run_dir)
         write_environment_record(args.deepspeed.run_dir, dist_info)
