@@ -53,6 +53,10 @@ class ParallelLayout:
         """Ranks per pipeline stage (TP x DP)."""
         return self.world_size // self.pipeline_model_parallel_size
 
+    def data_parallel_rank(self, rank: int) -> int:
+        """Index of global `rank` within its data-parallel group (which data shard it reads)."""
+        return (rank % self._stage_size) // self.tensor_model_parallel_size
+
     def tensor_groups(self) -> list[list[int]]:
         tp = self.tensor_model_parallel_size
         return [list(range(start, start + tp)) for start in range(0, self.world_size, tp)]

@@ -1,0 +1,56 @@
+"""Pipeline-parallel steps: the GPT as a DeepSpeed PipelineModule, driven by engine.train_batch.
+
+DeepSpeed's pipeline engine runs the micro-batches of one global batch through the stages
+itself (its 1F1B schedule), so one step is one train_batch call over an iterator that turns
+our data-loader batches into the pipeline's ((tokens, position_ids), (labels, loss_mask)).
+Only the first and last stages read it. These functions have train_step's and evaluate's
+signatures so that training.train runs either.
+"""
+import math
+
+import torch
+
+from megatron import memory
+from megatron.arguments import Args
+from megatron.initialize import DistInfo
+from megatron.training import StepResult, get_batch
+
+
+class PipelineBatches:
+    """Our {"text": [micro_batch, seq + 1]} batches in the pipeline engine's input form."""
+
+    def __init__(self, source, device: torch.device, eod: int, eod_mask_loss: bool):
+        self.source, self.device, self.eod, self.eod_mask_loss = source, device, eod, eod_mask_loss
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        tokens, labels, position_ids, loss_mask = get_batch(next(self.source), self.device, self.eod,
+                                                            self.eod_mask_loss)
+        return (tokens, position_ids), (labels, loss_mask)
+
+
+def pipeline_train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
+                        probe_grads=False) -> StepResult:
+    """One optimizer step over the global batch; the engine pulls gradient_accumulation_steps
+    micro-batches. Its loss is already averaged over micro-batches and data-parallel ranks and
+    broadcast to every stage."""
+    batches = PipelineBatches(data_iterator, dist_info.device, eod, args.training.eod_mask_loss)
+    loss = float(engine.train_batch(data_iter=batches))
+    skipped = not engine.was_step_applied()
+    nan = not math.isfinite(loss) or (skipped and args.deepspeed.precision != "fp16")
+    # the engine frees the gradients inside train_batch; what is left is the ZeRO partition buffers
+    grad_bytes = memory.grad_bytes(engine) if probe_grads else 0
+    return StepResult(loss=loss, skipped=skipped, nan=nan, grad_norm=engine.get_global_grad_norm(),
+                      grad_bytes=grad_bytes)
+
+
+@torch.no_grad()
+def pipeline_evaluate(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int) -> float:
+    """Mean loss over --eval-iters global batches (eval_batch averages over micro-batches and
+    data-parallel ranks)."""
+    batches = PipelineBatches(data_iterator, dist_info.device, eod, args.training.eod_mask_loss)
+    losses = [float(engine.eval_batch(batches)) for _ in range(args.logging.eval_iters)]
+    engine.train()
+    return sum(losses) / len(losses)
