@@ -91,8 +91,14 @@ def _check_user_config(user: dict, args: Args, path: str) -> dict:
 def deepspeed_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool) -> dict:
     path = args.deepspeed.deepspeed_config
     if path is not None:
-        return _check_user_config(read_deepspeed_json(path), args, path)
-    return generate_config(args, num_params, hidden_size, on_cuda)
+        config = _check_user_config(read_deepspeed_json(path), args, path)
+    else:
+        config = generate_config(args, num_params, hidden_size, on_cuda)
+    if args.parallel.sequence_parallel and args.parallel.pipeline_model_parallel_size > 1:
+        # DeepSpeed's pipeline sends 1/TP of an activation and all-gathers it over the TP group, which assumes
+        # the TP ranks hold replicas; with sequence parallelism each holds its own slice, so send it whole
+        config["pipeline"] = {**config.get("pipeline", {}), "pipe_partitioned": False, "grad_partitioned": False}
+    return config
 
 
 def write_deepspeed_config(config: dict, run_dir: str) -> Path:
