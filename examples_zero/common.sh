@@ -27,6 +27,9 @@ LR=${LR:-6.0e-4}; MIN_LR=${MIN_LR:-6.0e-5}; LR_WARMUP_FRACTION=${LR_WARMUP_FRACT
 WEIGHT_DECAY=${WEIGHT_DECAY:-0.1}; CLIP_GRAD=${CLIP_GRAD:-1.0}; SEED=${SEED:-1234}
 LOG_INTERVAL=${LOG_INTERVAL:-5}; EVAL_INTERVAL=${EVAL_INTERVAL:-50}; EVAL_ITERS=${EVAL_ITERS:-5}
 MASTER_PORT=${MASTER_PORT:-29500}
+# Model parallelism (Megatron's names or ALCF's): tensor TP/MPSIZE, pipeline PP/PPSIZE, SP=1 for
+# --sequence-parallel (needs TP > 1). Data-parallel size = NGPUS / (TP x PP); ZeRO shards over it.
+TP=${TP:-${MPSIZE:-1}}; PP=${PP:-${PPSIZE:-1}}; SP=${SP:-0}
 
 DATA_DIR=${DATA_DIR:-$REPO/data}
 DATA_PATH=${DATA_PATH:-$DATA_DIR/dolly_text_document}
@@ -40,12 +43,17 @@ if [[ ! -f "$DATA_PATH.bin" || ! -f "$DATA_PATH.idx" ]]; then
 fi
 
 RUNS_DIR=${RUNS_DIR:-$REPO/runs}
-RUN_NAME=${RUN_NAME:-gpt_${MODEL_SIZE}_${EXPERIMENT}}
+parallel_tag=""; (( TP > 1 )) && parallel_tag+="_tp$TP"; (( PP > 1 )) && parallel_tag+="_pp$PP"
+[[ "$SP" == 1 ]] && parallel_tag+="_sp"
+RUN_NAME=${RUN_NAME:-gpt_${MODEL_SIZE}_${EXPERIMENT}${parallel_tag}}
 RUN_DIR=$RUNS_DIR/$RUN_NAME
 mkdir -p "$RUN_DIR"
 
 precision_flags=(); [[ "$PRECISION" == fp32 ]] || precision_flags=("--$PRECISION")
 offload_flags=(); [[ "${OFFLOAD:-0}" == 1 ]] && offload_flags=(--zero-offload-optimizer --zero-offload-params)
+parallel_flags=(--tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP")
+(( PP == 1 )) && parallel_flags+=(--no-pipeline-parallel)
+[[ "$SP" == 1 ]] && parallel_flags+=(--sequence-parallel)
 length_flags=(); if [[ -n "${TRAIN_ITERS:-}" ]]; then length_flags=(--train-iters "$TRAIN_ITERS");
                  else length_flags=(--train-epochs "$TRAIN_EPOCHS"); fi
 case "$LAUNCHER" in
@@ -61,7 +69,7 @@ cmd=("${launch[@]}" "$REPO/pretrain_gpt.py"
      --weight-decay "$WEIGHT_DECAY" --clip-grad "$CLIP_GRAD" --seed "$SEED"
      --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
      --data-path "$DATA_PATH" --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --split "969,30,1"
-     --zero-stage "$ZERO_STAGE" "${offload_flags[@]}" "${precision_flags[@]}"
+     --zero-stage "$ZERO_STAGE" "${offload_flags[@]}" "${precision_flags[@]}" "${parallel_flags[@]}"
      --tensorboard-dir "$RUN_DIR/tensorboard" --run-dir "$RUN_DIR" "$@")
 
 printf '%q ' "${cmd[@]}" > "$RUN_DIR/command.txt"; echo >> "$RUN_DIR/command.txt"
