@@ -1,0 +1,106 @@
+"""Every examples_zero driver end to end on the dolly sample: exit 0, the run folder with its four
+files, every DESIGN.md log line, the same settings across the five, and a falling loss."""
+import json
+import re
+import socket
+import subprocess
+
+import pytest
+
+from conftest import REPO_ROOT, test_env
+
+pytestmark = pytest.mark.slow
+
+EXPERIMENTS = {"DP": (0, "none"), "Z1": (1, "none"), "Z2": (2, "none"), "Z3": (3, "none"),
+               "Z3_OL": (3, "optimizer+params")}
+REQUIRED_LINES = [
+    r"^ > run info \| zero stage: \d \| offload: \S+ \| model: tiny \| world size: 2 \|",
+    r"^ model state memory per rank \(GB\) \| measured: params=\d+\.\d{4} grads=\d+\.\d{4}",
+    r"^ iteration +\d+/ +\d+ \| consumed samples: +\d+ \| consumed tokens: +\d+ \|",
+    r"\(tgs\): (\d+\.\d+)",
+    r"elapsed time per iteration \(ms\): (\d+\.\d+)",
+    # interface #6 opens the memory line with "| MemAllocated=" (analysis reads both forms)
+    r"\| MemAllocated=(\d+\.\d+)GB",
+    r", MaxMemAllocated=(\d+\.\d+)GB",
+    r"HostRSS=\d+\.\d\dGB",
+    r"lm loss: (\d+\.\d+E[+-]\d+)",
+    r"^ validation loss at iteration \d+ \| lm loss value: \d\.\d{6}E\+\d\d \| lm loss PPL: \S+ \| $",
+    r"^ epoch    2 done \| iteration +\d+ \| consumed samples: +\d+ \| epoch time \(s\): \d+\.\d{3} \| "
+    r"lm loss: \d\.\d{6}E\+\d\d \|$",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def driver_runs(dolly_data_dir, tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("runs")
+    results = {}
+    for name in EXPERIMENTS:
+        env = test_env(DATA_PATH=dolly_data_dir / "dolly_text_document", VOCAB_FILE=dolly_data_dir / "gpt2-vocab.json",
+                       MERGE_FILE=dolly_data_dir / "gpt2-merges.txt", RUNS_DIR=runs_dir, TRAIN_EPOCHS=2,
+                       SEQ_LEN=64, MICRO_BATCH=2, LOG_INTERVAL=1, EVAL_INTERVAL=2, EVAL_ITERS=1,
+                       MASTER_PORT=free_port(), LR="1e-3")
+        # a 2% train split keeps an epoch to two iterations of the tiny model
+        results[name] = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / f"gpt_deepspeed_{name}.sh"),
+                                        "--split", "2,97,1"], env=env, capture_output=True, text=True,
+                                       timeout=300)
+    return runs_dir, results
+
+
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_driver_run_folder_and_log(driver_runs, name):
+    runs_dir, results = driver_runs
+    result = results[name]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    folder = runs_dir / f"gpt_tiny_{name}"
+    assert {"train.log", "ds_config.json", "command.txt", "env.json"} <= {p.name for p in folder.iterdir()}
+    log = (folder / "train.log").read_text()
+    for pattern in REQUIRED_LINES:
+        assert re.search(pattern, log, re.M), f"{name}: no line matches {pattern!r}"
+    stage, offload = EXPERIMENTS[name]
+    assert f" > run info | zero stage: {stage} | offload: {offload} |" in log
+    ds_config = json.loads((folder / "ds_config.json").read_text())
+    assert ds_config["zero_optimization"]["stage"] == stage
+    assert ds_config["train_batch_size"] == 8 and ds_config["gradient_accumulation_steps"] == 2
+    assert ("offload_param" in ds_config["zero_optimization"]) == (name == "Z3_OL")
+    env = json.loads((folder / "env.json").read_text())
+    assert env["world_size"] == 2 and env["accelerator"] == "cpu" and env["deepspeed"]
+    command = (folder / "command.txt").read_text()
+    assert "pretrain_gpt.py" in command and f"--zero-stage {stage}" in command
+    losses = [float(v) for v in re.findall(r"^ iteration .*\| lm loss: (\S+) \|", log, re.M)]
+    assert len(losses) >= 3 and losses[-1] < losses[0]
+
+
+def test_drivers_share_their_settings(driver_runs):
+    runs_dir, _ = driver_runs
+    def settings(name):
+        flags = (runs_dir / f"gpt_tiny_{name}" / "command.txt").read_text().split()
+        flags = flags[flags.index(next(f for f in flags if f.endswith("pretrain_gpt.py"))) + 1:]
+        # everything except the experiment's own ZeRO/offload flags and its run folder
+        drop = {"--zero-stage", "--zero-offload-optimizer", "--zero-offload-params", "--run-dir", "--tensorboard-dir"}
+        kept, skip = [], False
+        for flag in flags:
+            if skip:
+                skip = False
+            elif flag in drop:
+                skip = flag in ("--zero-stage", "--run-dir", "--tensorboard-dir")
+            else:
+                kept.append(flag)
+        return kept
+    reference = settings("DP")
+    assert "--micro-batch-size" in reference
+    for name in EXPERIMENTS:
+        assert settings(name) == reference, name
+
+
+def test_driver_missing_dataset_says_what_to_run(tmp_path):
+    env = test_env(DATA_PATH=tmp_path / "nothing_here", RUNS_DIR=tmp_path / "runs")
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert f"error: DATA_PATH={tmp_path / 'nothing_here'}: no {tmp_path / 'nothing_here'}.bin/.idx" in result.stderr
