@@ -281,8 +281,11 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, model_co
     from megatron.model import accounting
 
     ds, par = args.deepspeed, args.parallel
+    # rank 0 prints the line: tensor rank 0 of the first pipeline stage
+    on_rank = accounting.parameters_on_rank(model_config, par.tensor_model_parallel_size,
+                                            par.pipeline_model_parallel_size, stage=0)
     estimate = accounting.zero_model_state_estimate(
-        accounting.count_parameters(model_config), ds.zero_stage, par.data_parallel_size, ds.precision,
+        on_rank, ds.zero_stage, par.data_parallel_size, ds.precision,
         offload_optimizer=ds.offload_optimizer, offload_param=ds.offload_params)
     device_name = torch.cuda.get_device_name(dist_info.device) if dist_info.on_cuda else get_accelerator().device_name()
     reporter = Reporter(
