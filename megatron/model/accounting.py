@@ -28,6 +28,27 @@ def count_parameters(config: GPTConfig) -> int:
     return embeddings + config.num_layers * (attention + mlp + layer_norms) + 2 * h
 
 
+def parameters_on_rank(config: GPTConfig, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                       stage: int = 0) -> int:
+    """Parameters one tensor-parallel rank of pipeline `stage` holds (tensor rank 0 of the first
+    stage prints the memory lines). Split matrices and their column biases count 1/tp; LayerNorms,
+    row-parallel biases and position embeddings are whole on every TP rank. Stage 0 holds the
+    embeddings, the last stage the final LayerNorm and (with PP > 1) its own copy of the tied
+    word embedding; each stage num_layers / pp transformer layers."""
+    tp, pp = tensor_parallel_size, pipeline_parallel_size
+    h, f = config.hidden_size, config.ffn_hidden_size
+    attention = (h * 3 * h + 3 * h) // tp + (h * h // tp + h)
+    mlp = (h * f + f) // tp + (f * h // tp + h)
+    layer = attention + mlp + 2 * (2 * h)
+    words = config.padded_vocab_size // tp * h
+    total = config.num_layers // pp * layer
+    if stage == 0:
+        total += words + config.max_position_embeddings * h
+    if stage == pp - 1:
+        total += 2 * h + (words if pp > 1 else 0)
+    return total
+
+
 def flops_per_iteration(config: GPTConfig, global_batch_size: int, activation_recompute: bool) -> float:
     """72 B s L h^2 (1 + s/(6h) + V/(16 L h)): forward + backward (3x forward) of the dense
     matmuls and attention; full recomputation adds a second forward, x 4/3."""
