@@ -1,0 +1,161 @@
+"""Training throughput of zero-lab's GPT against Hugging Face's GPT2LMHeadModel of the same size.
+
+Both models go through the same path: the same parsed flags, the same generated DeepSpeed config,
+setup_engine (zero.Init at stage 3) and the real train_step, one ZeRO stage after another in the
+same processes on the same machine; batches are random tokens (data loading is not measured).
+
+    CPU:  DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 bench/bench_gpt_vs_hf.py
+    GPU:  deepspeed --num_gpus 8 bench/bench_gpt_vs_hf.py --bf16 --num-layers 12 --hidden-size 768 \
+              --num-attention-heads 12 --seq-length 1024 --micro-batch-size 8
+"""
+import argparse
+import gc
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from megatron.arguments import parse_args  # noqa: E402
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder  # noqa: E402
+from megatron.initialize import DistInfo, initialize_distributed, set_seed  # noqa: E402
+from megatron.model import GPTModel, accounting  # noqa: E402
+from megatron.training import setup_engine, train_step  # noqa: E402
+from pretrain_gpt import model_config  # noqa: E402
+
+VOCAB = 50257
+
+
+class HFAdapter(torch.nn.Module):
+    """GPT2LMHeadModel behind our model's call: (input_ids, position_ids, labels) -> per-token loss."""
+
+    def __init__(self, config):
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel
+        hf_config = GPT2Config(vocab_size=config.padded_vocab_size, n_positions=config.max_position_embeddings,
+                               n_embd=config.hidden_size, n_layer=config.num_layers, n_head=config.num_attention_heads,
+                               n_inner=config.ffn_hidden_size, resid_pdrop=config.hidden_dropout,
+                               embd_pdrop=config.hidden_dropout, attn_pdrop=config.attention_dropout,
+                               layer_norm_epsilon=config.layernorm_epsilon, initializer_range=config.init_method_std)
+        hf_config._attn_implementation = "sdpa"
+        self.model = GPT2LMHeadModel(hf_config).to(config.params_dtype)
+
+    def forward(self, input_ids, position_ids, labels):
+        logits = self.model(input_ids=input_ids, position_ids=position_ids).logits
+        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
+
+
+def bench_options(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument("--num-attention-heads", type=int, default=8)
+    parser.add_argument("--seq-length", type=int, default=256)
+    parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--stages", default="0,1,2,3")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--json", default=None, help="also write the results here (rank 0)")
+    parser.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
+    return parser.parse_args(argv)
+
+
+def toy_dataset(folder: Path) -> str:
+    """parse_args checks --data-path exists; the bench feeds random batches instead of reading it."""
+    prefix = str(folder / "bench_text_document")
+    builder = MMapIndexedDatasetBuilder(prefix + ".bin", np.uint16)
+    builder.add_item(np.arange(4096) % VOCAB)
+    builder.end_document()
+    builder.finalize(prefix + ".idx")
+    return prefix
+
+
+def random_batches(opts, device_seed: int):
+    generator = torch.Generator().manual_seed(device_seed)
+    while True:
+        yield {"text": torch.randint(0, VOCAB, (opts.micro_batch_size, opts.seq_length + 1), generator=generator)}
+
+
+def measure(builder_name, args, opts, dist_info: DistInfo, config) -> float:
+    """Tokens per second (all ranks together) over opts.steps steps after opts.warmup."""
+    set_seed(1234)
+    builder = (lambda: GPTModel(config)) if builder_name == "ours" else (lambda: HFAdapter(config))
+    engine, _ = setup_engine(builder, accounting.count_parameters(config), args, dist_info,
+                             opts.warmup + opts.steps)
+    batches = random_batches(opts, 1000 + dist_info.rank)
+    for step in range(opts.warmup + opts.steps):
+        if step == opts.warmup:
+            if dist_info.on_cuda:
+                torch.cuda.synchronize()
+            torch.distributed.barrier()
+            start = time.perf_counter()
+        train_step(engine, batches, args, dist_info, eod=VOCAB - 1)
+    if dist_info.on_cuda:
+        torch.cuda.synchronize()
+    torch.distributed.barrier()
+    elapsed = time.perf_counter() - start
+    engine.destroy()
+    del engine
+    gc.collect()
+    return opts.steps * args.training.global_batch_size * opts.seq_length / elapsed
+
+
+def flags(opts, stage: str, prefix: str) -> list[str]:
+    return ["--num-layers", str(opts.num_layers), "--hidden-size", str(opts.hidden_size),
+            "--num-attention-heads", str(opts.num_attention_heads), "--seq-length", str(opts.seq_length),
+            "--micro-batch-size", str(opts.micro_batch_size), "--train-iters", str(opts.warmup + opts.steps),
+            "--zero-stage", stage, "--data-path", prefix, "--tokenizer-type", "NullTokenizer",
+            "--vocab-size", str(VOCAB), "--lr", "1e-4", *(["--bf16"] if opts.bf16 else [])]
+
+
+def main(argv) -> int:
+    from deepspeed.accelerator import get_accelerator
+    from megatron.tokenizer import padded_vocab_size
+
+    opts = bench_options(argv)
+    dist_info = initialize_distributed()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = toy_dataset(Path(tmp))
+        for stage in opts.stages.split(","):
+            args = parse_args(flags(opts, stage, prefix), dist_info.world_size, get_accelerator().device_name())
+            config = model_config(args, padded_vocab_size(VOCAB, 128, 1), dist_info)
+            # alternate which model goes first so that a drift in machine load does not favour one side
+            order = ["ours", "hf"] if int(stage) % 2 == 0 else ["hf", "ours"]
+            speed = {name: measure(name, args, opts, dist_info, config) for name in order}
+            ours, hf = speed["ours"], speed["hf"]
+            flops = accounting.flops_per_iteration(config, args.training.global_batch_size, False)
+            seconds_ours = args.training.global_batch_size * opts.seq_length / ours
+            tflops = flops / seconds_ours / dist_info.world_size / 1e12
+            peak = accounting.peak_bf16_tflops(torch.cuda.get_device_name() if dist_info.on_cuda else None)
+            rows.append(dict(stage=int(stage), ours_tokens_per_s=ours, hf_tokens_per_s=hf, ratio=ours / hf,
+                             ours_tflops_per_rank=tflops, ours_mfu=None if peak is None else tflops / peak))
+    if dist_info.rank == 0:
+        print_table(rows, opts, dist_info, config)
+        if opts.json:
+            Path(opts.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+def print_table(rows, opts, dist_info, config):
+    device = torch.cuda.get_device_name() if dist_info.on_cuda else "cpu"
+    print(f"\nGPT L={opts.num_layers} h={opts.hidden_size} heads={opts.num_attention_heads} s={opts.seq_length} "
+          f"micro={opts.micro_batch_size} ranks={dist_info.world_size} device={device} "
+          f"dtype={'bf16' if opts.bf16 else 'fp32'} params={accounting.count_parameters(config):,}")
+    print("| ZeRO stage | ours tokens/s | HF tokens/s | ours/HF | ours TFLOPs/rank | ours MFU |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        mfu = "n/a" if row["ours_mfu"] is None else f"{100 * row['ours_mfu']:.1f}%"
+        print(f"| {row['stage']} | {row['ours_tokens_per_s']:.1f} | {row['hf_tokens_per_s']:.1f} | "
+              f"{row['ratio']:.2f}x | {row['ours_tflops_per_rank']:.3f} | {mfu} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
