@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 
-GB = float(2**30)
-
 
 def _storage_key(tensor: torch.Tensor):
     storage = tensor.untyped_storage()
