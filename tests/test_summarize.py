@@ -322,3 +322,51 @@ def test_bad_flag_value_and_help():
     assert helped.returncode == 0
     for word in ("--skip-first", "--out", "summary.csv", "INCOMPLETE", "tgs", "Exit status"):
         assert word in helped.stdout
+
+
+# ---- end to end: the five real ZeRO drivers, then the summary of their runs --------------------------
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_summary_of_the_five_real_driver_runs(tmp_path, dolly_data_dir):
+    runs = tmp_path / "runs"
+    data = Path(dolly_data_dir)
+    env = test_env(RUNS_DIR=runs, PYTHON=sys.executable, DATA_PATH=data / "dolly_text_document",
+                   VOCAB_FILE=data / "gpt2-vocab.json", MERGE_FILE=data / "gpt2-merges.txt",
+                   TRAIN_ITERS=3, MICRO_BATCH=2, GLOBAL_BATCH=4, SEQ_LEN=64, LOG_INTERVAL=1, EVAL_INTERVAL=3,
+                   EVAL_ITERS=1, MASTER_PORT=free_port(), OMP_NUM_THREADS=1)
+    # run_all.sh is the user's command: all five drivers, then analysis/summarize.py runs/
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "run_all.sh")], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(runs / "summary.csv", newline="") as f:
+        rows = {row["run"]: row for row in csv.DictReader(f)}
+    expected = {"gpt_tiny_DP": ("Z0", "0", "none"), "gpt_tiny_Z1": ("Z1", "1", "none"),
+                "gpt_tiny_Z2": ("Z2", "2", "none"), "gpt_tiny_Z3": ("Z3", "3", "none"),
+                "gpt_tiny_Z3_OL": ("Z3+offload", "3", "optimizer+params")}
+    assert set(rows) == set(expected)
+    for name, (label, stage, offload) in expected.items():
+        row = rows[name]
+        assert (row["label"], row["zero_stage"], row["offload"], row["complete"]) == (label, stage, offload, "True")
+        # 3 logged iterations less the 2 warm-up intervals
+        assert (row["world_size"], row["seq_length"], row["last_iteration"], row["intervals_used"]) == (
+            "2", "64", "3", "1")
+        for column in ("tgs_mean", "tokens_per_s", "ms_per_iter_mean", "epoch_time_s", "mem_alloc_mean_gb",
+                       "max_mem_alloc_peak_gb", "host_rss_peak_gb", "zero_estimate_gb", "loss_first",
+                       "loss_last", "val_loss_last"):
+            assert float(row[column]) > 0, (name, column)
+        assert number(row, "tokens_per_s") == pytest.approx(number(row, "tgs_mean") * 2)
+        assert 5.0 < number(row, "loss_last") < 12.0  # GPT-2 vocab: ln(50257) = 10.8 at the start
+    # ZeRO-3 shards the parameters over 2 ranks; the estimate the training printed says so
+    assert number(rows["gpt_tiny_Z3"], "zero_estimate_gb") < number(rows["gpt_tiny_DP"], "zero_estimate_gb")
+    for name in ("throughput.png", "epoch_time.png", "accelerator_memory.png", "host_memory.png", "loss.png"):
+        png = (runs / name).read_bytes()
+        assert png.startswith(PNG_MAGIC) and len(png) > 1000
+        assert mpimg.imread(runs / name).shape[0] > 100
+    assert "| Z3+offload | ok |" in (runs / "report.md").read_text()
