@@ -11,6 +11,11 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 DOLLY_SAMPLE = SHARED_DATA / "dolly-sample.jsonl"
 DOLLY_SAMPLE_RECORDS = 382
 
+# This interpreter's tools first on PATH, for the tests and every subprocess they start: torch
+# builds DeepSpeed's C++ ops with the first `ninja` found, and two different ninjas (the venv's
+# and Debian's) invalidate each other's builds, making every multi-rank start rebuild them.
+os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+
 
 def test_env(**overrides):
     """Environment for subprocesses: CPU accelerator, this repo importable, no hub access."""
