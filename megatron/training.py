@@ -261,7 +261,10 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     if args.deepspeed.zero_stage == 3:
         # each rank materialises only its shard; the full model never sits on one rank
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device="cpu" if args.deepspeed.offload_params
-                                 else None, pin_memory=dist_info.on_cuda and args.deepspeed.offload_params, mpu=mpu):
+                                 else None, pin_memory=dist_info.on_cuda and args.deepspeed.offload_params, mpu=mpu,
+                                 # partition (and broadcast at creation) over data-parallel ranks only, or the
+                                 # tensor-parallel ranks would all get rank 0's shards
+                                 data_parallel_group=None if mpu is None else mpu.get_data_parallel_group()):
             model = model_builder()
     else:
         model = model_builder().to(dist_info.device)
