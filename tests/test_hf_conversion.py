@@ -1,0 +1,250 @@
+"""Hugging Face GPT-2 conversion both ways, on real checkpoints of real 2-rank DeepSpeed runs:
+exports load in transformers offline with equal logits, ZeRO-3 + offload exports equal ZeRO-0
+exports, converted GPT-2 weights start a --finetune run under ZeRO-3, and bad inputs fail in one line."""
+import importlib.util
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, test_env
+from megatron.inference.checkpoint import build_model, check_state_dict, load_checkpoint_weights, save_checkpoint_weights
+from megatron.inference.hf_folder import load_hf_folder
+from megatron.inference.hf_gpt2 import from_hf_config, state_dict_from_hf
+from megatron.model import MODEL_PRESETS, accounting
+
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+GPT2_VOCAB = 50257
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def pretrain(data_dir, *extra, nproc=2, iters=3):
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port())]
+    cmd = [sys.executable, *(launcher if nproc > 1 else []), str(REPO_ROOT / "pretrain_gpt.py"),
+           "--model-size", "tiny", "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
+           "--train-iters", str(iters), "--log-interval", "1", "--eval-iters", "0", "--seed", "7", "--split", "90,10,0",
+           "--data-path", str(data_dir / "dolly_text_document"), "--vocab-file", str(data_dir / "gpt2-vocab.json"),
+           "--merge-file", str(data_dir / "gpt2-merges.txt"), *map(str, extra)]
+    return subprocess.run(cmd, env=test_env(), capture_output=True, text=True, timeout=300)
+
+
+def tool(name, *args):
+    return subprocess.run([sys.executable, str(REPO_ROOT / "tools" / name), *map(str, args)], env=test_env(),
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
+def tool_in_process(capsys, name, *args):
+    """Run a tool's main() in this process (no interpreter start-up): (exit code, stdout, stderr)."""
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), REPO_ROOT / "tools" / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    code = module.main([str(arg) for arg in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def hf_logits(folder, tokens):
+    model = transformers.GPT2LMHeadModel.from_pretrained(folder, local_files_only=True).eval()
+    with torch.no_grad():
+        return model(input_ids=tokens).logits
+
+
+def our_logits(checkpoint, tokens):
+    loaded = load_checkpoint_weights(str(checkpoint))
+    model = build_model(loaded.config, loaded.state_dict)
+    with torch.no_grad():
+        return model(tokens, torch.arange(tokens.shape[1]).expand_as(tokens))[..., :GPT2_VOCAB]
+
+
+def dolly_tokens(data_dir, batch=3, length=64):
+    from megatron.data.indexed_dataset import MMapIndexedDataset
+    data = MMapIndexedDataset(str(data_dir / "dolly_text_document"))
+    stream = [int(t) for doc in range(len(data)) for t in data[doc]][:batch * length]
+    return torch.tensor(stream).view(batch, length)
+
+
+@pytest.fixture(scope="module")
+def trained(dolly_data_dir, tmp_path_factory):
+    """Checkpoints of the same seeded run under ZeRO-0 and under ZeRO-3 with optimizer+parameter offload."""
+    root = tmp_path_factory.mktemp("trained")
+    flags = {"Z0": ["--zero-stage", "0"], "Z3_OL": ["--zero-stage", "3", "--zero-offload-params"]}
+    for name, extra in flags.items():
+        run = pretrain(dolly_data_dir, "--lr", "1e-3", "--save", root / name, *extra)
+        assert run.returncode == 0, f"{name}:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
+    return root
+
+
+@pytest.mark.slow
+def test_export_loads_in_transformers_offline_with_equal_logits(trained, dolly_data_dir, tmp_path):
+    out = tmp_path / "hf"
+    result = tool("checkpoint_to_hf.py", "--load", trained / "Z0", "--output", out)
+    assert result.returncode == 0, result.stderr
+    assert {"config.json", "merges.txt", "model.safetensors", "vocab.json"} <= {p.name for p in out.iterdir()}
+    config = transformers.AutoConfig.from_pretrained(out, local_files_only=True)
+    assert (config.n_layer, config.n_embd, config.n_head, config.vocab_size) == (2, 128, 4, GPT2_VOCAB)
+    tokens = dolly_tokens(dolly_data_dir)
+    theirs, ours = hf_logits(out, tokens), our_logits(trained / "Z0", tokens)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
+    # the exported tokenizer is GPT-2's: the same ids as ours on a real record
+    from megatron.tokenizer import TokenizerConfig, build_tokenizer
+    text = "Which is a species of fish? Tope or Rope\nTope"
+    ours_tok = build_tokenizer(TokenizerConfig(vocab_file=str(dolly_data_dir / "gpt2-vocab.json"),
+                                               merge_file=str(dolly_data_dir / "gpt2-merges.txt")), verbose=False)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert hf_tok(text).input_ids == ours_tok.tokenize(text)
+
+
+@pytest.mark.slow
+def test_zero3_offload_export_equals_zero0_export(trained, tmp_path, capsys):
+    exports = {}
+    for name in ("Z0", "Z3_OL"):
+        code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", trained / name, "--output", tmp_path / name)
+        assert code == 0, err
+        exports[name] = safetensors_torch.load_file(tmp_path / name / "model.safetensors")
+    assert exports["Z0"].keys() == exports["Z3_OL"].keys()
+    for key, tensor in exports["Z0"].items():
+        # same seed and data; only the order of floating-point reductions differs between the stages
+        torch.testing.assert_close(exports["Z3_OL"][key], tensor, rtol=0, atol=1e-4, msg=key)
+    # and the stage-3 weights really came out of the partitioned optimizer files (the module file holds none)
+    module = torch.load(next((trained / "Z3_OL").glob("global_step3/zero_pp_rank_0_*model_states.pt")),
+                        map_location="cpu", weights_only=False)["module"]
+    assert all(t.numel() == 0 for t in module.values())
+
+
+@pytest.mark.slow
+def test_zero3_checkpoint_without_optimizer_files_is_an_error(trained, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    shutil.copytree(trained / "Z3_OL", broken)
+    for path in broken.glob("global_step3/*optim_states.pt"):
+        path.unlink()
+    code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", broken, "--output", tmp_path / "out")
+    assert code == 1
+    assert err.startswith("error: ") and "no ZeRO optimizer files" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def hf_gpt2(tmp_path_factory, dolly_data_dir):
+    """A transformers-created random GPT-2 of the `tiny` preset's shape (biases random too)."""
+    torch.manual_seed(3)
+    tiny = MODEL_PRESETS["tiny"]
+    config = transformers.GPT2Config(n_layer=tiny["num_layers"], n_embd=tiny["hidden_size"],
+                                     n_head=tiny["num_attention_heads"], n_positions=64, vocab_size=GPT2_VOCAB)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.05)
+    folder = tmp_path_factory.mktemp("hf_random") / "gpt2"
+    model.save_pretrained(folder)
+    shutil.copyfile(dolly_data_dir / "gpt2-vocab.json", folder / "vocab.json")
+    shutil.copyfile(dolly_data_dir / "gpt2-merges.txt", folder / "merges.txt")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def converted(hf_gpt2, tmp_path_factory):
+    """hf_gpt2 converted by tools/hf_to_checkpoint.py (in this process)."""
+    folder = tmp_path_factory.mktemp("converted") / "init"
+    loaded = load_hf_folder(str(hf_gpt2))
+    save_checkpoint_weights(str(folder), loaded.config, loaded.state_dict,
+                            {"vocab_file": loaded.tokenizer.vocab_file, "merge_file": loaded.tokenizer.merge_file},
+                            source="test")
+    return folder
+
+
+def test_hf_gpt2_to_checkpoint_gives_equal_logits(hf_gpt2, dolly_data_dir, tmp_path):
+    result = tool("hf_to_checkpoint.py", "--hf", hf_gpt2, "--save", tmp_path / "ckpt")
+    assert result.returncode == 0, result.stderr
+    assert "--num-layers 2 --hidden-size 128 --num-attention-heads 4" in result.stdout
+    assert (tmp_path / "ckpt" / "latest").read_text() == "global_step0"
+    assert (tmp_path / "ckpt" / "vocab.json").is_file() and (tmp_path / "ckpt" / "merges.txt").is_file()
+    loaded = load_checkpoint_weights(str(tmp_path / "ckpt"))
+    assert loaded.iteration == 0 and loaded.config.padded_vocab_size == 50304
+    tokens = dolly_tokens(dolly_data_dir)
+    torch.testing.assert_close(our_logits(tmp_path / "ckpt", tokens), hf_logits(hf_gpt2, tokens), rtol=0, atol=1e-4)
+    # and back: the round trip reproduces transformers' tensors exactly
+    back = tool("checkpoint_to_hf.py", "--load", tmp_path / "ckpt", "--output", tmp_path / "back")
+    assert back.returncode == 0, back.stderr
+    original = safetensors_torch.load_file(hf_gpt2 / "model.safetensors")
+    again = safetensors_torch.load_file(tmp_path / "back" / "model.safetensors")
+    for key in original:
+        assert torch.equal(again.get(key, again.get("transformer." + key)), original[key]), key
+
+
+@pytest.mark.parametrize("name, shape", [("gpt2", (12, 768, 12)), ("gpt2-medium", (24, 1024, 16)),
+                                         ("gpt2-large", (36, 1280, 20)), ("gpt2-xl", (48, 1600, 25))])
+def test_published_gpt2_shapes_map_onto_our_model(name, shape):
+    layers, hidden, heads = shape
+    hf_config = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=1024,
+                                        vocab_size=GPT2_VOCAB)
+    with torch.device("meta"):  # shapes only: no memory for 1.5B parameters
+        state = transformers.GPT2LMHeadModel(hf_config).state_dict()
+        config = from_hf_config(hf_config, 50304)
+        ours = state_dict_from_hf(state, config)
+    check_state_dict(ours, config, name)
+    assert accounting.count_parameters(config) == sum(t.numel() for t in ours.values())
+
+
+@pytest.mark.slow
+def test_finetune_starts_from_converted_gpt2_under_zero3(converted, dolly_data_dir, tmp_path):
+    # lr 0: the weights after one step must still be GPT-2's, so they were loaded, not re-initialised
+    run = pretrain(dolly_data_dir, "--lr", "0", "--zero-stage", "3", "--load", converted, "--finetune",
+                   "--save", tmp_path / "after", iters=1)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "for fine-tuning (iteration and optimizer reset)" in run.stdout
+    assert " iteration        1/       1 |" in run.stdout
+    loaded = load_checkpoint_weights(str(tmp_path / "after"))
+    original = load_checkpoint_weights(str(converted))
+    assert loaded.iteration == 1
+    for key, tensor in original.state_dict.items():
+        assert torch.equal(loaded.state_dict[key], tensor), key
+
+
+@pytest.mark.slow
+def test_finetune_with_mismatched_model_flags_is_a_one_line_error(converted, dolly_data_dir):
+    run = pretrain(dolly_data_dir, "--lr", "0", "--num-layers", "3", "--load", converted, "--finetune", nproc=1,
+                   iters=1)
+    assert run.returncode == 1
+    assert f"error: --load {converted} --finetune: the checkpoint's weights do not fit this model" in run.stderr
+    assert "layers.2." in run.stderr and "Traceback" not in run.stderr
+
+
+def test_bad_inputs_are_one_line_errors(hf_gpt2, tmp_path, capsys):
+    missing = tool("checkpoint_to_hf.py", "--load", tmp_path / "nothing", "--output", tmp_path / "o1")
+    assert (missing.returncode, missing.stderr) == (1, f"error: --load {tmp_path / 'nothing'}: no such checkpoint folder\n")
+    converted = tmp_path / "ckpt"
+    assert tool_in_process(capsys, "hf_to_checkpoint.py", "--hf", hf_gpt2, "--save", converted)[0] == 0
+    code, _, err = tool_in_process(capsys, "hf_to_checkpoint.py", "--hf", hf_gpt2, "--save", converted)
+    assert code == 1 and "folder exists and is not empty" in err
+    # a model description that does not fit the weights (one layer too many, or another MLP width)
+    states_file = converted / "global_step0" / "mp_rank_00_model_states.pt"
+    states = torch.load(states_file, weights_only=False)
+    for change, message in ((dict(num_layers=3), "weights do not match a GPT with 3 layers (missing ['layers.2."),
+                            (dict(ffn_hidden_size=256), "layers.0.mlp.dense_h_to_4h.weight has shape (512, 128), "
+                                                        "the model description gives (256, 128)")):
+        torch.save(dict(states, model_config=dict(states["model_config"], **change)), states_file)
+        code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", converted, "--output", tmp_path / "o2")
+        assert code == 1 and err.startswith("error: ") and message in err, err
+        assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o2").exists()
+    (converted / "latest").write_text("global_step9")
+    code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", converted, "--output", tmp_path / "o3")
+    assert code == 1 and "tag 'global_step9' has no folder" in err
+    bert = tmp_path / "bert"
+    transformers.BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                            intermediate_size=64).save_pretrained(bert)
+    code, _, err = tool_in_process(capsys, "hf_to_checkpoint.py", "--hf", bert, "--save", tmp_path / "o4")
+    assert code == 1 and "expected a GPT-2 config (model_type 'gpt2'), got 'bert'" in err
+    assert not (tmp_path / "o4").exists()
