@@ -1,0 +1,109 @@
+"""tools/eval_dolly.py on a tiny model trained by pretrain_gpt.py on the dolly sample: it prints the
+validation records with the model's and the expected responses, and its validation loss equals the
+one the training run logged on the same samples."""
+import importlib.util
+import json
+import math
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import DOLLY_SAMPLE, REPO_ROOT, test_env
+from megatron.data.dataset_utils import parse_splits, split_boundaries
+
+SPLIT = "90,10,0"
+VALIDATION = re.compile(r" validation loss at iteration (\d+) \| lm loss value: (\S+) \| lm loss PPL: (\S+) \|")
+
+
+def dolly_records() -> list[dict]:
+    return [json.loads(line) for line in DOLLY_SAMPLE.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def trained(dolly_data_dir, tmp_path_factory):
+    """3 iterations on one rank, validating 8 samples at iteration 3; returns (checkpoint, training log)."""
+    save = tmp_path_factory.mktemp("eval_dolly") / "ckpt"
+    cmd = [sys.executable, str(REPO_ROOT / "pretrain_gpt.py"), "--model-size", "tiny", "--seq-length", "64",
+           "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "3", "--lr", "1e-3",
+           "--log-interval", "1", "--eval-interval", "3", "--eval-iters", "1", "--seed", "7", "--split", SPLIT,
+           "--data-path", str(dolly_data_dir / "dolly_text_document"),
+           "--vocab-file", str(dolly_data_dir / "gpt2-vocab.json"),
+           "--merge-file", str(dolly_data_dir / "gpt2-merges.txt"), "--save", str(save)]
+    run = subprocess.run(cmd, env=test_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    return save, run.stdout
+
+
+def eval_dolly_in_process(capsys, *args):
+    spec = importlib.util.spec_from_file_location("eval_dolly", REPO_ROOT / "tools" / "eval_dolly.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    code = module.main([str(arg) for arg in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.slow
+def test_prints_records_and_the_training_runs_validation_loss(trained):
+    checkpoint, training_log = trained
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "eval_dolly.py"), "--load", str(checkpoint),
+                             "--dolly-jsonl", str(DOLLY_SAMPLE), "--num-records", "2", "--max-new-tokens", "8",
+                             "--eval-samples", "8", "--seed", "7"],
+                            env=test_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    records = dolly_records()
+    first, end = split_boundaries(parse_splits(SPLIT), len(records))[1:3]
+    for number, doc in enumerate((first, first + 1), start=1):
+        assert f"===== validation record {number} of {end - first} (document {doc}," in out
+        assert f"instruction: {records[doc]['instruction']}\n" in out
+        assert f"expected response: {records[doc]['response']}\n" in out
+    assert out.count("model response: ") == 2
+    assert f"===== validation record 3 of" not in out
+    # data path, split and iteration come from the checkpoint; the loss is the run's own at iteration 3
+    iteration, loss, ppl = VALIDATION.search(out).groups()
+    logged = VALIDATION.search(training_log).groups()
+    assert iteration == logged[0] == "3"
+    assert float(loss) == pytest.approx(float(logged[1]), rel=1e-5)
+    assert float(ppl) == pytest.approx(math.exp(float(loss)), rel=1e-5)
+    summary = re.search(r" dolly validation \| documents: (\d+) \| samples: (\d+) \| tokens: (\d+) \|", out)
+    assert summary.groups() == (str(end - first), "8", str(8 * 64))
+
+
+@pytest.mark.slow
+def test_loss_over_the_whole_validation_split(trained, capsys):
+    checkpoint, _ = trained
+    code, out, err = eval_dolly_in_process(capsys, "--load", checkpoint, "--num-records", "0")
+    assert code == 0, err
+    assert "===== validation record" not in out
+    samples = int(re.search(r"samples: (\d+)", out).group(1))
+    assert samples > 8  # one pass over all validation tokens, not just what training evaluated
+    assert math.isfinite(float(VALIDATION.search(out).group(2)))
+
+
+@pytest.mark.slow
+def test_records_that_do_not_belong_to_the_dataset_are_rejected(trained, tmp_path, capsys):
+    checkpoint, _ = trained
+    lines = [line for line in DOLLY_SAMPLE.read_text(encoding="utf-8").splitlines() if line.strip()]
+    short = tmp_path / "short.jsonl"
+    short.write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
+    code, _, err = eval_dolly_in_process(capsys, "--load", checkpoint, "--dolly-jsonl", short)
+    assert code == 1
+    assert err == (f"error: --dolly-jsonl {short} has {len(lines) - 1} records but the dataset has {len(lines)} "
+                   "documents; give the jsonl the dataset was made from\n")
+    shuffled = tmp_path / "shuffled.jsonl"
+    shuffled.write_text("\n".join(lines[1:] + lines[:1]) + "\n", encoding="utf-8")
+    code, _, err = eval_dolly_in_process(capsys, "--load", checkpoint, "--dolly-jsonl", shuffled)
+    assert code == 1 and "is not document" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_bad_split_and_missing_checkpoint(trained, tmp_path, capsys):
+    checkpoint, _ = trained
+    code, _, err = eval_dolly_in_process(capsys, "--load", checkpoint, "--split", "100,0,0", "--num-records", "0")
+    assert code == 1 and "--split '100,0,0' gives the validation split 0 of the 382 documents" in err
+    code, _, err = eval_dolly_in_process(capsys, "--load", tmp_path / "none", "--dolly-jsonl", DOLLY_SAMPLE)
+    assert (code, err) == (1, f"error: --load {tmp_path / 'none'}: no such checkpoint folder\n")
