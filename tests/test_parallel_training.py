@@ -27,8 +27,9 @@ LAYOUTS = {
     "tp2_sp_z3": (2, [*TP2, *SP, "--zero-stage", "3"]),
     "pp2_z1": (2, [*PP2, "--zero-stage", "1"]),
     "tp2_dp2_sp_z2": (4, [*TP2, *SP, "--zero-stage", "2"]),
-    "tp2_pp2_sp_z0": (4, [*TP2, *PP2, *SP, "--zero-stage", "0"]),
 }
+# TP=2 x PP=2 runs as a checkpointed pair: iterations 1-3, save, exit; load, iterations 4-5
+TP2_PP2 = [*TP2, *PP2, *SP, "--zero-stage", "0"]
 
 
 def free_port() -> int:
@@ -72,14 +73,40 @@ def test_parallel_layout_matches_serial_losses(layout_logs, name):
     assert losses(log) == pytest.approx(losses(layout_logs["serial"]), rel=1e-5)
 
 
-def test_tp2_pp2_checkpoint_resumes_onto_the_same_losses(dolly_data_dir, layout_logs, tmp_path):
-    flags = [*TP2, *PP2, *SP, "--zero-stage", "1", "--save", str(tmp_path)]
-    first = pretrain(dolly_data_dir, 4, *flags, "--exit-interval", "3")
-    assert losses(first.stdout) == pytest.approx(losses(layout_logs["serial"])[:3], rel=1e-5)
-    step = tmp_path / "global_step3"
-    assert (tmp_path / "latest").read_text().strip() == "global_step3"
-    # DeepSpeed's pipeline layout: one file per (layer, TP rank) plus one per (model-parallel rank)
-    # with our client state, and the ZeRO-1 optimizer shards
+@pytest.fixture(scope="module")
+def tp2_pp2_runs(dolly_data_dir, tmp_path_factory):
+    save = tmp_path_factory.mktemp("tp2_pp2_checkpoints")
+    first = pretrain(dolly_data_dir, 4, *TP2_PP2, "--save", str(save), "--exit-interval", "3").stdout
+    resumed = pretrain(dolly_data_dir, 4, *TP2_PP2, "--load", str(save)).stdout
+    return first, resumed, save
+
+
+def test_tp2_pp2_matches_serial_and_resumes_onto_the_same_losses(layout_logs, tp2_pp2_runs):
+    first, resumed, save = tp2_pp2_runs
+    serial = losses(layout_logs["serial"])
+    assert "| world size: 4 |" in first and " exiting program at iteration 3 " in first
+    assert losses(first) == pytest.approx(serial[:3], rel=1e-5)
+    assert "loaded checkpoint" in resumed
+    assert re.findall(r" iteration\s+(\d+)/", resumed) == ["4", "5"]
+    assert losses(resumed) == pytest.approx(serial[3:], rel=1e-5)
+    assert (save / "latest").read_text().strip() == "global_step5"
+
+
+def test_model_state_estimate_counts_the_parameters_rank_0_holds(layout_logs, tp2_pp2_runs):
+    """Rank 0 of TP=2 x PP=2 holds half of the split matrices of stage 0 (embeddings + layer 1)."""
+    measured = {}
+    for name, log in (("serial", layout_logs["serial"]), ("tp2_pp2", tp2_pp2_runs[0])):
+        match = re.search(r"measured: params=(\S+) .*? ZeRO estimate .*?: params=(\S+) ", log)
+        assert match, name
+        measured[name], estimate = map(float, match.groups())
+        assert measured[name] == pytest.approx(estimate, abs=1e-4), name
+    assert measured["tp2_pp2"] < 0.6 * measured["serial"]
+
+
+def test_tp2_pp2_checkpoint_holds_each_tp_rank_s_half(tp2_pp2_runs):
+    step = tp2_pp2_runs[2] / "global_step3"
+    # DeepSpeed's pipeline layout: one file per (layer, TP rank), and one per model-parallel rank
+    # (TP x PP) with the optimizer and our client state
     qkv = {}
     for tp_rank in range(2):
         layer = torch.load(step / f"layer_01-model_0{tp_rank}-model_states.pt", weights_only=False)
@@ -87,8 +114,6 @@ def test_tp2_pp2_checkpoint_resumes_onto_the_same_losses(dolly_data_dir, layout_
     assert qkv[0].shape == qkv[1].shape == (3 * 128 // 2, 128)  # each TP rank: half of the rows
     assert not torch.equal(qkv[0], qkv[1])
     assert len(list(step.glob("mp_rank_0[0-3]_model_states.pt"))) == 4
-
-    resumed = pretrain(dolly_data_dir, 4, *flags[:-2], "--load", str(tmp_path))
-    assert "loaded checkpoint" in resumed.stdout
-    assert re.findall(r" iteration\s+(\d+)/", resumed.stdout) == ["4", "5"]
-    assert losses(resumed.stdout) == pytest.approx(losses(layout_logs["serial"])[3:], rel=1e-5)
+    client = torch.load(step / "mp_rank_03_model_states.pt", weights_only=False)
+    assert (client["iteration"], client["consumed_samples"]) == (3, 24)
+    assert "model_parallel_tracker" in client["rng_state"]
