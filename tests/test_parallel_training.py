@@ -11,8 +11,12 @@ import sys
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from conftest import REPO_ROOT, test_env
+from megatron.model import GPTConfig, GPTModel, ModelConfigError
+from megatron.model.accounting import count_parameters, parameters_on_rank
 
 pytestmark = pytest.mark.slow
 
@@ -117,3 +121,75 @@ def test_tp2_pp2_checkpoint_holds_each_tp_rank_s_half(tp2_pp2_runs):
     client = torch.load(step / "mp_rank_03_model_states.pt", weights_only=False)
     assert (client["iteration"], client["consumed_samples"]) == (3, 24)
     assert "model_parallel_tracker" in client["rng_state"]
+
+
+# --- sequence parallelism inside the model, on 2 real gloo ranks (seconds, no DeepSpeed) ---
+
+def _spawned(rank, world, port, fn):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        fn(rank)
+    finally:
+        dist.destroy_process_group()
+
+
+def _sp_config(**overrides):
+    fields = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=8, max_position_embeddings=16,
+                  padded_vocab_size=64, hidden_dropout=0.0, attention_dropout=0.0)
+    return GPTConfig(**{**fields, **overrides})
+
+
+def _batch():
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(3))
+    return ids[:, :-1], torch.arange(8).expand(2, 8), ids[:, 1:]
+
+
+def _check_sequence_parallel_gpt(rank):
+    group = dist.group.WORLD
+    tokens, positions, labels = _batch()
+    torch.manual_seed(5)
+    serial = GPTModel(_sp_config())
+    torch.manual_seed(5)
+    model = GPTModel(_sp_config(sequence_parallel=True), tp_group=group)
+    loss = model(tokens, positions, labels)
+    torch.testing.assert_close(loss, serial(tokens, positions, labels), rtol=1e-5, atol=0)
+    loss.mean().backward()
+    serial(tokens, positions, labels).mean().backward()
+    full = dict(serial.named_parameters())
+    for name, param in model.named_parameters():
+        expected = full[name].grad
+        if getattr(param, "tensor_model_parallel", False):
+            expected = expected.chunk(2, dim=param.partition_dim)[rank]
+        # LayerNorms and row biases see only this rank's half of the sequence: their grads must be summed
+        torch.testing.assert_close(param.grad, expected, rtol=1e-4, atol=1e-6, msg=name)
+
+    # with dropout, activation recomputation replays the per-rank masks of the sequence slices exactly
+    grads = []
+    for recompute in (False, True):
+        torch.manual_seed(5)
+        model = GPTModel(_sp_config(sequence_parallel=True, hidden_dropout=0.3, attention_dropout=0.3,
+                                    checkpoint_activations=recompute), tp_group=group)
+        torch.manual_seed(9)
+        model(tokens, positions, labels).mean().backward()
+        grads.append({name: param.grad for name, param in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+    with pytest.raises(ModelConfigError, match="--seq-length 7 is not divisible by --tensor-model-parallel-size 2"):
+        GPTModel(_sp_config(seq_length=7, sequence_parallel=True), tp_group=group)
+
+
+def test_sequence_parallel_gpt_matches_serial_loss_and_gradients():
+    mp.spawn(_spawned, args=(2, free_port(), _check_sequence_parallel_gpt), nprocs=2, join=True)
+
+
+def test_parameters_on_rank_add_up_to_the_model():
+    config = _sp_config(num_layers=4)
+    assert parameters_on_rank(config) == count_parameters(config) == sum(p.numel() for p in GPTModel(config).parameters())
+    h, vocab = config.hidden_size, config.padded_vocab_size
+    # PP=2: the last stage also holds its copy of the tied word embedding
+    assert parameters_on_rank(config, 1, 2, 0) + parameters_on_rank(config, 1, 2, 1) == count_parameters(config) + vocab * h
+    # TP=2: everything but LayerNorms, row-parallel biases and position embeddings is halved
+    replicated = config.num_layers * (2 * h + 4 * h) + 2 * h + config.max_position_embeddings * h
+    assert 2 * parameters_on_rank(config, 2, 1, 0) == count_parameters(config) + replicated
