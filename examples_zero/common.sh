@@ -9,6 +9,21 @@ PYTHON=${PYTHON:-$(command -v python3)}
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 die() { echo "error: $*" >&2; exit 1; }
 
+# INIT_HF=<Hugging Face GPT-2 folder>: fine-tune its weights instead of starting from random ones.
+# Its shape picks MODEL_SIZE (gpt2 = 125M, gpt2-medium = 355M, gpt2-large = 774M, gpt2-xl = 1.5B).
+if [[ -n "${INIT_HF:-}" ]]; then
+    [[ -f "$INIT_HF/config.json" ]] || die "INIT_HF=$INIT_HF: not a Hugging Face model folder (no config.json)"
+    read -r hf_size hf_positions < <("$PYTHON" -c 'import json, sys
+from megatron.model import MODEL_PRESETS
+c = json.load(open(sys.argv[1]))
+shape = dict(num_layers=c.get("n_layer"), hidden_size=c.get("n_embd"), num_attention_heads=c.get("n_head"))
+print(next((name for name, preset in MODEL_PRESETS.items() if preset == shape), "none"), c.get("n_positions"))' \
+        "$INIT_HF/config.json") || die "INIT_HF=$INIT_HF: cannot read $INIT_HF/config.json"
+    [[ "$hf_size" != none ]] || die "INIT_HF=$INIT_HF: its n_layer/n_embd/n_head match no MODEL_SIZE preset"
+    [[ "${MODEL_SIZE:-$hf_size}" == "$hf_size" ]] || die "INIT_HF=$INIT_HF is a $hf_size model but MODEL_SIZE=$MODEL_SIZE"
+    MODEL_SIZE=$hf_size
+fi
+
 # With a GPU: GPT-2 125M, seq 1024, bf16 on every visible GPU via the deepspeed launcher.
 # Without: the tiny preset on 2 CPU ranks via torchrun, fp32, a few minutes per driver.
 CUDA_GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())") || die "PYTHON=$PYTHON cannot import torch"
@@ -49,6 +64,16 @@ RUN_NAME=${RUN_NAME:-gpt_${MODEL_SIZE}_${EXPERIMENT}${parallel_tag}}
 RUN_DIR=$RUNS_DIR/$RUN_NAME
 mkdir -p "$RUN_DIR"
 
+# INIT_HF is converted once into the run folder, then loaded with --finetune (iteration and optimizer
+# start afresh; any ZeRO stage); GPT-2's position table (1024) replaces --max-position-embeddings SEQ_LEN.
+init_flags=()
+if [[ -n "${INIT_HF:-}" ]]; then
+    init_dir=$RUN_DIR/hf_init_$(basename "$INIT_HF")
+    [[ -f "$init_dir/latest" ]] || "$PYTHON" "$REPO/tools/hf_to_checkpoint.py" --hf "$INIT_HF" --save "$init_dir" \
+        || exit 1
+    init_flags=(--max-position-embeddings "$hf_positions" --load "$init_dir" --finetune)
+fi
+
 precision_flags=(); [[ "$PRECISION" == fp32 ]] || precision_flags=("--$PRECISION")
 offload_flags=(); [[ "${OFFLOAD:-0}" == 1 ]] && offload_flags=(--zero-offload-optimizer --zero-offload-params)
 parallel_flags=(--tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP")
@@ -70,7 +95,7 @@ cmd=("${launch[@]}" "$REPO/pretrain_gpt.py"
      --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
      --data-path "$DATA_PATH" --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --split "969,30,1"
      --zero-stage "$ZERO_STAGE" "${offload_flags[@]}" "${precision_flags[@]}" "${parallel_flags[@]}"
-     --tensorboard-dir "$RUN_DIR/tensorboard" --run-dir "$RUN_DIR" "$@")
+     "${init_flags[@]}" --tensorboard-dir "$RUN_DIR/tensorboard" --run-dir "$RUN_DIR" "$@")
 
 printf '%q ' "${cmd[@]}" > "$RUN_DIR/command.txt"; echo >> "$RUN_DIR/command.txt"
 echo "[examples_zero] $RUN_NAME -> $RUN_DIR"
