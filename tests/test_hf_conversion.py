@@ -199,18 +199,22 @@ def test_published_gpt2_shapes_map_onto_our_model(name, shape):
 
 
 @pytest.mark.slow
-def test_finetune_starts_from_converted_gpt2_under_zero3(converted, dolly_data_dir, tmp_path):
-    # lr 0: the weights after one step must still be GPT-2's, so they were loaded, not re-initialised
-    run = pretrain(dolly_data_dir, "--lr", "0", "--zero-stage", "3", "--load", converted, "--finetune",
-                   "--save", tmp_path / "after", iters=1)
-    assert run.returncode == 0, run.stderr[-3000:]
+def test_zero3_driver_fine_tunes_from_init_hf(hf_gpt2, dolly_data_dir, tmp_path):
+    """INIT_HF through examples_zero: converted into the run folder, loaded with --finetune under ZeRO-3."""
+    env = test_env(INIT_HF=hf_gpt2, SEQ_LEN=64, TRAIN_ITERS=1, LR=0, MIN_LR=0, DATA_DIR=dolly_data_dir,
+                   RUNS_DIR=tmp_path / "runs", MASTER_PORT=free_port(), PYTHON=sys.executable)
+    run = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z3.sh"), "--save",
+                          str(tmp_path / "after")], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    converted = tmp_path / "runs" / "gpt_tiny_Z3" / "hf_init_gpt2"
+    assert (converted / "latest").is_file()
     assert "for fine-tuning (iteration and optimizer reset)" in run.stdout
     assert " iteration        1/       1 |" in run.stdout
-    loaded = load_checkpoint_weights(str(tmp_path / "after"))
-    original = load_checkpoint_weights(str(converted))
-    assert loaded.iteration == 1
+    # lr 0: after one step the weights must still be GPT-2's, so they were loaded, not re-initialised
+    after, original = load_checkpoint_weights(str(tmp_path / "after")), load_checkpoint_weights(str(converted))
+    assert after.iteration == 1
     for key, tensor in original.state_dict.items():
-        assert torch.equal(loaded.state_dict[key], tensor), key
+        assert torch.equal(after.state_dict[key], tensor), key
 
 
 @pytest.mark.slow
@@ -248,3 +252,16 @@ def test_bad_inputs_are_one_line_errors(hf_gpt2, tmp_path, capsys):
     code, _, err = tool_in_process(capsys, "hf_to_checkpoint.py", "--hf", bert, "--save", tmp_path / "o4")
     assert code == 1 and "expected a GPT-2 config (model_type 'gpt2'), got 'bert'" in err
     assert not (tmp_path / "o4").exists()
+
+
+def test_init_hf_errors_name_the_variable(tmp_path):
+    driver = str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")
+    run = subprocess.run(["bash", driver], env=test_env(INIT_HF=tmp_path, RUNS_DIR=tmp_path / "runs"),
+                         capture_output=True, text=True, timeout=120)
+    assert (run.returncode, run.stderr) == (1, f"error: INIT_HF={tmp_path}: not a Hugging Face model folder "
+                                               "(no config.json)\n")
+    transformers.GPT2Config(n_layer=3, n_embd=96, n_head=4).save_pretrained(tmp_path)
+    run = subprocess.run(["bash", driver], env=test_env(INIT_HF=tmp_path, RUNS_DIR=tmp_path / "runs"),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "n_layer/n_embd/n_head match no MODEL_SIZE preset" in run.stderr
+    assert not (tmp_path / "runs").exists()
