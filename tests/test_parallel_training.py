@@ -86,14 +86,13 @@ def tp2_pp2_runs(dolly_data_dir, tmp_path_factory):
 
 
 def test_tp2_pp2_matches_serial_and_resumes_onto_the_same_losses(layout_logs, tp2_pp2_runs):
-    first, resumed, save = tp2_pp2_runs
+    first, resumed, _ = tp2_pp2_runs
     serial = losses(layout_logs["serial"])
     assert "| world size: 4 |" in first and " exiting program at iteration 3 " in first
     assert losses(first) == pytest.approx(serial[:3], rel=1e-5)
     assert "loaded checkpoint" in resumed
     assert re.findall(r" iteration\s+(\d+)/", resumed) == ["4", "5"]
     assert losses(resumed) == pytest.approx(serial[3:], rel=1e-5)
-    assert (save / "latest").read_text().strip() == "global_step5"
 
 
 def test_model_state_estimate_counts_the_parameters_rank_0_holds(layout_logs, tp2_pp2_runs):

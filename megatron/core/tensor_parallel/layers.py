@@ -56,7 +56,8 @@ def _sharded_weight(
     master = torch.empty(full_shape, dtype=torch.float32)
     init_method(master)
     shard = master.chunk(group_size(group), dim=partition_dim)[group_rank(group)]
-    weight = nn.Parameter(shard.to(params_dtype).contiguous())
+    # a copy: a row slice is a contiguous view that would keep the whole master matrix alive
+    weight = nn.Parameter(shard.to(params_dtype).clone(memory_format=torch.contiguous_format))
     mark_tensor_parallel(weight, partition_dim, parallel=group_size(group) > 1)
     return weight
 
