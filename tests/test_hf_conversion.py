@@ -122,6 +122,38 @@ def test_zero3_offload_export_equals_zero0_export(trained, tmp_path, capsys):
     assert all(t.numel() == 0 for t in module.values())
 
 
+@pytest.fixture(scope="module")
+def parallel_runs(dolly_data_dir, tmp_path_factory):
+    """The same seeded run (no dropout, whose streams differ per TP rank) at TP=1, TP=2 under ZeRO-3,
+    and PP=2; the TP=2 vocabulary is padded to the TP=1 size so that the initial weights agree."""
+    root = tmp_path_factory.mktemp("parallel")
+    layouts = {"TP1": ["--zero-stage", "1"],
+               "TP2_Z3": ["--tensor-model-parallel-size", "2", "--zero-stage", "3",
+                          "--make-vocab-size-divisible-by", "64"],
+               "PP2": ["--pipeline-model-parallel-size", "2", "--zero-stage", "1"]}
+    for name, extra in layouts.items():
+        run = pretrain(dolly_data_dir, "--lr", "1e-3", "--hidden-dropout", "0", "--attention-dropout", "0",
+                       "--save", root / name, *extra, iters=2)
+        assert run.returncode == 0, f"{name}:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["TP2_Z3", "PP2"])
+def test_tensor_and_pipeline_parallel_exports_equal_the_serial_export(parallel_runs, layout, tmp_path, capsys):
+    exports = {}
+    for name in ("TP1", layout):
+        code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", parallel_runs / name,
+                                       "--output", tmp_path / name)
+        assert code == 0, err
+        exports[name] = safetensors_torch.load_file(tmp_path / name / "model.safetensors")
+    for key, tensor in exports["TP1"].items():
+        torch.testing.assert_close(exports[layout][key], tensor, rtol=0, atol=1e-4, msg=key)
+    files = {p.name for p in (parallel_runs / layout / "global_step2").iterdir()}
+    assert ("layer_03-model_00-model_states.pt" in files) == (layout == "PP2")
+    assert ("zero_pp_rank_0_mp_rank_01_model_states.pt" in files) == (layout == "TP2_Z3")
+
+
 @pytest.mark.slow
 def test_zero3_checkpoint_without_optimizer_files_is_an_error(trained, tmp_path, capsys):
     broken = tmp_path / "broken"

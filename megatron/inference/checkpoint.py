@@ -1,10 +1,11 @@
 """Read a zero-lab checkpoint of any ZeRO stage into one full fp32 state dict, and write one.
 
-A checkpoint folder holds `latest` (the tag) and `<tag>/`. Inside the tag, a model-states
+A checkpoint folder holds `latest` (the tag) and `<tag>/`. Inside the tag, the rank-0 model-states
 file carries our metadata (`args` from pretrain_gpt.py, or `model_config` from
 tools/hf_to_checkpoint.py) and, below ZeRO-3, the module's weights. When ZeRO optimizer files
 are present their fp32 master weights are consolidated with DeepSpeed's own zero_to_fp32
-(under ZeRO-3 they are the only copy of the weights).
+(under ZeRO-3 they are the only copy of the weights). Tensor-parallel shards are merged and
+pipeline layer files gathered by megatron.inference.layouts.
 """
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import glob
 import os
 import shutil
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, fields
 
 import torch
 
+from megatron.inference.layouts import gather_pipeline_layers, merge_tensor_parallel, pipeline_layer_files
 from megatron.model import GPTConfig, GPTModel
 from megatron.model.config import ModelConfigError
 from megatron.tokenizer import TokenizerConfig
@@ -56,15 +59,9 @@ def tag_folder(path: str, tag: str | None = None) -> str:
 
 
 def _model_states_file(folder: str) -> str:
-    if glob.glob(os.path.join(folder, "layer_*-model_states.pt")):
-        raise CheckpointError(f"{folder}: pipeline-parallel checkpoints (layer_*-model_states.pt) are not supported; "
-                              "export from a run with --pipeline-model-parallel-size 1")
-    files = sorted(glob.glob(os.path.join(folder, "*mp_rank_*_model_states.pt")))
-    if any("mp_rank_00" not in os.path.basename(name) for name in files):
-        raise CheckpointError(f"{folder}: tensor-parallel shards (mp_rank_01 and up) are not supported; "
-                              "export from a run with --tensor-model-parallel-size 1")
+    """The rank-0 model-states file, which carries our metadata in every layout."""
     for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
-        if os.path.join(folder, name) in files:
+        if os.path.isfile(os.path.join(folder, name)):
             return os.path.join(folder, name)
     raise CheckpointError(f"{folder}: no mp_rank_00_model_states.pt or zero_pp_rank_0_mp_rank_00_model_states.pt")
 
@@ -77,15 +74,42 @@ def _torch_load(path: str) -> dict:
         raise CheckpointError(f"{path}: unreadable checkpoint file ({err})") from None
 
 
-def _consolidated_zero_weights(folder: str) -> dict[str, torch.Tensor]:
+def _consolidated_zero_weights(folder: str, tp_rank: int, tp_size: int) -> dict[str, torch.Tensor]:
+    """One TP rank's fp32 weights from its ZeRO partitions, by DeepSpeed's zero_to_fp32. That tool
+    reads every *_optim_states.pt of a tag folder as one model, so with TP > 1 it is pointed at a
+    folder of links to this rank's files only, named as a TP=1 checkpoint's."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    # zero_to_fp32 reports progress on stdout; keep stdout for the tools' real output
-    with contextlib.redirect_stdout(sys.stderr):
+    with tempfile.TemporaryDirectory(prefix="zero_lab_tp") as tmp:
+        root, tag = os.path.dirname(folder), os.path.basename(folder)
+        if tp_size > 1:
+            rank = f"mp_rank_{tp_rank:02d}"
+            os.makedirs(os.path.join(tmp, tag))
+            for path in glob.glob(os.path.join(folder, f"*{rank}_*.pt")):
+                os.symlink(os.path.abspath(path), os.path.join(tmp, tag, os.path.basename(path).replace(rank, "mp_rank_00")))
+            root = tmp
+        # zero_to_fp32 reports progress on stdout; keep stdout for the tools' real output
+        with contextlib.redirect_stdout(sys.stderr):
+            try:
+                return get_fp32_state_dict_from_zero_checkpoint(root, tag=tag)
+            except (FileNotFoundError, ValueError, KeyError, RuntimeError) as err:
+                raise CheckpointError(f"{folder}: cannot consolidate the ZeRO checkpoint ({err})") from None
+
+
+def _tp_shard(folder: str, tp_rank: int, tp_size: int, layer_files: dict, zero: bool) -> dict[str, torch.Tensor]:
+    """One TP rank's weights in GPTModel names: from the pipeline's layer files, the ZeRO
+    partitions (fp32 master weights), or the rank's model-states file."""
+    if layer_files:
         try:
-            return get_fp32_state_dict_from_zero_checkpoint(os.path.dirname(folder), tag=os.path.basename(folder))
-        except (FileNotFoundError, ValueError, KeyError, RuntimeError) as err:
-            raise CheckpointError(f"{folder}: cannot consolidate the ZeRO checkpoint ({err})") from None
+            return gather_pipeline_layers(layer_files, tp_rank)
+        except ValueError as err:
+            raise CheckpointError(f"{folder}: {err}") from None
+    if zero:
+        return _consolidated_zero_weights(folder, tp_rank, tp_size)
+    path = os.path.join(folder, f"mp_rank_{tp_rank:02d}_model_states.pt")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{folder}: --tensor-model-parallel-size {tp_size} but no {os.path.basename(path)}")
+    return {name: tensor.float() for name, tensor in _torch_load(path)["module"].items()}
 
 
 def _config_from_metadata(states: dict, words: torch.Tensor, where: str) -> GPTConfig:
@@ -138,10 +162,10 @@ def load_checkpoint_weights(path: str, tag: str | None = None) -> LoadedCheckpoi
     states = _torch_load(states_file)
     if not isinstance(states, dict) or "module" not in states:
         raise CheckpointError(f"{states_file}: not a DeepSpeed model-states file (no 'module')")
-    if glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")):
-        weights = _consolidated_zero_weights(folder)
-    else:
-        weights = {name: tensor.float() for name, tensor in states["module"].items()}
+    tp_size = int(states.get("args", {}).get("parallel", {}).get("tensor_model_parallel_size", 1))
+    layer_files = pipeline_layer_files(folder)
+    zero = bool(glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")))
+    weights = merge_tensor_parallel([_tp_shard(folder, rank, tp_size, layer_files, zero) for rank in range(tp_size)])
     if "word_embeddings.weight" not in weights or weights["word_embeddings.weight"].numel() == 0:
         raise CheckpointError(f"{folder}: the weights are not in the model-states file and no ZeRO optimizer "
                               "files (*_optim_states.pt) are there to consolidate them from")

@@ -1,0 +1,65 @@
+"""Reassemble one full state dict (TP=1, not pipelined, our GPTModel names) from the pieces a
+tensor- and/or pipeline-parallel run saves.
+
+Tensor parallelism splits column-parallel weights (word embedding rows, QKV and h->4h outputs)
+along dim 0 and row-parallel weights (attention output, 4h->h) along dim 1; everything else is
+replicated. The fused QKV is laid out per head, so concatenating the ranks' rows gives the
+full per-head layout. DeepSpeed's pipeline engine saves one file per layer and TP rank,
+`layer_XX-model_YY-model_states.pt`: layer 0 the embeddings, 1..L the transformer layers,
+L + 1 the final LayerNorm (the tied output layer reuses layer 0's weight and is not saved).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+import torch
+
+COLUMN_PARALLEL = ("word_embeddings.weight", "query_key_value.weight", "query_key_value.bias",
+                   "dense_h_to_4h.weight", "dense_h_to_4h.bias")
+ROW_PARALLEL = ("self_attention.dense.weight", "dense_4h_to_h.weight")
+_LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
+
+
+def partition_dim(name: str) -> int | None:
+    if name.endswith(COLUMN_PARALLEL):
+        return 0
+    if name.endswith(ROW_PARALLEL):
+        return 1
+    return None
+
+
+def merge_tensor_parallel(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One state dict from the TP ranks' state dicts, in rank order."""
+    if len(shards) == 1:
+        return shards[0]
+    merged = {}
+    for name, first in shards[0].items():
+        dim = partition_dim(name)
+        merged[name] = first if dim is None else torch.cat([shard[name] for shard in shards], dim=dim)
+    return merged
+
+
+def pipeline_layer_files(folder: str) -> dict[tuple[int, int], str]:
+    """{(layer index, TP rank): path} of a pipeline checkpoint (empty if there is none)."""
+    files = {}
+    for path in glob.glob(os.path.join(folder, "layer_*-model_*-model_states.pt")):
+        match = _LAYER_FILE.search(os.path.basename(path))
+        if match:
+            files[(int(match.group(1)), int(match.group(2)))] = path
+    return files
+
+
+def gather_pipeline_layers(files: dict[tuple[int, int], str], tp_rank: int) -> dict[str, torch.Tensor]:
+    """One TP rank's whole model, in GPTModel names, from the per-layer files."""
+    indices = sorted(index for index, rank in files if rank == tp_rank)
+    if not indices or indices != list(range(len(indices))) or len(indices) < 3:
+        raise ValueError(f"pipeline layer files of TP rank {tp_rank} are incomplete: layers {indices}")
+    last = indices[-1]  # the final LayerNorm; 1..last-1 are the transformer layers
+    state = {}
+    for index in indices:
+        module = torch.load(files[(index, tp_rank)], map_location="cpu", weights_only=False, mmap=True)
+        prefix = "" if index == 0 else "final_layernorm." if index == last else f"layers.{index - 1}."
+        state.update({prefix + name: tensor.float() for name, tensor in module.items()})
+    return state
