@@ -1,6 +1,7 @@
 """Pretrain a GPT with DeepSpeed: `python pretrain_gpt.py <Megatron-DeepSpeed flags>` under a launcher
 (deepspeed, torchrun, mpiexec). Parse flags, build tokenizer -> padded vocab, datasets, model, train."""
 import sys
+from functools import partial
 
 import torch
 
@@ -94,9 +95,9 @@ def setup_engine_for(args: Args, config, dist_info: DistInfo, train_iters: int):
     parallel = ParallelState.build(parallel_layout(args))
     if args.parallel.pipeline_model_parallel_size > 1:
         from megatron.model.gpt_model_pipe import build_gpt_pipe
-        def builder(): return build_gpt_pipe(config, parallel)
+        builder = partial(build_gpt_pipe, config, parallel)
     else:
-        def builder(): return GPTModel(config, parallel.get_tensor_model_parallel_group())
+        builder = partial(GPTModel, config, parallel.get_tensor_model_parallel_group())
     engine, ds_config = setup_engine(builder, accounting.count_parameters(config), args, dist_info, train_iters,
                                      parallel)
     if args.deepspeed.run_dir and dist_info.rank == 0:
