@@ -11,8 +11,9 @@ alcf_positive_int() {
 SEQ_LEN=${SEQ_LEN:-1024}
 MICRO_BATCH=${MICRO_BATCH:-1}
 GAS=${GAS:-1}
-MPSIZE=${MPSIZE:-1}
-PPSIZE=${PPSIZE:-1}
+# tensor / pipeline parallel sizes: ALCF's MPSIZE/PPSIZE, or examples_zero's TP/PP
+MPSIZE=${MPSIZE:-${TP:-1}}
+PPSIZE=${PPSIZE:-${PP:-1}}
 SPSIZE=${SPSIZE:-1}
 SP_TYPE=${SP_TYPE:-megatron}
 ZERO_STAGE=${ZERO_STAGE:-1}
