@@ -1,34 +1,74 @@
 """`pretrain_gpt.py --load DIR --finetune`: start from the weights of any zero-lab checkpoint.
 
 DeepSpeed's own load_checkpoint only reads checkpoints written with the same ZeRO partitioning
-(a ZeRO-3 engine looks for zero_pp_rank_* files, ZeRO-0/1/2 for mp_rank_00_model_states.pt), so a
-run could not start from a ZeRO-3 run's weights, or from tools/hf_to_checkpoint.py's output, under
-another stage. Here the checkpoint is consolidated to one fp32 state dict and copied into the
-engine's parameters (gathered under ZeRO-3); the optimizer's fp32 master copies are refreshed.
+and parallel layout (a ZeRO-3 engine looks for zero_pp_rank_* files, ZeRO-0/1/2 for
+mp_rank_00_model_states.pt), so a run could not start from a ZeRO-3 run's weights, or from
+tools/hf_to_checkpoint.py's output, under another stage or layout. Here the checkpoint is
+consolidated to one full fp32 state dict; each rank copies in the slice its parameters hold
+(its TP shard, its pipeline stage's layers; gathered under ZeRO-3), and the optimizer's fp32
+master copies are refreshed.
 """
 from __future__ import annotations
 
 import torch
 
+from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
+from megatron.core.tensor_parallel.mappings import group_rank, group_size
 from megatron.inference.checkpoint import CheckpointError, load_checkpoint_weights
+from megatron.inference.layouts import partition_dim
 
 
 def _full_shape(param: torch.nn.Parameter) -> tuple[int, ...]:
     return tuple(param.ds_shape) if hasattr(param, "ds_shape") else tuple(param.shape)  # ZeRO-3 keeps a shard
 
 
-def check_matches_engine(state_dict: dict[str, torch.Tensor], module: torch.nn.Module, where: str) -> None:
-    params = dict(module.named_parameters())
-    missing, unexpected = sorted(set(params) - set(state_dict)), sorted(set(state_dict) - set(params))
-    if missing or unexpected:
-        raise CheckpointError(f"--load {where} --finetune: the checkpoint's weights do not fit this model "
-                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    for name, param in params.items():
-        if tuple(state_dict[name].shape) != _full_shape(param):
+def our_name(name: str, num_layers: int) -> str:
+    """GPTModel's name of a parameter of GPTModel or of the pipeline form (a PipelineModule names
+    its layers by index: 1..L transformer layers, L + 1 the final LayerNorm, tied_modules.embed.*)."""
+    if name.startswith("tied_modules.embed."):
+        return name[len("tied_modules.embed."):]
+    index, _, rest = name.partition(".")
+    if not index.isdigit():
+        return name
+    return f"final_layernorm.{rest}" if int(index) == num_layers + 1 else f"layers.{int(index) - 1}.{rest}"
+
+
+def _resize_vocabulary(words: torch.Tensor, rows: int) -> torch.Tensor:
+    """Rows past the tokenizer's vocabulary are padding (its amount depends on TP size and
+    --make-vocab-size-divisible-by): cut them, or add mean rows (see hf_gpt2.state_dict_from_hf)."""
+    if rows <= words.shape[0]:
+        return words[:rows]
+    return torch.cat([words, words.mean(0, keepdim=True).expand(rows - words.shape[0], -1)])
+
+
+def local_weights(full: dict[str, torch.Tensor], module: torch.nn.Module, num_layers: int, tp_group,
+                  where: str) -> dict[str, torch.Tensor]:
+    """{parameter name in `module`: the tensor it must hold on this rank}."""
+    tp_size, tp_rank = group_size(tp_group), group_rank(tp_group)
+    local = {}
+    for name, param in module.named_parameters():
+        source = our_name(name, num_layers)
+        if source not in full:
+            raise CheckpointError(f"--load {where} --finetune: the checkpoint has no {source} for this model's "
+                                  f"{name} (check --num-layers and the other model flags)")
+        tensor, dim = full[source], partition_dim(source)
+        if source == "word_embeddings.weight":
+            tensor = _resize_vocabulary(tensor, _full_shape(param)[0] * tp_size)
+        if dim is not None and tp_size > 1:
+            tensor = tensor.chunk(tp_size, dim=dim)[tp_rank]
+        if tuple(tensor.shape) != _full_shape(param):
             raise CheckpointError(
-                f"--load {where} --finetune: {name} is {tuple(state_dict[name].shape)} in the checkpoint but "
-                f"{_full_shape(param)} in the model the flags describe (check --num-layers, --hidden-size, "
-                "--num-attention-heads, --max-position-embeddings, the vocabulary)")
+                f"--load {where} --finetune: {source} is {tuple(full[source].shape)} in the checkpoint, which does "
+                f"not fit {_full_shape(param)} in the model the flags describe (check --num-layers, --hidden-size, "
+                "--num-attention-heads, --ffn-hidden-size, --max-position-embeddings)")
+        local[name] = tensor
+    return local
+
+
+def _tp_group(module: torch.nn.Module):
+    """The tensor-parallel group the model's layers were built with (None: serial)."""
+    return next((m.group for m in module.modules() if isinstance(m, (VocabParallelEmbedding, ColumnParallelLinear))),
+                None)
 
 
 def load_finetune_weights(engine, load_dir: str) -> str:
@@ -37,13 +77,17 @@ def load_finetune_weights(engine, load_dir: str) -> str:
 
     loaded = load_checkpoint_weights(load_dir)
     module = engine.module
-    check_matches_engine(loaded.state_dict, module, load_dir)
+    expected_layers = getattr(getattr(module, "config", None), "num_layers", loaded.config.num_layers)
+    if expected_layers != loaded.config.num_layers:
+        raise CheckpointError(f"--load {load_dir} --finetune: the checkpoint's weights do not fit this model "
+                              f"(it has {loaded.config.num_layers} layers, --num-layers is {expected_layers})")
+    local = local_weights(loaded.state_dict, module, loaded.config.num_layers, _tp_group(module), load_dir)
     partitioned = [p for p in module.parameters() if hasattr(p, "ds_id")]
     # every rank holds the same full weights, so every rank may write; rank 0's copy is what
     # GatheredParameters re-partitions on exit
     with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=0), torch.no_grad():
         for name, param in module.named_parameters():
-            param.data.copy_(loaded.state_dict[name].to(device=param.device, dtype=param.dtype))
+            param.data.copy_(local[name].to(device=param.device, dtype=param.dtype))
     if hasattr(engine.optimizer, "refresh_fp32_params"):
         engine.optimizer.refresh_fp32_params()
     return loaded.path
