@@ -61,6 +61,7 @@ def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
     from megatron.data.gpt_dataset import train_samples_per_epoch
     from megatron.tokenizer import build_tokenizer, padded_vocab_size
     from megatron.training import build_reporter, save, train
+    from megatron.training_log import training_done_line
 
     set_seed(args.training.seed)
     tokenizer = build_tokenizer(args.data)
@@ -82,6 +83,8 @@ def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
                   **step_functions(args))
     if args.checkpoint.save:
         save(engine, args, state, dist_info)
+    if state.iteration >= schedule.train_iters:
+        reporter.print_line(training_done_line())
     reporter.close()
     return state
 

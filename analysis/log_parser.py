@@ -17,8 +17,6 @@ MEM_ALLOCATED_RE = re.compile(r", MemAllocated=(\d+\.\d+)GB")
 MAX_MEM_ALLOCATED_RE = re.compile(r", MaxMemAllocated=(\d+\.\d+)GB")
 LM_LOSS_RE = re.compile(r"lm loss: (\d+\.\d+E[+-]\d+)")
 
-# Our memory line opens with "| MemAllocated=", so the comma form above misses it there.
-_ANY_MEM_ALLOCATED_RE = re.compile(r"(?<![A-Za-z])MemAllocated=(\d+\.\d+)GB")
 # Old BigScience-era logs print seconds instead of milliseconds.
 _ELAPSED_S_RE = re.compile(r"elapsed time per iteration \(s\): (\d+\.\d+)")
 _ANSI_RE = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|[@-Z\\-_]|c)")
@@ -148,7 +146,7 @@ def _parse_memory(seg: str, source: str, iteration: int | None, rank: int | None
         source=source,
         iteration=iteration,
         rank=rank,
-        allocated_gb=_float(_ANY_MEM_ALLOCATED_RE, seg),
+        allocated_gb=_float(MEM_ALLOCATED_RE, seg),
         max_allocated_gb=_float(MAX_MEM_ALLOCATED_RE, seg),
         host_rss_gb=_float(r"(?<![A-Za-z])HostRSS=(\d+\.\d+)GB", seg),
         max_host_rss_gb=_float(r"MaxHostRSS=(\d+\.\d+)GB", seg),

@@ -156,7 +156,8 @@ class Reporter:
             tflops=tflops)
         self.print_line(iteration_line(stats))
         mfu = None if self.peak_tflops is None else 100.0 * tflops / self.peak_tflops
-        self.print_line(memory_line(self.dist_info.rank, state.iteration, self.tracker.sample(), mfu))
+        device = "cuda" if self.dist_info.on_cuda else "cpu"
+        self.print_line(memory_line(self.dist_info.rank, device, state.iteration, self.tracker.sample(), mfu))
         if self.tensorboard is not None:
             self.tensorboard.iteration(stats)
 

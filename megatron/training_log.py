@@ -1,6 +1,7 @@
 """The exact log lines users and analysis/summarize.py grep (see DESIGN.md, "Log lines")."""
 import math
 from dataclasses import dataclass
+from datetime import datetime
 
 GB = float(2**30)
 
@@ -42,9 +43,12 @@ def iteration_line(s: IterationStats) -> str:
             f" TFLOPs: {s.tflops:.2f} |")
 
 
-def memory_line(rank: int, iteration: int, mem: dict, mfu_percent: float | None) -> str:
+def memory_line(rank: int, device: str, iteration: int, mem: dict, mfu_percent: float | None) -> str:
+    """DESIGN.md's analysis regexes expect ", MemAllocated=" (DeepSpeed's own spelling), hence the
+    device field in front of it."""
     mfu = "" if mfu_percent is None else f", MFU={mfu_percent:.2f}%"
-    return (f"[Rank {rank}] memory at iteration {iteration:8d} | MemAllocated={mem['allocated'] / GB:.2f}GB, "
+    return (f"[Rank {rank}] memory at iteration {iteration:8d} | device={device}, "
+            f"MemAllocated={mem['allocated'] / GB:.2f}GB, "
             f"MaxMemAllocated={mem['max_allocated'] / GB:.2f}GB, HostRSS={mem['rss'] / GB:.2f}GB, "
             f"MaxHostRSS={mem['max_rss'] / GB:.2f}GB{mfu} |")
 
@@ -57,6 +61,11 @@ def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: i
             f"optim={m['optim']:.4f} other={m['other']:.4f} | ZeRO estimate (stage={zero_stage}, dp={dp_size}, "
             f"dtype={precision}, offload={offload}): params={e['params']:.4f} grads={e['grads']:.4f} "
             f"optim={e['optim']:.4f} total={e['total']:.4f} |")
+
+
+def training_done_line() -> str:
+    """Megatron's end-of-training marker: analysis tells finished runs from cut-off ones by it."""
+    return f"[after training is done] datetime: {datetime.now():%Y-%m-%d %H:%M:%S} "
 
 
 def validation_line(iteration: int, loss: float) -> str:

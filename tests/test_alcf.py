@@ -303,7 +303,7 @@ def test_dist_env_under_real_mpiexec(tmp_path):
 
 ITERATION_LINE = re.compile(r"^ iteration +(\d+)/ +4 \| .*elapsed time per iteration \(ms\): (\d+\.\d+) \| "
                             r".*lm loss: (\d+\.\d+E[+-]\d+) \| .*\(tgs\): (\d+\.\d+)", re.M)
-MEMORY_LINE = re.compile(r"memory at iteration +\d+ \| MemAllocated=(\d+\.\d+)GB, MaxMemAllocated=(\d+\.\d+)GB, "
+MEMORY_LINE = re.compile(r"memory at iteration +\d+ \| device=cpu, MemAllocated=(\d+\.\d+)GB, MaxMemAllocated=(\d+\.\d+)GB, "
                          r"HostRSS=(\d+\.\d+)GB")
 
 

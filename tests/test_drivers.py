@@ -19,8 +19,8 @@ REQUIRED_LINES = [
     r"^ iteration +\d+/ +\d+ \| consumed samples: +\d+ \| consumed tokens: +\d+ \|",
     r"\(tgs\): (\d+\.\d+)",
     r"elapsed time per iteration \(ms\): (\d+\.\d+)",
-    # interface #6 opens the memory line with "| MemAllocated=" (analysis reads both forms)
-    r"\| MemAllocated=(\d+\.\d+)GB",
+    r", MemAllocated=(\d+\.\d+)GB",
+    r"^\[after training is done\] datetime: ",
     r", MaxMemAllocated=(\d+\.\d+)GB",
     r"HostRSS=\d+\.\d\dGB",
     r"lm loss: (\d+\.\d+E[+-]\d+)",

@@ -34,7 +34,7 @@ UPSTREAM_ITERATION = (
     "per iteration (ms): 14287.5 | learning rate: 2.407E-04 | global batch size:   768 | lm loss: 6.543210E-01 | "
     "loss scale: 1.0 | actual seqlen:  4096 | number of skipped iterations:   0 | number of nan iterations:   0 | "
     "samples per second: 53.753 | tokens per gpu per second(tgs): 917.421 | TFLOPs: 55.89 |")
-OUR_MEMORY = ("[Rank 0] memory at iteration       10 | MemAllocated=0.12GB, MaxMemAllocated=0.34GB, "
+OUR_MEMORY = ("[Rank 0] memory at iteration       10 | device=cuda, MemAllocated=0.12GB, MaxMemAllocated=0.34GB, "
               "HostRSS=1.23GB, MaxHostRSS=1.30GB, MFU=45.10% |")
 DEEPSPEED_MEMORY = ("[2024-03-07 15:27:02,646] [INFO] [timer.py:260:stop] epoch=0/micro_step=199/global_step=199, "
                     "RunningAvgSamplesPerSec=58.730622229657506, CurrSamplesPerSec=61.35304005128382, "
@@ -64,6 +64,7 @@ def parsed(*lines: str) -> ParsedLog:
     (log_parser.LM_LOSS_RE, UPSTREAM_ITERATION, "6.543210E-01"),
     (log_parser.MEM_ALLOCATED_RE, DEEPSPEED_MEMORY, "6.01"),
     (log_parser.MAX_MEM_ALLOCATED_RE, DEEPSPEED_MEMORY, "19.52"),
+    (log_parser.MEM_ALLOCATED_RE, OUR_MEMORY, "0.12"),
     (log_parser.MAX_MEM_ALLOCATED_RE, OUR_MEMORY, "0.34"),
 ])
 def test_design_regexes_match_both_formats(regex, line, expected):

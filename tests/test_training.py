@@ -96,7 +96,7 @@ def test_run_info_and_exact_log_lines(stage_runs):
         r"global batch size:     8 \| lm loss: \d\.\d{6}E\+\d\d \| loss scale: 1\.0 \| grad norm: \d+\.\d{3} \| "
         r"number of skipped iterations:   0 \| number of nan iterations:   0 \| samples per second: \d+\.\d{3} \| "
         r"tokens per gpu per second \(tgs\): \d+\.\d{3} \| TFLOPs: \d+\.\d\d \|", line)
-    assert re.search(r"^\[Rank 0\] memory at iteration        4 \| MemAllocated=\d+\.\d\dGB, "
+    assert re.search(r"^\[Rank 0\] memory at iteration        4 \| device=cpu, MemAllocated=\d+\.\d\dGB, "
                      r"MaxMemAllocated=\d+\.\d\dGB, HostRSS=\d+\.\d\dGB, MaxHostRSS=\d+\.\d\dGB \|$", log, re.M)
 
 
