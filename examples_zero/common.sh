@@ -6,6 +6,9 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-$(command -v python3)}
+# This Python's tools first: torch builds DeepSpeed's C++ ops with the first `ninja` on PATH, and two
+# different ninjas (a venv's and the system's) invalidate each other's builds on every start.
+export PATH=$(dirname "$PYTHON"):$PATH
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 die() { echo "error: $*" >&2; exit 1; }
 
@@ -40,6 +43,7 @@ fi
 GLOBAL_BATCH=${GLOBAL_BATCH:-$(( MICRO_BATCH * NGPUS * 2 ))}
 LR=${LR:-6.0e-4}; MIN_LR=${MIN_LR:-6.0e-5}; LR_WARMUP_FRACTION=${LR_WARMUP_FRACTION:-0.01}
 WEIGHT_DECAY=${WEIGHT_DECAY:-0.1}; CLIP_GRAD=${CLIP_GRAD:-1.0}; SEED=${SEED:-1234}
+SPLIT=${SPLIT:-969,30,1}
 LOG_INTERVAL=${LOG_INTERVAL:-5}; EVAL_INTERVAL=${EVAL_INTERVAL:-50}; EVAL_ITERS=${EVAL_ITERS:-5}
 MASTER_PORT=${MASTER_PORT:-29500}
 # Model parallelism (Megatron's names or ALCF's): tensor TP/MPSIZE, pipeline PP/PPSIZE, SP=1 for
@@ -93,7 +97,7 @@ cmd=("${launch[@]}" "$REPO/pretrain_gpt.py"
      --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-fraction "$LR_WARMUP_FRACTION"
      --weight-decay "$WEIGHT_DECAY" --clip-grad "$CLIP_GRAD" --seed "$SEED"
      --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
-     --data-path "$DATA_PATH" --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --split "969,30,1"
+     --data-path "$DATA_PATH" --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --split "$SPLIT"
      --zero-stage "$ZERO_STAGE" "${offload_flags[@]}" "${precision_flags[@]}" "${parallel_flags[@]}"
      "${init_flags[@]}" --tensorboard-dir "$RUN_DIR/tensorboard" --run-dir "$RUN_DIR" "$@")
 
