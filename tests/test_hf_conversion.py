@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, test_env
-from megatron.inference.checkpoint import build_model, check_state_dict, load_checkpoint_weights, save_checkpoint_weights
+from megatron.inference.checkpoint import (build_model, check_state_dict, load_checkpoint_weights,
+                                           save_checkpoint_weights)
 from megatron.inference.hf_folder import load_hf_folder
 from megatron.inference.hf_gpt2 import from_hf_config, state_dict_from_hf
 from megatron.model import MODEL_PRESETS, accounting
@@ -109,7 +110,8 @@ def test_export_loads_in_transformers_offline_with_equal_logits(trained, dolly_d
 def test_zero3_offload_export_equals_zero0_export(trained, tmp_path, capsys):
     exports = {}
     for name in ("Z0", "Z3_OL"):
-        code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", trained / name, "--output", tmp_path / name)
+        code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", trained / name,
+                                       "--output", tmp_path / name)
         assert code == 0, err
         exports[name] = safetensors_torch.load_file(tmp_path / name / "model.safetensors")
     assert exports["Z0"].keys() == exports["Z3_OL"].keys()
@@ -277,7 +279,8 @@ def test_finetune_with_mismatched_model_flags_is_a_one_line_error(converted, dol
 
 def test_bad_inputs_are_one_line_errors(hf_gpt2, tmp_path, capsys):
     missing = tool("checkpoint_to_hf.py", "--load", tmp_path / "nothing", "--output", tmp_path / "o1")
-    assert (missing.returncode, missing.stderr) == (1, f"error: --load {tmp_path / 'nothing'}: no such checkpoint folder\n")
+    assert (missing.returncode, missing.stderr) == (
+        1, f"error: --load {tmp_path / 'nothing'}: no such checkpoint folder\n")
     converted = tmp_path / "ckpt"
     assert tool_in_process(capsys, "hf_to_checkpoint.py", "--hf", hf_gpt2, "--save", converted)[0] == 0
     code, _, err = tool_in_process(capsys, "hf_to_checkpoint.py", "--hf", hf_gpt2, "--save", converted)

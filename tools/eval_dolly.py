@@ -73,7 +73,8 @@ def read_records(path: str, num_documents: int) -> list[str]:
     return lines
 
 
-def show_records(args, model, tokenizer, indexed: MMapIndexedDataset, documents: range, jsonl: str) -> tuple[int, float]:
+def show_records(args, model, tokenizer, indexed: MMapIndexedDataset, documents: range,
+                 jsonl: str) -> tuple[int, float]:
     """Print the first records; returns (tokens generated, seconds)."""
     lines = read_records(jsonl, len(indexed))
     generated, seconds = 0, 0.0

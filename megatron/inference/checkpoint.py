@@ -86,7 +86,8 @@ def _consolidated_zero_weights(folder: str, tp_rank: int, tp_size: int) -> dict[
             rank = f"mp_rank_{tp_rank:02d}"
             os.makedirs(os.path.join(tmp, tag))
             for path in glob.glob(os.path.join(folder, f"*{rank}_*.pt")):
-                os.symlink(os.path.abspath(path), os.path.join(tmp, tag, os.path.basename(path).replace(rank, "mp_rank_00")))
+                link = os.path.join(tmp, tag, os.path.basename(path).replace(rank, "mp_rank_00"))
+                os.symlink(os.path.abspath(path), link)
             root = tmp
         # zero_to_fp32 reports progress on stdout; keep stdout for the tools' real output
         with contextlib.redirect_stdout(sys.stderr):
@@ -106,10 +107,16 @@ def _tp_shard(folder: str, tp_rank: int, tp_size: int, layer_files: dict, zero: 
             raise CheckpointError(f"{folder}: {err}") from None
     if zero:
         return _consolidated_zero_weights(folder, tp_rank, tp_size)
-    path = os.path.join(folder, f"mp_rank_{tp_rank:02d}_model_states.pt")
-    if not os.path.isfile(path):
-        raise CheckpointError(f"{folder}: --tensor-model-parallel-size {tp_size} but no {os.path.basename(path)}")
-    return {name: tensor.float() for name, tensor in _torch_load(path)["module"].items()}
+    for name in (f"mp_rank_{tp_rank:02d}_model_states.pt", f"zero_pp_rank_0_mp_rank_{tp_rank:02d}_model_states.pt"):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            module = _torch_load(path)["module"] or {}
+            if not module or any(tensor.numel() == 0 for tensor in module.values()):
+                raise CheckpointError(f"{folder}: the weights are not in the model-states file and no ZeRO optimizer "
+                                      "files (*_optim_states.pt) are there to consolidate them from")
+            return {name: tensor.float() for name, tensor in module.items()}
+    raise CheckpointError(f"{folder}: --tensor-model-parallel-size {tp_size} but no model-states file of "
+                          f"TP rank {tp_rank} (mp_rank_{tp_rank:02d})")
 
 
 def _config_from_metadata(states: dict, words: torch.Tensor, where: str) -> GPTConfig:
@@ -166,9 +173,8 @@ def load_checkpoint_weights(path: str, tag: str | None = None) -> LoadedCheckpoi
     layer_files = pipeline_layer_files(folder)
     zero = bool(glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")))
     weights = merge_tensor_parallel([_tp_shard(folder, rank, tp_size, layer_files, zero) for rank in range(tp_size)])
-    if "word_embeddings.weight" not in weights or weights["word_embeddings.weight"].numel() == 0:
-        raise CheckpointError(f"{folder}: the weights are not in the model-states file and no ZeRO optimizer "
-                              "files (*_optim_states.pt) are there to consolidate them from")
+    if "word_embeddings.weight" not in weights:
+        raise CheckpointError(f"{folder}: no word_embeddings.weight among the weights (not a GPT checkpoint)")
     config = _config_from_metadata(states, weights["word_embeddings.weight"], states_file)
     check_state_dict(weights, config, folder)
     args = states.get("args", {})

@@ -100,7 +100,8 @@ def state_dict_from_hf(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[s
     words = hf["transformer.wte.weight"]
     padding = config.padded_vocab_size - words.shape[0]
     if padding < 0:
-        raise ValueError(f"HF vocabulary {words.shape[0]} is larger than the padded vocab size {config.padded_vocab_size}")
+        raise ValueError(f"HF vocabulary {words.shape[0]} is larger than the padded vocab size "
+                         f"{config.padded_vocab_size}")
     ours = {"word_embeddings.weight": torch.cat([words, words.mean(0, keepdim=True).expand(padding, -1)])}
     ours.update({name: hf[theirs] for name, theirs in _TOP_MAP})
     for i in range(config.num_layers):

@@ -12,7 +12,8 @@ from megatron.inference.tokenizer_files import resolve_tokenizer
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--load", help="zero-lab checkpoint folder (holding 'latest'), any ZeRO stage")
-    source.add_argument("--hf", help="Hugging Face GPT-2 folder (config.json, model.safetensors, vocab.json, merges.txt)")
+    source.add_argument("--hf", help="Hugging Face GPT-2 folder (config.json, model.safetensors, vocab.json, "
+                                     "merges.txt)")
     parser.add_argument("--tag", default=None, help="checkpoint tag, e.g. global_step100 (default: latest)")
     parser.add_argument("--vocab-file", default=None, help="GPT-2 vocab.json (default: the one the checkpoint names)")
     parser.add_argument("--merge-file", default=None, help="GPT-2 merges.txt (default: the one the checkpoint names)")
