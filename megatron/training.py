@@ -132,9 +132,10 @@ class Reporter:
     model_state_estimate: dict
     tracker: memory.MemoryTracker
     tensorboard: TensorBoardWriter | None = None
+    log_rank: int = 0  # the rank that prints: tensor rank 0, data-parallel rank 0 of the last pipeline stage
 
     def print_line(self, line: str):
-        if self.dist_info.rank == 0:
+        if self.dist_info.rank == self.log_rank:
             print(line, flush=True)
 
     def iteration(self, state: LoopState, engine):
@@ -285,9 +286,11 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, model_co
     from megatron.model import accounting
 
     ds, par = args.deepspeed, args.parallel
-    # rank 0 prints the line: tensor rank 0 of the first pipeline stage
+    # the last stage prints (DESIGN.md): in the layout's rank order its first rank is tensor and data rank 0
+    last_stage = par.pipeline_model_parallel_size - 1
+    log_rank = last_stage * (par.world_size // par.pipeline_model_parallel_size)
     on_rank = accounting.parameters_on_rank(model_config, par.tensor_model_parallel_size,
-                                            par.pipeline_model_parallel_size, stage=0)
+                                            par.pipeline_model_parallel_size, stage=last_stage)
     estimate = accounting.zero_model_state_estimate(
         on_rank, ds.zero_stage, par.data_parallel_size, ds.precision,
         offload_optimizer=ds.offload_optimizer, offload_param=ds.offload_params)
@@ -299,7 +302,7 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, model_co
         peak_tflops=accounting.peak_bf16_tflops(device_name), model_state_estimate=estimate,
         tracker=memory.MemoryTracker(on_cuda=dist_info.on_cuda),
         tensorboard=TensorBoardWriter(args.logging.tensorboard_dir)
-        if args.logging.tensorboard_dir and dist_info.rank == 0 else None)
+        if args.logging.tensorboard_dir and dist_info.rank == log_rank else None, log_rank=log_rank)
     reporter.print_line(run_info_line(ds.zero_stage, ds.offload, args.model.model_size or "custom", dist_info.world_size,
                                   args.training.micro_batch_size, args.training.global_batch_size,
                                   args.model.seq_length, schedule.samples_per_epoch))
