@@ -99,7 +99,8 @@ def test_tp2_pp2_matches_serial_and_resumes_onto_the_same_losses(layout_logs, tp
 
 
 def test_model_state_estimate_counts_the_parameters_rank_0_holds(layout_logs, tp2_pp2_runs):
-    """Rank 0 of TP=2 x PP=2 holds half of the split matrices of stage 0 (embeddings + layer 1)."""
+    """The printing rank of TP=2 x PP=2 (rank 2: tensor rank 0 of the last stage) holds half of the
+    split matrices of layer 2 and of its copy of the tied word embedding, and the final LayerNorm."""
     measured = {}
     for name, log in (("serial", layout_logs["serial"]), ("tp2_pp2", tp2_pp2_runs[0])):
         match = re.search(r"measured: params=(\S+) .*? ZeRO estimate .*?: params=(\S+) ", log)
@@ -107,6 +108,7 @@ def test_model_state_estimate_counts_the_parameters_rank_0_holds(layout_logs, tp
         measured[name], estimate = map(float, match.groups())
         assert measured[name] == pytest.approx(estimate, abs=1e-4), name
     assert measured["tp2_pp2"] < 0.6 * measured["serial"]
+    assert "[Rank 2] memory at iteration" in tp2_pp2_runs[0] and "[Rank 0] memory" not in tp2_pp2_runs[0]
 
 
 def test_tp2_pp2_checkpoint_holds_each_tp_rank_s_half(tp2_pp2_runs):
