@@ -295,6 +295,9 @@ def test_bad_inputs_are_one_line_errors(hf_gpt2, tmp_path, capsys):
         code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", converted, "--output", tmp_path / "o2")
         assert code == 1 and err.startswith("error: ") and message in err, err
         assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o2").exists()
+    states_file.write_bytes(states_file.read_bytes()[:100_000])  # a save cut short
+    code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", converted, "--output", tmp_path / "o2")
+    assert code == 1 and err.startswith(f"error: {states_file}: unreadable checkpoint file (")
     (converted / "latest").write_text("global_step9")
     code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", converted, "--output", tmp_path / "o3")
     assert code == 1 and "tag 'global_step9' has no folder" in err
