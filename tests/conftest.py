@@ -1,5 +1,6 @@
 """Fixtures shared by the whole suite: paths, the real dolly sample, a prepared dataset."""
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +61,24 @@ def dolly_data_dir(tmp_path_factory, dolly_sample):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return data_dir
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def five_driver_runs(dolly_data_dir, tmp_path_factory):
+    """`examples_zero/run_all.sh` once for the whole suite: the five ZeRO drivers (tiny model, 2 CPU
+    ranks, 2 epochs of 2 iterations on a 2% train split of the dolly sample), then the analysis.
+    Returns (runs folder, completed process)."""
+    runs_dir = tmp_path_factory.mktemp("runs")
+    env = test_env(DATA_PATH=dolly_data_dir / "dolly_text_document", VOCAB_FILE=dolly_data_dir / "gpt2-vocab.json",
+                   MERGE_FILE=dolly_data_dir / "gpt2-merges.txt", RUNS_DIR=runs_dir, TRAIN_EPOCHS=2,
+                   SEQ_LEN=64, MICRO_BATCH=2, LOG_INTERVAL=1, EVAL_INTERVAL=2, EVAL_ITERS=1,
+                   MASTER_PORT=free_port(), LR="1e-3", SPLIT="2,97,1")
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "run_all.sh")], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=1200)
+    return runs_dir, result

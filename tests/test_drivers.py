@@ -2,7 +2,6 @@
 files, every DESIGN.md log line, the same settings across the five, and a falling loss."""
 import json
 import re
-import socket
 import subprocess
 
 import pytest
@@ -30,33 +29,17 @@ REQUIRED_LINES = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def driver_runs(dolly_data_dir, tmp_path_factory):
-    runs_dir = tmp_path_factory.mktemp("runs")
-    results = {}
-    for name in EXPERIMENTS:
-        env = test_env(DATA_PATH=dolly_data_dir / "dolly_text_document", VOCAB_FILE=dolly_data_dir / "gpt2-vocab.json",
-                       MERGE_FILE=dolly_data_dir / "gpt2-merges.txt", RUNS_DIR=runs_dir, TRAIN_EPOCHS=2,
-                       SEQ_LEN=64, MICRO_BATCH=2, LOG_INTERVAL=1, EVAL_INTERVAL=2, EVAL_ITERS=1,
-                       MASTER_PORT=free_port(), LR="1e-3")
-        # a 2% train split keeps an epoch to two iterations of the tiny model
-        results[name] = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / f"gpt_deepspeed_{name}.sh"),
-                                        "--split", "2,97,1"], env=env, capture_output=True, text=True,
-                                       timeout=300)
-    return runs_dir, results
+def driver_runs(five_driver_runs):
+    """The five drivers as run_all.sh ran them (conftest.five_driver_runs, shared with the analysis test)."""
+    runs_dir, result = five_driver_runs
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return runs_dir, result
 
 
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_driver_run_folder_and_log(driver_runs, name):
-    runs_dir, results = driver_runs
-    result = results[name]
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    runs_dir, _ = driver_runs
     folder = runs_dir / f"gpt_tiny_{name}"
     assert {"train.log", "ds_config.json", "command.txt", "env.json"} <= {p.name for p in folder.iterdir()}
     log = (folder / "train.log").read_text()

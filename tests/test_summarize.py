@@ -327,24 +327,11 @@ def test_bad_flag_value_and_help():
 
 # ---- end to end: the five real ZeRO drivers, then the summary of their runs --------------------------
 
-def free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
-def test_summary_of_the_five_real_driver_runs(tmp_path, dolly_data_dir):
-    runs = tmp_path / "runs"
-    data = Path(dolly_data_dir)
-    env = test_env(RUNS_DIR=runs, PYTHON=sys.executable, DATA_PATH=data / "dolly_text_document",
-                   VOCAB_FILE=data / "gpt2-vocab.json", MERGE_FILE=data / "gpt2-merges.txt",
-                   TRAIN_ITERS=3, MICRO_BATCH=2, GLOBAL_BATCH=4, SEQ_LEN=64, LOG_INTERVAL=1, EVAL_INTERVAL=3,
-                   EVAL_ITERS=1, MASTER_PORT=free_port(), OMP_NUM_THREADS=1)
-    # run_all.sh is the user's command: all five drivers, then analysis/summarize.py runs/
-    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "run_all.sh")], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=900)
+def test_summary_of_the_five_real_driver_runs(five_driver_runs):
+    # run_all.sh is the user's command: all five drivers (2 epochs of 2 iterations each), then
+    # analysis/summarize.py on their runs folder (conftest.five_driver_runs, shared with test_drivers)
+    runs, result = five_driver_runs
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with open(runs / "summary.csv", newline="") as f:
         rows = {row["run"]: row for row in csv.DictReader(f)}
@@ -355,9 +342,9 @@ def test_summary_of_the_five_real_driver_runs(tmp_path, dolly_data_dir):
     for name, (label, stage, offload) in expected.items():
         row = rows[name]
         assert (row["label"], row["zero_stage"], row["offload"], row["complete"]) == (label, stage, offload, "True")
-        # 3 logged iterations less the 2 warm-up intervals
+        # 4 logged iterations less the 2 warm-up intervals
         assert (row["world_size"], row["seq_length"], row["last_iteration"], row["intervals_used"]) == (
-            "2", "64", "3", "1")
+            "2", "64", "4", "2")
         for column in ("tgs_mean", "tokens_per_s", "ms_per_iter_mean", "epoch_time_s", "mem_alloc_mean_gb",
                        "max_mem_alloc_peak_gb", "host_rss_peak_gb", "zero_estimate_gb", "loss_first",
                        "loss_last", "val_loss_last"):
