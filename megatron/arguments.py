@@ -12,6 +12,8 @@ from pathlib import Path
 
 import deepspeed
 
+from megatron.tokenizer import TokenizerConfig
+
 
 class ConfigError(ValueError):
     """A bad flag or flag combination; the message names the flag and what was expected."""
@@ -119,16 +121,10 @@ class TrainingArgs:
 
 
 @dataclass
-class DataArgs:
-    data_path: list[str]
+class DataArgs(TokenizerConfig):
+    """--data-path and --split, plus the tokenizer flags that build_tokenizer reads."""
+    data_path: list[str] = field(default_factory=list)
     split: str = "969, 30, 1"
-    tokenizer_type: str = "GPT2BPETokenizer"
-    vocab_file: str | None = None
-    merge_file: str | None = None
-    tokenizer_model: str | None = None
-    vocab_size: int | None = None
-    make_vocab_size_divisible_by: int = 128
-    tensor_model_parallel_size: int = 1
 
     def __post_init__(self):
         _require(bool(self.data_path), "--data-path is required (a dataset prefix, or weight prefix ...)")
