@@ -44,6 +44,10 @@ GLOBAL_BATCH=${GLOBAL_BATCH:-$(( MICRO_BATCH * NGPUS * 2 ))}
 LR=${LR:-6.0e-4}; MIN_LR=${MIN_LR:-6.0e-5}; LR_WARMUP_FRACTION=${LR_WARMUP_FRACTION:-0.01}
 WEIGHT_DECAY=${WEIGHT_DECAY:-0.1}; CLIP_GRAD=${CLIP_GRAD:-1.0}; SEED=${SEED:-1234}
 SPLIT=${SPLIT:-969,30,1}
+# Checkpoints go to the run folder: every SAVE_INTERVAL iterations and at the end. A later run
+# resumes only when asked (extra argument --load <run>/checkpoints), so re-running a driver
+# starts the experiment afresh instead of overwriting its log with an empty resumed run.
+SAVE_INTERVAL=${SAVE_INTERVAL:-1000}
 LOG_INTERVAL=${LOG_INTERVAL:-5}; EVAL_INTERVAL=${EVAL_INTERVAL:-50}; EVAL_ITERS=${EVAL_ITERS:-5}
 MASTER_PORT=${MASTER_PORT:-29500}
 # Model parallelism (Megatron's names or ALCF's): tensor TP/MPSIZE, pipeline PP/PPSIZE, SP=1 for
@@ -99,6 +103,7 @@ cmd=("${launch[@]}" "$REPO/pretrain_gpt.py"
      --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
      --data-path "$DATA_PATH" --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --split "$SPLIT"
      --zero-stage "$ZERO_STAGE" "${offload_flags[@]}" "${precision_flags[@]}" "${parallel_flags[@]}"
+     --save "$RUN_DIR/checkpoints" --save-interval "$SAVE_INTERVAL"
      "${init_flags[@]}" --tensorboard-dir "$RUN_DIR/tensorboard" --run-dir "$RUN_DIR" "$@")
 
 printf '%q ' "${cmd[@]}" > "$RUN_DIR/command.txt"; echo >> "$RUN_DIR/command.txt"

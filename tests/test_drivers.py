@@ -42,6 +42,8 @@ def test_driver_run_folder_and_log(driver_runs, name):
     runs_dir, _ = driver_runs
     folder = runs_dir / f"gpt_tiny_{name}"
     assert {"train.log", "ds_config.json", "command.txt", "env.json"} <= {p.name for p in folder.iterdir()}
+    # the final checkpoint of the run, through DeepSpeed (4 iterations: 2 epochs of 2)
+    assert (folder / "checkpoints" / "latest").read_text().strip() == "global_step4"
     log = (folder / "train.log").read_text()
     for pattern in REQUIRED_LINES:
         assert re.search(pattern, log, re.M), f"{name}: no line matches {pattern!r}"
@@ -65,13 +67,14 @@ def test_drivers_share_their_settings(driver_runs):
         flags = (runs_dir / f"gpt_tiny_{name}" / "command.txt").read_text().split()
         flags = flags[flags.index(next(f for f in flags if f.endswith("pretrain_gpt.py"))) + 1:]
         # everything except the experiment's own ZeRO/offload flags and its run folder
-        drop = {"--zero-stage", "--zero-offload-optimizer", "--zero-offload-params", "--run-dir", "--tensorboard-dir"}
+        drop = {"--zero-stage", "--zero-offload-optimizer", "--zero-offload-params", "--run-dir", "--tensorboard-dir",
+                "--save"}
         kept, skip = [], False
         for flag in flags:
             if skip:
                 skip = False
             elif flag in drop:
-                skip = flag in ("--zero-stage", "--run-dir", "--tensorboard-dir")
+                skip = flag in ("--zero-stage", "--run-dir", "--tensorboard-dir", "--save")
             else:
                 kept.append(flag)
         return kept
