@@ -1,4 +1,5 @@
 """Fixtures shared by the whole suite: paths, the real dolly sample, a prepared dataset."""
+import importlib.util
 import os
 import socket
 import subprocess
@@ -82,3 +83,14 @@ def five_driver_runs(dolly_data_dir, tmp_path_factory):
     result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "run_all.sh")], cwd=REPO_ROOT, env=env,
                             capture_output=True, text=True, timeout=1200)
     return runs_dir, result
+
+
+def tool_in_process(capsys, name, *args):
+    """Run tools/<name>'s main() in this process (no interpreter start-up): (exit code, stdout, stderr)."""
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), REPO_ROOT / "tools" / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    code = module.main([str(arg) for arg in args])
+    out, err = capsys.readouterr()
+    return code, out, err

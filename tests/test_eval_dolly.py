@@ -1,7 +1,6 @@
 """tools/eval_dolly.py on a tiny model trained by pretrain_gpt.py on the dolly sample: it prints the
 validation records with the model's and the expected responses, and its validation loss equals the
 one the training run logged on the same samples."""
-import importlib.util
 import json
 import math
 import re
@@ -10,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import DOLLY_SAMPLE, REPO_ROOT, test_env
+from conftest import DOLLY_SAMPLE, REPO_ROOT, test_env, tool_in_process
 from megatron.data.dataset_utils import parse_splits, split_boundaries
 
 SPLIT = "90,10,0"
@@ -37,13 +36,7 @@ def trained(dolly_data_dir, tmp_path_factory):
 
 
 def eval_dolly_in_process(capsys, *args):
-    spec = importlib.util.spec_from_file_location("eval_dolly", REPO_ROOT / "tools" / "eval_dolly.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    capsys.readouterr()
-    code = module.main([str(arg) for arg in args])
-    out, err = capsys.readouterr()
-    return code, out, err
+    return tool_in_process(capsys, "eval_dolly.py", *args)
 
 
 @pytest.mark.slow

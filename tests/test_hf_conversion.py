@@ -1,7 +1,6 @@
 """Hugging Face GPT-2 conversion both ways, on real checkpoints of real 2-rank DeepSpeed runs:
 exports load in transformers offline with equal logits, ZeRO-3 + offload exports equal ZeRO-0
 exports, converted GPT-2 weights start a --finetune run under ZeRO-3, and bad inputs fail in one line."""
-import importlib.util
 import shutil
 import socket
 import subprocess
@@ -10,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO_ROOT, test_env
+from conftest import REPO_ROOT, test_env, tool_in_process
 from megatron.inference.checkpoint import (build_model, check_state_dict, load_checkpoint_weights,
                                            save_checkpoint_weights)
 from megatron.inference.hf_folder import load_hf_folder
@@ -44,15 +43,6 @@ def tool(name, *args):
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
 
 
-def tool_in_process(capsys, name, *args):
-    """Run a tool's main() in this process (no interpreter start-up): (exit code, stdout, stderr)."""
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), REPO_ROOT / "tools" / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    capsys.readouterr()
-    code = module.main([str(arg) for arg in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def hf_logits(folder, tokens):
