@@ -167,7 +167,11 @@ class ChunkEncoder:
                        for i in range(len(self.cfg.json_keys))]
             return [list(ids) for ids in zip(*columns)]
         except TokenizerError:
-            pass
+            return self._tokenize_each(records, result)
+
+    def _tokenize_each(self, records, result: EncodedChunk) -> list[list[list[int]]]:
+        """Record by record, noting each line the tokenizer rejects (stopping at the first
+        unless --skip-bad-lines)."""
         encoded = []
         for line_no, texts in records:
             try:
