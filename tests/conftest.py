@@ -1,12 +1,14 @@
 """Fixtures shared by the whole suite: paths, the real dolly sample, a prepared dataset."""
 import importlib.util
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
@@ -94,3 +96,19 @@ def tool_in_process(capsys, name, *args):
     code = module.main([str(arg) for arg in args])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def save_random_hf_gpt2(folder, vocab_dir, bias_std, **shape):
+    """A transformers-created random GPT2LMHeadModel of `shape` (GPT2Config fields), biases random
+    too (they start at zero), saved with the real GPT-2 vocab from `vocab_dir`; returns the model.
+    Seed the RNG first."""
+    import transformers
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**shape)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, bias_std)
+    model.save_pretrained(folder)
+    shutil.copyfile(vocab_dir / "gpt2-vocab.json", folder / "vocab.json")
+    shutil.copyfile(vocab_dir / "gpt2-merges.txt", folder / "merges.txt")
+    return model

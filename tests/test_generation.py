@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO_ROOT, test_env
+from conftest import REPO_ROOT, save_random_hf_gpt2, test_env
 from megatron.inference.checkpoint import save_checkpoint_weights
 from megatron.inference.generation import GenerationError, SamplingConfig, generate, next_token
 from megatron.model import GPTConfig, GPTModel
@@ -106,19 +106,10 @@ def test_bad_sampling_flags_are_named(kwargs, flag):
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory, dolly_data_dir):
     """A random GPT-2 (12 heads would be slow; 2 layers x 64) saved by transformers with the real vocab."""
-    transformers = pytest.importorskip("transformers")
-    import shutil
     torch.manual_seed(21)
-    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=50257)
-    model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.normal_(0.0, 0.1)
     folder = tmp_path_factory.mktemp("hf_gen") / "gpt2_tiny"
-    model.save_pretrained(folder)
-    shutil.copyfile(dolly_data_dir / "gpt2-vocab.json", folder / "vocab.json")
-    shutil.copyfile(dolly_data_dir / "gpt2-merges.txt", folder / "merges.txt")
+    model = save_random_hf_gpt2(folder, dolly_data_dir, 0.1, n_layer=2, n_embd=64, n_head=4, n_positions=64,
+                                vocab_size=50257)
     # the same weights as a zero-lab checkpoint: the tool then starts without importing transformers
     loaded = load_hf_folder(str(folder))
     checkpoint = folder.parent / "checkpoint"

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO_ROOT, test_env, tool_in_process
+from conftest import REPO_ROOT, save_random_hf_gpt2, test_env, tool_in_process
 from megatron.inference.checkpoint import (build_model, check_state_dict, load_checkpoint_weights,
                                            save_checkpoint_weights)
 from megatron.inference.hf_folder import load_hf_folder
@@ -164,17 +164,9 @@ def hf_gpt2(tmp_path_factory, dolly_data_dir):
     """A transformers-created random GPT-2 of the `tiny` preset's shape (biases random too)."""
     torch.manual_seed(3)
     tiny = MODEL_PRESETS["tiny"]
-    config = transformers.GPT2Config(n_layer=tiny["num_layers"], n_embd=tiny["hidden_size"],
-                                     n_head=tiny["num_attention_heads"], n_positions=64, vocab_size=GPT2_VOCAB)
-    model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.normal_(0.0, 0.05)
     folder = tmp_path_factory.mktemp("hf_random") / "gpt2"
-    model.save_pretrained(folder)
-    shutil.copyfile(dolly_data_dir / "gpt2-vocab.json", folder / "vocab.json")
-    shutil.copyfile(dolly_data_dir / "gpt2-merges.txt", folder / "merges.txt")
+    save_random_hf_gpt2(folder, dolly_data_dir, 0.05, n_layer=tiny["num_layers"], n_embd=tiny["hidden_size"],
+                        n_head=tiny["num_attention_heads"], n_positions=64, vocab_size=GPT2_VOCAB)
     return folder
 
 
