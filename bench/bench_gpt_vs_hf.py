@@ -60,7 +60,7 @@ def bench_options(argv):
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--stages", default="0,1,2,3")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per run; each model runs twice")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--json", default=None, help="also write the results here (rank 0)")
     parser.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
@@ -83,28 +83,31 @@ def random_batches(opts, device_seed: int):
         yield {"text": torch.randint(0, VOCAB, (opts.micro_batch_size, opts.seq_length + 1), generator=generator)}
 
 
-def measure(builder_name, args, opts, dist_info: DistInfo, config) -> float:
-    """Tokens per second (all ranks together) over opts.steps steps after opts.warmup."""
+def measure(builder_name, args, opts, dist_info: DistInfo, config) -> list[float]:
+    """Seconds of each of opts.steps training steps after opts.warmup (all ranks in step)."""
     set_seed(1234)
     builder = (lambda: GPTModel(config)) if builder_name == "ours" else (lambda: HFAdapter(config))
     engine, _ = setup_engine(builder, accounting.count_parameters(config), args, dist_info,
                              opts.warmup + opts.steps)
     batches = random_batches(opts, 1000 + dist_info.rank)
+    seconds = []
     for step in range(opts.warmup + opts.steps):
-        if step == opts.warmup:
-            if dist_info.on_cuda:
-                torch.cuda.synchronize()
-            torch.distributed.barrier()
-            start = time.perf_counter()
+        synchronize(dist_info)
+        start = time.perf_counter()
         train_step(engine, batches, args, dist_info, eod=VOCAB - 1)
-    if dist_info.on_cuda:
-        torch.cuda.synchronize()
-    torch.distributed.barrier()
-    elapsed = time.perf_counter() - start
+        synchronize(dist_info)
+        if step >= opts.warmup:
+            seconds.append(time.perf_counter() - start)
     engine.destroy()
     del engine
     gc.collect()
-    return opts.steps * args.training.global_batch_size * opts.seq_length / elapsed
+    return seconds
+
+
+def synchronize(dist_info: DistInfo) -> None:
+    if dist_info.on_cuda:
+        torch.cuda.synchronize()
+    torch.distributed.barrier()
 
 
 def flags(opts, stage: str, prefix: str) -> list[str]:
@@ -127,13 +130,15 @@ def main(argv) -> int:
         for stage in opts.stages.split(","):
             args = parse_args(flags(opts, stage, prefix), dist_info.world_size, get_accelerator().device_name())
             config = model_config(args, padded_vocab_size(VOCAB, 128, 1), dist_info)
-            # alternate which model goes first so that a drift in machine load does not favour one side
-            order = ["ours", "hf"] if int(stage) % 2 == 0 else ["hf", "ours"]
-            speed = {name: measure(name, args, opts, dist_info, config) for name in order}
-            ours, hf = speed["ours"], speed["hf"]
+            # ours, HF, HF, ours: a drift in machine load or a cold first run favours neither side;
+            # the median step time resists the odd slow step (a page-cache miss, a busy neighbour)
+            seconds = {"ours": [], "hf": []}
+            for name in ("ours", "hf", "hf", "ours"):
+                seconds[name] += measure(name, args, opts, dist_info, config)
+            tokens_per_step = args.training.global_batch_size * opts.seq_length
+            ours, hf = (tokens_per_step / float(np.median(seconds[name])) for name in ("ours", "hf"))
             flops = accounting.flops_per_iteration(config, args.training.global_batch_size, False)
-            seconds_ours = args.training.global_batch_size * opts.seq_length / ours
-            tflops = flops / seconds_ours / dist_info.world_size / 1e12
+            tflops = flops / (tokens_per_step / ours) / dist_info.world_size / 1e12
             peak = accounting.peak_bf16_tflops(torch.cuda.get_device_name() if dist_info.on_cuda else None)
             rows.append(dict(stage=int(stage), ours_tokens_per_s=ours, hf_tokens_per_s=hf, ratio=ours / hf,
                              ours_tflops_per_rank=tflops, ours_mfu=None if peak is None else tflops / peak))

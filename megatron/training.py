@@ -270,7 +270,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
             model = model_builder()
     else:
         model = model_builder().to(dist_info.device)
-    optimizer = build_optimizer(model, args, dist_info.on_cuda, state)
+    optimizer = build_optimizer(model, args, state)
     schedule = LRSchedule(optimizer, args.optimizer, train_iters)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule, config=config,
                                            mpu=mpu, dist_init_required=False)

@@ -49,6 +49,39 @@ def test_loss_equals_cross_entropy_of_logits():
     assert abs(loss.mean().item() - torch.log(torch.tensor(float(VOCAB))).item()) < 0.5
 
 
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_fused_output_layer_loss_gives_the_gradients_of_the_logits_path(dtype, tolerance):
+    model = build(hidden_dropout=0.0, attention_dropout=0.0, params_dtype=dtype)
+    tokens, positions, labels = batch()
+    weights = torch.rand(labels.shape, generator=torch.Generator().manual_seed(3))
+    fused = model(tokens, positions, labels)
+    (fused * weights).sum().backward()
+    fused_grads = {name: p.grad.float().clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    logits = model(tokens, positions).float()
+    unfused = F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1), reduction="none").view_as(labels)
+    (unfused * weights).sum().backward()
+    torch.testing.assert_close(fused, unfused, rtol=tolerance, atol=tolerance)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(fused_grads[name], p.grad.float(), rtol=tolerance, atol=tolerance, msg=name)
+
+
+def test_output_layer_buffer_is_reused_across_steps_and_by_eval():
+    model = build()
+    tokens, positions, labels = batch()
+    model(tokens, positions, labels).sum().backward()
+    (kept,) = model.lm_loss_scratch._free.values()
+    model(tokens, positions, labels).sum().backward()
+    with torch.no_grad():
+        model(tokens, positions, labels)
+    (again,) = model.lm_loss_scratch._free.values()
+    assert again.data_ptr() == kept.data_ptr()
+    loss = model(tokens, positions, labels).sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(AssertionError, match="back-propagated twice"):
+        loss.backward()
+
+
 def test_output_layer_is_tied_to_word_embeddings():
     model = build()
     names = [name for name, _ in model.named_parameters()]

@@ -17,12 +17,15 @@ from megatron.core.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
+    copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
     init_method_normal,
     model_parallel_tracker,
     reduce_scatter_to_sequence_parallel_region,
     vocab_parallel_cross_entropy,
+    vocab_parallel_lm_loss,
 )
+from megatron.core.scratch import ScratchBuffers
 from megatron.model import GPTConfig, GPTModel, ModelConfigError
 
 SEED = 4321
@@ -150,6 +153,34 @@ def _check_cross_entropy(rank, world):
 @pytest.mark.slow
 def test_vocab_parallel_cross_entropy_matches_torch():
     run_ranks(_check_cross_entropy)
+
+
+def _check_fused_lm_loss(rank, world):
+    group = dist.group.WORLD
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(2, 5, 8, generator=gen).requires_grad_(True)
+    weight = torch.randn(12, 8, generator=gen).requires_grad_(True)
+    target = torch.randint(0, 12, (2, 5), generator=gen)
+    weights = torch.rand(2, 5, generator=gen)
+    expected = F.cross_entropy(F.linear(hidden, weight).view(-1, 12), target.view(-1), reduction="none").view(2, 5)
+    (expected * weights).sum().backward()
+
+    local_weight = _shard(weight.detach(), 0, rank).clone().requires_grad_(True)
+    local_hidden = hidden.detach().clone().requires_grad_(True)
+    scratch = ScratchBuffers()
+    for _ in range(2):  # the second step computes in the buffer the first one gave back
+        local_hidden.grad = local_weight.grad = None
+        loss = vocab_parallel_lm_loss(copy_to_tensor_model_parallel_region(local_hidden, group), local_weight,
+                                      target, group, scratch)
+        torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
+        (loss * weights).sum().backward()
+        torch.testing.assert_close(local_hidden.grad, hidden.grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(local_weight.grad, _shard(weight.grad, 0, rank), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_fused_output_layer_loss_matches_torch_over_vocab_shards():
+    run_ranks(_check_fused_lm_loss)
 
 
 def _check_sequence_parallel_mappings(rank, world):

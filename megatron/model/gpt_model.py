@@ -15,12 +15,14 @@ from megatron.core.tensor_parallel import (
     checkpoint,
     gather_from_tensor_model_parallel_region,
     init_method_normal,
+    lm_head_input,
     model_parallel_tracker,
+    parallel_lm_logits,
     scatter_to_sequence_parallel_region,
-    vocab_parallel_cross_entropy,
+    vocab_parallel_lm_loss,
 )
+from megatron.core.scratch import ScratchBuffers
 from megatron.core.tensor_parallel.random import RNGStatesTracker
-from megatron.core.tensor_parallel.layers import parallel_lm_logits
 from megatron.core.tensor_parallel.mappings import group_rank, group_size
 from megatron.model.config import GPTConfig, ModelConfigError
 from megatron.model.kv_cache import KVCache
@@ -99,6 +101,7 @@ class GPTModel(nn.Module):
             with layer_init_seed(seed, index + 1):
                 self.layers.append(ParallelTransformerLayer(config, tp_group, self.rng_tracker))
         self.final_layernorm = layer_norm(config, tp_group)
+        self.lm_loss_scratch = ScratchBuffers()  # the [tokens, vocab] logits buffer, reused each step
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None):
@@ -120,8 +123,10 @@ class GPTModel(nn.Module):
                 x = layer(x, None if kv_cache is None else kv_cache.layer(index))
         if kv_cache is not None:
             kv_cache.advance(input_ids.shape[1])
-        local_logits = parallel_lm_logits(self.final_layernorm(x), self.word_embeddings.weight, self.tp_group,
-                                          self.config.sequence_parallel)
+        x = self.final_layernorm(x)
         if labels is None:
+            local_logits = parallel_lm_logits(x, self.word_embeddings.weight, self.tp_group,
+                                              self.config.sequence_parallel)
             return gather_from_tensor_model_parallel_region(local_logits, self.tp_group)
-        return vocab_parallel_cross_entropy(local_logits, labels, self.tp_group)
+        return vocab_parallel_lm_loss(lm_head_input(x, self.tp_group, self.config.sequence_parallel),
+                                      self.word_embeddings.weight, labels, self.tp_group, self.lm_loss_scratch)

@@ -1,11 +1,13 @@
 """Tensor-parallel building blocks: layers, communication, vocab-parallel loss, RNG."""
-from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy, vocab_parallel_lm_loss
 from megatron.core.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     SequenceParallelLayerNorm,
     VocabParallelEmbedding,
     init_method_normal,
+    lm_head_input,
+    parallel_lm_logits,
     scaled_init_method_normal,
 )
 from megatron.core.tensor_parallel.mappings import (
@@ -25,8 +27,11 @@ __all__ = [
     "SequenceParallelLayerNorm",
     "VocabParallelEmbedding",
     "init_method_normal",
+    "lm_head_input",
+    "parallel_lm_logits",
     "scaled_init_method_normal",
     "vocab_parallel_cross_entropy",
+    "vocab_parallel_lm_loss",
     "copy_to_tensor_model_parallel_region",
     "reduce_from_tensor_model_parallel_region",
     "scatter_to_tensor_model_parallel_region",

@@ -167,14 +167,15 @@ class VocabParallelEmbedding(nn.Module):
         return reduce_from_tensor_model_parallel_region(embedded, self.group)
 
 
+def lm_head_input(hidden: torch.Tensor, group, sequence_parallel: bool = False) -> torch.Tensor:
+    """The final hidden state as the vocab-parallel output layer takes it: replicated over the
+    group (or, sequence parallel, gathered first), so its gradient is the sum over the vocab shards."""
+    if sequence_parallel:
+        return gather_from_sequence_parallel_region(hidden, group)
+    return copy_to_tensor_model_parallel_region(hidden, group)
+
+
 def parallel_lm_logits(hidden: torch.Tensor, word_embeddings_weight: torch.Tensor, group,
                        sequence_parallel: bool = False) -> torch.Tensor:
-    """Logits for this rank's vocab slice, using the (tied) vocab-parallel embedding table.
-
-    The hidden state is replicated (or, sequence parallel, gathered first), so its gradient is
-    the sum over the vocab shards."""
-    if sequence_parallel:
-        hidden = gather_from_sequence_parallel_region(hidden, group)
-    else:
-        hidden = copy_to_tensor_model_parallel_region(hidden, group)
-    return F.linear(hidden, word_embeddings_weight)
+    """Logits for this rank's vocab slice, using the (tied) vocab-parallel embedding table."""
+    return F.linear(lm_head_input(hidden, group, sequence_parallel), word_embeddings_weight)
