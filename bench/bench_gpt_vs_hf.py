@@ -3,10 +3,15 @@
 Both models go through the same path: the same parsed flags, the same generated DeepSpeed config,
 setup_engine (zero.Init at stage 3) and the real train_step, one ZeRO stage after another in the
 same processes on the same machine; batches are random tokens (data loading is not measured).
+Per stage the runs go ours, HF, HF, ours, and each side's tokens/s is from its median step time.
+The defaults are the examples_zero drivers' CPU experiment (tiny preset, seq 128, micro-batch 4,
+2 micro-batches per step on 2 ranks).
 
     CPU:  DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 bench/bench_gpt_vs_hf.py
-    GPU:  deepspeed --num_gpus 8 bench/bench_gpt_vs_hf.py --bf16 --num-layers 12 --hidden-size 768 \
-              --num-attention-heads 12 --seq-length 1024 --micro-batch-size 8
+          DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 bench/bench_gpt_vs_hf.py --num-layers 4 \
+              --hidden-size 256 --num-attention-heads 8 --seq-length 256 --gradient-accumulation 1
+    GPU:  deepspeed --num_gpus 8 bench/bench_gpt_vs_hf.py --bf16 --gradient-accumulation 1 \
+              --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --micro-batch-size 8
 """
 import argparse
 import gc
@@ -53,14 +58,16 @@ class HFAdapter(torch.nn.Module):
 
 def bench_options(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-layers", type=int, default=4)
-    parser.add_argument("--hidden-size", type=int, default=256)
-    parser.add_argument("--num-attention-heads", type=int, default=8)
-    parser.add_argument("--seq-length", type=int, default=256)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--num-attention-heads", type=int, default=4)
+    parser.add_argument("--seq-length", type=int, default=128)
     parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--gradient-accumulation", type=int, default=2,
+                        help="micro-batches per step (global batch = micro x ranks x this)")
     parser.add_argument("--stages", default="0,1,2,3")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per run; each model runs twice")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per run; each model runs twice")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--json", default=None, help="also write the results here (rank 0)")
     parser.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
@@ -110,10 +117,11 @@ def synchronize(dist_info: DistInfo) -> None:
     torch.distributed.barrier()
 
 
-def flags(opts, stage: str, prefix: str) -> list[str]:
+def flags(opts, stage: str, prefix: str, world_size: int) -> list[str]:
     return ["--num-layers", str(opts.num_layers), "--hidden-size", str(opts.hidden_size),
             "--num-attention-heads", str(opts.num_attention_heads), "--seq-length", str(opts.seq_length),
-            "--micro-batch-size", str(opts.micro_batch_size), "--train-iters", str(opts.warmup + opts.steps),
+            "--micro-batch-size", str(opts.micro_batch_size),
+            "--global-batch-size", str(opts.micro_batch_size * world_size * opts.gradient_accumulation), "--train-iters", str(opts.warmup + opts.steps),
             "--zero-stage", stage, "--data-path", prefix, "--tokenizer-type", "NullTokenizer",
             "--vocab-size", str(VOCAB), "--lr", "1e-4", *(["--bf16"] if opts.bf16 else [])]
 
@@ -128,7 +136,7 @@ def main(argv) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         prefix = toy_dataset(Path(tmp))
         for stage in opts.stages.split(","):
-            args = parse_args(flags(opts, stage, prefix), dist_info.world_size, get_accelerator().device_name())
+            args = parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size, get_accelerator().device_name())
             config = model_config(args, padded_vocab_size(VOCAB, 128, 1), dist_info)
             # ours, HF, HF, ours: a drift in machine load or a cold first run favours neither side;
             # the median step time resists the odd slow step (a page-cache miss, a busy neighbour)
@@ -152,7 +160,8 @@ def main(argv) -> int:
 def print_table(rows, opts, dist_info, config):
     device = torch.cuda.get_device_name() if dist_info.on_cuda else "cpu"
     print(f"\nGPT L={opts.num_layers} h={opts.hidden_size} heads={opts.num_attention_heads} s={opts.seq_length} "
-          f"micro={opts.micro_batch_size} ranks={dist_info.world_size} device={device} "
+          f"micro={opts.micro_batch_size} accumulation={opts.gradient_accumulation} ranks={dist_info.world_size} "
+          f"device={device} "
           f"dtype={'bf16' if opts.bf16 else 'fp32'} params={accounting.count_parameters(config):,}")
     print("| ZeRO stage | ours tokens/s | HF tokens/s | ours/HF | ours TFLOPs/rank | ours MFU |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
