@@ -78,13 +78,17 @@ def five_driver_runs(dolly_data_dir, tmp_path_factory):
     ranks, 2 epochs of 2 iterations on a 2% train split of the dolly sample), then the analysis.
     Returns (runs folder, completed process)."""
     runs_dir = tmp_path_factory.mktemp("runs")
-    env = test_env(DATA_PATH=dolly_data_dir / "dolly_text_document", VOCAB_FILE=dolly_data_dir / "gpt2-vocab.json",
-                   MERGE_FILE=dolly_data_dir / "gpt2-merges.txt", RUNS_DIR=runs_dir, TRAIN_EPOCHS=2,
-                   SEQ_LEN=64, MICRO_BATCH=2, LOG_INTERVAL=1, EVAL_INTERVAL=2, EVAL_ITERS=1,
-                   MASTER_PORT=free_port(), LR="1e-3", SPLIT="2,97,1")
-    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "run_all.sh")], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=1200)
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "run_all.sh")], cwd=REPO_ROOT,
+                            env=driver_env(dolly_data_dir, runs_dir), capture_output=True, text=True, timeout=1200)
     return runs_dir, result
+
+
+def driver_env(dolly_data_dir, runs_dir, **overrides):
+    """The drivers' settings in the tests: tiny model, 2 CPU ranks, 2 epochs of 2 iterations."""
+    return test_env(DATA_PATH=dolly_data_dir / "dolly_text_document", VOCAB_FILE=dolly_data_dir / "gpt2-vocab.json",
+                    MERGE_FILE=dolly_data_dir / "gpt2-merges.txt", RUNS_DIR=runs_dir, TRAIN_EPOCHS=2,
+                    SEQ_LEN=64, MICRO_BATCH=2, LOG_INTERVAL=1, EVAL_INTERVAL=2, EVAL_ITERS=1,
+                    MASTER_PORT=free_port(), LR="1e-3", SPLIT="2,97,1", **overrides)
 
 
 def tool_in_process(capsys, name, *args):

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import REPO_ROOT, test_env
+from conftest import REPO_ROOT, driver_env, test_env
 
 pytestmark = pytest.mark.slow
 
@@ -57,8 +57,31 @@ def test_driver_run_folder_and_log(driver_runs, name):
     assert env["world_size"] == 2 and env["accelerator"] == "cpu" and env["deepspeed"]
     command = (folder / "command.txt").read_text()
     assert "pretrain_gpt.py" in command and f"--zero-stage {stage}" in command
-    losses = [float(v) for v in re.findall(r"^ iteration .*\| lm loss: (\S+) \|", log, re.M)]
+    losses = iteration_losses(log)
     assert len(losses) >= 3 and losses[-1] < losses[0]
+
+
+def iteration_losses(log: str) -> list[float]:
+    return [float(v) for v in re.findall(r"^ iteration .*\| lm loss: (\S+) \|", log, re.M)]
+
+
+@pytest.mark.parametrize("name", ["Z1", "Z3"])
+def test_driver_in_bf16_follows_the_fp32_run(driver_runs, dolly_data_dir, tmp_path, name):
+    """PRECISION=bf16 on the CPU ranks: DeepSpeed's bf16 optimizer, bf16 weights (gathered at stage 3)
+    through the fused output-layer loss; same data and init as the fp32 run, so the losses track it."""
+    runs_dir, _ = driver_runs
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / f"gpt_deepspeed_{name}.sh")], cwd=REPO_ROOT,
+                            env=driver_env(dolly_data_dir, tmp_path, PRECISION="bf16"),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    folder = tmp_path / f"gpt_tiny_{name}"
+    assert json.loads((folder / "ds_config.json").read_text())["bf16"]["enabled"] is True
+    bf16 = iteration_losses((folder / "train.log").read_text())
+    fp32 = iteration_losses((runs_dir / f"gpt_tiny_{name}" / "train.log").read_text())
+    assert len(bf16) == len(fp32) == 4
+    for low, full in zip(bf16, fp32):
+        assert abs(low - full) < 0.02 * full, (bf16, fp32)
+    assert bf16[-1] < bf16[0]
 
 
 def test_drivers_share_their_settings(driver_runs):
