@@ -22,7 +22,6 @@ from megatron.core.tensor_parallel import (
     init_method_normal,
     model_parallel_tracker,
     reduce_scatter_to_sequence_parallel_region,
-    vocab_parallel_cross_entropy,
     vocab_parallel_lm_loss,
 )
 from megatron.core.scratch import ScratchBuffers
@@ -133,26 +132,6 @@ def _check_embedding(rank, world):
 @pytest.mark.slow
 def test_vocab_parallel_embedding_matches_serial():
     run_ranks(_check_embedding)
-
-
-def _check_cross_entropy(rank, world):
-    group = dist.group.WORLD
-    gen = torch.Generator().manual_seed(3)
-    full = (torch.randn(2, 5, 10, generator=gen) * 4).requires_grad_(True)
-    target = torch.randint(0, 10, (2, 5), generator=gen)
-    local = _shard(full.detach(), -1, rank).clone().requires_grad_(True)
-    loss = vocab_parallel_cross_entropy(local, target, group)
-    expected = F.cross_entropy(full.view(-1, 10), target.view(-1), reduction="none").view(2, 5)
-    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
-    weights = torch.rand(2, 5, generator=gen)
-    (loss * weights).sum().backward()
-    (expected * weights).sum().backward()
-    torch.testing.assert_close(local.grad, _shard(full.grad, -1, rank), rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.slow
-def test_vocab_parallel_cross_entropy_matches_torch():
-    run_ranks(_check_cross_entropy)
 
 
 def _check_fused_lm_loss(rank, world):

@@ -3,6 +3,8 @@
 Stage 0 embeds, the transformer layers are split evenly over the stages, the last stage
 applies the final LayerNorm and the output layer, which is the word embedding shared
 with stage 0 (a TiedLayerSpec: DeepSpeed syncs the weight and sums its gradients).
+The output layer's matrix product happens inside the loss (vocab_parallel_lm_loss, as in
+GPTModel): the last layer hands the loss function the hidden state and the tied weight.
 Batches for `engine.train_batch` are ((tokens, position_ids), (labels, loss_mask)).
 """
 from __future__ import annotations
@@ -13,8 +15,9 @@ from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 from torch import nn
 
 from megatron.core.parallel_state import ParallelState
-from megatron.core.tensor_parallel import checkpoint, model_parallel_tracker, vocab_parallel_cross_entropy
-from megatron.core.tensor_parallel.layers import SequenceParallelLayerNorm, parallel_lm_logits
+from megatron.core.scratch import ScratchBuffers
+from megatron.core.tensor_parallel import checkpoint, lm_head_input, model_parallel_tracker, vocab_parallel_lm_loss
+from megatron.core.tensor_parallel.layers import SequenceParallelLayerNorm
 from megatron.core.tensor_parallel.random import RNGStatesTracker
 from megatron.model.config import GPTConfig, ModelConfigError
 from megatron.model.gpt_model import build_embeddings, check_tensor_parallel, embed, layer_init_seed
@@ -37,10 +40,11 @@ class EmbeddingPipe(nn.Module):
                      self.config, self.tp_group, self.rng_tracker)
 
 
-def lm_head(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
-    """The tied output layer on the last stage: this rank's vocab slice of the logits."""
-    return parallel_lm_logits(hidden, embedding.word_embeddings.weight, embedding.tp_group,
-                              embedding.config.sequence_parallel)
+def lm_head(embedding: EmbeddingPipe, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tied output layer on the last stage, for the loss: (hidden as the vocab-parallel
+    layer takes it, this rank's vocab slice of the word embeddings)."""
+    return (lm_head_input(hidden, embedding.tp_group, embedding.config.sequence_parallel),
+            embedding.word_embeddings.weight)
 
 
 class TransformerLayerPipe(ParallelTransformerLayer):
@@ -63,10 +67,13 @@ class MaskedLMLoss:
 
     def __init__(self, tp_group):
         self.tp_group = tp_group
+        self.scratch = ScratchBuffers()  # the [tokens, vocab] logits buffer, reused each step
 
-    def __call__(self, local_logits: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def __call__(self, head: tuple[torch.Tensor, torch.Tensor],
+                 targets: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        hidden, weight = head
         labels, loss_mask = targets
-        losses = vocab_parallel_cross_entropy(local_logits, labels, self.tp_group)
+        losses = vocab_parallel_lm_loss(hidden, weight, labels, self.tp_group, self.scratch)
         mask = loss_mask.to(losses.dtype)
         return (losses * mask).sum() / mask.sum().clamp(min=1.0)
 

@@ -1,5 +1,5 @@
 """Tensor-parallel building blocks: layers, communication, vocab-parallel loss, RNG."""
-from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy, vocab_parallel_lm_loss
+from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_lm_loss
 from megatron.core.tensor_parallel.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -30,7 +30,6 @@ __all__ = [
     "lm_head_input",
     "parallel_lm_logits",
     "scaled_init_method_normal",
-    "vocab_parallel_cross_entropy",
     "vocab_parallel_lm_loss",
     "copy_to_tensor_model_parallel_region",
     "reduce_from_tensor_model_parallel_region",

@@ -1,11 +1,9 @@
-"""Cross-entropy over logits split by vocabulary, without gathering the full logits.
+"""The output layer and its cross-entropy in one step, over a vocabulary split across ranks.
 
-Each rank holds logits[..., vocab_start:vocab_end]; only three [batch, seq] statistics
-cross the group: the max (for stability), the target's logit, and the sum of exps.
-
-vocab_parallel_lm_loss fuses the tied output layer into the loss: the logits go into a
-scratch buffer that the softmax overwrites in place and that becomes the logits' gradient,
-so a training step allocates one [tokens, vocab] tensor instead of three.
+Each rank computes logits[..., vocab_start:vocab_end] only; three [tokens] statistics cross
+the group: the max (for stability), the target's logit, and the sum of exps. The logits go into
+a scratch buffer that the exps overwrite in place and that then becomes the logits' gradient,
+so a training step holds one [tokens, vocab] tensor and never the full-vocabulary logits.
 """
 from __future__ import annotations
 
@@ -13,43 +11,6 @@ import torch
 
 from megatron.core.scratch import ScratchBuffers
 from megatron.core.tensor_parallel.mappings import all_reduce_max, all_reduce_sum, group_rank
-
-
-class _VocabParallelCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, local_logits: torch.Tensor, target: torch.Tensor, group):
-        logits = local_logits.float()
-        logits_max = all_reduce_max(logits.amax(dim=-1), group)
-        shifted = logits - logits_max.unsqueeze(-1)
-
-        local_target, outside = _local_targets(target, logits.size(-1), group)
-        target_logit = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        all_reduce_sum(target_logit, group)
-
-        exp = shifted.exp_()  # in place: on a 50k vocabulary each [tokens, vocab] pass costs more than it looks
-        sum_exp = all_reduce_sum(exp.sum(dim=-1), group)
-        loss = sum_exp.log() - target_logit
-
-        softmax = exp.div_(sum_exp.unsqueeze(-1))
-        ctx.save_for_backward(softmax, local_target, outside)
-        ctx.logits_dtype = local_logits.dtype
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor):
-        softmax, local_target, outside = ctx.saved_tensors
-        # d loss / d logit = softmax - one_hot(target), the one-hot only on the owning rank.
-        # The saved softmax becomes the gradient in place (no [tokens, vocab] copy), so this
-        # backward runs once per forward, as in training (no retain_graph).
-        grad = softmax
-        grad.scatter_add_(-1, local_target.unsqueeze(-1), -(~outside).unsqueeze(-1).to(grad.dtype))
-        grad.mul_(grad_loss.unsqueeze(-1))
-        return grad.to(ctx.logits_dtype), None, None
-
-
-def vocab_parallel_cross_entropy(local_logits: torch.Tensor, target: torch.Tensor, group) -> torch.Tensor:
-    """Per-token fp32 loss [...] from this rank's vocab slice of the logits [..., V/tp]."""
-    return _VocabParallelCrossEntropy.apply(local_logits, target, group)
 
 
 def _local_targets(target: torch.Tensor, per_rank: int, group) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,8 +66,8 @@ class _VocabParallelLMLoss(torch.autograd.Function):
 def vocab_parallel_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, group,
                            scratch: ScratchBuffers) -> torch.Tensor:
     """Per-token fp32 loss [...] of the output layer `weight` [V/tp, h] (this rank's vocab slice)
-    applied to `hidden` [..., h], the same on every rank of `group`; equal to
-    vocab_parallel_cross_entropy(F.linear(hidden, weight), target, group).
+    applied to `hidden` [..., h], the same on every rank of `group`; equal to the cross-entropy
+    of the full logits F.linear(hidden, full_weight).
     `hidden` must already be replicated over the group (copy_to_tensor_model_parallel_region)."""
     assert hidden.shape[:-1] == target.shape, (
         f"expected hidden [..., h] over target [...], got {tuple(hidden.shape)} and {tuple(target.shape)}"
