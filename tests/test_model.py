@@ -66,16 +66,17 @@ def test_fused_output_layer_loss_gives_the_gradients_of_the_logits_path(dtype, t
         torch.testing.assert_close(fused_grads[name], p.grad.float(), rtol=tolerance, atol=tolerance, msg=name)
 
 
-def test_output_layer_buffer_is_reused_across_steps_and_by_eval():
-    model = build()
+@pytest.mark.parametrize("dtype, buffers", [(torch.float32, 1), (torch.bfloat16, 2)])  # bf16: its logits, fp32 exps
+def test_output_layer_buffers_are_reused_across_steps_and_by_eval(dtype, buffers):
+    model = build(params_dtype=dtype)
     tokens, positions, labels = batch()
     model(tokens, positions, labels).sum().backward()
-    (kept,) = model.lm_loss_scratch._free.values()
+    kept = {tensor.data_ptr() for tensor in model.lm_loss_scratch._free.values()}
     model(tokens, positions, labels).sum().backward()
     with torch.no_grad():
         model(tokens, positions, labels)
-    (again,) = model.lm_loss_scratch._free.values()
-    assert again.data_ptr() == kept.data_ptr()
+    assert {tensor.data_ptr() for tensor in model.lm_loss_scratch._free.values()} == kept
+    assert len(kept) == buffers
     loss = model(tokens, positions, labels).sum()
     loss.backward(retain_graph=True)
     with pytest.raises(AssertionError, match="back-propagated twice"):

@@ -27,8 +27,9 @@ class _VocabParallelLMLoss(torch.autograd.Function):
         rows = hidden.reshape(-1, hidden.shape[-1])
         logits = scratch.take((rows.shape[0], weight.shape[0]), hidden.dtype, hidden.device)
         torch.mm(rows, weight.t(), out=logits)
-        exp = logits if logits.dtype == torch.float32 else logits.float()
-        if exp is not logits:
+        exp = logits
+        if logits.dtype != torch.float32:  # the softmax statistics in fp32, as Megatron's .float()
+            exp = scratch.take(logits.shape, torch.float32, logits.device).copy_(logits)
             scratch.give_back(logits)
 
         local_target, outside = _local_targets(target.reshape(-1), weight.shape[0], group)
@@ -55,10 +56,14 @@ class _VocabParallelLMLoss(torch.autograd.Function):
         # saved exps, then the one-hot, only on the rank that owns the target.
         grad_logits = ctx.exp.mul_((grad_loss / sum_exp).unsqueeze(1))
         grad_logits.scatter_add_(1, local_target.unsqueeze(1), (-grad_loss).masked_fill(outside, 0.0).unsqueeze(1))
-        grad_logits_in_dtype = grad_logits.to(weight.dtype)
-        grad_hidden = torch.mm(grad_logits_in_dtype, weight).view(ctx.hidden_shape)
-        grad_weight = torch.mm(grad_logits_in_dtype.t(), rows)
+        grad_in_dtype = grad_logits
+        if weight.dtype != grad_logits.dtype:
+            grad_in_dtype = ctx.scratch.take(grad_logits.shape, weight.dtype, grad_logits.device).copy_(grad_logits)
+        grad_hidden = torch.mm(grad_in_dtype, weight).view(ctx.hidden_shape)
+        grad_weight = torch.mm(grad_in_dtype.t(), rows)
         ctx.scratch.give_back(grad_logits)
+        if grad_in_dtype is not grad_logits:
+            ctx.scratch.give_back(grad_in_dtype)
         ctx.exp = None
         return grad_hidden, grad_weight, None, None, None, None
 
