@@ -134,6 +134,7 @@ def _spawned(rank, world, port, fn):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         fn(rank)
+        dist.barrier()  # gloo's threads are torn down only once no rank still talks to them
     finally:
         dist.destroy_process_group()
 
