@@ -121,7 +121,8 @@ def flags(opts, stage: str, prefix: str, world_size: int) -> list[str]:
     return ["--num-layers", str(opts.num_layers), "--hidden-size", str(opts.hidden_size),
             "--num-attention-heads", str(opts.num_attention_heads), "--seq-length", str(opts.seq_length),
             "--micro-batch-size", str(opts.micro_batch_size),
-            "--global-batch-size", str(opts.micro_batch_size * world_size * opts.gradient_accumulation), "--train-iters", str(opts.warmup + opts.steps),
+            "--global-batch-size", str(opts.micro_batch_size * world_size * opts.gradient_accumulation),
+            "--train-iters", str(opts.warmup + opts.steps),
             "--zero-stage", stage, "--data-path", prefix, "--tokenizer-type", "NullTokenizer",
             "--vocab-size", str(VOCAB), "--lr", "1e-4", *(["--bf16"] if opts.bf16 else [])]
 
@@ -136,7 +137,8 @@ def main(argv) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         prefix = toy_dataset(Path(tmp))
         for stage in opts.stages.split(","):
-            args = parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size, get_accelerator().device_name())
+            args = parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size,
+                              get_accelerator().device_name())
             config = model_config(args, padded_vocab_size(VOCAB, 128, 1), dist_info)
             # ours, HF, HF, ours: a drift in machine load or a cold first run favours neither side;
             # the median step time resists the odd slow step (a page-cache miss, a busy neighbour)
@@ -161,8 +163,7 @@ def print_table(rows, opts, dist_info, config):
     device = torch.cuda.get_device_name() if dist_info.on_cuda else "cpu"
     print(f"\nGPT L={opts.num_layers} h={opts.hidden_size} heads={opts.num_attention_heads} s={opts.seq_length} "
           f"micro={opts.micro_batch_size} accumulation={opts.gradient_accumulation} ranks={dist_info.world_size} "
-          f"device={device} "
-          f"dtype={'bf16' if opts.bf16 else 'fp32'} params={accounting.count_parameters(config):,}")
+          f"device={device} dtype={'bf16' if opts.bf16 else 'fp32'} params={accounting.count_parameters(config):,}")
     print("| ZeRO stage | ours tokens/s | HF tokens/s | ours/HF | ours TFLOPs/rank | ours MFU |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
