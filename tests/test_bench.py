@@ -1,4 +1,4 @@
-"""The GPT-vs-Hugging-Face benchmark runs end to end on 2 CPU ranks (numbers are not asserted:
+"""The benchmarks against Hugging Face and torch defaults run end to end (numbers are not asserted:
 speed is the benchmark's business, not the tests')."""
 import json
 import re
@@ -31,3 +31,15 @@ def test_gpt_vs_hf_bench_prints_a_row_per_stage_and_writes_json(tmp_path):
         assert float(ours) > 0 and float(hf) > 0
         assert entry["ratio"] == pytest.approx(entry["ours_tokens_per_s"] / entry["hf_tokens_per_s"])
         assert float(ratio) == pytest.approx(entry["ratio"], abs=0.006)
+
+
+def test_cpu_step_parts_bench_prints_each_part_against_its_reference():
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / "bench_cpu_step_parts.py"), "--tokens", "64", "--batch", "2",
+         "--hidden-size", "64", "--num-layers", "1", "--params", "10000", "--repeat", "1"],
+        env=test_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = re.findall(r"^(.+?) +(\d+\.\d) +(.+?) +(\d+\.\d) +(\d+\.\d\d)x$", result.stdout, re.M)
+    assert [row[0].split("  ")[0] for row in rows] == [
+        "output-layer matmul", "output layer + loss", "AdamW step", "model fwd + bwd"]
+    assert all(float(ratio) > 0 for *_, ratio in rows)
