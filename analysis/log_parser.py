@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The field regexes DESIGN.md promises to users' own scripts; they are used as-is below.
+# The field regexes docs/log-lines.md promises to users' own scripts; they are used as-is below.
 TGS_RE = re.compile(r"\(tgs\): (\d+\.\d+)")
 ELAPSED_MS_RE = re.compile(r"elapsed time per iteration \(ms\): (\d+\.\d+)")
 MEM_ALLOCATED_RE = re.compile(r", MemAllocated=(\d+\.\d+)GB")

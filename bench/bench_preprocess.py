@@ -37,7 +37,7 @@ from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fittin
 from megatron.tokenizer import GPT2BPETokenizer  # noqa: E402
 from megatron.tokenizer.gpt2_bpe import GPT2_PAT_STR, bytes_to_unicode  # noqa: E402
 
-DOLLY_SAMPLE = REPO.parent / "shared" / "data" / "dolly-sample.jsonl"
+DOLLY_SAMPLE = REPO / "data" / "samples" / "dolly-sample.jsonl"
 
 
 @dataclass

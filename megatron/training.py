@@ -286,7 +286,7 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, model_co
     from megatron.model import accounting
 
     ds, par = args.deepspeed, args.parallel
-    # the last stage prints (DESIGN.md): in the layout's rank order its first rank is tensor and data rank 0
+    # the last stage prints (docs/log-lines.md): in the layout's rank order its first rank is tensor and data rank 0
     last_stage = par.pipeline_model_parallel_size - 1
     log_rank = last_stage * (par.world_size // par.pipeline_model_parallel_size)
     on_rank = accounting.parameters_on_rank(model_config, par.tensor_model_parallel_size,

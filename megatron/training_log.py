@@ -1,4 +1,4 @@
-"""The exact log lines users and analysis/summarize.py grep (see DESIGN.md, "Log lines")."""
+"""The exact log lines users and analysis/summarize.py grep (docs/log-lines.md)."""
 import math
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,7 +44,7 @@ def iteration_line(s: IterationStats) -> str:
 
 
 def memory_line(rank: int, device: str, iteration: int, mem: dict, mfu_percent: float | None) -> str:
-    """DESIGN.md's analysis regexes expect ", MemAllocated=" (DeepSpeed's own spelling), hence the
+    """docs/log-lines.md's regexes expect ", MemAllocated=" (DeepSpeed's own spelling), hence the
     device field in front of it."""
     mfu = "" if mfu_percent is None else f", MFU={mfu_percent:.2f}%"
     return (f"[Rank {rank}] memory at iteration {iteration:8d} | device={device}, "

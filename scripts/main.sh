@@ -10,8 +10,8 @@ bash scripts/setup.sh
 source .venv/bin/activate
 
 # The full dolly corpus comes from the Hugging Face hub. Where the hub is out of reach and
-# no copy was provided, fall back to the real 382-record sample shipped beside the checkout.
-sample=../shared/data/dolly-sample.jsonl
+# no copy was provided, fall back to the real 382-record sample committed in data/samples/.
+sample=data/samples/dolly-sample.jsonl
 if [[ -z "${DOLLY_JSONL:-}" && ! -f data/databricks-dolly-15k.jsonl && -f "$sample" ]] \
     && ! curl -sfI --max-time 10 https://huggingface.co >/dev/null 2>&1; then
     echo "[main] Hugging Face hub unreachable: using the dolly sample $sample"

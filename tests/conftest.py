@@ -11,8 +11,7 @@ import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
-DOLLY_SAMPLE = SHARED_DATA / "dolly-sample.jsonl"
+DOLLY_SAMPLE = REPO_ROOT / "data" / "samples" / "dolly-sample.jsonl"
 DOLLY_SAMPLE_RECORDS = 382
 
 # This interpreter's tools first on PATH, for the tests and every subprocess they start: torch
@@ -45,7 +44,7 @@ def repo_root():
 
 @pytest.fixture(scope="session")
 def dolly_sample():
-    assert DOLLY_SAMPLE.is_file(), f"missing test data {DOLLY_SAMPLE} (../shared must sit beside the checkout)"
+    assert DOLLY_SAMPLE.is_file(), f"missing test data {DOLLY_SAMPLE} (committed in data/samples/)"
     return DOLLY_SAMPLE
 
 

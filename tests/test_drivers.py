@@ -1,5 +1,5 @@
 """Every examples_zero driver end to end on the dolly sample: exit 0, the run folder with its four
-files, every DESIGN.md log line, the same settings across the five, and a falling loss."""
+files, every docs/log-lines.md line, the same settings across the five, and a falling loss."""
 import json
 import re
 import subprocess

@@ -53,7 +53,7 @@ def parsed(*lines: str) -> ParsedLog:
     return log
 
 
-# ---- the DESIGN.md regexes on our lines and upstream's -------------------------------------------
+# ---- the docs/log-lines.md regexes on our lines and upstream's -------------------------------------------
 
 @pytest.mark.parametrize("regex, line, expected", [
     (log_parser.TGS_RE, OUR_ITERATION, "20169.846"),

@@ -56,7 +56,7 @@ def record_parts(line: str, where: str) -> dict:
     if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("instruction", "response")):
         raise DollyEvalError(f"{where}: expected a dolly record with string instruction and response")
     context = record.get("context") or ""
-    # the training text (DESIGN.md): context, instruction, response joined by newlines, empty context left out
+    # the training text (docs/data-format.md): context, instruction, response joined by newlines, empty context left out
     prompt = "\n".join(([context] if context.strip() else []) + [record["instruction"]]) + "\n"
     return dict(record, context=context, prompt=prompt)
 
