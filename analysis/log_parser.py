@@ -31,6 +31,10 @@ _RECORD_START_RE = re.compile(
     r"|(?P<model_state>model state memory per rank \(GB\)\s*\|)"
     r"|(?P<run_info>> run info\s*\|)"
     r"|(?P<end>\[after training is done\])"  # Megatron's last line
+    # megatron/training.py's TrainingError when too many iterations in a row were NaN/Inf
+    r"|(?P<diverged>stopping at iteration\s+(?P<sit>\d+):)"
+    # --exit-interval (ours and upstream) or upstream's signal handler
+    r"|(?P<exited>exiting program (?:at iteration\s+(?P<eit>\d+)|after receiving SIG\w+))"
 )
 # Megatron prints its parsed arguments as "  name ........ value" once at start-up.
 _ARGUMENT_RE = re.compile(r"^\s*(?:\S+:\s+)?([a-z_0-9]+) \.{3,} (\S.*?)\s*$")
@@ -47,6 +51,7 @@ class IterationRecord:
     elapsed_ms: float | None = None
     lm_loss: float | None = None
     global_batch_size: int | None = None
+    nan_iterations: int | None = None  # the run's count so far (Megatron's counter)
     samples_per_second: float | None = None
     tgs: float | None = None
     tflops: float | None = None
@@ -106,6 +111,8 @@ class ParsedLog:
     arguments: dict[str, str] = field(default_factory=dict)
     ended_mid_line: bool = False
     saw_end_marker: bool = False
+    diverged_at: int | None = None  # the iteration of the "stopping at iteration N:" line
+    exited_early: str | None = None  # the "exiting program ..." line
 
     @property
     def has_training_lines(self) -> bool:
@@ -135,6 +142,7 @@ def _parse_iteration(seg: str, it: int, total: int) -> IterationRecord:
         elapsed_ms=elapsed_ms,
         lm_loss=_float(LM_LOSS_RE, seg),
         global_batch_size=_int(r"global batch size:\s*(\d+)", seg),
+        nan_iterations=_int(r"number of nan iterations:\s*(\d+)", seg),
         samples_per_second=_float(r"samples per second:\s*(\d+\.\d+)", seg),
         tgs=_float(TGS_RE, seg),
         tflops=_float(r"TFLOPs:\s*(\d+\.\d+)", seg),
@@ -226,6 +234,10 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
         log.run_info.update(_parse_run_info(seg))
     elif kind == "end":
         log.saw_end_marker = True
+    elif kind == "diverged":
+        log.diverged_at = int(match["sit"])
+    elif kind == "exited":
+        log.exited_early = match.group(0)
 
 
 def parse_line(log: ParsedLog, line: str) -> None:

@@ -40,7 +40,7 @@ def _iterations(s: RunSummary) -> str:
 # (header, cell) for the markdown table; units in the header so cells stay numbers.
 MARKDOWN_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
     ("run", lambda s: s.label),
-    ("status", lambda s: "ok" if s.complete else "INCOMPLETE"),
+    ("status", lambda s: s.status),
     ("ZeRO", lambda s: "" if s.zero_stage is None else str(s.zero_stage)),
     ("offload", lambda s: s.offload or ""),
     ("model", lambda s: s.model or ""),
@@ -48,6 +48,7 @@ MARKDOWN_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
     ("micro/global batch", _batch),
     ("seq", lambda s: "" if s.seq_length is None else str(s.seq_length)),
     ("iters", _iterations),
+    ("NaN iters", lambda s: "" if s.nan_iterations is None else str(s.nan_iterations)),
     ("tgs (tok/s/rank)", lambda s: _num(1)(s.tgs_mean)),
     ("tokens/s (all ranks)", lambda s: _num(1)(s.tokens_per_s)),
     ("ms/iter", lambda s: _num(1)(s.ms_per_iter_mean)),
@@ -82,7 +83,7 @@ def notes(summaries: list[RunSummary], skipped: list[str], skip_first: int) -> s
         "(warm-up); memory and loss use every logged step. Memory is per rank, GB = 2**30 bytes. "
         "`~` marks an epoch time estimated from iteration time (the run did not finish an epoch).",
     ]
-    lines += [f"- {s.label}: INCOMPLETE ({s.incomplete_reason}), summarized as far as the log goes"
+    lines += [f"- {s.label}: {s.status} ({s.incomplete_reason}), summarized as far as the log goes"
               for s in summaries if not s.complete]
     lines += [f"- skipped {entry}" for entry in skipped]
     return "\n".join(lines) + "\n"

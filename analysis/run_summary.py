@@ -20,6 +20,8 @@ class RunSummary:
     log: str
     complete: bool
     incomplete_reason: str
+    status: str  # finished, diverged at iteration N, stopped early at iteration N, INCOMPLETE
+    nan_iterations: int | None
     zero_stage: int | None
     offload: str | None
     model: str | None
@@ -123,6 +125,37 @@ def completeness(log: ParsedLog, records: list[IterationRecord]) -> str:
     return ""
 
 
+def diverged_at(log: ParsedLog, records: list[IterationRecord]) -> int | None:
+    """The iteration a run diverged at: the one its NaN stop names, else the first of the trailing
+    logged intervals in which every iteration was NaN/Inf (Megatron's nan counter grew by the whole
+    interval up to the last logged iteration); None when it did not diverge."""
+    if log.diverged_at is not None:
+        return log.diverged_at
+    first_nan = None
+    for previous, record in zip([None] + records[:-1], records):
+        before = (0, 0) if previous is None else (previous.iteration, previous.nan_iterations)
+        if record.nan_iterations is None or before[1] is None:
+            first_nan = None
+        elif record.nan_iterations - before[1] == record.iteration - before[0]:
+            first_nan = first_nan or before[0] + 1
+        else:
+            first_nan = None
+    return first_nan
+
+
+def run_status(log: ParsedLog, records: list[IterationRecord]) -> tuple[str, str]:
+    """(status, why it is not "finished"): diverged beats stopped early beats the completeness check."""
+    diverged = diverged_at(log, records)
+    if diverged is not None:
+        why = "stopped on NaN/Inf losses" if log.diverged_at is not None else "NaN/Inf losses to the last logged iteration"
+        return f"diverged at iteration {diverged}", why
+    if log.exited_early and not log.saw_end_marker:
+        last = records[-1].iteration if records else 0
+        return f"stopped early at iteration {last}", log.exited_early
+    reason = completeness(log, records)
+    return ("INCOMPLETE", reason) if reason else ("finished", "")
+
+
 def _epoch_time(log: ParsedLog, meta: RunMetadata, ms_per_iter: float | None) -> tuple[float | None, str]:
     measured = _mean(e.epoch_time_s for e in log.epochs)
     if measured is not None:
@@ -151,13 +184,15 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
     measured_state, estimate = _model_state(log)
     losses = [r.lm_loss for r in records if r.lm_loss is not None]
     validations = [v for v in log.validations if v.lm_loss is not None]
-    reason = completeness(log, records)
+    status, reason = run_status(log, records)
     return RunSummary(
         run=run,
         label=meta.label or run,
         log=str(log.path),
-        complete=not reason,
+        complete=status == "finished",
         incomplete_reason=reason,
+        status=status,
+        nan_iterations=records[-1].nan_iterations if records else None,
         zero_stage=meta.zero_stage,
         offload=meta.offload,
         model=meta.model,

@@ -30,11 +30,15 @@ tokens, elapsed time per iteration, lm loss, tgs, TFLOPs), memory lines (zero-la
 epoch-end, validation, ZeRO-estimate and run-info lines; run metadata comes from that run info
 line, ds_config.json, command.txt, env.json and Megatron's argument dump, else the folder name
 (gpt_tiny_Z3_OL, ALCF's ..._z1_seqlen1024_..._gb1_mb1). Timestamps, rank prefixes, ANSI colours
-and interleaved ranks are tolerated. A log cut off mid-line, or one that neither logs its last
-iteration (N/N) nor prints "[after training is done]", is summarized as far as it goes and
-marked INCOMPLETE. Logs with no training lines are listed as skipped.
+and interleaved ranks are tolerated. Each run gets a status: "diverged at iteration N" (the
+training stopped on NaN/Inf losses, or they lasted to the last logged iteration), "stopped early
+at iteration N" (--exit-interval or a signal), INCOMPLETE (a log cut off mid-line, or one that
+neither logs its last iteration N/N nor prints "[after training is done]": still running or
+killed) or "finished"; it is summarized as far as the log goes. Logs with no training lines are
+listed as skipped.
 
-Writes to OUT: summary.md, summary.csv, summary.json (one row per run: ZeRO stage, offload,
+Writes to OUT: summary.md, summary.csv, summary.json (one row per run: status and NaN
+iterations, ZeRO stage, offload,
 model, ranks, batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
 ms/iteration, time per epoch, mean/max MemAllocated and peak MaxMemAllocated per rank in GB
 (2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, first/last/per-epoch lm

@@ -248,7 +248,9 @@ def test_incomplete_runs_are_marked(summary):
     alcf = rows[ALCF_RUN]
     assert alcf["complete"] == "False" and "no end-of-training marker" in alcf["incomplete_reason"]
     assert "| Z3+offload | INCOMPLETE |" in result.stdout
-    assert "| Z1 tiny | ok |" in result.stdout
+    assert "| Z1 tiny | finished |" in result.stdout
+    assert (rows["ours/gpt_tiny_Z1"]["status"], rows["ours/gpt_tiny_Z1"]["nan_iterations"]) == ("finished", "0")
+    assert (z3["status"], alcf["status"]) == ("INCOMPLETE", "INCOMPLETE")
 
 
 def test_log_without_training_lines_is_reported_and_skipped(summary):
@@ -323,6 +325,61 @@ def test_bad_flag_value_and_help():
     assert helped.returncode == 0
     for word in ("--skip-first", "--out", "summary.csv", "INCOMPLETE", "tgs", "Exit status"):
         assert word in helped.stdout
+
+
+# ---- run status: finished, diverged, stopped early ------------------------------------------------------
+
+def our_iteration(iteration, total, loss, nan_count):
+    """An iteration line exactly as megatron/training_log.py prints it (a NaN loss prints as NAN)."""
+    from megatron.training_log import IterationStats, iteration_line
+    return iteration_line(IterationStats(
+        iteration=iteration, train_iters=total, consumed_samples=8 * iteration, consumed_tokens=512 * iteration,
+        elapsed_ms=100.0, learning_rate=1e30, global_batch_size=8, lm_loss=loss, loss_scale=1.0, grad_norm=None,
+        skipped_iterations=nan_count, nan_iterations=nan_count, samples_per_second=80.0,
+        tokens_per_gpu_per_second=2560.0, tflops=0.01))
+
+
+NAN = float("nan")
+STOP_LINE = ("error: stopping at iteration 4: 3 iterations in a row had a non-finite loss or gradient "
+             "(--max-nan-iterations 3)")
+STATUS_LOGS = {
+    # megatron/training.py stopped the run: iterations 2 and 3 logged NaN, the error line names 4
+    "gpt_tiny_nan_stop": ([our_iteration(1, 10, 10.5, 0), our_iteration(2, 10, NAN, 1), our_iteration(3, 10, NAN, 2),
+                           STOP_LINE], "diverged at iteration 4", "2"),
+    # an upstream-style run that kept going: NaN from iteration 3 to its end, end marker printed
+    "gpt_tiny_nan_to_end": ([our_iteration(2, 6, 10.5, 0), our_iteration(4, 6, NAN, 1), our_iteration(6, 6, NAN, 3),
+                             "[after training is done] datetime: 2026-11-23 10:00:00"], "diverged at iteration 5", "3"),
+    # NaN in one interval, then finite again: not diverged
+    "gpt_tiny_recovered": ([our_iteration(2, 4, 10.5, 0), our_iteration(3, 4, NAN, 1), our_iteration(4, 4, 9.5, 1),
+                            "[after training is done] datetime: 2026-11-23 10:00:00"], "finished", "1"),
+    "gpt_tiny_exit_interval": ([our_iteration(1, 10, 10.5, 0), our_iteration(2, 10, 10.1, 0),
+                                " exiting program at iteration 2 (--exit-interval 2)"], "stopped early at iteration 2", "0"),
+    "gpt_tiny_cut_off": ([our_iteration(1, 10, 10.5, 0), our_iteration(2, 10, 10.1, 0)], "INCOMPLETE", "0"),
+}
+
+
+def test_run_status_from_real_log_lines(tmp_path):
+    for name, (lines, _, _) in STATUS_LOGS.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.log").write_text("\n".join(lines) + "\n")
+    result = run_cli(tmp_path, "--no-plots")
+    assert result.returncode == 0, result.stderr
+    with open(tmp_path / "summary.csv", newline="") as f:
+        rows = {row["run"]: row for row in csv.DictReader(f)}
+    runs = json.loads((tmp_path / "summary.json").read_text())["runs"]
+    statuses = {run["run"]: (run["status"], run["nan_iterations"]) for run in runs}
+    table = (tmp_path / "summary.md").read_text()
+    assert "| NaN iters |" in table.splitlines()[0]
+    for name, (_, status, nan_count) in STATUS_LOGS.items():
+        assert (rows[name]["status"], rows[name]["nan_iterations"]) == (status, nan_count), name
+        assert statuses[name] == (status, int(nan_count))
+        assert rows[name]["complete"] == str(status == "finished")
+        label = next(run["label"] for run in runs if run["run"] == name)
+        assert f"| {label} | {status} |" in table
+    # the stop's last finite loss stays in the table, but the status says the run diverged
+    assert rows["gpt_tiny_nan_stop"]["loss_last"] == "10.5"
+    assert rows["gpt_tiny_nan_stop"]["incomplete_reason"] == "stopped on NaN/Inf losses"
+    assert "diverged at iteration 4 (stopped on NaN/Inf losses)" in table
 
 
 # ---- end to end: the five real ZeRO drivers, then the summary of their runs --------------------------
