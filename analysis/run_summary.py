@@ -147,7 +147,8 @@ def run_status(log: ParsedLog, records: list[IterationRecord]) -> tuple[str, str
     """(status, why it is not "finished"): diverged beats stopped early beats the completeness check."""
     diverged = diverged_at(log, records)
     if diverged is not None:
-        why = "stopped on NaN/Inf losses" if log.diverged_at is not None else "NaN/Inf losses to the last logged iteration"
+        why = ("stopped on NaN/Inf losses" if log.diverged_at is not None
+               else "NaN/Inf losses to the last logged iteration")
         return f"diverged at iteration {diverged}", why
     if log.exited_early and not log.saw_end_marker:
         last = records[-1].iteration if records else 0

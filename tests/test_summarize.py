@@ -353,7 +353,8 @@ STATUS_LOGS = {
     "gpt_tiny_recovered": ([our_iteration(2, 4, 10.5, 0), our_iteration(3, 4, NAN, 1), our_iteration(4, 4, 9.5, 1),
                             "[after training is done] datetime: 2026-11-23 10:00:00"], "finished", "1"),
     "gpt_tiny_exit_interval": ([our_iteration(1, 10, 10.5, 0), our_iteration(2, 10, 10.1, 0),
-                                " exiting program at iteration 2 (--exit-interval 2)"], "stopped early at iteration 2", "0"),
+                                " exiting program at iteration 2 (--exit-interval 2)"],
+                               "stopped early at iteration 2", "0"),
     "gpt_tiny_cut_off": ([our_iteration(1, 10, 10.5, 0), our_iteration(2, 10, 10.1, 0)], "INCOMPLETE", "0"),
 }
 
