@@ -1,14 +1,28 @@
 """Pretrain a GPT with DeepSpeed: `python pretrain_gpt.py <Megatron-DeepSpeed flags>` under a launcher
-(deepspeed, torchrun, mpiexec). Parse flags, build tokenizer -> padded vocab, datasets, model, train."""
+(deepspeed, torchrun, mpiexec). Parse flags (the model shape with its padded vocabulary), datasets, model, train."""
+import os
 import sys
+import time
+from dataclasses import replace
 from functools import partial
 
 import torch
 
-from megatron.arguments import Args, ConfigError, parse_args
-from megatron.core.parallel_state import ParallelLayout, ParallelState
-from megatron.initialize import DistInfo, initialize_distributed, launcher_world_size, set_seed
-from megatron.training import LoopState, TrainingError, resolve_schedule
+from megatron.arguments import Args, parse_args
+from megatron.core.parallel_state import ParallelState
+from megatron.errors import ZeroLabError
+from megatron.initialize import (
+    DistInfo,
+    initialize_distributed,
+    launcher_world_size,
+    set_seed,
+    silence_known_warnings,
+)
+from megatron.training import LoopState, resolve_schedule
+
+# Launchers stop every rank as soon as one fails; a rank other than 0 waits this long before printing its
+# error, so that an error every rank hits is printed once, by rank 0, and one only it hits still shows.
+ERROR_GRACE_SECONDS = 10.0
 
 
 def build_data_iterators(args: Args, dist_info: DistInfo, train_iters: int, iteration: int, consumed_samples: int):
@@ -23,29 +37,12 @@ def build_data_iterators(args: Args, dist_info: DistInfo, train_iters: int, iter
     train_ds, valid_ds, _ = build_train_valid_test_datasets(args.data.data_path, args.data.split, wanted,
                                                              args.model.seq_length, args.training.seed)
     valid_consumed = iteration // log.eval_interval * log.eval_iters * batch
-    layout = parallel_layout(args)
     # tensor- and pipeline-parallel ranks of one replica read the same data
-    dp_rank, dp_size = layout.data_parallel_rank(dist_info.rank), layout.data_parallel_size
-    loaders = [build_pretraining_data_loader(ds, consumed, args.training.micro_batch_size, dp_rank, dp_size)
+    data_group = dist_info.parallel.data
+    loaders = [build_pretraining_data_loader(ds, consumed, args.training.micro_batch_size, data_group.rank,
+                                             data_group.size)
                for ds, consumed in ((train_ds, consumed_samples), (valid_ds, valid_consumed))]
     return [None if loader is None else iter(loader) for loader in loaders]
-
-
-def model_config(args: Args, padded_vocab: int, dist_info: DistInfo):
-    from megatron.model import GPTConfig
-    m = args.model
-    dtype = torch.bfloat16 if args.deepspeed.bf16 else torch.float16 if args.deepspeed.fp16 else torch.float32
-    return GPTConfig(num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
-                     seq_length=m.seq_length, max_position_embeddings=m.max_position_embeddings,
-                     padded_vocab_size=padded_vocab, ffn_hidden_size=m.ffn_hidden_size,
-                     hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
-                     init_method_std=m.init_method_std, checkpoint_activations=m.checkpoint_activations,
-                     params_dtype=dtype, sequence_parallel=args.parallel.sequence_parallel)
-
-
-def parallel_layout(args: Args) -> ParallelLayout:
-    par = args.parallel
-    return ParallelLayout(par.world_size, par.tensor_model_parallel_size, par.pipeline_model_parallel_size)
 
 
 def step_functions(args: Args) -> dict:
@@ -59,22 +56,19 @@ def step_functions(args: Args) -> dict:
 def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
     from megatron.checkpointing import load_checkpoint, set_rng_state
     from megatron.data.gpt_dataset import train_samples_per_epoch
-    from megatron.tokenizer import build_tokenizer, padded_vocab_size
+    from megatron.tokenizer import build_tokenizer
     from megatron.training import build_reporter, save, train
     from megatron.training_log import training_done_line
 
     set_seed(args.training.seed)
-    tokenizer = build_tokenizer(args.data)
-    padded = padded_vocab_size(tokenizer.vocab_size, args.data.make_vocab_size_divisible_by,
-                               args.parallel.tensor_model_parallel_size)
+    tokenizer = build_tokenizer(args.data, verbose=dist_info.rank == 0)
     schedule = resolve_schedule(args, train_samples_per_epoch(args.data.data_path, args.data.split,
                                                               args.model.seq_length))
-    config = model_config(args, padded, dist_info)
-    engine, ds_config = setup_engine_for(args, config, dist_info, schedule.train_iters)
+    engine, ds_config = setup_engine_for(args, dist_info, schedule.train_iters)
     state, rng = LoopState(), None
     if args.checkpoint.load:
         state.iteration, state.consumed_samples, rng = load_checkpoint(engine, args)
-    reporter = build_reporter(args, dist_info, schedule, config, ds_config)
+    reporter = build_reporter(args, dist_info, schedule, ds_config)
     train_iter, valid_iter = build_data_iterators(args, dist_info, schedule.train_iters, state.iteration,
                                                  state.consumed_samples)
     if rng is not None:
@@ -89,45 +83,41 @@ def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
     return state
 
 
-def setup_engine_for(args: Args, config, dist_info: DistInfo, train_iters: int):
+def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
     from megatron.deepspeed_config import write_deepspeed_config
-    from megatron.run_record import write_environment_record
     from megatron.model import GPTModel, accounting
+    from megatron.run_record import write_environment_record
     from megatron.training import setup_engine
 
-    parallel = ParallelState.build(parallel_layout(args))
+    parallel = dist_info.parallel
     if args.parallel.pipeline_model_parallel_size > 1:
         from megatron.model.gpt_model_pipe import build_gpt_pipe
-        builder = partial(build_gpt_pipe, config, parallel)
+        builder = partial(build_gpt_pipe, args.model, parallel)
     else:
-        builder = partial(GPTModel, config, parallel.get_tensor_model_parallel_group())
-    engine, ds_config = setup_engine(builder, accounting.count_parameters(config), args, dist_info, train_iters,
-                                     parallel)
+        builder = partial(GPTModel, args.model, parallel.get_tensor_model_parallel_group())
+    engine, ds_config = setup_engine(builder, accounting.count_parameters(args.model), args, dist_info, train_iters)
     if args.deepspeed.run_dir and dist_info.rank == 0:
         write_deepspeed_config(ds_config, args.deepspeed.run_dir)
         write_environment_record(args.deepspeed.run_dir, dist_info)
     return engine, ds_config
 
 
-def project_errors() -> tuple[type[Exception], ...]:
-    """The error types whose messages already name the flag/file; anything else is a bug and keeps its traceback."""
-    from megatron.data.gpt_dataset import DatasetError
-    from megatron.data.indexed_dataset import IndexedDatasetError
-    from megatron.dist_env import DistEnvError
-    from megatron.model.config import ModelConfigError
-    from megatron.inference.checkpoint import CheckpointError
-    from megatron.tokenizer import TokenizerError
-    return (ConfigError, TrainingError, DatasetError, IndexedDatasetError, DistEnvError, ModelConfigError,
-            TokenizerError, CheckpointError)
+def report_error(err: ZeroLabError) -> None:
+    if int(os.environ.get("RANK", "0")) != 0:
+        time.sleep(ERROR_GRACE_SECONDS)
+    print(f"error: {err}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str]) -> int:
+    silence_known_warnings()
     try:
         from deepspeed.accelerator import get_accelerator
         args = parse_args(argv, launcher_world_size(), get_accelerator().device_name())
-        pretrain(args, initialize_distributed())
-    except project_errors() as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
+        dist_info = initialize_distributed()
+        # the layout's process groups, built once; the data loader, the logging rank and DeepSpeed's mpu use them
+        pretrain(args, replace(dist_info, parallel=ParallelState.build(args.parallel.layout)))
+    except ZeroLabError as err:
+        report_error(err)
         return 1
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -29,16 +29,17 @@ case "$SP_TYPE" in
 esac
 (( SPSIZE == 1 )) || alcf_die "SPSIZE=$SPSIZE: DeepSpeed-Ulysses sequence parallelism is out of scope for zero-lab; use SPSIZE=1"
 
-(( NGPUS % (MPSIZE * PPSIZE) == 0 )) \
-    || alcf_die "NGPUS=$NGPUS ($NHOSTS hosts x $NGPU_PER_HOST) is not divisible by MPSIZE=$MPSIZE x PPSIZE=$PPSIZE"
-DPSIZE=$(( NGPUS / (MPSIZE * PPSIZE) ))
+# The layout and batch rules live in megatron/layout_check.py (pretrain_gpt.py uses the same ones);
+# asked here so that a bad layout is refused before mpiexec starts any rank.
+[[ -z "${GLOBAL_BATCH:-}" ]] || alcf_positive_int GLOBAL_BATCH
+ALCF_LAYOUT=$(PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m megatron.layout_check \
+    --world-size "$NGPUS" --tp "$MPSIZE" --pp "$PPSIZE" --micro-batch-size "$MICRO_BATCH" \
+    ${GLOBAL_BATCH:+--global-batch-size "$GLOBAL_BATCH"}) || exit 1
 if [[ -n "${GLOBAL_BATCH:-}" ]]; then
-    alcf_positive_int GLOBAL_BATCH
-    (( GLOBAL_BATCH % (MICRO_BATCH * DPSIZE) == 0 )) \
-        || alcf_die "GLOBAL_BATCH=$GLOBAL_BATCH is not divisible by MICRO_BATCH=$MICRO_BATCH x data-parallel size $DPSIZE"
-    GAS=$(( GLOBAL_BATCH / (MICRO_BATCH * DPSIZE) ))
+    read -r DPSIZE GLOBAL_BATCH GAS <<< "$ALCF_LAYOUT"
 else
-    GLOBAL_BATCH=$(( MICRO_BATCH * GAS * DPSIZE ))
+    read -r DPSIZE GLOBAL_BATCH _ <<< "$ALCF_LAYOUT"
+    GLOBAL_BATCH=$(( GLOBAL_BATCH * GAS ))
 fi
 
 # e.g. gpt_SP_actCkpt_GPT13B_z1_seqlen1024_mp8_pp1_sp1_nl40_hs5120_gb1_mb1 (ALCF Megatron-DeepSpeed naming)
@@ -54,25 +55,19 @@ RUN_USER=${USER:-$(id -un)}
 LOG_FILE="$RUN_DIR/logs/${RUN_USER}-$(hostname)-nhosts${NHOSTS}-ngpu${NGPUS}-$(date +%Y-%m-%d-%H%M%S).log"
 CHECKPOINT_DIR="$RUN_DIR/checkpoints"
 
-DATA_DIR=${DATA_DIR:-$REPO_ROOT/data}
-DATA_PATH=${DATA_PATH:-$DATA_DIR/dolly_text_document}
-VOCAB_FILE=${VOCAB_FILE:-$DATA_DIR/gpt2-vocab.json}
-MERGE_FILE=${MERGE_FILE:-$DATA_DIR/gpt2-merges.txt}
-read -r -a ALCF_DATA_PATH <<< "$DATA_PATH"  # one prefix, or "weight prefix weight prefix ..."
+# ALCF's published GPT-3 recipe differs from the shared defaults in one place: half the learning rate.
+LR=${LR:-3.0e-4}; MIN_LR=${MIN_LR:-3.0e-5}
+source "$REPO_ROOT/scripts/defaults.sh"  # data, vocabulary, split, optimizer and schedule: TRAINING_DEFAULT_FLAGS
 if [[ -z "${DTYPE:-}" ]]; then
     [[ "$ACCELERATOR" == cuda ]] && DTYPE=bf16 || DTYPE=fp32
 fi
 [[ "$DTYPE" =~ ^(fp32|bf16|fp16)$ ]] || alcf_die "DTYPE=$DTYPE: expected fp32, bf16 or fp16"
 
 MEGATRON_ARGS=(
-    --num-layers "$NLAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS"
-    --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
+    --model-size "$MODEL_SIZE" --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
     --micro-batch-size "$MICRO_BATCH" --global-batch-size "$GLOBAL_BATCH"
     --tensor-model-parallel-size "$MPSIZE" --pipeline-model-parallel-size "$PPSIZE"
-    --lr "${LR:-3e-4}" --min-lr "${MIN_LR:-3e-5}" --lr-decay-style cosine
-    --lr-warmup-fraction "${LR_WARMUP_FRAC:-0.01}" --weight-decay 0.1 --clip-grad 1.0 --adam-beta2 0.95
-    --data-path "${ALCF_DATA_PATH[@]}" --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE"
-    --split "${DATA_SPLIT:-969,30,1}"
+    "${TRAINING_DEFAULT_FLAGS[@]}"
     --log-interval "${LOG_INTERVAL:-1}" --eval-interval "${EVAL_INTERVAL:-1000}" --eval-iters "${EVAL_ITERS:-10}"
     --save "$CHECKPOINT_DIR" --save-interval "${SAVE_INTERVAL:-1000}"
     --tensorboard-dir "$RUN_DIR/tensorboard"

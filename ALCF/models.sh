@@ -1,25 +1,17 @@
 #!/usr/bin/env bash
-# Sourced by train-gpt3.sh: model shape for MODEL_SIZE_KEY -> NLAYERS, HIDDEN, HEADS.
+# Sourced by train-gpt3.sh: MODEL_SIZE_KEY -> MODEL_SIZE (zero-lab's preset) and its NLAYERS, HIDDEN, HEADS.
+# The shapes live only in megatron/model/presets.py (MODEL_PRESETS); this file only maps ALCF's key names.
 
 MODEL_SIZE_KEY=${MODEL_SIZE_KEY:-GPT125M}
-# key: layers hidden heads (GPT-3 paper shapes, GPT1_5B = GPT-2 XL, GPT_TINY for CPU runs)
 declare -A ALCF_MODELS=(
-    [GPT_TINY]="2 128 4"
-    [GPT125M]="12 768 16"
-    [GPT350M]="24 1024 16"
-    [GPT760M]="24 1536 16"
-    [GPT1_3B]="24 2048 16"
-    [GPT1_5B]="48 1536 24"
-    [GPT2_7B]="32 2560 32"
-    [GPT6_7B]="32 4096 32"
-    [GPT13B]="40 5120 64"
-    [GPT25B]="64 6144 64"
-    [GPT175B]="96 12288 96"
+    [GPT_TINY]=tiny [GPT125M]=125M [GPT350M]=355M [GPT760M]=760M [GPT774M]=774M [GPT1_3B]=1.3B
+    [GPT1_5B]=1.5B [GPT2_7B]=2.7B [GPT6_7B]=6.7B [GPT13B]=13B [GPT25B]=25B [GPT175B]=175B
 )
 if [[ -z "${ALCF_MODELS[$MODEL_SIZE_KEY]+set}" ]]; then
-    echo "error: MODEL_SIZE_KEY=$MODEL_SIZE_KEY is not a known model; valid keys:" \
-        "$(printf '%s\n' "${!ALCF_MODELS[@]}" | sort -V | tr '\n' ' ')" >&2
-    exit 1
+    alcf_die "MODEL_SIZE_KEY=$MODEL_SIZE_KEY is not a known model; valid keys:" \
+        "$(printf '%s\n' "${!ALCF_MODELS[@]}" | sort -V | tr '\n' ' ')"
 fi
-read -r NLAYERS HIDDEN HEADS <<< "${ALCF_MODELS[$MODEL_SIZE_KEY]}"
-echo "[models] $MODEL_SIZE_KEY: layers=$NLAYERS hidden=$HIDDEN heads=$HEADS"
+MODEL_SIZE=${ALCF_MODELS[$MODEL_SIZE_KEY]}
+read -r NLAYERS HIDDEN HEADS < <("${PYTHON:-python3}" "$REPO_ROOT/megatron/model/presets.py" "$MODEL_SIZE") \
+    && [[ -n "${HEADS:-}" ]] || alcf_die "MODEL_SIZE_KEY=$MODEL_SIZE_KEY: cannot read preset $MODEL_SIZE from megatron/model/presets.py"
+echo "[models] $MODEL_SIZE_KEY: preset $MODEL_SIZE, layers=$NLAYERS hidden=$HIDDEN heads=$HEADS"

@@ -9,9 +9,10 @@ from pathlib import Path
 from analysis.log_parser import parse_log
 from analysis.run_metadata import collect_metadata
 from analysis.run_summary import RunSummary, summarize_run
+from megatron.errors import ZeroLabError
 
 
-class SummarizeError(Exception):
+class SummarizeError(ZeroLabError):
     """A problem with the user's input path; the CLI prints it as one line."""
 
 

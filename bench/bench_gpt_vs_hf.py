@@ -19,6 +19,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,6 @@ from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder  # noqa: E40
 from megatron.initialize import DistInfo, initialize_distributed, set_seed  # noqa: E402
 from megatron.model import GPTModel, accounting  # noqa: E402
 from megatron.training import setup_engine, train_step  # noqa: E402
-from pretrain_gpt import model_config  # noqa: E402
 
 VOCAB = 50257
 
@@ -129,17 +129,18 @@ def flags(opts, stage: str, prefix: str, world_size: int) -> list[str]:
 
 def main(argv) -> int:
     from deepspeed.accelerator import get_accelerator
-    from megatron.tokenizer import padded_vocab_size
+    from megatron.core.parallel_state import ParallelLayout, ParallelState
 
     opts = bench_options(argv)
     dist_info = initialize_distributed()
+    dist_info = replace(dist_info, parallel=ParallelState.build(ParallelLayout(dist_info.world_size)))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         prefix = toy_dataset(Path(tmp))
         for stage in opts.stages.split(","):
             args = parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size,
                               get_accelerator().device_name())
-            config = model_config(args, padded_vocab_size(VOCAB, 128, 1), dist_info)
+            config = args.model
             # ours, HF, HF, ours: a drift in machine load or a cold first run favours neither side;
             # the median step time resists the odd slow step (a page-cache miss, a busy neighbour)
             seconds = {"ours": [], "hf": []}

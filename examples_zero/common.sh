@@ -29,6 +29,8 @@ fi
 
 # With a GPU: GPT-2 125M, seq 1024, bf16 on every visible GPU via the deepspeed launcher.
 # Without: the tiny preset on 2 CPU ranks via torchrun, fp32, a few minutes per driver.
+# LAUNCHER=srun (inside a Slurm allocation): one rank per task of the allocation, on all its nodes.
+[[ "${LAUNCHER:-}" == srun && -z "${NGPUS:-}" ]] && NGPUS=${SLURM_NTASKS:-}
 CUDA_GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())") || die "PYTHON=$PYTHON cannot import torch"
 if (( CUDA_GPUS > 0 )); then
     MODEL_SIZE=${MODEL_SIZE:-125M}; SEQ_LEN=${SEQ_LEN:-1024}; NGPUS=${NGPUS:-$CUDA_GPUS}
@@ -41,9 +43,7 @@ else
     [[ -n "${TRAIN_EPOCHS:-}" ]] || TRAIN_ITERS=${TRAIN_ITERS:-60}
 fi
 GLOBAL_BATCH=${GLOBAL_BATCH:-$(( MICRO_BATCH * NGPUS * 2 ))}
-LR=${LR:-6.0e-4}; MIN_LR=${MIN_LR:-6.0e-5}; LR_WARMUP_FRACTION=${LR_WARMUP_FRACTION:-0.01}
-WEIGHT_DECAY=${WEIGHT_DECAY:-0.1}; CLIP_GRAD=${CLIP_GRAD:-1.0}; SEED=${SEED:-1234}
-SPLIT=${SPLIT:-969,30,1}
+source "$REPO/scripts/defaults.sh"  # data, vocabulary, split, optimizer and schedule: TRAINING_DEFAULT_FLAGS
 # Checkpoints go to the run folder: every SAVE_INTERVAL iterations and at the end. A later run
 # resumes only when asked (extra argument --load <run>/checkpoints), so re-running a driver
 # starts the experiment afresh instead of overwriting its log with an empty resumed run.
@@ -54,13 +54,8 @@ MASTER_PORT=${MASTER_PORT:-29500}
 # --sequence-parallel (needs TP > 1). Data-parallel size = NGPUS / (TP x PP); ZeRO shards over it.
 TP=${TP:-${MPSIZE:-1}}; PP=${PP:-${PPSIZE:-1}}; SP=${SP:-0}
 
-DATA_DIR=${DATA_DIR:-$REPO/data}
-DATA_PATH=${DATA_PATH:-$DATA_DIR/dolly_text_document}
-VOCAB_FILE=${VOCAB_FILE:-$DATA_DIR/gpt2-vocab.json}
-MERGE_FILE=${MERGE_FILE:-$DATA_DIR/gpt2-merges.txt}
-if [[ ! -f "$DATA_PATH.bin" || ! -f "$DATA_PATH.idx" ]]; then
-    [[ "$DATA_PATH" == "$DATA_DIR/dolly_text_document" ]] \
-        || die "DATA_PATH=$DATA_PATH: no $DATA_PATH.bin/.idx (make them with tools/preprocess_data.py)"
+# The default dataset is made on first use; any other DATA_PATH is checked by pretrain_gpt.py.
+if [[ "${DRY_RUN:-0}" != 1 && "$DATA_PATH" == "$DATA_DIR/dolly_text_document" && ! ( -f "$DATA_PATH.bin" && -f "$DATA_PATH.idx" ) ]]; then
     echo "[examples_zero] $DATA_PATH.bin missing: running tools/process_databricks_gpt2.sh"
     DATA_DIR=$DATA_DIR PYTHON=$PYTHON bash "$REPO/tools/process_databricks_gpt2.sh"
 fi
@@ -70,14 +65,14 @@ parallel_tag=""; (( TP > 1 )) && parallel_tag+="_tp$TP"; (( PP > 1 )) && paralle
 [[ "$SP" == 1 ]] && parallel_tag+="_sp"
 RUN_NAME=${RUN_NAME:-gpt_${MODEL_SIZE}_${EXPERIMENT}${parallel_tag}}
 RUN_DIR=$RUNS_DIR/$RUN_NAME
-mkdir -p "$RUN_DIR"
+[[ "${DRY_RUN:-0}" == 1 ]] || mkdir -p "$RUN_DIR"  # DRY_RUN=1: print the command, write and start nothing
 
 # INIT_HF is converted once into the run folder, then loaded with --finetune (iteration and optimizer
 # start afresh; any ZeRO stage); GPT-2's position table (1024) replaces --max-position-embeddings SEQ_LEN.
 init_flags=()
 if [[ -n "${INIT_HF:-}" ]]; then
     init_dir=$RUN_DIR/hf_init_$(basename "$INIT_HF")
-    [[ -f "$init_dir/latest" ]] || "$PYTHON" "$REPO/tools/hf_to_checkpoint.py" --hf "$INIT_HF" --save "$init_dir" \
+    [[ -f "$init_dir/latest" || "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" "$REPO/tools/hf_to_checkpoint.py" --hf "$INIT_HF" --save "$init_dir" \
         || exit 1
     init_flags=(--max-position-embeddings "$hf_positions" --load "$init_dir" --finetune)
 fi
@@ -92,20 +87,25 @@ length_flags=(); if [[ -n "${TRAIN_ITERS:-}" ]]; then length_flags=(--train-iter
 case "$LAUNCHER" in
     torchrun)  launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NGPUS" --master_port "$MASTER_PORT") ;;
     deepspeed) launch=("$PYTHON" -m deepspeed.launcher.runner --num_gpus "$NGPUS" --master_port "$MASTER_PORT") ;;
-    *) die "LAUNCHER=$LAUNCHER: expected torchrun or deepspeed" ;;
+    # Each task finds its rank and the rendezvous in SLURM_* (megatron/dist_env.py); one OpenMP
+    # thread per CPU of the task, as torchrun's one per rank when tasks get no --cpus-per-task.
+    srun)      [[ -n "${SLURM_JOB_ID:-}" ]] \
+                   || die "LAUNCHER=srun: not inside a Slurm allocation (no SLURM_JOB_ID): use sbatch or salloc"
+               export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+               launch=(srun --ntasks "$NGPUS" --kill-on-bad-exit=1 "$PYTHON") ;;
+    *) die "LAUNCHER=$LAUNCHER: expected torchrun, deepspeed or srun" ;;
 esac
 
 cmd=("${launch[@]}" "$REPO/pretrain_gpt.py"
      --model-size "$MODEL_SIZE" --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
      --micro-batch-size "$MICRO_BATCH" --global-batch-size "$GLOBAL_BATCH" "${length_flags[@]}"
-     --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-fraction "$LR_WARMUP_FRACTION"
-     --weight-decay "$WEIGHT_DECAY" --clip-grad "$CLIP_GRAD" --seed "$SEED"
+     "${TRAINING_DEFAULT_FLAGS[@]}"
      --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
-     --data-path "$DATA_PATH" --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --split "$SPLIT"
      --zero-stage "$ZERO_STAGE" "${offload_flags[@]}" "${precision_flags[@]}" "${parallel_flags[@]}"
      --save "$RUN_DIR/checkpoints" --save-interval "$SAVE_INTERVAL"
      "${init_flags[@]}" --tensorboard-dir "$RUN_DIR/tensorboard" --run-dir "$RUN_DIR" "$@")
 
-printf '%q ' "${cmd[@]}" > "$RUN_DIR/command.txt"; echo >> "$RUN_DIR/command.txt"
 echo "[examples_zero] $RUN_NAME -> $RUN_DIR"
+if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "[examples_zero] DRY_RUN=1, not starting: $(printf '%q ' "${cmd[@]}")"; exit 0; fi
+printf '%q ' "${cmd[@]}" > "$RUN_DIR/command.txt"; echo >> "$RUN_DIR/command.txt"
 "${cmd[@]}" 2>&1 | tee "$RUN_DIR/train.log"

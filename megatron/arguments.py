@@ -11,11 +11,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import deepspeed
+import torch
 
-from megatron.tokenizer import TokenizerConfig
+from megatron.core.parallel_state import ParallelLayout
+from megatron.errors import ZeroLabError
+from megatron.layout_check import batch_split
+from megatron.model.config import GPTConfig, parallel_shape_problems
+from megatron.model.presets import MODEL_PRESETS
+from megatron.tokenizer import TokenizerConfig, build_tokenizer
+
+PARAMS_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class ConfigError(ValueError):
+class ConfigError(ZeroLabError, ValueError):
     """A bad flag or flag combination; the message names the flag and what was expected."""
 
 
@@ -25,50 +33,26 @@ def _require(condition, message):
 
 
 @dataclass
-class ModelArgs:
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    seq_length: int
-    max_position_embeddings: int
-    ffn_hidden_size: int | None = None
-    model_size: str | None = None
-    hidden_dropout: float = 0.1
-    attention_dropout: float = 0.1
-    init_method_std: float = 0.02
-    checkpoint_activations: bool = False
-
-    def __post_init__(self):
-        for flag, value in (("--num-layers", self.num_layers), ("--hidden-size", self.hidden_size),
-                            ("--num-attention-heads", self.num_attention_heads),
-                            ("--seq-length", self.seq_length)):
-            _require(value > 0, f"{flag} must be a positive integer, got {value}")
-        _require(self.hidden_size % self.num_attention_heads == 0,
-                 f"--hidden-size {self.hidden_size} is not divisible by "
-                 f"--num-attention-heads {self.num_attention_heads}")
-        _require(self.seq_length <= self.max_position_embeddings,
-                 f"--seq-length {self.seq_length} is larger than "
-                 f"--max-position-embeddings {self.max_position_embeddings}")
-        for flag, value in (("--hidden-dropout", self.hidden_dropout),
-                            ("--attention-dropout", self.attention_dropout)):
-            _require(0.0 <= value < 1.0, f"{flag} must be in [0, 1), got {value}")
-
-
-@dataclass
 class ParallelArgs:
-    world_size: int
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
+    """The parallel layout (built and checked once, here) and Megatron's --sequence-parallel."""
+    layout: ParallelLayout
     sequence_parallel: bool = False
 
-    def __post_init__(self):
-        for flag, value in (("--tensor-model-parallel-size", self.tensor_model_parallel_size),
-                            ("--pipeline-model-parallel-size", self.pipeline_model_parallel_size)):
-            _require(value >= 1, f"{flag} must be >= 1, got {value}")
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def tensor_model_parallel_size(self) -> int:
+        return self.layout.tensor_model_parallel_size
+
+    @property
+    def pipeline_model_parallel_size(self) -> int:
+        return self.layout.pipeline_model_parallel_size
 
     @property
     def data_parallel_size(self) -> int:
-        return max(1, self.world_size // (self.tensor_model_parallel_size * self.pipeline_model_parallel_size))
+        return self.layout.data_parallel_size
 
 
 @dataclass
@@ -193,7 +177,8 @@ class DeepSpeedArgs:
 
 @dataclass
 class Args:
-    model: ModelArgs
+    model: GPTConfig  # the one typed model shape; checkpoints store GPTConfig.to_dict()
+    model_name: str  # the --model-size preset, or "custom"
     parallel: ParallelArgs
     optimizer: OptimizerArgs
     training: TrainingArgs
@@ -281,34 +266,29 @@ def build_parser() -> argparse.ArgumentParser:
     return deepspeed.add_config_arguments(parser)
 
 
-def _model_args(ns) -> ModelArgs:
-    sizes = dict(num_layers=ns.num_layers, hidden_size=ns.hidden_size, num_attention_heads=ns.num_attention_heads)
+def _model_config(ns, padded_vocab_size: int, params_dtype: torch.dtype) -> GPTConfig:
+    shape = dict(num_layers=ns.num_layers, hidden_size=ns.hidden_size, num_attention_heads=ns.num_attention_heads)
     if ns.model_size is not None:
-        from megatron.model import MODEL_PRESETS
         _require(ns.model_size in MODEL_PRESETS,
                  f"--model-size {ns.model_size!r} is not a preset (choose from {', '.join(MODEL_PRESETS)})")
         # explicit flags win over the preset, as in Megatron's model scripts
-        sizes = {key: value if value is not None else MODEL_PRESETS[ns.model_size][key]
-                 for key, value in sizes.items()}
-    for key, value in sizes.items():
+        shape = {key: value if value is not None else MODEL_PRESETS[ns.model_size][key]
+                 for key, value in shape.items()}
+    for key, value in shape.items():
         _require(value is not None, f"--{key.replace('_', '-')} is required (or give --model-size)")
     _require(ns.seq_length is not None, "--seq-length is required")
-    return ModelArgs(**sizes, seq_length=ns.seq_length,
+    return GPTConfig(**shape, seq_length=ns.seq_length,
                      max_position_embeddings=ns.max_position_embeddings or ns.seq_length,
-                     ffn_hidden_size=ns.ffn_hidden_size, model_size=ns.model_size,
+                     padded_vocab_size=padded_vocab_size, ffn_hidden_size=ns.ffn_hidden_size,
                      hidden_dropout=ns.hidden_dropout, attention_dropout=ns.attention_dropout,
-                     init_method_std=ns.init_method_std, checkpoint_activations=ns.checkpoint_activations)
+                     init_method_std=ns.init_method_std, recompute_activations=ns.checkpoint_activations,
+                     params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel)
 
 
-def _training_args(ns, data_parallel_size: int) -> TrainingArgs:
-    micro = ns.micro_batch_size
-    _require(micro > 0, f"--micro-batch-size must be >= 1, got {micro}")
-    global_batch = ns.global_batch_size if ns.global_batch_size is not None else micro * data_parallel_size
-    _require(global_batch % (micro * data_parallel_size) == 0,
-             f"--global-batch-size {global_batch} is not divisible by --micro-batch-size {micro} "
-             f"x data-parallel size {data_parallel_size}")
-    return TrainingArgs(micro_batch_size=micro, global_batch_size=global_batch,
-                        gradient_accumulation_steps=global_batch // (micro * data_parallel_size),
+def _training_args(ns, layout: ParallelLayout) -> TrainingArgs:
+    global_batch, accumulation = batch_split(layout, ns.micro_batch_size, ns.global_batch_size)
+    return TrainingArgs(micro_batch_size=ns.micro_batch_size, global_batch_size=global_batch,
+                        gradient_accumulation_steps=accumulation,
                         train_iters=ns.train_iters, train_samples=ns.train_samples, train_epochs=ns.train_epochs,
                         seed=ns.seed, max_nan_iterations=ns.max_nan_iterations,
                         exit_interval=ns.exit_interval, eod_mask_loss=ns.eod_mask_loss,
@@ -360,21 +340,10 @@ def _unsupported_combinations(args: Args, device_type: str):
         (ds.zero_stage >= 2 and par.pipeline_model_parallel_size > 1,
          f"--zero-stage {ds.zero_stage} cannot be combined with pipeline parallelism; "
          "use --zero-stage 0/1 or --no-pipeline-parallel"),
-        (par.world_size % (par.tensor_model_parallel_size * par.pipeline_model_parallel_size) != 0,
-         f"world size {par.world_size} is not divisible by --tensor-model-parallel-size x "
-         "--pipeline-model-parallel-size"),
-        (m.num_attention_heads % tp != 0,
-         f"--num-attention-heads {m.num_attention_heads} is not divisible by --tensor-model-parallel-size {tp}"),
-        (m.hidden_size % tp != 0, f"--hidden-size {m.hidden_size} is not divisible by --tensor-model-parallel-size {tp}"),
-        ((m.ffn_hidden_size or 4 * m.hidden_size) % tp != 0,
-         f"--ffn-hidden-size {m.ffn_hidden_size or 4 * m.hidden_size} is not divisible by "
-         f"--tensor-model-parallel-size {tp}"),
-        (m.num_layers % pp != 0, f"--num-layers {m.num_layers} is not divisible by --pipeline-model-parallel-size {pp}"),
         (par.sequence_parallel and tp == 1,
          "--sequence-parallel needs --tensor-model-parallel-size > 1 (it splits the sequence over the TP group)"),
-        (par.sequence_parallel and m.seq_length % tp != 0,
-         f"--seq-length {m.seq_length} is not divisible by --tensor-model-parallel-size {tp} "
-         "(needed by --sequence-parallel)"),
+        # heads, hidden, ffn and vocabulary by TP, layers by PP (the rules the model builders use too)
+        *((True, problem) for problem in parallel_shape_problems(m, tp, pp)),
     ]
 
 
@@ -387,26 +356,30 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
     """Parse and validate; raises ConfigError (argparse's own usage errors exit with code 2)."""
     ns = build_parser().parse_args(argv)
     pipeline = 1 if ns.no_pipeline_parallel else ns.pipeline_model_parallel_size
-    parallel = ParallelArgs(world_size=world_size, tensor_model_parallel_size=ns.tensor_model_parallel_size,
-                            pipeline_model_parallel_size=pipeline, sequence_parallel=ns.sequence_parallel)
+    layout = ParallelLayout(world_size, ns.tensor_model_parallel_size, pipeline)
+    data = DataArgs(data_path=ns.data_path or [], split=ns.split, tokenizer_type=ns.tokenizer_type,
+                    vocab_file=ns.vocab_file, merge_file=ns.merge_file, tokenizer_model=ns.tokenizer_model,
+                    vocab_size=ns.vocab_size, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
+                    tensor_model_parallel_size=ns.tensor_model_parallel_size)
+    deepspeed_args = _deepspeed_args(ns)
+    # the padded vocabulary comes from the tokenizer, once, here; the model shape carries it from now on
+    padded_vocab = build_tokenizer(data, verbose=False).padded_vocab_size
     args = Args(
-        model=_model_args(ns),
-        parallel=parallel,
+        model=_model_config(ns, padded_vocab, PARAMS_DTYPES[deepspeed_args.precision]),
+        model_name=ns.model_size or "custom",
+        parallel=ParallelArgs(layout=layout, sequence_parallel=ns.sequence_parallel),
         optimizer=OptimizerArgs(lr=ns.lr, min_lr=ns.min_lr, lr_decay_style=ns.lr_decay_style,
                                 lr_warmup_iters=ns.lr_warmup_iters, lr_warmup_fraction=ns.lr_warmup_fraction,
                                 lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,
                                 clip_grad=ns.clip_grad, adam_beta1=ns.adam_beta1, adam_beta2=ns.adam_beta2,
                                 adam_eps=ns.adam_eps),
-        training=_training_args(ns, parallel.data_parallel_size),
-        data=DataArgs(data_path=ns.data_path or [], split=ns.split, tokenizer_type=ns.tokenizer_type,
-                      vocab_file=ns.vocab_file, merge_file=ns.merge_file, tokenizer_model=ns.tokenizer_model,
-                      vocab_size=ns.vocab_size, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
-                      tensor_model_parallel_size=ns.tensor_model_parallel_size),
+        training=_training_args(ns, layout),
+        data=data,
         logging=LoggingArgs(log_interval=ns.log_interval, eval_interval=ns.eval_interval,
                             eval_iters=ns.eval_iters, tensorboard_dir=ns.tensorboard_dir),
         checkpoint=CheckpointArgs(save=ns.save, load=ns.load, save_interval=ns.save_interval,
                                   finetune=ns.finetune),
-        deepspeed=_deepspeed_args(ns),
+        deepspeed=deepspeed_args,
         argv=list(argv),
     )
     check_support(args, device_type)

@@ -14,8 +14,8 @@ import torch
 
 from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
 from megatron.core.tensor_parallel.mappings import group_rank, group_size
-from megatron.inference.checkpoint import CheckpointError, load_checkpoint_weights
-from megatron.inference.layouts import partition_dim
+from megatron.saved_model.layouts import partition_dim
+from megatron.saved_model.reader import SavedModelError, load_checkpoint_weights
 
 
 def _full_shape(param: torch.nn.Parameter) -> tuple[int, ...]:
@@ -49,7 +49,7 @@ def local_weights(full: dict[str, torch.Tensor], module: torch.nn.Module, num_la
     for name, param in module.named_parameters():
         source = our_name(name, num_layers)
         if source not in full:
-            raise CheckpointError(f"--load {where} --finetune: the checkpoint has no {source} for this model's "
+            raise SavedModelError(f"--load {where} --finetune: the checkpoint has no {source} for this model's "
                                   f"{name} (check --num-layers and the other model flags)")
         tensor, dim = full[source], partition_dim(source)
         if source == "word_embeddings.weight":
@@ -57,7 +57,7 @@ def local_weights(full: dict[str, torch.Tensor], module: torch.nn.Module, num_la
         if dim is not None and tp_size > 1:
             tensor = tensor.chunk(tp_size, dim=dim)[tp_rank]
         if tuple(tensor.shape) != _full_shape(param):
-            raise CheckpointError(
+            raise SavedModelError(
                 f"--load {where} --finetune: {source} is {tuple(full[source].shape)} in the checkpoint, which does "
                 f"not fit {_full_shape(param)} in the model the flags describe (check --num-layers, --hidden-size, "
                 "--num-attention-heads, --ffn-hidden-size, --max-position-embeddings)")
@@ -79,7 +79,7 @@ def load_finetune_weights(engine, load_dir: str) -> str:
     module = engine.module
     expected_layers = getattr(getattr(module, "config", None), "num_layers", loaded.config.num_layers)
     if expected_layers != loaded.config.num_layers:
-        raise CheckpointError(f"--load {load_dir} --finetune: the checkpoint's weights do not fit this model "
+        raise SavedModelError(f"--load {load_dir} --finetune: the checkpoint's weights do not fit this model "
                               f"(it has {loaded.config.num_layers} layers, --num-layers is {expected_layers})")
     local = local_weights(loaded.state_dict, module, loaded.config.num_layers, _tp_group(module), load_dir)
     partitioned = [p for p in module.parameters() if hasattr(p, "ds_id")]

@@ -1,10 +1,13 @@
 """Process start-up: launcher environment, the torch.distributed group, seeds."""
 import os
 import random
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from megatron.core.parallel_state import ParallelState
 
 
 @dataclass(frozen=True)
@@ -13,10 +16,21 @@ class DistInfo:
     local_rank: int
     world_size: int
     device: torch.device
+    parallel: ParallelState | None = None  # the process groups of the run's layout, once they are built
 
     @property
     def on_cuda(self) -> bool:
         return self.device.type == "cuda"
+
+
+def silence_known_warnings() -> None:
+    """DeepSpeed 0.19.8's ZeRO calls torch.distributed.all_gather_into_tensor and reduce_scatter_tensor,
+    which torch 2.13 deprecates (for all_gather_single / reduce_scatter_single): FutureWarnings we cannot
+    act on, and ones Python re-prints at every step (each warnings.catch_warnings() block resets the
+    once-per-location registry). Only those two messages are ignored; every other warning still shows."""
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+        category=FutureWarning)
 
 
 def launcher_world_size() -> int:
@@ -31,6 +45,7 @@ def initialize_distributed() -> DistInfo:
     then let DeepSpeed create the default group: nccl on CUDA, gloo on the CPU accelerator."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
+
     from megatron.dist_env import export_launcher_env
 
     export_launcher_env()

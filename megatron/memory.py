@@ -61,8 +61,38 @@ class MemoryTracker:
         return {"allocated": allocated, "max_allocated": max_allocated, "rss": rss, "max_rss": self.max_rss}
 
 
-def _zero_optimizer(engine):
-    return engine.optimizer if engine.zero_optimization() else None
+# The private DeepSpeed (0.19.8) attributes read below, by optimizer class: the fp32 master partitions and the
+# gradient buffers ZeRO keeps. Were DeepSpeed to rename one, a silent getattr default would drop it from the
+# measurement; instead a missing one raises (tests/test_training.py and the driver runs cover every class).
+_FP32_MASTER = {"DeepSpeedZeroOptimizer": "single_partition_of_fp32_groups",
+                "DeepSpeedZeroOptimizer_Stage3": "fp32_partitioned_groups_flat",
+                "BF16_Optimizer": "fp32_groups_flat_partition"}
+_GRADIENT_BUFFERS = {"DeepSpeedZeroOptimizer": ("averaged_gradients",),
+                     "DeepSpeedZeroOptimizer_Stage3": ("averaged_gradients", "grad_partitions_flat_buffer")}
+
+
+class DeepSpeedInternalsError(RuntimeError):
+    """The installed DeepSpeed lacks a private attribute the memory measurement reads (a bug to fix here)."""
+
+
+def _private(optimizer, name: str):
+    try:
+        return getattr(optimizer, name)
+    except AttributeError:
+        import deepspeed
+        raise DeepSpeedInternalsError(
+            f"DeepSpeed {deepspeed.__version__}: {type(optimizer).__name__} has no attribute {name!r}; "
+            "megatron/memory.py reads it to measure model-state memory and needs updating") from None
+
+
+def _deepspeed_optimizer(engine):
+    """The ZeRO or bf16 optimizer whose private buffers are measured; None for a plain torch optimizer."""
+    optimizer = engine.optimizer
+    known = type(optimizer).__name__ in _FP32_MASTER
+    if engine.zero_optimization() and not known:
+        raise DeepSpeedInternalsError(f"ZeRO optimizer {type(optimizer).__name__} is not one megatron/memory.py "
+                                      f"knows ({', '.join(_FP32_MASTER)})")
+    return optimizer if known else None
 
 
 def param_bytes(engine) -> int:
@@ -76,22 +106,23 @@ def param_bytes(engine) -> int:
 def grad_bytes(engine) -> int:
     """Gradients this rank holds after the last backward of a step (call before engine.step())."""
     tensors = [p.grad for p in engine.module.parameters() if p.grad is not None]
-    zero = _zero_optimizer(engine)
-    if zero is not None:
-        for grads in getattr(zero, "averaged_gradients", {}).values():
-            tensors.extend(grads or [])
-        flat = getattr(zero, "grad_partitions_flat_buffer", None)
-        if flat is not None:
-            tensors.append(flat)
+    optimizer = _deepspeed_optimizer(engine)
+    for name in _GRADIENT_BUFFERS.get(type(optimizer).__name__, ()):
+        buffers = _private(optimizer, name)
+        if isinstance(buffers, dict):  # averaged_gradients: parameter group -> list of gradient partitions
+            tensors.extend(t for grads in buffers.values() for t in grads or [])
+        elif buffers is not None:
+            tensors.append(buffers)
     return unique_storage_bytes(tensors)
 
 
 def optimizer_bytes(engine) -> int:
-    """Optimizer states plus the fp32 master partitions ZeRO keeps next to them."""
-    zero = _zero_optimizer(engine)
-    inner = zero.optimizer if zero is not None else engine.optimizer
-    inner = getattr(inner, "optimizer", inner)  # bf16/fp16 wrappers at stage 0
+    """Optimizer states plus the fp32 master partitions ZeRO (or the bf16 optimizer) keeps next to them."""
+    optimizer = _deepspeed_optimizer(engine)
+    inner = optimizer.optimizer if optimizer is not None else engine.optimizer
+    inner = getattr(inner, "optimizer", inner)  # the fp16 wrapper at stage 0
     tensors = [value for state in inner.state.values() for value in state.values()]
-    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
-        tensors.extend(t for t in getattr(zero or engine.optimizer, name, []) or [] if isinstance(t, torch.Tensor))
+    if optimizer is not None:
+        tensors.extend(t for t in _private(optimizer, _FP32_MASTER[type(optimizer).__name__]) or []
+                       if isinstance(t, torch.Tensor))
     return unique_storage_bytes(tensors)

@@ -13,12 +13,13 @@ import torch.distributed as dist
 from megatron import memory
 from megatron.arguments import Args
 from megatron.checkpointing import save_checkpoint
+from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
 from megatron.training_log import (IterationStats, TensorBoardWriter, epoch_line, iteration_line, memory_line,
                                    model_state_line, run_info_line, validation_line)
 
 
-class TrainingError(RuntimeError):
+class TrainingError(ZeroLabError, RuntimeError):
     """Training cannot go on (e.g. too many NaN iterations in a row); the message says why."""
 
 
@@ -82,10 +83,12 @@ def masked_mean_loss(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> t
     return (per_token_loss.float() * loss_mask).sum() / loss_mask.sum().clamp(min=1.0)
 
 
-def data_parallel_mean(value: torch.Tensor) -> float:
+def data_parallel_mean(value: torch.Tensor, dist_info: DistInfo) -> float:
+    """Mean over the data-parallel replicas (the tensor-parallel ranks of one replica hold the same value)."""
+    group = dist_info.parallel.data
     reduced = value.detach().clone().float()
-    dist.all_reduce(reduced)
-    return reduced.item() / dist.get_world_size()
+    dist.all_reduce(reduced, group=group.handle)
+    return reduced.item() / group.size
 
 
 def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int, probe_grads=False) -> StepResult:
@@ -101,7 +104,7 @@ def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
         if probe_grads and micro == args.training.gradient_accumulation_steps - 1:
             grad_bytes = memory.grad_bytes(engine)
         engine.step()
-    mean_loss = data_parallel_mean(torch.stack(losses).mean())
+    mean_loss = data_parallel_mean(torch.stack(losses).mean(), dist_info)
     skipped = not engine.was_step_applied()
     # fp16 overflow skips are loss-scale housekeeping; anywhere else a skipped step means inf/nan grads
     nan = not math.isfinite(mean_loss) or (skipped and args.deepspeed.precision != "fp16")
@@ -118,7 +121,7 @@ def evaluate(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int) -
                                                             args.training.eod_mask_loss)
         losses.append(masked_mean_loss(engine(tokens, position_ids, labels), loss_mask))
     engine.train()
-    return data_parallel_mean(torch.stack(losses).mean())
+    return data_parallel_mean(torch.stack(losses).mean(), dist_info)
 
 
 @dataclass
@@ -249,11 +252,12 @@ def save(engine, args: Args, state: LoopState, dist_info: DistInfo) -> None:
         state.last_saved_iteration = state.iteration
 
 
-def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int, state=None):
+def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int):
     """Build the model (partitioned at creation under ZeRO-3), optimizer, schedule and DeepSpeed engine.
-    state: the ParallelState; it is DeepSpeed's mpu (ZeRO partitions over data-parallel ranks only) except
-    for a PipelineModule, which brings its own grid. Returns (engine, the DeepSpeed config actually used)."""
-    mpu = state if state is not None and args.parallel.pipeline_model_parallel_size == 1 else None
+    dist_info.parallel is DeepSpeed's mpu (ZeRO partitions over data-parallel ranks only) except for a
+    PipelineModule, which brings its own grid. Returns (engine, the DeepSpeed config actually used)."""
+    state = dist_info.parallel
+    mpu = state if args.parallel.pipeline_model_parallel_size == 1 else None
     import deepspeed
 
     from megatron.deepspeed_config import deepspeed_config
@@ -279,16 +283,15 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     return engine, config
 
 
-def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, model_config, ds_config: dict) -> Reporter:
+def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_config: dict) -> Reporter:
     """Print the run-info line and set up what the loop reports; FLOPs and estimates come from accounting."""
     from deepspeed.accelerator import get_accelerator
 
     from megatron.model import accounting
 
-    ds, par = args.deepspeed, args.parallel
-    # the last stage prints (docs/log-lines.md): in the layout's rank order its first rank is tensor and data rank 0
+    ds, par, model_config = args.deepspeed, args.parallel, args.model
     last_stage = par.pipeline_model_parallel_size - 1
-    log_rank = last_stage * (par.world_size // par.pipeline_model_parallel_size)
+    log_rank = par.layout.logging_rank  # docs/log-lines.md, "Which rank prints"
     on_rank = accounting.parameters_on_rank(model_config, par.tensor_model_parallel_size,
                                             par.pipeline_model_parallel_size, stage=last_stage)
     estimate = accounting.zero_model_state_estimate(
@@ -298,12 +301,12 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, model_co
     reporter = Reporter(
         args=args, dist_info=dist_info, schedule=schedule,
         flops_per_iteration=accounting.flops_per_iteration(model_config, args.training.global_batch_size,
-                                                           args.model.checkpoint_activations),
+                                                           args.model.recompute_activations),
         peak_tflops=accounting.peak_bf16_tflops(device_name), model_state_estimate=estimate,
         tracker=memory.MemoryTracker(on_cuda=dist_info.on_cuda),
         tensorboard=TensorBoardWriter(args.logging.tensorboard_dir)
         if args.logging.tensorboard_dir and dist_info.rank == log_rank else None, log_rank=log_rank)
-    reporter.print_line(run_info_line(ds.zero_stage, ds.offload, args.model.model_size or "custom", dist_info.world_size,
+    reporter.print_line(run_info_line(ds.zero_stage, ds.offload, args.model_name, dist_info.world_size,
                                   args.training.micro_batch_size, args.training.global_batch_size,
                                   args.model.seq_length, schedule.samples_per_epoch))
     return reporter

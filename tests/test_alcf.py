@@ -86,8 +86,7 @@ def test_example_run_name_and_mpiexec_command(cluster):
     assert f" -n 8 --ppn 4 --hostfile {cluster / 'nodefile'} " in line
     assert line.startswith("[launch] mpiexec --verbose --envall ")
     assert f"{REPO_ROOT / 'pretrain_gpt.py'} " in line
-    shape = {flag: flag_value(line, flag) for flag in ("--num-layers", "--hidden-size", "--num-attention-heads")}
-    assert shape == {"--num-layers": "40", "--hidden-size": "5120", "--num-attention-heads": "64"}
+    assert flag_value(line, "--model-size") == "13B"  # the shape itself comes from megatron/model/presets.py
     assert flag_value(line, "--tensor-model-parallel-size") == "8"
     assert flag_value(line, "--global-batch-size") == "1"
     assert flag_value(line, "--zero-stage") == "1"
@@ -107,12 +106,12 @@ def test_user_example_gpt1_5b_derives_global_batch(cluster):
                         USE_ACTIVATION_CHECKPOINTING=0, ZERO_STAGE=3)
     assert result.returncode == 0, result.stderr
     line = launch_line(result)
-    assert (flag_value(line, "--num-layers"), flag_value(line, "--hidden-size"),
-            flag_value(line, "--num-attention-heads")) == ("48", "1536", "24")
+    assert flag_value(line, "--model-size") == "1.5B"
+    assert "[models] GPT1_5B: preset 1.5B, layers=48 hidden=1600 heads=25" in result.stdout  # GPT-2 XL
     # 8 GPUs / (mp 2 x pp 1) = dp 4; global = micro 2 x gas 4 x dp 4
     assert flag_value(line, "--global-batch-size") == "32"
     assert " --checkpoint-activations" not in line
-    assert "run: gpt_SP_GPT1_5B_z3_seqlen1024_mp2_pp1_sp1_nl48_hs1536_gb32_mb2 " in result.stdout
+    assert "run: gpt_SP_GPT1_5B_z3_seqlen1024_mp2_pp1_sp1_nl48_hs1600_gb32_mb2 " in result.stdout
 
 
 def test_hostfile_and_visible_devices_and_extra_args(cluster):
@@ -142,7 +141,7 @@ def test_no_gpu_runs_cpu_ranks_on_this_host(tmp_path):
     # without a node file the job is this host; the hostfile is written at launch into the run folder
     assert flag_value(line, "--hostfile").endswith("/hostfile")
     assert "accelerator=cpu" in result.stdout and " --bf16" not in line
-    assert (flag_value(line, "--num-layers"), flag_value(line, "--hidden-size")) == ("2", "128")
+    assert flag_value(line, "--model-size") == "tiny"
 
 
 def test_open_mpi_spelling(cluster):
@@ -160,9 +159,9 @@ def test_open_mpi_spelling(cluster):
 @pytest.mark.parametrize("env, message", [
     (dict(MODEL_SIZE_KEY="GPT7B"), r"MODEL_SIZE_KEY=GPT7B is not a known model; valid keys: .*GPT13B.*GPT_TINY"),
     (dict(PBS_NODEFILE="/nonexistent/nodefile"), r"PBS_NODEFILE=/nonexistent/nodefile: hostfile does not exist"),
-    (dict(MPSIZE=3), r"NGPUS=8 \(2 hosts x 4\) is not divisible by MPSIZE=3 x PPSIZE=1"),
+    (dict(MPSIZE=3), r"world size 8 is not divisible by --tensor-model-parallel-size 3 x --pipeline-model-parallel-size 1"),
     (dict(SP_TYPE="deepspeed"), r"SP_TYPE=deepspeed \(DeepSpeed-Ulysses .*\) is out of scope"),
-    (dict(GLOBAL_BATCH=6), r"GLOBAL_BATCH=6 is not divisible by MICRO_BATCH=1 x data-parallel size 8"),
+    (dict(GLOBAL_BATCH=6), r"--global-batch-size 6 is not divisible by --micro-batch-size 1 x data-parallel size 8"),
     (dict(MICRO_BATCH="two"), r"MICRO_BATCH=two: expected a positive integer"),
     (dict(NGPU_PER_HOST=0), r"NGPU_PER_HOST=0: expected a positive integer"),
     (dict(HOSTFILE="/nonexistent/hosts", PBS_NODEFILE=""), r"HOSTFILE=/nonexistent/hosts: hostfile does not exist"),
@@ -351,3 +350,21 @@ def test_real_run_through_mpiexec(tmp_path, dolly_data_dir):
     assert (row["run"], row["zero_stage"], row["world_size"], row["global_batch"], row["last_iteration"]) == \
            (run_name, 1, 2, 4, 4)
     assert row["loss_last"] == pytest.approx(float(iterations[-1][2]))
+
+
+def test_alcf_model_keys_are_the_python_presets():
+    """ALCF/models.sh holds only key -> preset names; every key's shape is MODEL_PRESETS' (one table)."""
+    from megatron.model import MODEL_PRESETS
+    script = (f'alcf_die() {{ echo "error: $*" >&2; exit 1; }}; REPO_ROOT={REPO_ROOT}; '
+              f'for key in GPT_TINY GPT125M GPT350M GPT760M GPT774M GPT1_3B GPT1_5B GPT2_7B GPT6_7B GPT13B GPT25B '
+              f'GPT175B; do (MODEL_SIZE_KEY=$key; source {REPO_ROOT}/ALCF/models.sh >/dev/null; '
+              f'echo "$MODEL_SIZE $NLAYERS $HIDDEN $HEADS"); done')
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert len(rows) == 12
+    for name, layers, hidden, heads in rows:
+        preset = MODEL_PRESETS[name]
+        assert (int(layers), int(hidden), int(heads)) == (
+            preset["num_layers"], preset["hidden_size"], preset["num_attention_heads"]), name
+    assert ["125M", "12", "768", "12"] in rows and ["1.5B", "48", "1600", "25"] in rows

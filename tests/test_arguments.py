@@ -9,6 +9,7 @@ import pytest
 
 from conftest import REPO_ROOT, test_env
 from megatron.arguments import ConfigError, parse_args
+from megatron.errors import ZeroLabError
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 from megatron.deepspeed_config import ALIGNMENT, deepspeed_config, generate_config, write_deepspeed_config
 from megatron.optimizer import LRSchedule
@@ -68,7 +69,7 @@ def test_offload_flags_and_json_stage(data_prefix, tmp_path):
 @pytest.mark.parametrize("extra, world, message", [
     (["--hidden-size", "100", "--num-attention-heads", "3"], 1,
      "--hidden-size 100 is not divisible by --num-attention-heads 3"),
-    (["--max-position-embeddings", "16"], 1, "--seq-length 32 is larger than --max-position-embeddings 16"),
+    (["--max-position-embeddings", "16"], 1, "--seq-length 32 exceeds --max-position-embeddings 16"),
     (["--global-batch-size", "10"], 2,
      "--global-batch-size 10 is not divisible by --micro-batch-size 2 x data-parallel size 2"),
     (["--zero-offload-optimizer"], 2, "--zero-offload-optimizer needs ZeRO; set --zero-stage 1, 2 or 3"),
@@ -79,7 +80,7 @@ def test_offload_flags_and_json_stage(data_prefix, tmp_path):
      "--zero-stage 2 cannot be combined with pipeline parallelism"),
     (["--tensor-model-parallel-size", "8"], 8, "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 8"),
     (["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"], 2,
-     "world size 2 is not divisible by --tensor-model-parallel-size x --pipeline-model-parallel-size"),
+     "world size 2 is not divisible by --tensor-model-parallel-size 2 x --pipeline-model-parallel-size 2"),
     (["--num-layers", "3", "--pipeline-model-parallel-size", "2"], 2,
      "--num-layers 3 is not divisible by --pipeline-model-parallel-size 2"),
     (["--sequence-parallel"], 2, "--sequence-parallel needs --tensor-model-parallel-size > 1"),
@@ -90,7 +91,7 @@ def test_offload_flags_and_json_stage(data_prefix, tmp_path):
     (["--train-samples", "100"], 1, "give exactly one of --train-iters, --train-samples, --train-epochs"),
 ])
 def test_bad_combinations_name_the_flag(data_prefix, extra, world, message):
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(ZeroLabError) as err:
         parse_args(base(data_prefix, *extra), world_size=world)
     assert message in str(err.value)
 
@@ -168,6 +169,9 @@ def test_lr_schedule_warmup_then_cosine_to_min(data_prefix):
     (["--hidden-size", "100", "--num-attention-heads", "3"],
      "error: --hidden-size 100 is not divisible by --num-attention-heads 3"),
     (["--data-path", "/nonexistent/prefix"], "error: --data-path: /nonexistent/prefix.bin does not exist"),
+    # a parallel layout the world cannot hold (ParallelLayoutError) is one line too, not a traceback
+    (["--tensor-model-parallel-size", "3"],
+     "error: world size 1 is not divisible by --tensor-model-parallel-size 3 x --pipeline-model-parallel-size 1"),
 ])
 def test_pretrain_gpt_reports_one_line_and_exits_1(data_prefix, extra, message):
     result = subprocess.run([sys.executable, str(REPO_ROOT / "pretrain_gpt.py"), *base(data_prefix, *extra)],

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, save_random_hf_gpt2, test_env
-from megatron.inference.checkpoint import save_checkpoint_weights
+from megatron.saved_model.reader import save_checkpoint_weights
 from megatron.inference.generation import GenerationError, SamplingConfig, generate, next_token
 from megatron.model import GPTConfig, GPTModel
 from megatron.inference.hf_folder import load_hf_folder

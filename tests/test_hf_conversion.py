@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, save_random_hf_gpt2, test_env, tool_in_process
-from megatron.inference.checkpoint import (build_model, check_state_dict, load_checkpoint_weights,
+from megatron.saved_model.reader import (build_model, check_state_dict, load_checkpoint_weights,
                                            save_checkpoint_weights)
 from megatron.inference.hf_folder import load_hf_folder
 from megatron.inference.hf_gpt2 import from_hf_config, state_dict_from_hf

@@ -119,7 +119,7 @@ def test_dropout_off_is_deterministic_and_dropout_on_is_not():
 
 
 def _loss_and_grads(checkpoint_activations: bool):
-    model = build(checkpoint_activations=checkpoint_activations, hidden_dropout=0.1, attention_dropout=0.1).train()
+    model = build(recompute_activations=checkpoint_activations, hidden_dropout=0.1, attention_dropout=0.1).train()
     tokens, positions, labels = batch()
     torch.manual_seed(99)  # same dropout masks for both runs
     loss = model(tokens, positions, labels).mean()
@@ -142,7 +142,7 @@ def test_checkpoint_activations_frees_layer_activations():
     tokens, positions, labels = batch(batch_size=4)
 
     def saved_bytes(checkpoint_activations: bool) -> int:
-        model = build(checkpoint_activations=checkpoint_activations).train()
+        model = build(recompute_activations=checkpoint_activations).train()
         total = 0
 
         def pack(t):

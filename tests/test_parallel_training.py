@@ -174,7 +174,7 @@ def _check_sequence_parallel_gpt(rank):
     for recompute in (False, True):
         torch.manual_seed(5)
         model = GPTModel(_sp_config(sequence_parallel=True, hidden_dropout=0.3, attention_dropout=0.3,
-                                    checkpoint_activations=recompute), tp_group=group)
+                                    recompute_activations=recompute), tp_group=group)
         torch.manual_seed(9)
         model(tokens, positions, labels).mean().backward()
         grads.append({name: param.grad for name, param in model.named_parameters()})

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from megatron.inference.checkpoint import CheckpointError, load_checkpoint_weights
+from megatron.errors import ZeroLabError
 from megatron.inference.hf_folder import save_hf_folder
 from megatron.inference.tokenizer_files import resolve_tokenizer
-from megatron.tokenizer import TokenizerError
+from megatron.saved_model.reader import load_checkpoint_weights
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
         tokenizer, files = resolve_tokenizer(loaded.tokenizer, args.vocab_file, args.merge_file)
         vocab_size = tokenizer.vocab_size if tokenizer else loaded.config.padded_vocab_size
         save_hf_folder(loaded, args.output, vocab_size, tokenizer.eod if tokenizer else None, files)
-    except (CheckpointError, TokenizerError) as err:
+    except ZeroLabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"wrote {args.output} from {loaded.path} (iteration {loaded.iteration}, {loaded.config.num_layers} layers, "

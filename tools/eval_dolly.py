@@ -19,17 +19,19 @@ import time
 
 import torch
 
-from megatron.data.dataset_utils import DatasetError
-from megatron.data.indexed_dataset import IndexedDatasetError, MMapIndexedDataset
-from megatron.inference.checkpoint import CheckpointError
-from megatron.inference.evaluation import single_prefix, validation_documents, validation_loss
-from megatron.inference.generation import GenerationError, SamplingConfig, generate
+from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.errors import ZeroLabError
+from megatron.inference.evaluation import (
+    single_prefix,
+    validation_documents,
+    validation_loss,
+)
+from megatron.inference.generation import SamplingConfig, generate
 from megatron.inference.loading import add_model_flags, load_model_and_tokenizer
-from megatron.tokenizer import TokenizerError
 from megatron.training_log import validation_line
 
 
-class DollyEvalError(ValueError):
+class DollyEvalError(ZeroLabError, ValueError):
     """Records and dataset that do not belong together, or missing inputs; names the flag."""
 
 
@@ -136,8 +138,7 @@ def main(argv: list[str]) -> int:
             raise DollyEvalError("--num-records must be >= 0 and --micro-batch-size >= 1")
         with torch.no_grad():
             run(args)
-    except (CheckpointError, DatasetError, DollyEvalError, GenerationError, IndexedDatasetError,
-            TokenizerError) as err:
+    except ZeroLabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

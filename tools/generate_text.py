@@ -16,10 +16,9 @@ import sys
 
 import torch
 
-from megatron.inference.checkpoint import CheckpointError
+from megatron.errors import ZeroLabError
 from megatron.inference.generation import GenerationError, SamplingConfig, generate
 from megatron.inference.loading import add_model_flags, load_model_and_tokenizer
-from megatron.tokenizer import TokenizerError
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -73,7 +72,7 @@ def main(argv: list[str]) -> int:
             print(f" sample {number} | generated tokens: {len(result.tokens)} | time (s): {result.seconds:.3f} | "
                   f"tokens/s: {result.tokens_per_second:.1f} | kv cache: {'off' if args.no_kv_cache else 'on'} | "
                   f"stopped at eod: {result.stopped_at_eod} |", file=sys.stderr, flush=True)
-    except (CheckpointError, GenerationError, TokenizerError) as err:
+    except ZeroLabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -32,8 +32,8 @@ from pathlib import Path
 import tiktoken
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from megatron.tokenizer.errors import TokenizerError  # noqa: E402
 from megatron.tokenizer.gpt2_bpe import EOD_TOKEN, GPT2_PAT_STR, MERGES_HEADER, GPT2BPETokenizer, bytes_to_unicode  # noqa: E402
+from megatron.errors import ZeroLabError  # noqa: E402
 
 WHISPER_REQUIREMENT = "openai-whisper==20250625"
 RANKS_MEMBER = "whisper/assets/gpt2.tiktoken"
@@ -44,7 +44,7 @@ _UNREACHABLE_SIGNS = ("NewConnectionError", "ConnectTimeoutError", "Temporary fa
 BUILTIN_SAMPLE = "Hello world! GPT-2's BPE: 12345 tokens,\n\n  spaces\tand ünïcødé 日本語 🙂 <|endoftext|> it'll"
 
 
-class Gpt2VocabError(Exception):
+class Gpt2VocabError(ZeroLabError):
     """The ranks file could not be obtained or did not convert faithfully."""
 
 
@@ -210,7 +210,7 @@ def main(argv=None) -> int:
         source = args.tiktoken_file or RANKS_MEMBER
         ranks = parse_ranks(obtain_ranks(args.tiktoken_file), source)
         write_vocab(Path(args.output_dir), ranks, sample)
-    except (Gpt2VocabError, TokenizerError) as err:
+    except ZeroLabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from megatron.inference.checkpoint import CheckpointError, save_checkpoint_weights
+from megatron.errors import ZeroLabError
 from megatron.inference.hf_folder import load_hf_folder
-from megatron.tokenizer import TokenizerError
+from megatron.saved_model.reader import save_checkpoint_weights
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
         files = {} if loaded.tokenizer is None else {"vocab_file": loaded.tokenizer.vocab_file,
                                                       "merge_file": loaded.tokenizer.merge_file}
         save_checkpoint_weights(args.save, loaded.config, loaded.state_dict, files, source=f"hf:{args.hf}")
-    except (CheckpointError, TokenizerError) as err:
+    except ZeroLabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     c = loaded.config

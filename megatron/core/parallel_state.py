@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
+from megatron.errors import ZeroLabError
 
-class ParallelLayoutError(ValueError):
+
+class ParallelLayoutError(ZeroLabError, ValueError):
     """A parallel size that cannot split the world; the message names the flag."""
 
 
@@ -52,6 +54,11 @@ class ParallelLayout:
     def _stage_size(self) -> int:
         """Ranks per pipeline stage (TP x DP)."""
         return self.world_size // self.pipeline_model_parallel_size
+
+    @property
+    def logging_rank(self) -> int:
+        """The rank that prints the log lines: tensor and data-parallel rank 0 of the last pipeline stage."""
+        return (self.pipeline_model_parallel_size - 1) * self._stage_size
 
     def data_parallel_rank(self, rank: int) -> int:
         """Index of global `rank` within its data-parallel group (which data shard it reads)."""

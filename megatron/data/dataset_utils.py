@@ -7,8 +7,10 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from megatron.errors import ZeroLabError
 
-class DatasetError(ValueError):
+
+class DatasetError(ZeroLabError, ValueError):
     """Bad data input; the message names the prefix, file or flag and what was expected."""
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from megatron.errors import ZeroLabError
+
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 # Header: magic, version (uint64), dtype code (uint8), N (uint64), D (uint64).
@@ -40,7 +42,7 @@ DTYPE_CODES: dict[int, type] = {
 _CODE_OF_DTYPE = {np.dtype(dtype): code for code, dtype in DTYPE_CODES.items()}
 
 
-class IndexedDatasetError(ValueError):
+class IndexedDatasetError(ZeroLabError, ValueError):
     """A `.bin`/`.idx` pair that is missing, truncated, foreign or inconsistent."""
 
 

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
+from megatron.errors import ZeroLabError
 from megatron.model import GPTModel
 from megatron.model.kv_cache import KVCache
 
 
-class GenerationError(ValueError):
+class GenerationError(ZeroLabError, ValueError):
     """Bad sampling flags or a request the model cannot serve; the message names the flag."""
 
 

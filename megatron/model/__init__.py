@@ -3,7 +3,8 @@
 The pipeline form (DeepSpeed PipelineModule) is `megatron.model.gpt_model_pipe.build_gpt_pipe`,
 imported on its own because it pulls in deepspeed.
 """
-from megatron.model.config import MODEL_PRESETS, GPTConfig, ModelConfigError
+from megatron.model.config import GPTConfig, ModelConfigError
+from megatron.model.presets import MODEL_PRESETS
 from megatron.model.gpt_model import GPTModel
 
 __all__ = ["GPTConfig", "GPTModel", "MODEL_PRESETS", "ModelConfigError"]

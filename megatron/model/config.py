@@ -1,23 +1,16 @@
 """GPTConfig: the model's shape and regularisation, validated with Megatron flag names."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
-# GPT-2 family sizes (num_layers, hidden_size, num_attention_heads); "tiny" is for CPU runs.
-MODEL_PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=4),
-    "125M": dict(num_layers=12, hidden_size=768, num_attention_heads=12),
-    "355M": dict(num_layers=24, hidden_size=1024, num_attention_heads=16),
-    "774M": dict(num_layers=36, hidden_size=1280, num_attention_heads=20),
-    "1.5B": dict(num_layers=48, hidden_size=1600, num_attention_heads=25),
-}
+from megatron.errors import ZeroLabError
 
 _PARAMS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(ZeroLabError, ValueError):
     """An inconsistent model shape; the message names the Megatron flag."""
 
 
@@ -34,7 +27,8 @@ class GPTConfig:
     attention_dropout: float = 0.1
     layernorm_epsilon: float = 1e-5
     init_method_std: float = 0.02
-    checkpoint_activations: bool = False
+    # Megatron's --checkpoint-activations: recompute each layer's activations in the backward pass
+    recompute_activations: bool = False
     params_dtype: torch.dtype = torch.float32
     # Megatron's --sequence-parallel: LayerNorm/dropout regions split along the sequence over the TP group.
     sequence_parallel: bool = False
@@ -74,3 +68,34 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    def to_dict(self) -> dict:
+        """The shape as plain values (what checkpoints store); the dtype is the run's, not the model's."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "params_dtype"}
+
+    @classmethod
+    def from_dict(cls, values: dict, **overrides) -> "GPTConfig":
+        return cls(**{**values, **overrides})
+
+
+def parallel_shape_problems(config: GPTConfig, tensor_parallel_size: int, pipeline_parallel_size: int) -> list[str]:
+    """Every way `config` cannot be split over the tensor- and pipeline-parallel ranks (none: it can).
+    The one definition of these rules: the start-up support table and the model builders both use it."""
+    tp, pp = tensor_parallel_size, pipeline_parallel_size
+    tp_flag, pp_flag = "--tensor-model-parallel-size", "--pipeline-model-parallel-size"
+    splits = [("--num-attention-heads", config.num_attention_heads, tp_flag, tp),
+              ("--hidden-size", config.hidden_size, tp_flag, tp),
+              ("--ffn-hidden-size", config.ffn_hidden_size, tp_flag, tp),
+              ("padded vocab size", config.padded_vocab_size, tp_flag, tp),
+              ("--num-layers", config.num_layers, pp_flag, pp)]
+    problems = [f"{flag} {value} is not divisible by {by_flag} {by}" for flag, value, by_flag, by in splits if value % by]
+    if config.sequence_parallel and config.seq_length % tp:
+        problems.append(f"--seq-length {config.seq_length} is not divisible by {tp_flag} {tp} "
+                        "(needed by --sequence-parallel)")
+    return problems
+
+
+def check_parallel_shape(config: GPTConfig, tensor_parallel_size: int, pipeline_parallel_size: int = 1) -> None:
+    problems = parallel_shape_problems(config, tensor_parallel_size, pipeline_parallel_size)
+    if problems:
+        raise ModelConfigError(problems[0])

@@ -10,6 +10,7 @@ import contextlib
 import torch
 from torch import nn
 
+from megatron.core.scratch import ScratchBuffers
 from megatron.core.tensor_parallel import (
     VocabParallelEmbedding,
     checkpoint,
@@ -21,33 +22,11 @@ from megatron.core.tensor_parallel import (
     scatter_to_sequence_parallel_region,
     vocab_parallel_lm_loss,
 )
-from megatron.core.scratch import ScratchBuffers
-from megatron.core.tensor_parallel.random import RNGStatesTracker
 from megatron.core.tensor_parallel.mappings import group_rank, group_size
-from megatron.model.config import GPTConfig, ModelConfigError
+from megatron.core.tensor_parallel.random import RNGStatesTracker
+from megatron.model.config import GPTConfig, check_parallel_shape
 from megatron.model.kv_cache import KVCache
 from megatron.model.transformer import ParallelTransformerLayer, layer_norm
-
-
-def check_tensor_parallel(config: GPTConfig, tp_size: int) -> None:
-    if config.num_attention_heads % tp_size:
-        raise ModelConfigError(
-            f"--num-attention-heads {config.num_attention_heads} is not divisible by "
-            f"--tensor-model-parallel-size {tp_size}"
-        )
-    if config.padded_vocab_size % tp_size:
-        raise ModelConfigError(
-            f"padded vocab size {config.padded_vocab_size} is not divisible by --tensor-model-parallel-size {tp_size}"
-        )
-    if config.ffn_hidden_size % tp_size:
-        raise ModelConfigError(
-            f"--ffn-hidden-size {config.ffn_hidden_size} is not divisible by --tensor-model-parallel-size {tp_size}"
-        )
-    if config.sequence_parallel and config.seq_length % tp_size:
-        raise ModelConfigError(
-            f"--seq-length {config.seq_length} is not divisible by --tensor-model-parallel-size {tp_size} "
-            "(needed by --sequence-parallel)"
-        )
 
 
 def build_embeddings(config: GPTConfig, tp_group) -> tuple[VocabParallelEmbedding, nn.Embedding]:
@@ -87,7 +66,7 @@ def embed(words: VocabParallelEmbedding, positions: nn.Embedding, dropout: nn.Dr
 class GPTModel(nn.Module):
     def __init__(self, config: GPTConfig, tp_group=None):
         super().__init__()
-        check_tensor_parallel(config, group_size(tp_group))
+        check_parallel_shape(config, group_size(tp_group))
         self.config = config
         self.tp_group = tp_group
         # Per-TP-rank dropout stream and per-layer init seeds, from the seed given to torch.manual_seed.
@@ -114,7 +93,7 @@ class GPTModel(nn.Module):
         )
         x = embed(self.word_embeddings, self.position_embeddings, self.embedding_dropout, input_ids, position_ids,
                   self.config, self.tp_group, self.rng_tracker)
-        recompute = self.config.checkpoint_activations and self.training and torch.is_grad_enabled()
+        recompute = self.config.recompute_activations and self.training and torch.is_grad_enabled()
         assert not (recompute and kv_cache is not None), "the KV cache is for inference, not recomputed training"
         for index, layer in enumerate(self.layers):
             if recompute:

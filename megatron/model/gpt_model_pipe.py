@@ -16,11 +16,16 @@ from torch import nn
 
 from megatron.core.parallel_state import ParallelState
 from megatron.core.scratch import ScratchBuffers
-from megatron.core.tensor_parallel import checkpoint, lm_head_input, model_parallel_tracker, vocab_parallel_lm_loss
+from megatron.core.tensor_parallel import (
+    checkpoint,
+    lm_head_input,
+    model_parallel_tracker,
+    vocab_parallel_lm_loss,
+)
 from megatron.core.tensor_parallel.layers import SequenceParallelLayerNorm
 from megatron.core.tensor_parallel.random import RNGStatesTracker
-from megatron.model.config import GPTConfig, ModelConfigError
-from megatron.model.gpt_model import build_embeddings, check_tensor_parallel, embed, layer_init_seed
+from megatron.model.config import GPTConfig, check_parallel_shape
+from megatron.model.gpt_model import build_embeddings, embed, layer_init_seed
 from megatron.model.transformer import ParallelTransformerLayer
 
 
@@ -53,7 +58,7 @@ class TransformerLayerPipe(ParallelTransformerLayer):
     def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker, init_seed: int, index: int):
         with layer_init_seed(init_seed, index + 1):
             super().__init__(config, tp_group, rng_tracker)
-        self.recompute = config.checkpoint_activations
+        self.recompute = config.recompute_activations
         self.rng_tracker = rng_tracker
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -83,11 +88,8 @@ def build_gpt_pipe(config: GPTConfig, state: ParallelState) -> PipelineModule:
     Needs deepspeed.init_distributed() first; pass the module to deepspeed.initialize without mpu
     (the PipelineModule brings its own grid with the same groups)."""
     tp_group = state.get_tensor_model_parallel_group()
-    check_tensor_parallel(config, state.get_tensor_model_parallel_world_size())
     layout = state.layout
-    if config.num_layers % layout.pipeline_model_parallel_size:
-        raise ModelConfigError(f"--num-layers {config.num_layers} is not divisible by "
-                         f"--pipeline-model-parallel-size {layout.pipeline_model_parallel_size}")
+    check_parallel_shape(config, layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size)
     seed = torch.initial_seed()
     tracker = model_parallel_tracker(seed % 2**62, state.get_tensor_model_parallel_rank())
     specs = [

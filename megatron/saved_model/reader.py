@@ -5,7 +5,7 @@ file carries our metadata (`args` from pretrain_gpt.py, or `model_config` from
 tools/hf_to_checkpoint.py) and, below ZeRO-3, the module's weights. When ZeRO optimizer files
 are present their fp32 master weights are consolidated with DeepSpeed's own zero_to_fp32
 (under ZeRO-3 they are the only copy of the weights). Tensor-parallel shards are merged and
-pipeline layer files gathered by megatron.inference.layouts.
+pipeline layer files gathered by megatron.saved_model.layouts.
 """
 from __future__ import annotations
 
@@ -15,17 +15,22 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import torch
 
-from megatron.inference.layouts import gather_pipeline_layers, merge_tensor_parallel, pipeline_layer_files
+from megatron.errors import ZeroLabError
 from megatron.model import GPTConfig, GPTModel
 from megatron.model.config import ModelConfigError
+from megatron.saved_model.layouts import (
+    gather_pipeline_layers,
+    merge_tensor_parallel,
+    pipeline_layer_files,
+)
 from megatron.tokenizer import TokenizerConfig
 
 
-class CheckpointError(ValueError):
+class SavedModelError(ZeroLabError, ValueError):
     """A missing, partial or foreign checkpoint; the message names the path and what was expected."""
 
 
@@ -43,18 +48,18 @@ class LoadedCheckpoint:
 def tag_folder(path: str, tag: str | None = None) -> str:
     """The folder holding the model-states files: `path/<tag or latest>`, or path itself."""
     if not os.path.isdir(path):
-        raise CheckpointError(f"--load {path}: no such checkpoint folder")
+        raise SavedModelError(f"--load {path}: no such checkpoint folder")
     if tag is None and glob.glob(os.path.join(path, "*model_states.pt")):
         return path
     if tag is None:
         latest = os.path.join(path, "latest")
         if not os.path.isfile(latest):
-            raise CheckpointError(f"--load {path}: not a checkpoint (no 'latest' file and no *model_states.pt)")
+            raise SavedModelError(f"--load {path}: not a checkpoint (no 'latest' file and no *model_states.pt)")
         with open(latest) as handle:
             tag = handle.read().strip()
     folder = os.path.join(path, tag)
     if not os.path.isdir(folder):
-        raise CheckpointError(f"--load {path}: tag {tag!r} has no folder {folder}")
+        raise SavedModelError(f"--load {path}: tag {tag!r} has no folder {folder}")
     return folder
 
 
@@ -63,7 +68,7 @@ def _model_states_file(folder: str) -> str:
     for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
         if os.path.isfile(os.path.join(folder, name)):
             return os.path.join(folder, name)
-    raise CheckpointError(f"{folder}: no mp_rank_00_model_states.pt or zero_pp_rank_0_mp_rank_00_model_states.pt")
+    raise SavedModelError(f"{folder}: no mp_rank_00_model_states.pt or zero_pp_rank_0_mp_rank_00_model_states.pt")
 
 
 def _torch_load(path: str) -> dict:
@@ -71,7 +76,7 @@ def _torch_load(path: str) -> dict:
         # mmap: a stage-0 file also holds the optimizer state, which is never read here
         return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except (RuntimeError, OSError, EOFError, ValueError) as err:
-        raise CheckpointError(f"{path}: unreadable checkpoint file ({err})") from None
+        raise SavedModelError(f"{path}: unreadable checkpoint file ({err})") from None
 
 
 def _consolidated_zero_weights(folder: str, tp_rank: int, tp_size: int) -> dict[str, torch.Tensor]:
@@ -94,7 +99,7 @@ def _consolidated_zero_weights(folder: str, tp_rank: int, tp_size: int) -> dict[
             try:
                 return get_fp32_state_dict_from_zero_checkpoint(root, tag=tag)
             except (FileNotFoundError, ValueError, KeyError, RuntimeError) as err:
-                raise CheckpointError(f"{folder}: cannot consolidate the ZeRO checkpoint ({err})") from None
+                raise SavedModelError(f"{folder}: cannot consolidate the ZeRO checkpoint ({err})") from None
 
 
 def _tp_shard(folder: str, tp_rank: int, tp_size: int, layer_files: dict, zero: bool) -> dict[str, torch.Tensor]:
@@ -104,7 +109,7 @@ def _tp_shard(folder: str, tp_rank: int, tp_size: int, layer_files: dict, zero: 
         try:
             return gather_pipeline_layers(layer_files, tp_rank)
         except ValueError as err:
-            raise CheckpointError(f"{folder}: {err}") from None
+            raise SavedModelError(f"{folder}: {err}") from None
     if zero:
         return _consolidated_zero_weights(folder, tp_rank, tp_size)
     for name in (f"mp_rank_{tp_rank:02d}_model_states.pt", f"zero_pp_rank_0_mp_rank_{tp_rank:02d}_model_states.pt"):
@@ -112,26 +117,22 @@ def _tp_shard(folder: str, tp_rank: int, tp_size: int, layer_files: dict, zero: 
         if os.path.isfile(path):
             module = _torch_load(path)["module"] or {}
             if not module or any(tensor.numel() == 0 for tensor in module.values()):
-                raise CheckpointError(f"{folder}: the weights are not in the model-states file and no ZeRO optimizer "
+                raise SavedModelError(f"{folder}: the weights are not in the model-states file and no ZeRO optimizer "
                                       "files (*_optim_states.pt) are there to consolidate them from")
             return {name: tensor.float() for name, tensor in module.items()}
-    raise CheckpointError(f"{folder}: --tensor-model-parallel-size {tp_size} but no model-states file of "
+    raise SavedModelError(f"{folder}: --tensor-model-parallel-size {tp_size} but no model-states file of "
                           f"TP rank {tp_rank} (mp_rank_{tp_rank:02d})")
 
 
-def _config_from_metadata(states: dict, words: torch.Tensor, where: str) -> GPTConfig:
-    names = {f.name for f in fields(GPTConfig)} - {"params_dtype"}
-    if "model_config" in states:
-        values = states["model_config"]
-    elif "args" in states and "model" in states["args"]:
-        values = dict(states["args"]["model"], padded_vocab_size=int(words.shape[0]))
-    else:
-        raise CheckpointError(f"{where}: no model description (expected 'args' from pretrain_gpt.py "
-                              "or 'model_config' from tools/hf_to_checkpoint.py)")
+def _config_from_metadata(states: dict, where: str) -> GPTConfig:
+    """The model shape every zero-lab checkpoint stores (GPTConfig.to_dict(), written by pretrain_gpt.py
+    and tools/hf_to_checkpoint.py alike)."""
+    if "model_config" not in states:
+        raise SavedModelError(f"{where}: no model description ('model_config'); not a zero-lab checkpoint")
     try:
-        return GPTConfig(**{key: value for key, value in values.items() if key in names})
+        return GPTConfig.from_dict(states["model_config"])
     except (ModelConfigError, TypeError) as err:
-        raise CheckpointError(f"{where}: bad model description ({err})") from None
+        raise SavedModelError(f"{where}: bad model description ({err})") from None
 
 
 def _tokenizer_from_metadata(states: dict, root: str) -> TokenizerConfig | None:
@@ -155,11 +156,11 @@ def check_state_dict(state_dict: dict[str, torch.Tensor], config: GPTConfig, whe
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"{where}: weights do not match a GPT with {config.num_layers} layers "
+        raise SavedModelError(f"{where}: weights do not match a GPT with {config.num_layers} layers "
                               f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     for name, shape in expected.items():
         if tuple(state_dict[name].shape) != shape:
-            raise CheckpointError(f"{where}: {name} has shape {tuple(state_dict[name].shape)}, "
+            raise SavedModelError(f"{where}: {name} has shape {tuple(state_dict[name].shape)}, "
                                   f"the model description gives {shape}")
 
 
@@ -168,14 +169,14 @@ def load_checkpoint_weights(path: str, tag: str | None = None) -> LoadedCheckpoi
     states_file = _model_states_file(folder)
     states = _torch_load(states_file)
     if not isinstance(states, dict) or "module" not in states:
-        raise CheckpointError(f"{states_file}: not a DeepSpeed model-states file (no 'module')")
-    tp_size = int(states.get("args", {}).get("parallel", {}).get("tensor_model_parallel_size", 1))
+        raise SavedModelError(f"{states_file}: not a DeepSpeed model-states file (no 'module')")
+    tp_size = int(states.get("tensor_model_parallel_size", 1))
     layer_files = pipeline_layer_files(folder)
     zero = bool(glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")))
     weights = merge_tensor_parallel([_tp_shard(folder, rank, tp_size, layer_files, zero) for rank in range(tp_size)])
     if "word_embeddings.weight" not in weights:
-        raise CheckpointError(f"{folder}: no word_embeddings.weight among the weights (not a GPT checkpoint)")
-    config = _config_from_metadata(states, weights["word_embeddings.weight"], states_file)
+        raise SavedModelError(f"{folder}: no word_embeddings.weight among the weights (not a GPT checkpoint)")
+    config = _config_from_metadata(states, states_file)
     check_state_dict(weights, config, folder)
     args = states.get("args", {})
     return LoadedCheckpoint(path=folder, iteration=int(states.get("iteration", 0)), config=config,
@@ -200,7 +201,7 @@ def save_checkpoint_weights(save_dir: str, config: GPTConfig, state_dict: dict[s
 
     check_state_dict(state_dict, config, source)
     if os.path.exists(save_dir) and os.listdir(save_dir):
-        raise CheckpointError(f"--save {save_dir}: folder exists and is not empty (refusing to overwrite)")
+        raise SavedModelError(f"--save {save_dir}: folder exists and is not empty (refusing to overwrite)")
     tmp = f"{save_dir.rstrip(os.sep)}.tmp-{os.getpid()}"
     tag = "global_step0"
     try:
@@ -209,8 +210,7 @@ def save_checkpoint_weights(save_dir: str, config: GPTConfig, state_dict: dict[s
         for key, src in tokenizer_files.items():
             shutil.copyfile(src, os.path.join(tmp, os.path.basename(src)))
             tokenizer[key] = os.path.basename(src)
-        model_config = {key: value for key, value in asdict(config).items() if key != "params_dtype"}
-        payload = {"module": state_dict, "model_config": model_config, "iteration": 0, "consumed_samples": 0,
+        payload = {"module": state_dict, "model_config": config.to_dict(), "iteration": 0, "consumed_samples": 0,
                    "dp_world_size": 1, "mp_world_size": 1, "ds_version": deepspeed.__version__, "source": source}
         if tokenizer:
             payload["tokenizer"] = tokenizer

@@ -1,5 +1,6 @@
 """The tokenizer package's error type (its own module so every tokenizer can raise it)."""
+from megatron.errors import ZeroLabError
 
 
-class TokenizerError(ValueError):
+class TokenizerError(ZeroLabError, ValueError):
     """Missing or inconsistent tokenizer files or flags; the message names the flag/file."""

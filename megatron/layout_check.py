@@ -1,0 +1,50 @@
+"""The batch arithmetic of a parallel layout, in one place: pretrain_gpt.py's flag parsing uses it, and
+shell launchers that must refuse a bad layout before starting ranks (ALCF/args.sh) call it as
+
+    python -m megatron.layout_check --world-size N --tp T --pp P --micro-batch-size M [--global-batch-size G]
+
+which prints "data_parallel_size global_batch_size gradient_accumulation_steps", or one `error:` line.
+"""
+import argparse
+import sys
+
+from megatron.core.parallel_state import ParallelLayout
+from megatron.errors import ZeroLabError
+
+
+class BatchError(ZeroLabError, ValueError):
+    """A batch size that the layout cannot split; the message names the flag."""
+
+
+def batch_split(layout: ParallelLayout, micro_batch_size: int, global_batch_size: int | None) -> tuple[int, int]:
+    """(global batch, gradient accumulation steps); the global batch defaults to one micro-batch per DP rank."""
+    if micro_batch_size < 1:
+        raise BatchError(f"--micro-batch-size must be >= 1, got {micro_batch_size}")
+    dp = layout.data_parallel_size
+    global_batch = global_batch_size if global_batch_size is not None else micro_batch_size * dp
+    if global_batch < 1 or global_batch % (micro_batch_size * dp):
+        raise BatchError(f"--global-batch-size {global_batch} is not divisible by --micro-batch-size "
+                         f"{micro_batch_size} x data-parallel size {dp}")
+    return global_batch, global_batch // (micro_batch_size * dp)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--micro-batch-size", type=int, required=True)
+    parser.add_argument("--global-batch-size", type=int, default=None)
+    ns = parser.parse_args(argv)
+    try:
+        layout = ParallelLayout(ns.world_size, ns.tp, ns.pp)
+        global_batch, accumulation = batch_split(layout, ns.micro_batch_size, ns.global_batch_size)
+    except ZeroLabError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(layout.data_parallel_size, global_batch, accumulation)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,38 @@
+"""Named model shapes: the one table of them (pretrain_gpt.py's --model-size, ALCF/models.sh's
+MODEL_SIZE_KEY, tools/zero_plan.py and the Hugging Face conversion all read it).
+
+`python megatron/model/presets.py NAME` prints "layers hidden heads" for shell scripts (no torch import).
+"""
+import sys
+
+# (num_layers, hidden_size, num_attention_heads). GPT-2: 125M/355M/774M/1.5B (the 1.5B is GPT-2 XL,
+# 25 heads of 64). GPT-3 paper family: 760M, 1.3B, 2.7B, 6.7B, plus the 13B/25B/175B shapes the ALCF
+# Megatron-DeepSpeed scripts use (their 13B has 64 heads of 80). "tiny" is for CPU runs.
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=4),
+    "125M": dict(num_layers=12, hidden_size=768, num_attention_heads=12),
+    "355M": dict(num_layers=24, hidden_size=1024, num_attention_heads=16),
+    "760M": dict(num_layers=24, hidden_size=1536, num_attention_heads=16),
+    "774M": dict(num_layers=36, hidden_size=1280, num_attention_heads=20),
+    "1.3B": dict(num_layers=24, hidden_size=2048, num_attention_heads=16),
+    "1.5B": dict(num_layers=48, hidden_size=1600, num_attention_heads=25),
+    "2.7B": dict(num_layers=32, hidden_size=2560, num_attention_heads=32),
+    "6.7B": dict(num_layers=32, hidden_size=4096, num_attention_heads=32),
+    "13B": dict(num_layers=40, hidden_size=5120, num_attention_heads=64),
+    "25B": dict(num_layers=64, hidden_size=6144, num_attention_heads=64),
+    "175B": dict(num_layers=96, hidden_size=12288, num_attention_heads=96),
+}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in MODEL_PRESETS:
+        given = argv[0] if argv else "nothing"
+        print(f"error: model preset {given!r} is unknown (choose from {', '.join(MODEL_PRESETS)})", file=sys.stderr)
+        return 1
+    shape = MODEL_PRESETS[argv[0]]
+    print(shape["num_layers"], shape["hidden_size"], shape["num_attention_heads"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
