@@ -55,8 +55,8 @@ def test_two_keys_of_the_dolly_sample_with_eod(tmp_path, dolly_sample, gpt2_flag
         tokens += int(ds.sizes.sum())
     assert f"382 documents, {tokens} tokens" in last
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "dolly_instruction_document.bin", "dolly_instruction_document.idx",
-        "dolly_response_document.bin", "dolly_response_document.idx"]
+        "dolly_instruction_document.bin", "dolly_instruction_document.idx", "dolly_instruction_document.meta.json",
+        "dolly_response_document.bin", "dolly_response_document.idx", "dolly_response_document.meta.json"]
 
 
 def test_output_is_identical_for_any_worker_count_and_gzip_input(tmp_path, dolly_sample, gpt2_flags):

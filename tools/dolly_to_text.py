@@ -3,22 +3,29 @@
 The text of a record is its context, instruction and response, in that order, joined by a
 newline; an empty context is left out. Every line must be a JSON object whose instruction,
 context and response are strings, otherwise the run stops with `error: FILE:LINE: ...` and
-writes nothing (the output is written under a temporary name and renamed at the end).
+writes nothing (the output is written under a temporary name and renamed at the end); so do an
+output that cannot be written and SIGTERM. An output whose text is already the same is left
+untouched (its mtime too), so what is built from it is not rebuilt for nothing.
 
     python tools/dolly_to_text.py --input databricks-dolly-15k.jsonl --output dolly_text.jsonl
 """
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
+import signal
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from megatron.errors import ZeroLabError  # noqa: E402
 
 DOLLY_KEYS = ("instruction", "context", "response")
 
 
-class DollyError(Exception):
+class DollyError(ZeroLabError):
     """A dolly line that is not a record with string instruction/context/response."""
 
 
@@ -39,12 +46,16 @@ def record_text(line: bytes, where: str) -> str:
     return "\n".join(parts if record["context"].strip() else parts[1:])
 
 
-def convert(input_path: str, output_path: str) -> int:
-    """Write the text jsonl; returns the number of records."""
+def convert(input_path: str, output_path: str) -> tuple[int, bool]:
+    """Write the text jsonl; returns the number of records and whether the output changed."""
     tmp_path = f"{output_path}.tmp-{os.getpid()}"
     count = 0
     try:
-        with open(input_path, "rb") as source, open(tmp_path, "w", encoding="utf-8") as sink:
+        try:
+            sink = open(tmp_path, "w", encoding="utf-8")
+        except OSError as err:
+            raise DollyError(f"--output {output_path}: cannot write ({err.strerror or err})") from None
+        with open(input_path, "rb") as source, sink:
             for line_no, line in enumerate(source, start=1):
                 if not line.strip():
                     continue
@@ -53,10 +64,16 @@ def convert(input_path: str, output_path: str) -> int:
                 count += 1
         if count == 0:
             raise DollyError(f"{input_path}: no records")
-        os.replace(tmp_path, output_path)
+        changed = not (os.path.isfile(output_path) and filecmp.cmp(tmp_path, output_path, shallow=False))
+        if changed:
+            try:
+                os.replace(tmp_path, output_path)
+            except OSError as err:
+                raise DollyError(f"--output {output_path}: cannot write ({err.strerror or err})") from None
     finally:
-        Path(tmp_path).unlink(missing_ok=True)
-    return count
+        if os.path.exists(tmp_path):  # not there when the folder itself is not writable
+            os.unlink(tmp_path)
+    return count, changed
 
 
 def main(argv=None) -> int:
@@ -67,13 +84,19 @@ def main(argv=None) -> int:
     try:
         if not os.path.isfile(args.input):
             raise DollyError(f"--input {args.input}: file not found")
-        count = convert(args.input, args.output)
+        count, changed = convert(args.input, args.output)
     except DollyError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"[dolly] {count} records -> {args.output}")
+    print(f"[dolly] {count} records -> {args.output}{'' if changed else ' (unchanged)'}")
     return 0
 
 
+def _stop(signum, frame):
+    # SystemExit runs the cleanup in convert() on its way out; its message goes to stderr.
+    raise SystemExit(f"error: stopped by {signal.Signals(signum).name}; nothing written")
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _stop)
     sys.exit(main())

@@ -9,18 +9,27 @@ a different engine: upstream sends every document to a process pool and back as 
 here the main process reads ~1 MB chunks of raw lines, --workers forked processes each parse
 and tokenize whole chunks (tiktoken, compiled BPE) and send back one numpy array of ids per
 chunk, and the main process appends each array to the .bin with one write, in input order.
-Bad lines stop the run with `error: FILE:LINE: ...` and no output files (unless --skip-bad-lines).
+Beside each pair goes `{prefix}.meta.json` (megatron/data/dataset_sidecar.py): the largest token
+id, the input's size and mtime, and the tokenizer, so training can check the data cheaply.
+Bad lines stop the run with `error: FILE:LINE: ...` and no output files (unless --skip-bad-lines);
+so do an output folder that cannot be written (checked before any work), a worker that dies
+(killed, out of memory) and SIGTERM/SIGINT.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gzip
 import json
 import multiprocessing
 import os
+import signal
 import sys
+import tempfile
 import time
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
@@ -30,22 +39,51 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from megatron.data.dataset_sidecar import sidecar_path, source_record, tokenizer_record, write_sidecar  # noqa: E402
 from megatron.data.indexed_dataset import (  # noqa: E402
-    IndexedDatasetError,
     MMapIndexedDatasetBuilder,
     best_fitting_dtype,
     data_file_path,
     index_file_path,
 )
 from megatron.tokenizer import TOKENIZER_TYPES, TokenizerError, build_tokenizer  # noqa: E402
+from megatron.errors import ZeroLabError  # noqa: E402
 
 # One task: large enough that pickling/IPC is noise, small enough to balance workers and to
 # overlap reading with tokenizing.
 CHUNK_BYTES = 1 << 20
 
 
-class PreprocessError(Exception):
+class PreprocessError(ZeroLabError):
     """Bad input or flags; the message names the file and line or the flag."""
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT arrived. A BaseException, as KeyboardInterrupt, so that cleanup runs on the
+    way out and no `except Exception` swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
+@contextmanager
+def stop_on_signals():
+    """SIGTERM and SIGINT raise Stopped while the body runs (SIGINT stays ignored where the shell
+    ignores it, as for a background job); the previous handlers come back afterwards."""
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    for signum, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(signum, _raise_stopped)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @dataclass
@@ -196,8 +234,24 @@ class ChunkEncoder:
 _worker_encoder: ChunkEncoder | None = None
 
 
-def _init_worker(encoder: ChunkEncoder) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGKILL this worker when the main process dies, even by SIGKILL (out of memory): an
+    orphaned worker would wait for tasks forever."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the main process dying is then not covered
+    if os.getppid() != parent:  # it died before the request took effect
+        os._exit(1)
+
+
+def _init_worker(encoder: ChunkEncoder, parent: int) -> None:
     global _worker_encoder
+    _die_with_parent(parent)
+    # Ctrl-C reaches the whole process group: only the main process reports and cleans up. A
+    # worker that gets SIGTERM dies at once; the main process then reports the broken pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _worker_encoder = encoder
 
 
@@ -210,12 +264,21 @@ def worker_pool(cfg: PreprocessConfig, encoder: ChunkEncoder):
     """A pool of forked workers that already hold the tokenizer, or None for --workers 1.
 
     fork, not spawn: a spawned worker would re-import and reload the vocabulary (~0.3 s each).
+    ProcessPoolExecutor, not multiprocessing.Pool: Pool replaces a worker that dies and leaves its
+    task unanswered forever; the executor fails every pending future with BrokenProcessPool.
     """
     if cfg.workers == 1 or "fork" not in multiprocessing.get_all_start_methods():
         yield None
         return
-    with multiprocessing.get_context("fork").Pool(cfg.workers, _init_worker, (encoder,)) as pool:
+    pool = ProcessPoolExecutor(cfg.workers, mp_context=multiprocessing.get_context("fork"),
+                               initializer=_init_worker, initargs=(encoder, os.getpid()))
+    try:
+        # The first task forks every worker, before any output file is open or progress thread runs.
+        pool.submit(int).result()
         yield pool
+    finally:
+        # After an error: drop the queued chunks; running ones finish (a chunk's time) and workers exit.
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def encoded_chunks(cfg: PreprocessConfig, encoder: ChunkEncoder, pool):
@@ -224,12 +287,17 @@ def encoded_chunks(cfg: PreprocessConfig, encoder: ChunkEncoder, pool):
         yield from map(encoder, read_chunks(cfg.input, cfg.chunk_bytes))
         return
     pending = deque()
-    for chunk in read_chunks(cfg.input, cfg.chunk_bytes):
-        pending.append(pool.apply_async(_encode_in_worker, (chunk,)))
-        if len(pending) > 2 * cfg.workers:
-            yield pending.popleft().get()
-    while pending:
-        yield pending.popleft().get()
+    try:
+        for chunk in read_chunks(cfg.input, cfg.chunk_bytes):
+            pending.append(pool.submit(_encode_in_worker, chunk))
+            if len(pending) > 2 * cfg.workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    except BrokenProcessPool:
+        raise PreprocessError(
+            "a tokenizer worker process died abruptly (killed by a signal, e.g. the out-of-memory killer); "
+            f"stopped without writing --output-prefix {cfg.output_prefix}") from None
 
 
 @dataclass
@@ -239,17 +307,33 @@ class Totals:
     tokens: int = 0
     num_bytes: int = 0
     bad_lines: list[str] = field(default_factory=list)
+    max_ids: dict[str, int] = field(default_factory=dict)  # per key; -1 while no token was seen
 
 
 def output_prefix(cfg: PreprocessConfig, key: str) -> str:
     return f"{cfg.output_prefix}_{key}_document"
 
 
+def check_output_folder(prefix: str) -> None:
+    """Create the output folder and prove a file can be made in it, before any work: permissions
+    alone do not tell (root writes anywhere, except on a read-only filesystem)."""
+    folder = Path(prefix).parent
+    if folder.exists() and not folder.is_dir():
+        raise PreprocessError(f"--output-prefix {prefix}: {folder} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise PreprocessError(f"--output-prefix {prefix}: cannot write to {folder} ({err.strerror or err})") from None
+
+
 def run(cfg: PreprocessConfig) -> Totals:
+    check_output_folder(cfg.output_prefix)
+    source = source_record(cfg.input)  # as read: a file changed later makes the data stale
     tokenizer = build_tokenizer(cfg, verbose=False)
     dtype = best_fitting_dtype(tokenizer.vocab_size)
     encoder = ChunkEncoder(tokenizer, cfg, dtype)
-    Path(cfg.output_prefix).parent.mkdir(parents=True, exist_ok=True)
     # The pool forks before any output file is open or any progress thread runs.
     with worker_pool(cfg, encoder) as pool:
         builders = {key: MMapIndexedDatasetBuilder(data_file_path(output_prefix(cfg, key)), dtype)
@@ -257,16 +341,21 @@ def run(cfg: PreprocessConfig) -> Totals:
         try:
             totals = write_chunks(cfg, encoded_chunks(cfg, encoder, pool), builders)
             for key, builder in builders.items():
+                # No sidecar from an earlier build may describe the new pair, even for a moment.
+                Path(sidecar_path(output_prefix(cfg, key))).unlink(missing_ok=True)
                 builder.finalize(index_file_path(output_prefix(cfg, key)))
         except BaseException:
             for builder in builders.values():
                 builder.discard()
             raise
+    described = tokenizer_record(cfg, tokenizer.vocab_size)
+    for key in cfg.json_keys:
+        write_sidecar(output_prefix(cfg, key), totals.max_ids[key], source, described)
     return totals
 
 
 def write_chunks(cfg: PreprocessConfig, chunks, builders) -> Totals:
-    totals, progress = Totals(), Progress(cfg)
+    totals, progress = Totals(max_ids=dict.fromkeys(cfg.json_keys, -1)), Progress(cfg)
     try:
         for chunk in chunks:
             if chunk.bad_lines and not cfg.skip_bad_lines:
@@ -274,6 +363,8 @@ def write_chunks(cfg: PreprocessConfig, chunks, builders) -> Totals:
             for key, (flat, sizes) in chunk.arrays.items():
                 builders[key].add_documents(flat, sizes)
                 totals.tokens += int(sizes.sum())
+                if flat.size:
+                    totals.max_ids[key] = max(totals.max_ids[key], int(flat.max()))
             totals.documents += chunk.records
             totals.empty += chunk.empty
             totals.num_bytes += chunk.num_bytes
@@ -318,7 +409,8 @@ def report(cfg: PreprocessConfig, totals: Totals, seconds: float) -> None:
     if totals.empty:
         print(f"skipped {totals.empty} documents with no tokens")
     for key in cfg.json_keys:
-        print(f"wrote {data_file_path(output_prefix(cfg, key))} and {index_file_path(output_prefix(cfg, key))}")
+        prefix = output_prefix(cfg, key)
+        print(f"wrote {data_file_path(prefix)}, {index_file_path(prefix)} and {sidecar_path(prefix)}")
     print(
         f"Processed {totals.documents} documents, {totals.tokens} tokens in {seconds:.3f} s "
         f"({totals.documents / seconds:.0f} docs/s, {totals.num_bytes / seconds / 1e6:.2f} MB/s)",
@@ -356,10 +448,14 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     try:
         cfg = parse_args(argv)
-        totals = run(cfg)
-    except (PreprocessError, TokenizerError, IndexedDatasetError) as err:
+        with stop_on_signals():
+            totals = run(cfg)
+    except ZeroLabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except Stopped as stop:
+        print(f"error: stopped by {stop}; no output written", file=sys.stderr)
+        return 128 + stop.signum
     report(cfg, totals, time.perf_counter() - start)
     return 0
 

@@ -9,7 +9,9 @@
 #                fetched from the hub, or converted from the openai-whisper sdist on PyPI by tools/gpt2_vocab.py)
 #   PYTHON       interpreter (default the repo's .venv, else python3); WORKERS tokenizer processes (default nproc, at most 8)
 #   HF_HUB_OFFLINE=1 skips every Hugging Face download.
-# Safe to run again: when the outputs are newer than their inputs nothing is rebuilt.
+# Safe to run again: the data is rebuilt only when its sidecar (dolly_text_document.meta.json) says it
+# was made from other text or another vocabulary, or an input is newer than it.
+# SIGTERM/SIGINT stop the running child and remove temporary files (exit 143/130).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,11 +28,48 @@ export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 say() { echo "[dolly] $*"; }
 die() { echo "error: $*" >&2; exit 1; }
 
+# Children run in the background and are waited for: bash runs a trap only between commands, so
+# a foreground child would hold SIGTERM back until it finished on its own.
+# A child that fails is named when a signal killed it (e.g. SIGKILL from the out-of-memory killer),
+# and the temporary files it could not remove are removed.
+child=
+run_child() {
+    local status=0
+    "$@" & child=$!
+    wait "$child" || status=$?
+    if (( status != 0 )); then
+        rm -f "$DATA_DIR"/*.tmp-"$child"
+        local name=${1##*/}
+        [[ $name != python* ]] || name=${2##*/}
+        (( status <= 128 )) || echo "error: $name was killed by SIG$(kill -l "$status")" >&2
+    fi
+    return "$status"
+}
+on_signal() {
+    trap - TERM INT
+    if [[ -n $child ]]; then
+        kill -TERM "$child" 2>/dev/null || true
+        wait "$child" 2>/dev/null || true
+    fi
+    # The python tools remove their own temporary files on SIGTERM; these are what a harder end leaves.
+    rm -f "$DATA_DIR"/*.tmp-"${child:-none}" "$DATA_DIR"/*.tmp-$$
+    echo "error: stopped by SIG$1; temporary files removed" >&2
+    exit $((128 + $(kill -l "$1")))
+}
+trap 'on_signal TERM' TERM
+trap 'on_signal INT' INT
+# newer_than TARGET FILE...: true when any FILE is newer than TARGET (or TARGET is missing).
+newer_than() {
+    local target=$1 file; shift
+    for file in "$@"; do [[ -f $target && ! $file -nt $target ]] || return 0; done
+    return 1
+}
+
 # fetch URL DEST: download to a temporary name and rename, so a failed download leaves nothing.
 fetch() {
     [[ "${HF_HUB_OFFLINE:-0}" == 1 ]] && return 1
     command -v curl >/dev/null 2>&1 || return 1
-    curl --fail --silent --show-error --location --connect-timeout 10 --max-time "${DOWNLOAD_TIMEOUT:-120}" \
+    run_child curl --fail --silent --show-error --location --connect-timeout 10 --max-time "${DOWNLOAD_TIMEOUT:-120}" \
         -o "$2.tmp-$$" "$1" && mv "$2.tmp-$$" "$2" || { rm -f "$2.tmp-$$"; return 1; }
 }
 
@@ -63,22 +102,25 @@ else
         else
             rm -f "$VOCAB_FILE" "$MERGE_FILE"
             say "GPT-2 vocabulary not on the hub from here: converting it from PyPI (tools/gpt2_vocab.py)"
-            "$PYTHON" "$REPO/tools/gpt2_vocab.py" --output-dir "$DATA_DIR" --verify-text "$DOLLY_JSONL"
+            run_child "$PYTHON" "$REPO/tools/gpt2_vocab.py" --output-dir "$DATA_DIR" --verify-text "$DOLLY_JSONL"
         fi
     fi
 fi
 
-# 3. Text per record, then tokenize (skipped when the outputs are newer than every input).
+# 3. Text per record (dolly_to_text.py leaves the file untouched when its text is the same), then
+#    tokenize unless the sidecar says the data was made from this text with this vocabulary.
 prefix=$DATA_DIR/dolly_text_document
-if [[ -f $prefix.bin && -f $prefix.idx && $prefix.idx -nt "$DOLLY_JSONL" && $prefix.idx -nt "$VOCAB_FILE" \
-      && $prefix.idx -nt "$MERGE_FILE" && $prefix.bin -nt "$DOLLY_JSONL" ]]; then
-    say "up to date: $prefix.{bin,idx} are newer than $DOLLY_JSONL and the vocabulary (delete them to rebuild)"
+text_jsonl=$DATA_DIR/dolly_text.jsonl
+tokenizer=(--tokenizer-type GPT2BPETokenizer --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE")
+run_child "$PYTHON" "$REPO/tools/dolly_to_text.py" --input "$DOLLY_JSONL" --output "$text_jsonl"
+if stale=$("$PYTHON" -m megatron.data.dataset_sidecar "$prefix" --source "$text_jsonl" "${tokenizer[@]}") \
+        && ! newer_than "$prefix.bin" "$DOLLY_JSONL" "$VOCAB_FILE" "$MERGE_FILE" \
+        && ! newer_than "$prefix.idx" "$DOLLY_JSONL" "$VOCAB_FILE" "$MERGE_FILE"; then
+    say "up to date: $prefix.{bin,idx} were made from $DOLLY_JSONL and this vocabulary (delete them to rebuild)"
 else
-    text_jsonl=$DATA_DIR/dolly_text.jsonl
-    "$PYTHON" "$REPO/tools/dolly_to_text.py" --input "$DOLLY_JSONL" --output "$text_jsonl"
-    "$PYTHON" "$REPO/tools/preprocess_data.py" --input "$text_jsonl" --json-keys text \
-        --output-prefix "$DATA_DIR/dolly" --tokenizer-type GPT2BPETokenizer \
-        --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --append-eod --workers "$WORKERS"
+    [[ -z $stale || ! -f $prefix.idx ]] || say "rebuilding: ${stale#stale: }"
+    run_child "$PYTHON" "$REPO/tools/preprocess_data.py" --input "$text_jsonl" --json-keys text \
+        --output-prefix "$DATA_DIR/dolly" "${tokenizer[@]}" --append-eod --workers "$WORKERS"
 fi
 "$PYTHON" -c "import sys; from megatron.data.indexed_dataset import MMapIndexedDataset as D; \
 d = D(sys.argv[1]); print(f'[dolly] {sys.argv[1]}: {len(d.doc_idx) - 1} documents, {int(d.sizes.sum())} tokens')" "$prefix"
