@@ -19,9 +19,9 @@ setup(
     packages=find_packages(include=["megatron", "megatron.*"]),
     python_requires=">=3.10",
     install_requires=[
-        # torch is pinned to the CPU build available on the project machines; on a GPU
-        # machine install the matching CUDA build of torch first and this pin is satisfied.
-        "torch==2.13.0",
+        # scripts/setup.sh installs torch first (2.13.0: the CPU build on the project machines,
+        # a CUDA build on a GPU machine) or keeps a GPU image's own; 2.11 to 2.13 are supported.
+        "torch>=2.11,<2.14",
         "deepspeed==0.19.8",
         "numpy==2.4.6",
         "regex==2026.11.15",

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Usage: bash scripts/wheelhouse.sh DIR [--python-version X.Y]
+# On a machine with package access: every wheel zero-lab needs except torch (and what only torch
+# needs), for CPython X.Y (default: this python3's) on x86-64 Linux, into DIR, so that
+# `WHEELHOUSE=DIR bash scripts/setup.sh` installs on a machine without network next to the torch
+# it already has. It holds: the pinned requirements of setup.py and its [test] extra with their
+# dependencies; DeepSpeed as a pure-Python wheel (DS_BUILD_OPS=0: its ops compile at first use);
+# the build requirements of pyproject.toml (setuptools, wheel, pybind11), since `pip install -e .`
+# compiles the helper extension there from source.
+# WHEELHOUSE_GLIBC (default 2.28): the newest manylinux glibc a wheel may need (`ldd --version`
+# on the target machine says its own). PYTHON: the interpreter whose pip downloads (python3).
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+GLIBC=${WHEELHOUSE_GLIBC:-2.28}
+die() { echo "error: $*" >&2; exit 1; }
+
+dir="" python_version=""
+while (( $# )); do
+    case "$1" in
+        --python-version) [[ $# -ge 2 ]] || die "--python-version needs a value such as 3.12"
+                          python_version=$2; shift 2 ;;
+        -*) die "unknown option $1 (usage: scripts/wheelhouse.sh DIR [--python-version X.Y])" ;;
+        *) [[ -z "$dir" ]] || die "one folder expected, got '$dir' and '$1'"; dir=$1; shift ;;
+    esac
+done
+[[ -n "$dir" ]] || die "no folder given (usage: scripts/wheelhouse.sh DIR [--python-version X.Y])"
+"$PYTHON" -m pip --version >/dev/null 2>&1 || die "PYTHON=$PYTHON has no pip"
+python_version=${python_version:-$("$PYTHON" -c 'import sys; print(*sys.version_info[:2], sep=".")')}
+[[ "$python_version" =~ ^3\.[0-9]+$ ]] || die "--python-version $python_version: expected 3.N, such as 3.12"
+[[ "$GLIBC" =~ ^2\.([0-9]+)$ ]] || die "WHEELHOUSE_GLIBC=$GLIBC: expected 2.N, such as 2.28"
+
+# setup.py's pins and pyproject.toml's build requirements, read as data (nothing is built).
+read_requirements() {
+    "$PYTHON" - "$REPO" "$1" <<'EOF'
+import ast, sys, tomllib
+from pathlib import Path
+repo, part = Path(sys.argv[1]), sys.argv[2]
+if part == "build":
+    print(*tomllib.loads((repo / "pyproject.toml").read_text())["build-system"]["requires"], sep="\n")
+else:
+    call = next(node for node in ast.walk(ast.parse((repo / "setup.py").read_text()))
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup")
+    keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg in ("install_requires", "extras_require")}
+    print(*keywords["install_requires"], *keywords.get("extras_require", {}).get("test", []), sep="\n")
+EOF
+}
+mapfile -t project < <(read_requirements install)
+mapfile -t build < <(read_requirements build)
+deepspeed=$(printf '%s\n' "${project[@]}" | grep '^deepspeed') || die "setup.py pins no deepspeed"
+
+# Fill a temporary folder and rename it at the end: a DIR that exists is complete.
+mkdir -p "$(dirname "$dir")"
+tmp=$(mktemp -d "$dir.partial.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+# DeepSpeed is published as a source archive only; built with its ops left out, the wheel is pure
+# Python and the same for every Python version. No build isolation: its build looks for torch
+# only to pre-compile ops, which DS_BUILD_OPS=0 turns off.
+echo "[wheelhouse] building $deepspeed (DS_BUILD_OPS=0)"
+DS_BUILD_OPS=0 "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation -w "$tmp" "$deepspeed"
+ds_wheel=$(ls "$tmp"/deepspeed-*.whl)
+# Its own requirements, less torch and the extras.
+mapfile -t ds_requirements < <("$PYTHON" - "$ds_wheel" <<'EOF'
+import sys, zipfile
+from email.parser import Parser
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    metadata = Parser().parsestr(wheel.read(name).decode())
+for requirement in metadata.get_all("Requires-Dist") or []:
+    if "extra ==" not in requirement and not requirement.startswith("torch"):
+        print(requirement)
+EOF
+)
+
+platforms=()
+for (( minor = ${GLIBC#2.}; minor >= 17; minor-- )); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
+platforms+=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
+requirements=("${build[@]}" "${ds_requirements[@]}")
+for requirement in "${project[@]}"; do
+    [[ "$requirement" == torch* || "$requirement" == deepspeed* ]] || requirements+=("$requirement")
+done
+echo "[wheelhouse] downloading wheels for CPython $python_version, manylinux glibc <= $GLIBC: ${requirements[*]}"
+"$PYTHON" -m pip download --quiet --disable-pip-version-check -d "$tmp" --only-binary=:all: \
+    --python-version "$python_version" --implementation cp "${platforms[@]}" "${requirements[@]}" \
+    || die "pip could not download every wheel for CPython $python_version (pip's message above)"
+if compgen -G "$tmp/torch-*" >/dev/null; then
+    die "a requirement pulled torch into the wheelhouse; the wheelhouse must leave torch to the machine"
+fi
+
+rm -rf "$dir"
+mv "$tmp" "$dir"
+trap - EXIT
+echo "[wheelhouse] $dir: $(ls "$dir" | wc -l) wheels, $(du -sh "$dir" | cut -f1)"

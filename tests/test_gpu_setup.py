@@ -1,0 +1,237 @@
+"""Set-up for GPU machines, checked without a GPU: which torch scripts/setup.sh installs (a fake
+nvidia-smi on PATH, SETUP_DRY_RUN=1 so nothing is installed), the offline wheelhouse install
+(slow: builds a wheelhouse from the package index, then installs from it with pip's network off),
+and the commands of the GPU acceptance run (bench/gpu_suite.sh --dry-run)."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, test_env
+
+SETUP = REPO_ROOT / "scripts" / "setup.sh"
+NVIDIA_SMI_HEADER = """#!/bin/sh
+echo "+-----------------------------------------------------------------------------------------+"
+echo "| NVIDIA-SMI 580.159.04             Driver Version: 580.159.04     CUDA Version: {cuda}     |"
+"""
+
+
+def fake_nvidia_smi(folder: Path, script: str) -> Path:
+    folder.mkdir(exist_ok=True)
+    tool = folder / "nvidia-smi"
+    tool.write_text(script)
+    tool.chmod(0o755)
+    return folder
+
+
+def dry_setup(tmp_path, path_prefix=None, **env):
+    """scripts/setup.sh in dry-run mode for a venv that does not exist yet."""
+    overrides = dict(SETUP_DRY_RUN=1, VENV_DIR=tmp_path / "venv", **env)
+    environment = test_env(**overrides)
+    if path_prefix is not None:
+        environment["PATH"] = f"{path_prefix}{os.pathsep}{environment['PATH']}"
+    result = subprocess.run(["bash", str(SETUP)], env=environment, capture_output=True, text=True, timeout=120)
+    assert not (tmp_path / "venv").exists(), "a dry run created the venv"
+    return result
+
+
+def bare_python(tmp_path) -> Path:
+    """An interpreter that imports no torch: a venv without pip (made in about a second)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    return tmp_path / "bare" / "bin" / "python"
+
+
+@pytest.mark.parametrize("driver_cuda, index", [("13.0", "cu130"), ("12.9", "cu128"), ("12.6", "cu126")])
+def test_setup_installs_the_cuda_torch_the_driver_runs(tmp_path, driver_cuda, index):
+    bin_dir = fake_nvidia_smi(tmp_path / "bin", NVIDIA_SMI_HEADER.format(cuda=driver_cuda))
+    result = dry_setup(tmp_path, bin_dir)
+    assert result.returncode == 0, result.stderr
+    assert f"[setup] pip_install torch==2.13.0 --index-url https://download.pytorch.org/whl/{index}\n" in result.stdout
+    assert "[setup] pip_install -e .[test]" in result.stdout
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a real nvidia-smi")
+def test_setup_without_a_gpu_installs_the_pinned_torch_as_today(tmp_path):
+    result = dry_setup(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "[setup] pip_install torch==2.13.0\n" in result.stdout
+    assert "index-url" not in result.stdout
+
+
+def test_setup_stops_on_a_driver_older_than_every_cuda_build(tmp_path):
+    bin_dir = fake_nvidia_smi(tmp_path / "bin", NVIDIA_SMI_HEADER.format(cuda="11.8"))
+    result = dry_setup(tmp_path, bin_dir)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: the NVIDIA driver runs CUDA 11.8, older than every CUDA build of torch 2.13.0 (13.0, 12.8, 12.6): "
+        "update the driver, or set TORCH_INDEX_URL"]
+    assert "pip_install" not in result.stdout
+
+
+def test_setup_falls_back_to_the_cpu_build_when_nvidia_smi_fails(tmp_path):
+    bin_dir = fake_nvidia_smi(tmp_path / "bin", "#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't "
+                                                "communicate with the NVIDIA driver.\"\nexit 9\n")
+    result = dry_setup(tmp_path, bin_dir)
+    assert result.returncode == 0, result.stderr
+    assert "warning: nvidia-smi failed (NVIDIA-SMI has failed because" in result.stderr
+    assert "[setup] pip_install torch==2.13.0\n" in result.stdout
+
+
+def test_setup_from_a_wheelhouse_keeps_the_torch_of_python_and_installs_offline(tmp_path):
+    wheelhouse = tmp_path / "wheels"
+    wheelhouse.mkdir()
+    base_site = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    result = dry_setup(tmp_path, WHEELHOUSE=wheelhouse)  # PYTHON is this test's interpreter, which has torch
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^\[setup\] keeping torch 2\.\d+\.\d+\S* of PYTHON=", result.stdout, re.M)
+    assert re.search(rf"^\[setup\] link_site_packages {tmp_path}/venv/lib/python3\.\d+/site-packages/zero_lab_base\.pth "
+                     rf"{re.escape(base_site)}$", result.stdout, re.M)
+    assert f"[setup] pip_install --no-index --find-links {wheelhouse} -e .[test]" in result.stdout
+    assert "torch==" not in result.stdout  # never a torch download
+
+
+def test_setup_from_a_wheelhouse_without_any_torch_is_one_line(tmp_path):
+    wheelhouse = tmp_path / "wheels"
+    wheelhouse.mkdir()
+    result = dry_setup(tmp_path, WHEELHOUSE=wheelhouse, PYTHON=bare_python(tmp_path))
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: WHEELHOUSE={wheelhouse}: neither ")
+    assert "install torch >= 2.11, < 2.14 first" in lines[0]
+
+
+def test_setup_with_a_missing_wheelhouse_folder_is_one_line(tmp_path):
+    result = dry_setup(tmp_path, WHEELHOUSE=tmp_path / "nowhere")
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"error: WHEELHOUSE={tmp_path}/nowhere: no such folder (make one with scripts/wheelhouse.sh)"
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "error: no folder given (usage: scripts/wheelhouse.sh DIR [--python-version X.Y])"),
+    (["wh", "--python-version", "3"], "error: --python-version 3: expected 3.N, such as 3.12"),
+    (["wh", "--platform", "x"], "error: unknown option --platform (usage: scripts/wheelhouse.sh DIR [--python-version X.Y])"),
+])
+def test_wheelhouse_rejects_bad_arguments_in_one_line(tmp_path, args, message):
+    result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "wheelhouse.sh"), *args], cwd=tmp_path,
+                            env=test_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip() == message
+    assert list(tmp_path.iterdir()) == []
+
+
+def copy_of_repo(destination: Path) -> Path:
+    """The repository's files (tracked and not ignored) without its .venv or build outputs."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO_ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, files):
+        source = REPO_ROOT / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+def offline_env(**overrides):
+    """pip with no index and no configuration (so no find-links of this machine either)."""
+    env = test_env(PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull, **overrides)
+    for name in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PYTHONPATH", "VIRTUAL_ENV"):
+        env.pop(name, None)
+    return env
+
+
+@pytest.mark.slow
+def test_wheelhouse_installs_offline_next_to_a_preinstalled_torch(tmp_path):
+    wheelhouse = tmp_path / "wheelhouse"
+    built = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "wheelhouse.sh"), str(wheelhouse)],
+                           env=test_env(), capture_output=True, text=True, timeout=1200)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    names = sorted(path.name for path in wheelhouse.iterdir())
+    assert not [name for name in names if name.startswith("torch-")]
+    for needed in ("deepspeed-0.19.8-py3-none-any.whl", "pybind11-3.1.0-", "setuptools-", "wheel-", "pytest-9.2.0-"):
+        assert any(name.startswith(needed) for name in names), (needed, names)
+    assert not list(tmp_path.glob("wheelhouse.partial.*"))
+
+    # The GPU image's torch, played by torch 2.13.0 (CPU) in a venv of its own, from pip's normal source.
+    base = tmp_path / "base"
+    subprocess.run([sys.executable, "-m", "venv", str(base)], check=True)
+    subprocess.run([str(base / "bin" / "python"), "-m", "pip", "install", "--quiet", "torch==2.13.0"], check=True,
+                   env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}, timeout=900)
+    repo = copy_of_repo(tmp_path / "repo")
+    setup = repo / "scripts" / "setup.sh"
+
+    # A wheelhouse without tqdm: one line names it.
+    short = tmp_path / "short"
+    shutil.copytree(wheelhouse, short)
+    for wheel in short.glob("tqdm-*.whl"):
+        wheel.unlink()
+    failed = subprocess.run(["bash", str(setup)], capture_output=True, text=True, timeout=900,
+                            env=offline_env(WHEELHOUSE=short, VENV_DIR=tmp_path / "v1", PYTHON=base / "bin" / "python"))
+    assert failed.returncode == 1
+    last = failed.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(rf"error: WHEELHOUSE={short} has no wheel for tqdm\S* for Python 3\.\d+\.\d+: rebuild it "
+                        r"with 'bash scripts/wheelhouse.sh DIR --python-version X.Y' on a machine with package access",
+                        last), last
+
+    venv = tmp_path / "v2"
+    result = subprocess.run(["bash", str(setup)], capture_output=True, text=True, timeout=1200,
+                            env=offline_env(WHEELHOUSE=wheelhouse, VENV_DIR=venv, PYTHON=base / "bin" / "python"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "keeping torch 2.13.0" in result.stdout
+    check = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "import torch, deepspeed, transformers, megatron.data.helpers, megatron.model; "
+         "print(torch.__file__); print(deepspeed.__version__); print(megatron.data.helpers.__file__)"],
+        cwd=tmp_path, capture_output=True, text=True, env=offline_env(DS_ACCELERATOR="cpu"), timeout=300)
+    assert check.returncode == 0, check.stderr[-3000:]
+    torch_file, ds_version, helpers_file = check.stdout.split()
+    assert torch_file.startswith(str(base))  # the preinstalled torch, not a second copy
+    assert ds_version == "0.19.8"
+    assert helpers_file.startswith(str(repo))  # compiled at install time from the copy's source
+
+
+def test_gpu_suite_dry_run_prints_every_command_and_runs_none(tmp_path):
+    runs = tmp_path / "runs"
+    result = subprocess.run(["bash", str(REPO_ROOT / "bench" / "gpu_suite.sh"), "--dry-run"],
+                            env=test_env(SUITE_RUNS=runs), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    commands = [line[2:] for line in result.stdout.splitlines() if line.startswith("+ ")]
+    drivers = re.findall(r"MODEL_SIZE=(\S+) SEQ_LEN=1024 PRECISION=bf16 .*TRAIN_ITERS=60 .* "
+                         r"bash examples_zero/gpt_deepspeed_(\w+)\.sh --save ''$", "\n".join(commands), re.M)
+    assert drivers == [(model, experiment) for model in ("125M", "355M")
+                       for experiment in ("DP", "Z1", "Z2", "Z3", "Z3_OL")]
+    assert commands[0] == f"rm -rf {runs}"
+    assert commands[11].endswith(f"analysis/summarize.py {runs}")
+    assert "bench/bench_gpt_vs_hf.py" in commands[12] and "--bf16" in commands[12] and "--compile" not in commands[12]
+    assert "--compile" in commands[13]
+    assert re.search(r"bench/gpu_suite_report\.py --runs \S+ --out \S+/bench/results/\S+\.md --iters 60", commands[14])
+    assert len(commands) == 15
+    assert not runs.exists()
+
+
+def test_gpu_suite_rejects_an_unknown_argument():
+    result = subprocess.run(["bash", str(REPO_ROOT / "bench" / "gpu_suite.sh"), "--fast"], env=test_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: unknown argument --fast (usage: bench/gpu_suite.sh [--dry-run])"
+
+
+def test_gpu_suite_report_says_what_did_not_run(tmp_path):
+    out = tmp_path / "results" / "some-gpu.md"
+    (tmp_path / "runs").mkdir()
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "gpu_suite_report.py"), "--runs",
+                             str(tmp_path / "runs"), "--out", str(out), "--iters", "60", "--failed", "bash x.sh"],
+                            env=test_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    for heading in ("# GPU acceptance run: some-gpu", "## Machine", "## Versions", "## ZeRO drivers",
+                    "## Failed steps"):
+        assert heading in text
+    assert "(no summary.md: the summary did not run)" in text
+    assert "(no bench_gpt_vs_hf.json: the bench did not finish)" in text
+    assert "- `bash x.sh`" in text
+    assert sorted(p.name for p in out.parent.iterdir()) == ["some-gpu.md"]
