@@ -6,16 +6,25 @@ launcher set them; mpiexec does not, it sets its own variables instead:
 
 - MPICH (Hydra) and HPE PALS (ALCF Polaris/Aurora): PMI_RANK, PMI_SIZE, and the local
   rank as PMI_LOCAL_RANK / PALS_LOCAL_RANKID (PALS) or MPI_LOCALRANKID (Hydra);
-- Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK.
+- Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK;
+- Slurm's srun: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, but only in a job step (SLURM_STEP_ID
+  set): a batch script or salloc shell has SLURM_PROCID=0 and the allocation's SLURM_NTASKS too,
+  and a process started there directly is one process, not rank 0 of a job that never starts.
 
 Under PBS every rank sees the same $PBS_NODEFILE, so its first host is an address all
-ranks agree on without talking to each other first.
+ranks agree on without talking to each other first. Under srun that host is the first of the
+step's node list (task 0 runs there), and the port comes from the job id, so two jobs sharing
+a node do not meet at the same port and a requeued job (same id) finds its own again.
 """
 import os
+import subprocess
 from dataclasses import dataclass
 from typing import Mapping, MutableMapping
+from megatron.errors import ZeroLabError
 
 DEFAULT_MASTER_PORT = 29500
+# srun's port: SLURM_PORT_BASE + job id modulo SLURM_PORT_SPAN, below Linux's ephemeral ports (32768+).
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 10000
 
 # (rank, world size, local rank candidates) per launcher family, in order of precedence:
 # variables set by torchrun/deepspeed win, so an mpiexec wrapping torchrun still works.
@@ -23,10 +32,11 @@ _LAUNCHERS = (
     ("torchrun/deepspeed", "RANK", "WORLD_SIZE", ("LOCAL_RANK",)),
     ("MPICH/PALS", "PMI_RANK", "PMI_SIZE", ("PMI_LOCAL_RANK", "PALS_LOCAL_RANKID", "MPI_LOCALRANKID")),
     ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", ("OMPI_COMM_WORLD_LOCAL_RANK",)),
+    ("Slurm srun", "SLURM_PROCID", "SLURM_NTASKS", ("SLURM_LOCALID",)),
 )
 
 
-class DistEnvError(ValueError):
+class DistEnvError(ZeroLabError, ValueError):
     """The launcher's environment is inconsistent; the message names the variable."""
 
 
@@ -76,13 +86,43 @@ def first_host(hostfile: str, variable: str) -> str:
     raise DistEnvError(f"{variable}={hostfile}: hostfile names no host")
 
 
-def _master_addr(environ: Mapping[str, str]) -> str:
+def first_slurm_host(nodelist: str, variable: str, environ: Mapping[str, str] = os.environ) -> str:
+    """First host of a Slurm node list ("gpu[01-04],cpu7"), expanded by `scontrol show hostnames`
+    (Slurm's own parser; the list syntax has ranges, padding and nested brackets), which reads
+    the cluster's configuration through `environ` (SLURM_CONF)."""
+    if not any(char in nodelist for char in ",[]"):
+        return nodelist
+    try:
+        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                               check=True, timeout=60, env={**os.environ, **environ}).stdout.split()
+    except (OSError, subprocess.SubprocessError) as err:
+        stderr = getattr(err, "stderr", None)
+        detail = stderr.strip().splitlines()[-1] if stderr and stderr.strip() else str(err)
+        raise DistEnvError(f"{variable}={nodelist}: `scontrol show hostnames` failed ({detail})") from None
+    if not hosts:
+        raise DistEnvError(f"{variable}={nodelist}: `scontrol show hostnames` names no host")
+    return hosts[0]
+
+
+def _master_addr(environ: Mapping[str, str], launcher: str) -> str:
     if environ.get("MASTER_ADDR"):
         return environ["MASTER_ADDR"]
+    if launcher == "Slurm srun":
+        for variable in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"):
+            if environ.get(variable):
+                return first_slurm_host(environ[variable], variable, environ)
     for variable in ("PBS_NODEFILE", "HOSTFILE"):
         if environ.get(variable):
             return first_host(environ[variable], variable)
     return "localhost"
+
+
+def _master_port(environ: Mapping[str, str], launcher: str) -> int:
+    if environ.get("MASTER_PORT"):
+        return _int_var(environ, "MASTER_PORT")
+    if launcher == "Slurm srun" and environ.get("SLURM_JOB_ID"):
+        return SLURM_PORT_BASE + _int_var(environ, "SLURM_JOB_ID") % SLURM_PORT_SPAN
+    return DEFAULT_MASTER_PORT
 
 
 def resolve_launcher_env(environ: Mapping[str, str] = os.environ) -> LauncherEnv:
@@ -91,6 +131,8 @@ def resolve_launcher_env(environ: Mapping[str, str] = os.environ) -> LauncherEnv
     With no launcher variables at all this is a single process (rank 0 of 1)."""
     rank, local_rank, world_size, launcher = 0, 0, 1, "none"
     for name, rank_var, size_var, local_vars in _LAUNCHERS:
+        if name == "Slurm srun" and "SLURM_STEP_ID" not in environ:
+            continue  # a batch script or salloc shell, not a task srun started
         if rank_var in environ or size_var in environ:
             for required in (rank_var, size_var):
                 if required not in environ:
@@ -100,8 +142,8 @@ def resolve_launcher_env(environ: Mapping[str, str] = os.environ) -> LauncherEnv
                 raise DistEnvError(f"{rank_var}={rank} is not below {size_var}={world_size}")
             local_rank, launcher = _local_rank(environ, local_vars, rank, world_size), name
             break
-    port = _int_var(environ, "MASTER_PORT") if environ.get("MASTER_PORT") else DEFAULT_MASTER_PORT
-    return LauncherEnv(rank, local_rank, world_size, _master_addr(environ), port, launcher)
+    return LauncherEnv(rank, local_rank, world_size, _master_addr(environ, launcher),
+                       _master_port(environ, launcher), launcher)
 
 
 def export_launcher_env(environ: MutableMapping[str, str] = os.environ) -> LauncherEnv:

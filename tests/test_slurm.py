@@ -1,0 +1,229 @@
+"""Slurm: megatron/dist_env.py under srun, LAUNCHER=srun in the drivers, examples_zero/slurm/train.sbatch.
+
+The dry runs fake an allocation with SLURM_* variables (two nodes exist nowhere here). Everything else
+runs on a real one-node Slurm cluster (tests/slurm_cluster.py: Debian's munged, slurmctld and slurmd,
+installed when missing and started as root for this module), and compares against the same driver
+under torchrun. Without root those tests skip.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, driver_env
+from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
+from megatron.dist_env import SLURM_PORT_BASE, DistEnvError, LauncherEnv, resolve_launcher_env
+from slurm_cluster import SlurmUnavailable, start_cluster
+
+SBATCH = REPO_ROOT / "examples_zero" / "slurm" / "train.sbatch"
+ITERATION_LOSS = re.compile(r"^ iteration +(\d+)/ +(\d+) \|.*\| lm loss: (\S+) \|", re.M)
+
+# A task srun started: what Slurm 22.05 sets for task 3 of an 8-task step over two nodes.
+SRUN_TASK = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_NTASKS": "8",
+             "SLURM_LOCALID": "3", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_STEP_NODELIST": "gpu07"}
+
+
+# ---- megatron/dist_env.py ----
+
+def test_dist_env_srun_task():
+    assert resolve_launcher_env(SRUN_TASK) == LauncherEnv(3, 3, 8, "gpu07", SLURM_PORT_BASE + 4242, "Slurm srun")
+    # MASTER_ADDR/MASTER_PORT from the user still win
+    assert resolve_launcher_env({**SRUN_TASK, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "6000"}) == \
+        LauncherEnv(3, 3, 8, "10.0.0.1", 6000, "Slurm srun")
+
+
+def test_dist_env_batch_shell_is_one_process():
+    """The batch script's own shell has SLURM_PROCID=0 and the allocation's SLURM_NTASKS but no step:
+    a python started there directly is a single process, not rank 0 of 8 waiting for the others."""
+    batch_shell = {key: value for key, value in SRUN_TASK.items() if key != "SLURM_STEP_ID"}
+    assert resolve_launcher_env({**batch_shell, "SLURM_PROCID": "0"}) == \
+        LauncherEnv(0, 0, 1, "localhost", 29500, "none")
+
+
+def test_dist_env_mpi_and_torchrun_inside_slurm_win():
+    # MPICH's mpiexec inside an allocation starts its proxies with srun: the ranks see both
+    hydra = {**SRUN_TASK, "PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MASTER_ADDR": "gpu07"}
+    assert resolve_launcher_env(hydra).launcher == "MPICH/PALS" and resolve_launcher_env(hydra).rank == 5
+    # torchrun started by srun (one agent per node): torchrun's own variables describe the rank
+    torchrun = {**SRUN_TASK, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu07",
+                "MASTER_PORT": "29400"}
+    assert resolve_launcher_env(torchrun) == LauncherEnv(1, 1, 2, "gpu07", 29400, "torchrun/deepspeed")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"SLURM_PROCID": "8"}, "SLURM_PROCID=8 is not below SLURM_NTASKS=8"),
+    ({"SLURM_LOCALID": "one"}, "SLURM_LOCALID='one' is not an integer"),
+    ({"SLURM_JOB_ID": "job42"}, "SLURM_JOB_ID='job42' is not an integer"),
+])
+def test_dist_env_bad_slurm_environment(change, message):
+    with pytest.raises(DistEnvError, match=re.escape(message)):
+        resolve_launcher_env({**SRUN_TASK, **change})
+
+
+@pytest.mark.skipif(shutil.which("scontrol", path=os.environ["PATH"] + ":/usr/sbin") is None,
+                    reason="needs Slurm's scontrol (the Slurm fixture installs it as root)")
+def test_dist_env_node_list_with_a_broken_slurm_configuration(tmp_path):
+    """The first host of a bracketed list comes from `scontrol show hostnames`; when that fails (here: a
+    slurm.conf it cannot parse) the error names the variable and scontrol's own last word."""
+    (tmp_path / "slurm.conf").write_text("this is no slurm.conf\n")
+    environ = {**SRUN_TASK, "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_CONF": str(tmp_path / "slurm.conf")}
+    with pytest.raises(DistEnvError, match=re.escape("SLURM_STEP_NODELIST=gpu[07-08]: `scontrol show hostnames` "
+                                                     "failed (scontrol: fatal: Unable to process configuration "
+                                                     "file)")):
+        resolve_launcher_env(environ)
+
+
+# ---- dry runs: a faked 2-node x 4-task allocation ----
+
+def two_node_allocation(runs_dir, **extra):
+    allocation = dict(SLURM_JOB_ID="777", SLURM_NTASKS="8", SLURM_JOB_NUM_NODES="2", SLURM_NTASKS_PER_NODE="4",
+                      SLURM_JOB_NODELIST="node[01-02]", SLURM_SUBMIT_DIR=REPO_ROOT)
+    env = subprocess_env(RUNS_DIR=runs_dir, DATA_PATH=runs_dir / "nowhere" / "data", DRY_RUN="1",
+                         **{**allocation, **extra})
+    for var in ("NGPUS", "LAUNCHER", "RUN_NAME", "SLURM_RESTART_COUNT", "RESUME", "PYTHON"):
+        if var not in extra:
+            env.pop(var, None)
+    return env
+
+
+def dry_run(env, *args):
+    return subprocess.run(["bash", str(SBATCH), *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def srun_line(result) -> str:
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[examples_zero] DRY_RUN=1")]
+    assert len(lines) == 1, result.stdout + result.stderr
+    return lines[0].split("not starting: ", 1)[1]
+
+
+@pytest.mark.slow
+def test_dry_run_prints_the_srun_line(tmp_path):
+    result = dry_run(two_node_allocation(tmp_path, EXPERIMENT="Z3", PYTHON=sys.executable), "--seed", "7")
+    assert result.returncode == 0, result.stderr
+    assert f"[examples_zero] gpt_tiny_Z3 -> {tmp_path / 'gpt_tiny_Z3'}\n" in result.stdout
+    line = srun_line(result)
+    assert line.startswith(f"srun --ntasks 8 --kill-on-bad-exit=1 {sys.executable} {REPO_ROOT / 'pretrain_gpt.py'} ")
+    assert " --zero-stage 3 " in line and line.rstrip().endswith("--seed 7")
+    # all 8 tasks are ranks: the global batch follows them (micro batch 4 x 8 ranks x 2 steps)
+    assert " --global-batch-size 64 " in line
+    assert " --load " not in line  # a first run starts afresh
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.slow
+def test_dry_run_of_a_requeued_job_resumes(tmp_path):
+    checkpoints = tmp_path / "gpt_tiny_Z1" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "latest").write_text("global_step4")
+    line = srun_line(dry_run(two_node_allocation(tmp_path, SLURM_RESTART_COUNT="1")))
+    assert f" --load {checkpoints} " in line + " "
+    first = srun_line(dry_run(two_node_allocation(tmp_path, SLURM_RESTART_COUNT="0")))
+    assert " --load " not in first
+
+
+@pytest.mark.parametrize("env, message", [
+    (dict(EXPERIMENT="Z4"), r"^error: EXPERIMENT=Z4: no examples_zero/gpt_deepspeed_Z4\.sh \(known: DP Z1 Z2 Z3 Z3_OL"),
+    (dict(SLURM_JOB_ID=""), r"^error: not inside a Slurm job \(no SLURM_JOB_ID\): submit with sbatch$"),
+])
+def test_sbatch_script_bad_settings(tmp_path, env, message):
+    result = dry_run(two_node_allocation(tmp_path, **env))
+    assert result.returncode == 1
+    assert re.search(message, result.stderr.strip(), re.M) and len(result.stderr.strip().splitlines()) == 1, \
+        result.stderr
+
+
+@pytest.mark.slow
+def test_driver_with_srun_outside_an_allocation(tmp_path):
+    env = subprocess_env(RUNS_DIR=tmp_path, LAUNCHER="srun", DATA_PATH=tmp_path / "data")
+    env.pop("SLURM_JOB_ID", None)
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip() == ("error: LAUNCHER=srun: not inside a Slurm allocation (no SLURM_JOB_ID): "
+                                     "use sbatch or salloc")
+
+
+# ---- a real one-node Slurm cluster ----
+
+@pytest.fixture(scope="module")
+def slurm():
+    try:
+        cluster = start_cluster()
+    except SlurmUnavailable as err:
+        pytest.skip(f"no Slurm cluster: {err}")
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+def test_dist_env_expands_node_lists_with_scontrol(slurm):
+    environ = {**SRUN_TASK, "SLURM_STEP_NODELIST": "node[09-10],gpu7", "SLURM_CONF": str(slurm.conf)}
+    assert resolve_launcher_env(environ).master_addr == "node09"
+
+
+SETTINGS = dict(TRAIN_ITERS=6)  # driver_env's tiny model on 2 ranks, 6 iterations
+
+
+def iteration_losses(text: str) -> dict[int, str]:
+    """{iteration: loss as printed}; the printed loss is compared as text, i.e. to the last digit."""
+    return {int(i): loss for i, _, loss in ITERATION_LOSS.findall(text)}
+
+
+@pytest.fixture(scope="module")
+def torchrun_losses(dolly_data_dir, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("torchrun")
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], cwd=REPO_ROOT,
+                            env=driver_env(dolly_data_dir, runs, **SETTINGS), capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    losses = iteration_losses((runs / "gpt_tiny_Z1" / "train.log").read_text())
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    return losses
+
+
+def job_env(slurm, dolly_data_dir, runs_dir, **extra):
+    """The driver settings of the torchrun run, for a job: the port is left to dist_env (from the job id)."""
+    env = slurm.env(driver_env(dolly_data_dir, runs_dir, **SETTINGS, **extra))
+    env.pop("MASTER_PORT")
+    return env
+
+
+def submit(slurm, env, *args) -> str:
+    result = subprocess.run(["sbatch", "--parsable", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().split(";")[0]
+
+
+@pytest.mark.slow
+def test_sbatch_script_trains_like_torchrun(slurm, dolly_data_dir, torchrun_losses, tmp_path):
+    """`EXPERIMENT=Z1 sbatch examples_zero/slurm/train.sbatch`: 2 tasks, the same losses as torchrun."""
+    job = submit(slurm, job_env(slurm, dolly_data_dir, tmp_path, EXPERIMENT="Z1"),
+                 f"--output={tmp_path}/slurm-%j.out", str(SBATCH))
+    info = slurm.wait(job, timeout=300)
+    run_dir = tmp_path / "gpt_tiny_Z1"
+    output = (run_dir / f"slurm-{job}.out").read_text() if (run_dir / f"slurm-{job}.out").exists() else ""
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), output[-3000:]
+    assert f"output continues in {run_dir}/slurm-{job}.out" in (tmp_path / f"slurm-{job}.out").read_text()
+    log = (run_dir / "train.log").read_text()
+    assert " > run info | zero stage: 1 | offload: none | model: tiny | world size: 2 |" in log
+    assert iteration_losses(log) == torchrun_losses
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step6"
+    assert "srun --ntasks 2 --kill-on-bad-exit=1 " in (run_dir / "command.txt").read_text()
+
+
+@pytest.mark.slow
+def test_sbatch_wrap_of_a_driver_trains_like_torchrun(slurm, dolly_data_dir, torchrun_losses, tmp_path):
+    """`sbatch -n 2 --wrap "LAUNCHER=srun bash examples_zero/gpt_deepspeed_Z1.sh"`."""
+    job = submit(slurm, job_env(slurm, dolly_data_dir, tmp_path), "-n", "2", f"--output={tmp_path}/slurm-%j.out",
+                 "--wrap", "LAUNCHER=srun bash examples_zero/gpt_deepspeed_Z1.sh")
+    info = slurm.wait(job, timeout=300)
+    output = (tmp_path / f"slurm-{job}.out").read_text()
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), output[-3000:]
+    assert iteration_losses(output) == torchrun_losses
