@@ -6,8 +6,8 @@ import shutil
 
 import torch
 
-from megatron.inference.checkpoint import CheckpointError, LoadedCheckpoint, check_state_dict
 from megatron.inference.hf_gpt2 import from_hf_config, state_dict_from_hf, state_dict_to_hf, to_hf_config
+from megatron.saved_model.reader import LoadedCheckpoint, SavedModelError, check_state_dict
 from megatron.tokenizer import TokenizerConfig, padded_vocab_size
 
 HF_TOKENIZER_FILES = {"vocab_file": "vocab.json", "merge_file": "merges.txt"}
@@ -18,13 +18,13 @@ def load_hf_folder(path: str, make_vocab_size_divisible_by: int = 128) -> Loaded
     import transformers
 
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise CheckpointError(f"--hf {path}: not a Hugging Face model folder (no config.json)")
+        raise SavedModelError(f"--hf {path}: not a Hugging Face model folder (no config.json)")
     try:
         hf_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
         config = from_hf_config(hf_config, padded_vocab_size(hf_config.vocab_size, make_vocab_size_divisible_by))
         model = transformers.GPT2LMHeadModel.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"--hf {path}: cannot load a GPT-2 model ({str(err).splitlines()[0]})") from None
+        raise SavedModelError(f"--hf {path}: cannot load a GPT-2 model ({str(err).splitlines()[0]})") from None
     state_dict = state_dict_from_hf(model.state_dict(), config)
     check_state_dict(state_dict, config, path)
     files = {key: os.path.join(path, name) for key, name in HF_TOKENIZER_FILES.items()}
@@ -40,7 +40,7 @@ def save_hf_folder(loaded: LoadedCheckpoint, output: str, vocab_size: int, eod: 
     import transformers
 
     if os.path.exists(output) and os.listdir(output):
-        raise CheckpointError(f"--output {output}: folder exists and is not empty (refusing to overwrite)")
+        raise SavedModelError(f"--output {output}: folder exists and is not empty (refusing to overwrite)")
     hf_config = to_hf_config(loaded.config, vocab_size, eod)
     with torch.device("meta"):  # no random init of weights that are replaced next
         model = transformers.GPT2LMHeadModel(hf_config)

@@ -5,8 +5,8 @@ import argparse
 
 import torch
 
-from megatron.inference.checkpoint import CheckpointError, LoadedCheckpoint, build_model, load_checkpoint_weights
 from megatron.inference.tokenizer_files import resolve_tokenizer
+from megatron.saved_model.reader import LoadedCheckpoint, SavedModelError, build_model, load_checkpoint_weights
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -32,8 +32,8 @@ def load_model_and_tokenizer(args: argparse.Namespace):
         loaded = load_checkpoint_weights(args.load, args.tag)
     tokenizer, _ = resolve_tokenizer(loaded.tokenizer, args.vocab_file, args.merge_file)
     if tokenizer is None:
-        raise CheckpointError(f"{loaded.path}: no usable tokenizer recorded; give --vocab-file and --merge-file")
+        raise SavedModelError(f"{loaded.path}: no usable tokenizer recorded; give --vocab-file and --merge-file")
     if tokenizer.vocab_size > loaded.config.padded_vocab_size:
-        raise CheckpointError(f"{loaded.path}: the tokenizer has {tokenizer.vocab_size} ids but the model only "
+        raise SavedModelError(f"{loaded.path}: the tokenizer has {tokenizer.vocab_size} ids but the model only "
                               f"{loaded.config.padded_vocab_size}; wrong --vocab-file?")
     return loaded, build_model(loaded.config, loaded.state_dict, args.device), tokenizer

@@ -22,6 +22,7 @@ import torch
 from megatron.errors import ZeroLabError
 from megatron.model import GPTConfig, GPTModel
 from megatron.model.config import ModelConfigError
+from megatron.safe_load import restricted_unpickling
 from megatron.saved_model.layouts import (
     gather_pipeline_layers,
     merge_tensor_parallel,
@@ -73,7 +74,9 @@ def _model_states_file(folder: str) -> str:
 
 def _torch_load(path: str) -> dict:
     try:
-        # mmap: a stage-0 file also holds the optimizer state, which is never read here
+        # mmap: a stage-0 file also holds the optimizer state, which is never read here. weights_only=False
+        # takes effect only with --trust-checkpoint: load_checkpoint_weights's restricted_unpickling forces
+        # weights_only=True otherwise
         return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     except (RuntimeError, OSError, EOFError, ValueError) as err:
         raise SavedModelError(f"{path}: unreadable checkpoint file ({err})") from None
@@ -164,8 +167,14 @@ def check_state_dict(state_dict: dict[str, torch.Tensor], config: GPTConfig, whe
                                   f"the model description gives {shape}")
 
 
-def load_checkpoint_weights(path: str, tag: str | None = None) -> LoadedCheckpoint:
+def load_checkpoint_weights(path: str, tag: str | None = None, trust: bool = False) -> LoadedCheckpoint:
+    """Every file is read with no code run from it (megatron/safe_load.py) unless trust (--trust-checkpoint)."""
     folder = tag_folder(path, tag)
+    with restricted_unpickling(trust, folder):
+        return _load_weights(folder)
+
+
+def _load_weights(folder: str) -> LoadedCheckpoint:
     states_file = _model_states_file(folder)
     states = _torch_load(states_file)
     if not isinstance(states, dict) or "module" not in states:
