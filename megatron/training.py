@@ -15,16 +15,8 @@ from megatron.arguments import Args
 from megatron.checkpointing import save_checkpoint
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
-from megatron.training_log import (
-    IterationStats,
-    TensorBoardWriter,
-    epoch_line,
-    iteration_line,
-    memory_line,
-    model_state_line,
-    run_info_line,
-    validation_line,
-)
+from megatron.training_log import (IterationStats, TensorBoardWriter, epoch_line, iteration_line, memory_line,
+                                   model_state_line, run_info_line, validation_line)
 
 
 class TrainingError(ZeroLabError, RuntimeError):
