@@ -5,6 +5,22 @@ import torch
 
 from megatron.arguments import Args, OptimizerArgs
 from megatron.core.grad_norm import model_parallel_grad_norm
+from megatron.errors import ZeroLabError
+
+
+class OptimizerBuildError(ZeroLabError, RuntimeError):
+    """The optimizer's compiled op cannot be built on this machine."""
+
+
+def check_cpu_adam_buildable(accelerator: str, cuda_home: str | None) -> None:
+    """DeepSpeed compiles its CPU Adam at first use; for the CUDA accelerator that build links
+    CUDA's curand and headers, so it needs the CUDA toolkit (torch finds it as CUDA_HOME). Without
+    one DeepSpeed fails deep in the build with a traceback; this says what is missing instead."""
+    if accelerator == "cuda" and cuda_home is None:
+        raise OptimizerBuildError(
+            "--zero-offload-optimizer on CUDA needs DeepSpeed's cpu_adam op, which compiles at first use against "
+            f"the CUDA toolkit: none found (no CUDA_HOME, no nvcc on PATH); install the toolkit for CUDA "
+            f"{torch.version.cuda} and set CUDA_HOME, or train without offload (not the Z3_OL driver)")
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -54,7 +70,10 @@ def build_optimizer(model: torch.nn.Module, args: Args, state=None) -> torch.opt
     kwargs = dict(lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps, weight_decay=opt.weight_decay)
     if args.deepspeed.offload_optimizer:
         # the offloaded step runs on the CPU; DeepSpeed requires its own vectorised CPU Adam there
+        from deepspeed.accelerator import get_accelerator
         from deepspeed.ops.adam import DeepSpeedCPUAdam
+        from torch.utils.cpp_extension import CUDA_HOME
+        check_cpu_adam_buildable(get_accelerator().device_name(), CUDA_HOME)
         return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
     if args.deepspeed.zero_stage == 0 and args.deepspeed.precision == "fp32":
         split = state is not None and state.get_model_parallel_world_size() > 1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: bash scripts/wheelhouse.sh DIR [--python-version X.Y]
+# Usage: bash scripts/wheelhouse.sh DIR [--python-version X.Y] [--present FILE]
 # On a machine with package access: every wheel zero-lab needs except torch (and what only torch
 # needs), for CPython X.Y (default: this python3's) on x86-64 Linux, into DIR, so that
 # `WHEELHOUSE=DIR bash scripts/setup.sh` installs on a machine without network next to the torch
@@ -7,6 +7,11 @@
 # dependencies; DeepSpeed as a pure-Python wheel (DS_BUILD_OPS=0: its ops compile at first use);
 # the build requirements of pyproject.toml (setuptools, wheel, pybind11), since `pip install -e .`
 # compiles the helper extension there from source.
+# --present FILE: `python3 -m pip list --format=freeze` of the target machine's Python. Its packages
+# are left out where the target's pip will take them: a pinned one at exactly the pinned version,
+# any other (a dependency's dependency, which pins a range at most) at any version. If a present
+# version falls outside a range, setup.sh names the wheel it misses: drop that line from FILE.
+# The build requirements always stay (pip builds in an isolated environment that sees no others).
 # WHEELHOUSE_GLIBC (default 2.28): the newest manylinux glibc a wheel may need (`ldd --version`
 # on the target machine says its own). PYTHON: the interpreter whose pip downloads (python3).
 set -euo pipefail
@@ -15,16 +20,19 @@ PYTHON=${PYTHON:-python3}
 GLIBC=${WHEELHOUSE_GLIBC:-2.28}
 die() { echo "error: $*" >&2; exit 1; }
 
-dir="" python_version=""
+usage="usage: scripts/wheelhouse.sh DIR [--python-version X.Y] [--present FILE]"
+dir="" python_version="" present=""
 while (( $# )); do
     case "$1" in
         --python-version) [[ $# -ge 2 ]] || die "--python-version needs a value such as 3.12"
                           python_version=$2; shift 2 ;;
-        -*) die "unknown option $1 (usage: scripts/wheelhouse.sh DIR [--python-version X.Y])" ;;
+        --present) [[ $# -ge 2 && -f "${2:-}" ]] || die "--present ${2:-}: no such file ($usage)"
+                   present=$2; shift 2 ;;
+        -*) die "unknown option $1 ($usage)" ;;
         *) [[ -z "$dir" ]] || die "one folder expected, got '$dir' and '$1'"; dir=$1; shift ;;
     esac
 done
-[[ -n "$dir" ]] || die "no folder given (usage: scripts/wheelhouse.sh DIR [--python-version X.Y])"
+[[ -n "$dir" ]] || die "no folder given ($usage)"
 "$PYTHON" -m pip --version >/dev/null 2>&1 || die "PYTHON=$PYTHON has no pip"
 python_version=${python_version:-$("$PYTHON" -c 'import sys; print(*sys.version_info[:2], sep=".")')}
 [[ "$python_version" =~ ^3\.[0-9]+$ ]] || die "--python-version $python_version: expected 3.N, such as 3.12"
@@ -86,6 +94,36 @@ echo "[wheelhouse] downloading wheels for CPython $python_version, manylinux gli
     || die "pip could not download every wheel for CPython $python_version (pip's message above)"
 if compgen -G "$tmp/torch-*" >/dev/null; then
     die "a requirement pulled torch into the wheelhouse; the wheelhouse must leave torch to the machine"
+fi
+if [[ -n "$present" ]]; then
+    "$PYTHON" - "$tmp" "$present" "${project[@]}" "${ds_requirements[@]}" --build "${build[@]}" <<'EOF'
+import re, sys
+from pathlib import Path
+
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+folder, present_file, *requirements = sys.argv[1:]
+split = requirements.index("--build")
+runtime, build = requirements[:split], requirements[split + 1:]
+def name_version(pin):
+    name, version = pin.strip().split("==", 1)
+    return norm(name), version
+
+present = dict(name_version(line) for line in Path(present_file).read_text().splitlines()
+               if "==" in line and not line.startswith("#"))
+pinned = dict(name_version(r.split(";")[0]) for r in runtime if "==" in r)
+build_names = {norm(re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0]) for r in build}
+left_out = []
+for wheel in sorted(Path(folder).glob("*.whl")):
+    name, version = norm(wheel.name.split("-")[0]), wheel.name.split("-")[1]
+    if name in build_names or name not in present:
+        continue
+    if name not in pinned or present[name] == pinned[name] == version:
+        left_out.append(f"{name} (target has {present[name]})")
+        wheel.unlink()
+print(f"[wheelhouse] left out, present on the target: {', '.join(left_out) or 'none'}")
+EOF
 fi
 
 rm -rf "$dir"

@@ -112,9 +112,9 @@ def test_setup_with_a_missing_wheelhouse_folder_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "error: no folder given (usage: scripts/wheelhouse.sh DIR [--python-version X.Y])"),
+    ([], "error: no folder given (usage: scripts/wheelhouse.sh DIR [--python-version X.Y] [--present FILE])"),
     (["wh", "--python-version", "3"], "error: --python-version 3: expected 3.N, such as 3.12"),
-    (["wh", "--platform", "x"], "error: unknown option --platform (usage: scripts/wheelhouse.sh DIR [--python-version X.Y])"),
+    (["wh", "--platform", "x"], "error: unknown option --platform (usage: scripts/wheelhouse.sh DIR [--python-version X.Y] [--present FILE])"),
 ])
 def test_wheelhouse_rejects_bad_arguments_in_one_line(tmp_path, args, message):
     result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "wheelhouse.sh"), *args], cwd=tmp_path,
@@ -235,3 +235,16 @@ def test_gpu_suite_report_says_what_did_not_run(tmp_path):
     assert "(no bench_gpt_vs_hf.json: the bench did not finish)" in text
     assert "- `bash x.sh`" in text
     assert sorted(p.name for p in out.parent.iterdir()) == ["some-gpu.md"]
+
+
+def test_offload_on_cuda_without_the_cuda_toolkit_is_one_line_naming_it():
+    from megatron.optimizer import OptimizerBuildError, check_cpu_adam_buildable
+
+    check_cpu_adam_buildable("cpu", None)  # the CPU accelerator's build needs no toolkit
+    check_cpu_adam_buildable("cuda", "/usr/local/cuda")
+    with pytest.raises(OptimizerBuildError) as error:
+        check_cpu_adam_buildable("cuda", None)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("--zero-offload-optimizer on CUDA needs DeepSpeed's cpu_adam op")
+    assert "install the toolkit for CUDA" in message and "set CUDA_HOME" in message
