@@ -54,6 +54,9 @@ class MemoryTracker:
         self.max_rss = max(self.max_rss, rss)
         if self.on_cuda:
             allocated, max_allocated = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+            # The peak of this logging interval, as Megatron-DeepSpeed's see_memory_usage reports it:
+            # the next sample's peak starts from here, so a one-off spike shows in its own interval only.
+            torch.cuda.reset_peak_memory_stats()
         else:
             allocated = live_tensor_bytes()
             self.max_cpu_tensor_bytes = max(self.max_cpu_tensor_bytes, allocated)
