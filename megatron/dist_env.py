@@ -26,13 +26,14 @@ DEFAULT_MASTER_PORT = 29500
 # srun's port: SLURM_PORT_BASE + job id modulo SLURM_PORT_SPAN, below Linux's ephemeral ports (32768+).
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 10000
 
+SLURM = "Slurm srun"
 # (rank, world size, local rank candidates) per launcher family, in order of precedence:
 # variables set by torchrun/deepspeed win, so an mpiexec wrapping torchrun still works.
 _LAUNCHERS = (
     ("torchrun/deepspeed", "RANK", "WORLD_SIZE", ("LOCAL_RANK",)),
     ("MPICH/PALS", "PMI_RANK", "PMI_SIZE", ("PMI_LOCAL_RANK", "PALS_LOCAL_RANKID", "MPI_LOCALRANKID")),
     ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", ("OMPI_COMM_WORLD_LOCAL_RANK",)),
-    ("Slurm srun", "SLURM_PROCID", "SLURM_NTASKS", ("SLURM_LOCALID",)),
+    (SLURM, "SLURM_PROCID", "SLURM_NTASKS", ("SLURM_LOCALID",)),
 )
 
 
@@ -107,7 +108,7 @@ def first_slurm_host(nodelist: str, variable: str, environ: Mapping[str, str] = 
 def _master_addr(environ: Mapping[str, str], launcher: str) -> str:
     if environ.get("MASTER_ADDR"):
         return environ["MASTER_ADDR"]
-    if launcher == "Slurm srun":
+    if launcher == SLURM:
         for variable in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"):
             if environ.get(variable):
                 return first_slurm_host(environ[variable], variable, environ)
@@ -120,7 +121,7 @@ def _master_addr(environ: Mapping[str, str], launcher: str) -> str:
 def _master_port(environ: Mapping[str, str], launcher: str) -> int:
     if environ.get("MASTER_PORT"):
         return _int_var(environ, "MASTER_PORT")
-    if launcher == "Slurm srun" and environ.get("SLURM_JOB_ID"):
+    if launcher == SLURM and environ.get("SLURM_JOB_ID"):
         return SLURM_PORT_BASE + _int_var(environ, "SLURM_JOB_ID") % SLURM_PORT_SPAN
     return DEFAULT_MASTER_PORT
 
@@ -131,7 +132,7 @@ def resolve_launcher_env(environ: Mapping[str, str] = os.environ) -> LauncherEnv
     With no launcher variables at all this is a single process (rank 0 of 1)."""
     rank, local_rank, world_size, launcher = 0, 0, 1, "none"
     for name, rank_var, size_var, local_vars in _LAUNCHERS:
-        if name == "Slurm srun" and "SLURM_STEP_ID" not in environ:
+        if name == SLURM and "SLURM_STEP_ID" not in environ:
             continue  # a batch script or salloc shell, not a task srun started
         if rank_var in environ or size_var in environ:
             for required in (rank_var, size_var):
