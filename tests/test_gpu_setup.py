@@ -205,19 +205,33 @@ def test_gpu_suite_dry_run_prints_every_command_and_runs_none(tmp_path):
     assert drivers == [(model, experiment) for model in ("125M", "355M")
                        for experiment in ("DP", "Z1", "Z2", "Z3", "Z3_OL")]
     assert commands[0] == f"rm -rf {runs}"
-    assert commands[11].endswith(f"analysis/summarize.py {runs}")
-    assert "bench/bench_gpt_vs_hf.py" in commands[12] and "--bf16" in commands[12] and "--compile" not in commands[12]
-    assert "--compile" in commands[13]
+    assert "bench/bench_gpt_vs_hf.py" in commands[11] and "--bf16" in commands[11] and "--compile" not in commands[11]
+    assert "--compile" in commands[12]
+    assert commands[13].endswith(f"analysis/summarize.py {runs}")
     assert re.search(r"bench/gpu_suite_report\.py --runs \S+ --out \S+/bench/results/\S+\.md --iters 60", commands[14])
     assert len(commands) == 15
     assert not runs.exists()
 
 
-def test_gpu_suite_rejects_an_unknown_argument():
-    result = subprocess.run(["bash", str(REPO_ROOT / "bench" / "gpu_suite.sh"), "--fast"], env=test_env(),
+def test_gpu_suite_runs_only_the_parts_asked_for_and_keeps_earlier_runs(tmp_path):
+    result = subprocess.run(["bash", str(REPO_ROOT / "bench" / "gpu_suite.sh"), "--dry-run", "--only", "355M,report"],
+                            env=test_env(SUITE_RUNS=tmp_path), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    commands = [line[2:] for line in result.stdout.splitlines() if line.startswith("+ ")]
+    assert len(commands) == 7 and not any(command.startswith("rm ") for command in commands)
+    assert all("MODEL_SIZE=355M" in command for command in commands[:5])
+    assert "summarize.py" in commands[5] and "gpu_suite_report.py" in commands[6]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fast"], "error: unknown argument --fast (usage: bench/gpu_suite.sh [--dry-run] [--only PARTS])"),
+    (["--only", "125M,1.3B"], "error: --only 125M,1.3B: unknown part 1.3B (expected: 125M, 355M, bench, report)"),
+])
+def test_gpu_suite_rejects_bad_arguments_in_one_line(args, message):
+    result = subprocess.run(["bash", str(REPO_ROOT / "bench" / "gpu_suite.sh"), *args], env=test_env(),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
-    assert result.stderr.strip() == "error: unknown argument --fast (usage: bench/gpu_suite.sh [--dry-run])"
+    assert result.stderr.strip() == message
 
 
 def test_gpu_suite_report_says_what_did_not_run(tmp_path):
