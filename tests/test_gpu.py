@@ -18,9 +18,21 @@ MEMORY = re.compile(r"memory at iteration +(\d+) \| device=(\w+), MemAllocated=(
                     r"MaxMemAllocated=(\d+\.\d+)GB, HostRSS=(\d+\.\d+)GB")
 
 
+@pytest.fixture
+def data_dir(request):
+    """The repository's prepared data/ where present (a GPU machine without network gets it carried
+    along: docs/gpu.md), else the dolly sample prepared now (needs the GPT-2 vocabulary from the hub
+    or the package index)."""
+    local = REPO_ROOT / "data"
+    needed = ("gpt2-vocab.json", "gpt2-merges.txt", "dolly_text_document.bin", "dolly_text_document.idx")
+    if all((local / name).is_file() for name in needed):
+        return local
+    return request.getfixturevalue("dolly_data_dir")
+
+
 @pytest.mark.slow
-def test_z1_driver_on_cuda_trains_in_bf16_with_allocator_memory_lines(dolly_data_dir, tmp_path):
-    env = driver_env(dolly_data_dir, tmp_path, DS_ACCELERATOR="cuda", NGPUS=1, MODEL_SIZE="tiny", SEQ_LEN=128,
+def test_z1_driver_on_cuda_trains_in_bf16_with_allocator_memory_lines(data_dir, tmp_path):
+    env = driver_env(data_dir, tmp_path, DS_ACCELERATOR="cuda", NGPUS=1, MODEL_SIZE="tiny", SEQ_LEN=128,
                      PRECISION="bf16", TRAIN_ITERS=10, LOG_INTERVAL=5, EVAL_INTERVAL=10, MICRO_BATCH=4)
     env.pop("TRAIN_EPOCHS")
     result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], env=env,
