@@ -84,7 +84,8 @@ if wanted bench; then
 fi
 if wanted report; then
     step "$PYTHON" analysis/summarize.py "$RUNS"
-    step "$PYTHON" bench/gpu_suite_report.py --runs "$RUNS" --out "$RESULTS" --iters "$ITERS" --failed "${failed[@]}"
+    step "$PYTHON" bench/gpu_suite_report.py --runs "$RUNS" --out "$RESULTS" --iters "$ITERS" \
+        --models "$MODELS" --micro-batch "$MICRO_BATCH" --failed "${failed[@]}"
 fi
 
 if (( dry_run )); then

@@ -2,7 +2,8 @@
 runs and the GPT-vs-HF tables, in one Markdown file (written under a temporary name, then renamed).
 Beside it, <name>-summary.csv and <name>-summary.json: copies of the runs' summary.
 
-    python bench/gpu_suite_report.py --runs runs/gpu_suite --out bench/results/<gpu>.md --iters 60 [--failed STEP ...]
+    python bench/gpu_suite_report.py --runs runs/gpu_suite --out bench/results/<gpu>.md --iters 60 \
+        --models "125M 355M" --micro-batch 8 [--failed STEP ...]
 """
 import argparse
 import datetime
@@ -75,6 +76,8 @@ def main(argv) -> int:
     parser.add_argument("--runs", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--iters", type=int, required=True)
+    parser.add_argument("--models", required=True, help="the MODEL_SIZEs the drivers ran, space-separated")
+    parser.add_argument("--micro-batch", type=int, required=True)
     parser.add_argument("--failed", nargs="*", default=[])
     opts = parser.parse_args(argv)
 
@@ -83,11 +86,13 @@ def main(argv) -> int:
             f"`bash bench/gpu_suite.sh`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.", "",
             "## Machine", "", *machine_lines(), "", "## Versions", "", *version_lines(), "",
             "## ZeRO drivers", "",
-            f"GPT-2 125M and 355M, seq 1024, bf16, micro-batch 8, {opts.iters} iterations per driver "
+            f"GPT-2 {' and '.join(opts.models.split())}, seq 1024, bf16, micro-batch {opts.micro_batch}, "
+            f"{opts.iters} iterations per driver "
             f"(log interval 10; the summary's means leave out the first two intervals as warm-up). "
             f"Runs and plots: `{opts.runs.relative_to(REPO) if opts.runs.is_relative_to(REPO) else opts.runs}`.", "",
             summary.read_text().strip() if summary.is_file() else "(no summary.md: the summary did not run)", "",
-            "## Ours vs Hugging Face GPT-2 (bench/bench_gpt_vs_hf.py, GPT-2 125M shape, bf16)", "",
+            f"## Ours vs Hugging Face GPT-2 (bench/bench_gpt_vs_hf.py, GPT-2 125M shape, bf16, "
+            f"micro-batch {opts.micro_batch})", "",
             "Without --compile:", "", *bench_lines(opts.runs / "bench_gpt_vs_hf.json"), "",
             "With --compile (stage 1 only):", "", *bench_lines(opts.runs / "bench_gpt_vs_hf_compile.json"), ""]
     if opts.failed:

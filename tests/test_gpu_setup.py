@@ -238,13 +238,15 @@ def test_gpu_suite_report_says_what_did_not_run(tmp_path):
     out = tmp_path / "results" / "some-gpu.md"
     (tmp_path / "runs").mkdir()
     result = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "gpu_suite_report.py"), "--runs",
-                             str(tmp_path / "runs"), "--out", str(out), "--iters", "60", "--failed", "bash x.sh"],
+                             str(tmp_path / "runs"), "--out", str(out), "--iters", "60", "--models", "125M",
+                             "--micro-batch", "4", "--failed", "bash x.sh"],
                             env=test_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     text = out.read_text()
     for heading in ("# GPU acceptance run: some-gpu", "## Machine", "## Versions", "## ZeRO drivers",
                     "## Failed steps"):
         assert heading in text
+    assert "GPT-2 125M, seq 1024, bf16, micro-batch 4, 60 iterations per driver" in text
     assert "(no summary.md: the summary did not run)" in text
     assert "(no bench_gpt_vs_hf.json: the bench did not finish)" in text
     assert "- `bash x.sh`" in text
