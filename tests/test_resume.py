@@ -37,7 +37,8 @@ def loss_fields(log: str) -> list[str]:
 
 
 def module_weights(checkpoint_dir):
-    state = torch.load(checkpoint_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    # our model-states files hold tensors and plain types only (docs/checkpoints.md)
+    state = torch.load(checkpoint_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
     return state["module"]
 
 

@@ -59,6 +59,7 @@ def gather_pipeline_layers(files: dict[tuple[int, int], str], tp_rank: int) -> d
     last = indices[-1]  # the final LayerNorm; 1..last-1 are the transformer layers
     state = {}
     for index in indices:
+        # weights_only=False takes effect only with --trust-checkpoint (reader.load_checkpoint_weights)
         module = torch.load(files[(index, tp_rank)], map_location="cpu", weights_only=False, mmap=True)
         prefix = "" if index == 0 else "final_layernorm." if index == last else f"layers.{index - 1}."
         state.update({prefix + name: tensor.float() for name, tensor in module.items()})
