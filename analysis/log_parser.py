@@ -16,6 +16,9 @@ ELAPSED_MS_RE = re.compile(r"elapsed time per iteration \(ms\): (\d+\.\d+)")
 MEM_ALLOCATED_RE = re.compile(r", MemAllocated=(\d+\.\d+)GB")
 MAX_MEM_ALLOCATED_RE = re.compile(r", MaxMemAllocated=(\d+\.\d+)GB")
 LM_LOSS_RE = re.compile(r"lm loss: (\d+\.\d+E[+-]\d+)")
+# zero-lab's comm line: bytes sent per iteration, measured, and the prediction (docs/zero-tradeoff.md)
+COMM_RE = re.compile(r"comm at iteration +(\d+) \|.* total=(\d+\.\d+)MB \| bytes/param=(\d+\.\d+) \| "
+                     r"predicted=(\d+\.\d+)MB \|")
 
 # Old BigScience-era logs print seconds instead of milliseconds.
 _ELAPSED_S_RE = re.compile(r"elapsed time per iteration \(s\): (\d+\.\d+)")
@@ -24,6 +27,7 @@ _ANSI_RE = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|[@-Z\\-_]|c)")
 _RECORD_START_RE = re.compile(
     r"(?P<iteration>\biteration\s+(?P<it>\d+)\s*/\s*(?P<total>\d+)\s*\|)"
     r"|(?P<memory>\[Rank (?P<mrank>\d+)\] memory at iteration\s+(?P<mit>\d+)\s*\|)"
+    r"|(?P<comm>\[Rank \d+\] comm at iteration\s+\d+\s*\|)"
     r"|(?P<megatron_memory>\[Rank (?P<grank>\d+)\] \(after (?P<git>\d+) iterations\) memory \(MB\))"
     r"|(?P<deepspeed>(?:epoch=\d+/micro_step=\d+/global_step=(?P<dsit>\d+),\s*)?RunningAvgSamplesPerSec=)"
     r"|(?P<validation>validation loss at (?:iteration\s+(?P<vit>\d+)|the end of training[^|]*?)\s*\|)"
@@ -72,6 +76,18 @@ class MemoryRecord:
 
 
 @dataclass
+class CommRecord:
+    """Bytes one rank sent per iteration in a logging interval, in MB (2**20 bytes): by kind of
+    collective (all_reduce, reduce_scatter, all_gather, broadcast, p2p), total and predicted."""
+
+    iteration: int
+    by_kind_mb: dict[str, float]
+    total_mb: float
+    bytes_per_param: float
+    predicted_mb: float
+
+
+@dataclass
 class ValidationRecord:
     iteration: int | None  # None: the end-of-training evaluation
     lm_loss: float | None
@@ -104,6 +120,7 @@ class ParsedLog:
     path: Path
     iterations: list[IterationRecord] = field(default_factory=list)
     memory: list[MemoryRecord] = field(default_factory=list)
+    comm: list[CommRecord] = field(default_factory=list)
     validations: list[ValidationRecord] = field(default_factory=list)
     epochs: list[EpochRecord] = field(default_factory=list)
     model_state: ModelStateRecord | None = None
@@ -194,6 +211,15 @@ def _parse_model_state(seg: str) -> ModelStateRecord:
     )
 
 
+def _parse_comm(seg: str) -> CommRecord | None:
+    match = COMM_RE.search(seg)
+    if match is None:  # cut off before its last field
+        return None
+    kinds = {k: float(v) for k, v in re.findall(r" (\w+)=(\d+\.\d+)MB \|", seg) if k not in ("total", "predicted")}
+    return CommRecord(iteration=int(match.group(1)), by_kind_mb=kinds, total_mb=float(match.group(2)),
+                      bytes_per_param=float(match.group(3)), predicted_mb=float(match.group(4)))
+
+
 def _parse_run_info(seg: str) -> dict[str, str]:
     info = {}
     for part in seg.split("|")[1:]:
@@ -208,6 +234,10 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
         log.iterations.append(_parse_iteration(seg, int(match["it"]), int(match["total"])))
     elif kind == "memory":
         log.memory.append(_parse_memory(seg, "zero-lab", int(match["mit"]), int(match["mrank"])))
+    elif kind == "comm":
+        record = _parse_comm(seg)
+        if record is not None:
+            log.comm.append(record)
     elif kind == "megatron_memory":
         log.memory.append(_parse_megatron_memory(seg, int(match["git"]), int(match["grank"])))
     elif kind == "deepspeed":

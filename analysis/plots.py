@@ -71,6 +71,35 @@ def _loss_plot(runs: list[RunSummary], path: Path) -> None:
     _save(fig, path)
 
 
+def tradeoff_plot(runs: list[RunSummary], out_dir: Path) -> str | None:
+    """Model-state memory per rank against bytes sent per iteration, one point per run: measured
+    filled, predicted hollow, joined by a line. Returns the file name, or None without data."""
+    shown = [r for r in runs if r.traffic_mb is not None and r.model_state_measured_gb is not None]
+    if not shown:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    for i, run in enumerate(shown):
+        colour = f"C{i % 10}"
+        ax.scatter([run.traffic_mb], [run.model_state_measured_gb], color=colour, s=50, zorder=3, label=run.label)
+        if run.traffic_predicted_mb is not None and run.zero_estimate_gb is not None:
+            ax.scatter([run.traffic_predicted_mb], [run.zero_estimate_gb], facecolors="none", edgecolors=colour,
+                       s=110, zorder=2)
+            ax.plot([run.traffic_mb, run.traffic_predicted_mb], [run.model_state_measured_gb, run.zero_estimate_gb],
+                    color=colour, alpha=0.5, linewidth=1)
+        ax.annotate(run.label, (run.traffic_mb, run.model_state_measured_gb), textcoords="offset points",
+                    xytext=(6, 6), fontsize=8)
+    ax.set_title("ZeRO trade-off: model-state memory per rank vs traffic per iteration\n"
+                 "(filled: measured, hollow: predicted)")
+    ax.set_xlabel("MB sent per rank per iteration (2^20 bytes)")
+    ax.set_ylabel("model states per rank (GB, 2^30 bytes)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, out_dir / "zero_tradeoff.png")
+    return "zero_tradeoff.png"
+
+
 def _with(runs: list[RunSummary], *attrs: str) -> list[RunSummary]:
     return [r for r in runs if any(getattr(r, a) is not None for a in attrs)]
 

@@ -56,6 +56,8 @@ MARKDOWN_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
     ("MemAllocated mean/max (GB)", lambda s: "/".join(
         _num(2)(v) for v in (s.mem_alloc_mean_gb, s.mem_alloc_max_gb)) if s.mem_alloc_mean_gb is not None else ""),
     ("MaxMemAllocated peak (GB)", lambda s: _num(2)(s.max_mem_alloc_peak_gb)),
+    ("sent MB/iter measured/predicted", lambda s: "/".join(
+        _num(2)(v) for v in (s.traffic_mb, s.traffic_predicted_mb)) if s.traffic_mb is not None else ""),
     ("model states measured/ZeRO estimate (GB)", lambda s: "/".join(
         _num(4)(v) for v in (s.model_state_measured_gb, s.zero_estimate_gb)) if s.zero_estimate_gb is not None else ""),
     ("host RSS mean/peak (GB)", lambda s: "/".join(
@@ -118,7 +120,37 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def report_markdown(table: str, note_text: str, plots: list[tuple[str, str]]) -> str:
-    parts = ["# ZeRO experiment summary\n", table, note_text]
+def _ratio(value: float | None, base: float | None) -> str:
+    return f"{value / base:.2f}x" if value is not None and base else ""
+
+
+def tradeoff_section(summaries: list[RunSummary], plot: str | None) -> str:
+    """Memory per rank against traffic per step for the runs that logged both, measured beside predicted,
+    each relative to the lowest ZeRO stage among them (docs/zero-tradeoff.md); "" when none did."""
+    runs = [s for s in summaries if s.traffic_mb is not None and s.model_state_measured_gb is not None]
+    if not runs:
+        return ""
+    base = min(runs, key=lambda s: (s.zero_stage if s.zero_stage is not None else 9, s.offload != "none"))
+    lines = ["## ZeRO trade-off\n",
+             "What each rank holds in model states (params, grads, optimizer states) against what it sends per "
+             "iteration, measured by the run beside megatron/model/accounting.py's prediction "
+             f"(docs/zero-tradeoff.md); ratios are to {base.label}'s measurements.\n",
+             "| run | model states measured/predicted (GB) | sent per iteration measured/predicted (MB) | "
+             f"bytes sent/param | model states vs {base.label} | traffic vs {base.label} | "
+             "activations + output buffer predicted (GB) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for s in runs:
+        extra = [v for v in (s.activations_estimate_gb, s.output_buffer_estimate_gb) if v is not None]
+        lines.append(f"| {s.label} | {s.model_state_measured_gb:.4f}/{_num(4)(s.zero_estimate_gb)} | "
+                     f"{s.traffic_mb:.2f}/{_num(2)(s.traffic_predicted_mb)} | {_num(2)(s.traffic_bytes_per_param)} | "
+                     f"{_ratio(s.model_state_measured_gb, base.model_state_measured_gb)} | "
+                     f"{_ratio(s.traffic_mb, base.traffic_mb)} | {_num(4)(sum(extra)) if extra else ''} |")
+    if plot:
+        lines.append(f"\n![Memory per rank against traffic per iteration]({plot})")
+    return "\n".join(lines) + "\n"
+
+
+def report_markdown(table: str, note_text: str, plots: list[tuple[str, str]], tradeoff: str = "") -> str:
+    parts = ["# ZeRO experiment summary\n", table, note_text] + ([tradeoff] if tradeoff else [])
     parts += [f"## {caption}\n\n![{caption}]({filename})\n" for filename, caption in plots]
     return "\n".join(parts)

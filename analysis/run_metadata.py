@@ -14,7 +14,8 @@ from pathlib import Path
 
 from analysis.log_parser import ParsedLog
 
-OFFLOAD_KINDS = ("none", "optimizer", "optimizer+params")
+# "nvme": optimizer states and parameters offloaded to NVMe (ZeRO-Infinity, gpt_deepspeed_Z3_NVMe.sh)
+OFFLOAD_KINDS = ("none", "optimizer", "optimizer+params", "nvme")
 
 
 @dataclass
@@ -38,7 +39,7 @@ class RunMetadata:
         """Short run label for tables and plots: Z0..Z3, "+offload" when anything is offloaded."""
         if self.zero_stage is None:
             return None
-        suffix = "+offload" if self.offload not in (None, "none") else ""
+        suffix = {None: "", "none": "", "nvme": "+NVMe"}.get(self.offload, "+offload")
         return f"Z{self.zero_stage}{suffix}"
 
 
@@ -78,6 +79,8 @@ def from_folder_name(name: str) -> RunMetadata:
             meta.zero_stage = 0
         elif token == "OL":
             meta.offload = "optimizer+params"
+        elif token == "NVMe":
+            meta.offload = "nvme"
         elif _MODEL_TOKEN_RE.match(token) and meta.model is None:
             meta.model = token
         for attr, pattern in _NAME_FIELDS.items():
@@ -123,12 +126,13 @@ def from_ds_config(path: Path) -> RunMetadata:
     config = json.loads(path.read_text())
     zero = config.get("zero_optimization") or {}
 
-    def offloaded(key: str) -> bool:
-        return (zero.get(key) or {}).get("device", "none") not in ("none", None)
+    def device(key: str) -> str:
+        return (zero.get(key) or {}).get("device") or "none"
 
+    nvme = device("offload_param") == "nvme"
     return RunMetadata(
         zero_stage=_to_int(zero.get("stage", 0)),
-        offload=_offload(offloaded("offload_optimizer"), offloaded("offload_param")),
+        offload="nvme" if nvme else _offload(device("offload_optimizer") != "none", device("offload_param") != "none"),
         micro_batch=_to_int(config.get("train_micro_batch_size_per_gpu")),
         global_batch=_to_int(config.get("train_batch_size")),
     )

@@ -56,6 +56,13 @@ class RunSummary:
     val_ppl_last: float | None
     # (consumed tokens, lm loss) per logged iteration; plotted, not tabulated.
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
+    # The ZeRO trade-off (docs/zero-tradeoff.md): MB (2**20 bytes) the printing rank sent per iteration,
+    # measured (mean over the comm lines) and predicted, and the predicted memory beyond model states.
+    traffic_mb: float | None = None
+    traffic_predicted_mb: float | None = None
+    traffic_bytes_per_param: float | None = None
+    activations_estimate_gb: float | None = None
+    output_buffer_estimate_gb: float | None = None
 
 
 def _mean(values) -> float | None:
@@ -175,6 +182,17 @@ def _model_state(log: ParsedLog) -> tuple[float | None, float | None]:
     return measured, state.estimate.get("total")
 
 
+def _traffic(log: ParsedLog, kept_iterations: set[int]) -> dict:
+    """Bytes sent over the steady-state intervals, like throughput: the first step gathers some
+    parameters more often (ZeRO-3 records its fetch order then)."""
+    comm = [c for c in log.comm if c.iteration in kept_iterations] or log.comm
+    estimate = log.model_state.estimate if log.model_state else {}
+    return dict(traffic_mb=_mean(c.total_mb for c in comm), traffic_predicted_mb=_mean(c.predicted_mb for c in comm),
+                traffic_bytes_per_param=_mean(c.bytes_per_param for c in comm),
+                activations_estimate_gb=estimate.get("activations"),
+                output_buffer_estimate_gb=estimate.get("output_buffer"))
+
+
 def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) -> RunSummary:
     records = unique_iterations(log)
     kept = steady_state(records, skip_first)
@@ -228,4 +246,5 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         val_ppl_last=validations[-1].ppl if validations else None,
         loss_curve=[(tokens, r.lm_loss) for r in records
                     if r.lm_loss is not None and (tokens := _consumed_tokens(r, meta)) is not None],
+        **_traffic(log, kept_iterations),
     )

@@ -14,9 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analysis.collect import SummarizeError, collect  # noqa: E402
-from analysis.plots import make_plots  # noqa: E402
+from analysis.plots import make_plots, tradeoff_plot  # noqa: E402
 from analysis.report import (csv_text, json_text, markdown_table, notes,  # noqa: E402
-                             report_markdown, write_atomic)
+                             report_markdown, tradeoff_section, write_atomic)
 
 DEFAULT_SKIP_FIRST = 2
 
@@ -42,8 +42,9 @@ iterations, ZeRO stage, offload,
 model, ranks, batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
 ms/iteration, time per epoch, mean/max MemAllocated and peak MaxMemAllocated per rank in GB
 (2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, first/last/per-epoch lm
-loss, last validation loss), PNG plots (throughput, epoch time, accelerator memory, host
-memory, loss vs consumed tokens) and report.md showing the table and plots.
+loss, last validation loss, MB sent per iteration measured and predicted), PNG plots (throughput, epoch time,
+accelerator memory, host memory, loss vs consumed tokens, the ZeRO trade-off: model-state memory
+against traffic) and report.md showing the table, a "ZeRO trade-off" section and the plots.
 Exit status: 0 when at least one run was summarized, 1 when none was (or PATH is missing),
 2 for bad command-line flags.
 """
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     write_atomic(out / "summary.csv", csv_text(found.runs))
     write_atomic(out / "summary.json", json_text(found.runs, found.skipped, args.skip_first))
     plots = [] if args.no_plots else make_plots(found.runs, out)
-    write_atomic(out / "report.md", report_markdown(table, note_text, plots))
+    tradeoff = tradeoff_section(found.runs, None if args.no_plots else tradeoff_plot(found.runs, out))
+    write_atomic(out / "report.md", report_markdown(table, note_text, plots, tradeoff))
     print(table)
     print(note_text)
     print(f"wrote summary.md, summary.csv, summary.json, report.md and {len(plots)} plots to {out}")

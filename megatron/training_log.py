@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 GB = float(2**30)
+MB = float(2**20)
 
 
 @dataclass
@@ -60,7 +61,22 @@ def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: i
     return (f" model state memory per rank (GB) | measured: params={m['params']:.4f} grads={m['grads']:.4f} "
             f"optim={m['optim']:.4f} other={m['other']:.4f} | ZeRO estimate (stage={zero_stage}, dp={dp_size}, "
             f"dtype={precision}, offload={offload}): params={e['params']:.4f} grads={e['grads']:.4f} "
-            f"optim={e['optim']:.4f} total={e['total']:.4f} |")
+            f"optim={e['optim']:.4f} total={e['total']:.4f}{_beyond_model_states(e)} |")
+
+
+def _beyond_model_states(estimate_gb: dict) -> str:
+    """The predicted activations and output-layer buffer, when the estimate carries them."""
+    return "".join(f" {key}={estimate_gb[key]:.4f}" for key in ("activations", "output_buffer") if key in estimate_gb)
+
+
+def comm_line(rank: int, iteration: int, sent_per_iteration: dict, num_params: int, predicted: float) -> str:
+    """Bytes this rank sent per iteration through each kind of collective (megatron/comm_counter.py),
+    their total per model parameter, and the total megatron/model/accounting.py predicts
+    (docs/zero-tradeoff.md defines "sent")."""
+    total = sum(sent_per_iteration.values())
+    kinds = " | ".join(f"{kind}={sent / MB:.3f}MB" for kind, sent in sent_per_iteration.items())
+    return (f"[Rank {rank}] comm at iteration {iteration:8d} | {kinds} | total={total / MB:.3f}MB | "
+            f"bytes/param={total / num_params:.3f} | predicted={predicted / MB:.3f}MB |")
 
 
 def training_done_line() -> str:

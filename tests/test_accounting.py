@@ -4,7 +4,14 @@ import pytest
 from megatron.model import GPTConfig
 from megatron.model.accounting import (
     PEAK_BF16_TFLOPS,
+    AccountingError,
+    TrainingSetup,
+    activation_bytes,
     count_parameters,
+    memory_per_rank,
+    output_layer_buffer_bytes,
+    parameters_on_rank,
+    zero_traffic_per_step,
     flops_per_iteration,
     peak_bf16_tflops,
     zero_model_state_estimate,
@@ -62,11 +69,12 @@ def test_zero_estimate_mixed_precision(stage, expected, precision):
 @pytest.mark.parametrize(
     "stage, expected",
     [
-        # fp32 training: 4-byte params and grads, Adam m and v (8 bytes); no separate master copy
+        # fp32 training: 4-byte params and grads, Adam m and v (8 bytes); under ZeRO also the fp32
+        # master partition DeepSpeed clones from the params
         (0, dict(params=4 * PSI, grads=4 * PSI, optim=8 * PSI)),
-        (1, dict(params=4 * PSI, grads=4 * PSI, optim=8 * PSI // ND)),
-        (2, dict(params=4 * PSI, grads=4 * PSI // ND, optim=8 * PSI // ND)),
-        (3, dict(params=4 * PSI // ND, grads=4 * PSI // ND, optim=8 * PSI // ND)),
+        (1, dict(params=4 * PSI, grads=4 * PSI, optim=12 * PSI // ND)),
+        (2, dict(params=4 * PSI, grads=4 * PSI // ND, optim=12 * PSI // ND)),
+        (3, dict(params=4 * PSI // ND, grads=4 * PSI // ND, optim=12 * PSI // ND)),
     ],
 )
 def test_zero_estimate_fp32(stage, expected):
@@ -81,7 +89,8 @@ def test_zero_paper_example_7_5b_on_64_ranks():
 
 
 def test_zero_estimate_pads_uneven_partitions():
-    assert zero_model_state_estimate(10, 3, 4, "fp32") == dict(params=12, grads=12, optim=24, total=48)
+    assert zero_model_state_estimate(10, 3, 4, "fp32") == dict(params=12, grads=12, optim=36, total=60)
+    assert zero_model_state_estimate(10, 1, 4, "fp32") == dict(params=40, grads=40, optim=36, total=116)
 
 
 def test_zero_estimate_offload():
@@ -104,7 +113,7 @@ def test_zero_estimate_offload():
 def test_zero_estimate_errors(kwargs, message):
     args = dict(num_params=PSI, zero_stage=1, dp_size=2, precision="bf16")
     args.update(kwargs)
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(AccountingError) as error:
         zero_model_state_estimate(**args)
     assert str(error.value) == message
 
@@ -129,3 +138,101 @@ def test_peak_table():
 )
 def test_peak_lookup(name, peak):
     assert peak_bf16_tflops(name) == peak
+
+
+# ---- traffic per step (megatron/comm_counter.py's "bytes sent": (n-1)/n of the buffer per pass) ----------
+
+def traffic(stage, world=2, accumulation=1, precision="fp32", **setup):
+    c = config(**setup.pop("model", {}))
+    run = TrainingSetup(world_size=world, micro_batch_size=2, gradient_accumulation_steps=accumulation,
+                        precision=precision, zero_stage=stage, **setup)
+    return c, zero_traffic_per_step(c, run)
+
+
+@pytest.mark.parametrize("world", [2, 8])
+def test_traffic_is_the_zero_papers_volumes_without_accumulation(world):
+    """ZeRO paper section 7: DP, stage 1 and stage 2 move 2 Psi per step, stage 3 3 Psi (x (n-1)/n)."""
+    c, dp = traffic(0, world)
+    share = (world - 1) / world * count_parameters(c) * 4
+    assert dp == dict(all_reduce=2 * share, reduce_scatter=0.0, all_gather=0.0, broadcast=0.0, p2p=0.0)
+    assert traffic(1, world)[1] == dict(dp, all_reduce=0.0, reduce_scatter=share, all_gather=share)
+    assert traffic(2, world)[1] == traffic(1, world)[1]
+    assert traffic(3, world)[1] == dict(dp, all_reduce=0.0, reduce_scatter=share, all_gather=2 * share)
+    assert sum(traffic(3, world)[1].values()) == pytest.approx(1.5 * sum(dp.values()))
+
+
+def test_traffic_with_gradient_accumulation():
+    """Stage 0/1 reduce once per step; stage 2 holds only its gradient partition, so it reduces at every
+    micro-batch; stage 3 also gathers the parameters at every micro-batch."""
+    c, _ = traffic(0)
+    psi = count_parameters(c) * 4 / 2  # (n-1)/n = 1/2 of the fp32 model, per pass
+    totals = {stage: sum(traffic(stage, accumulation=4)[1].values()) / psi for stage in range(4)}
+    assert totals == {0: 2.0, 1: 2.0, 2: 5.0, 3: 12.0}
+
+
+def test_traffic_in_16_bit_halves():
+    assert sum(traffic(3, precision="bf16")[1].values()) == pytest.approx(sum(traffic(3)[1].values()) / 2)
+
+
+def test_traffic_tensor_and_pipeline_parallel():
+    c = config()
+    act = 2 * 128 * 64 * 4  # micro batch x seq x hidden x fp32
+    tp = zero_traffic_per_step(c, TrainingSetup(world_size=4, micro_batch_size=2, tensor_parallel_size=2,
+                                                zero_stage=1))
+    share = 0.5 * parameters_on_rank(c, 2) * 4
+    # ZeRO over 2 data-parallel ranks of this rank's half of the matrices; 4 all-reduces a layer over TP
+    assert tp["reduce_scatter"] == tp["all_gather"] == share
+    assert tp["all_reduce"] == 4 * 2 * 2 * 0.5 * act
+    sp = zero_traffic_per_step(c, TrainingSetup(world_size=4, micro_batch_size=2, tensor_parallel_size=2,
+                                                sequence_parallel=True, zero_stage=1))
+    assert sp["all_reduce"] == 0.0
+    assert sp["reduce_scatter"] + sp["all_gather"] == pytest.approx(2 * share + tp["all_reduce"])
+    pp = TrainingSetup(world_size=4, micro_batch_size=2, gradient_accumulation_steps=3, pipeline_parallel_size=2)
+    last = zero_traffic_per_step(c, pp, stage=1)
+    embedding_grad = 2 * 0.5 * 512 * 64 * 4
+    assert last["p2p"] == 3 * act  # one activation gradient sent back per micro-batch
+    assert last["all_reduce"] == pytest.approx(2 * 0.5 * parameters_on_rank(c, 1, 2, 1) * 4 + embedding_grad)
+
+
+# ---- memory per rank -------------------------------------------------------------------------------------
+
+def test_activations_match_megatron_formula_in_16_bit():
+    """Korthikanti et al. 2022: s b h (34 + 5 a s / h) bytes per layer in 16-bit, no parallelism."""
+    c = config(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=512, max_position_embeddings=512)
+    s, b, h, a = 512, 2, 256, 8
+    run = TrainingSetup(world_size=1, micro_batch_size=b, precision="bf16")
+    assert activation_bytes(c, run) == 4 * s * b * h * (34 + 5 * a * s / h)
+    # TP t: s b h (10 + 24/t + 5 a s/(h t)); with sequence parallelism everything / t
+    tp = TrainingSetup(world_size=2, micro_batch_size=b, precision="bf16", tensor_parallel_size=2)
+    assert activation_bytes(c, tp) == 4 * s * b * h * (10 + 24 / 2 + 5 * a * s / (h * 2))
+    sp = TrainingSetup(world_size=2, micro_batch_size=b, precision="bf16", tensor_parallel_size=2,
+                       sequence_parallel=True)
+    assert activation_bytes(c, sp) == 4 * s * b * h * (34 + 5 * a * s / h) / 2
+    recompute = TrainingSetup(world_size=1, micro_batch_size=b, precision="bf16", activation_recompute=True)
+    assert activation_bytes(c, recompute) == 4 * 2 * s * b * h + s * b * h * (34 + 5 * a * s / h)
+
+
+def test_output_layer_buffer():
+    c = config()
+    assert output_layer_buffer_bytes(c, TrainingSetup(world_size=2, micro_batch_size=2)) == 2 * 128 * 512 * 4
+    assert output_layer_buffer_bytes(c, TrainingSetup(world_size=2, micro_batch_size=2, precision="bf16",
+                                                      tensor_parallel_size=2)) == 2 * 128 * 256 * (4 + 2)
+
+
+def test_memory_per_rank_adds_up():
+    c = config()
+    run = TrainingSetup(world_size=2, micro_batch_size=2, zero_stage=3)
+    memory = memory_per_rank(c, run)
+    assert memory["model_states"] == zero_model_state_estimate(count_parameters(c), 3, 2, "fp32")["total"]
+    assert memory["total"] == memory["model_states"] + activation_bytes(c, run) + output_layer_buffer_bytes(c, run)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(world_size=6, tensor_parallel_size=4), "6 ranks do not divide into TP=4 x PP=1"),
+    (dict(world_size=2, precision="fp8"), "precision must be one of ['bf16', 'fp16', 'fp32'], got 'fp8'"),
+    (dict(world_size=0), "world size, micro batch, gradient accumulation, TP and PP must all be >= 1"),
+])
+def test_training_setup_errors(kwargs, message):
+    with pytest.raises(AccountingError) as error:
+        TrainingSetup(micro_batch_size=1, **kwargs)
+    assert str(error.value) == message

@@ -136,6 +136,48 @@ def test_validation_epoch_model_state_run_info_and_end_lines():
     assert log.saw_end_marker
 
 
+def _comm(iteration: int, total: float, predicted: float = 78.322) -> str:
+    return (f"[Rank 0] comm at iteration {iteration:8d} | all_reduce=0.000MB | reduce_scatter=26.107MB | "
+            f"all_gather={total - 26.107:.3f}MB | broadcast=0.000MB | p2p=0.000MB | total={total:.3f}MB | "
+            f"bytes/param={total / 6.527:.3f} | predicted={predicted:.3f}MB |")
+
+
+def test_comm_lines_and_the_zero_tradeoff_section(tmp_path):
+    """Bytes sent per iteration, measured beside predicted: the steady-state intervals' mean (the first
+    stage-3 step gathers more), a cut-off line dropped, and report.md's trade-off section."""
+    from analysis.report import tradeoff_section
+    from analysis.run_metadata import RunMetadata
+    from analysis.run_summary import summarize_run
+
+    lines = [OUR_ITERATION.replace("10/     200", f"{i:>2}/       4") for i in range(1, 5)]
+    log = parsed(
+        " model state memory per rank (GB) | measured: params=0.0127 grads=0.0127 optim=0.0382 other=0.0253 | "
+        "ZeRO estimate (stage=3, dp=2, dtype=fp32, offload=none): params=0.0127 grads=0.0127 optim=0.0382 "
+        "total=0.0637 activations=0.0026 output_buffer=0.0240 |",
+        *[line + " " + _comm(i + 1, 90.604 if i == 0 else 78.302) for i, line in enumerate(lines)],
+        _comm(5, 78.302)[:60])
+    assert [c.iteration for c in log.comm] == [1, 2, 3, 4]
+    assert log.comm[1].by_kind_mb == {"all_reduce": 0.0, "reduce_scatter": 26.107, "all_gather": 52.195,
+                                      "broadcast": 0.0, "p2p": 0.0}
+    assert (log.comm[1].total_mb, log.comm[1].predicted_mb) == (78.302, 78.322)
+    z3 = summarize_run(log, RunMetadata(zero_stage=3, offload="none", world_size=2), "z3", skip_first=2)
+    assert (z3.traffic_mb, z3.traffic_predicted_mb) == (78.302, 78.322)
+    assert (z3.activations_estimate_gb, z3.output_buffer_estimate_gb) == (0.0026, 0.024)
+    z1_log = parsed(log_parser.strip_ansi(
+        " model state memory per rank (GB) | measured: params=0.0255 grads=0.0240 optim=0.0382 other=0.0240 | "
+        "ZeRO estimate (stage=1, dp=2, dtype=fp32, offload=none): params=0.0255 grads=0.0255 optim=0.0382 "
+        "total=0.0892 |"), *[line + " " + _comm(i + 1, 26.107, 26.107).replace("all_gather=0.000", "all_gather=13.054")
+                             for i, line in enumerate(lines)])
+    z1 = summarize_run(z1_log, RunMetadata(zero_stage=1, offload="none", world_size=2), "z1", skip_first=2)
+    section = tradeoff_section([z3, z1], "zero_tradeoff.png")
+    assert section.startswith("## ZeRO trade-off\n")
+    assert "ratios are to Z1's measurements" in section
+    assert "| Z3 | 0.0636/0.0637 | 78.30/78.32 | 12.00 | 0.73x | 3.00x | 0.0266 |" in section
+    assert "| Z1 | 0.0877/0.0892 | 26.11/26.11 | 4.00 | 1.00x | 1.00x |  |" in section
+    assert section.rstrip().endswith("(zero_tradeoff.png)")
+    assert tradeoff_section([summarize_run(parsed(OUR_ITERATION), RunMetadata(), "x", 2)], None) == ""
+
+
 def test_elapsed_seconds_and_bigscience_rank_prefix_are_read():
     (record,) = parsed("[default7]: iteration       10/     100 | consumed samples:           10 | "
                        "elapsed time per iteration (s): 2.40 | lm loss: 1.012345E+01 |").iterations

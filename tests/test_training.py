@@ -71,10 +71,10 @@ def test_stage0_measured_state_matches_the_estimate(stage_runs):
 
 def test_stage1_halves_the_adam_moments(stage_runs):
     dp, z1 = memory_gb(stage_runs["DP"]), memory_gb(stage_runs["Z1"])
-    assert z1["est_optim"] == pytest.approx(dp["est_optim"] / 2, rel=0.01)
     # measured: half of the moments, plus the fp32 master copy of this rank's half of the parameters,
-    # which DeepSpeed's ZeRO-1/2 optimizer keeps even in fp32 training
+    # which DeepSpeed's ZeRO optimizers keep even in fp32 training; the estimate counts it too
     assert z1["optim"] == pytest.approx(dp["optim"] / 2 + dp["params"] / 2, rel=0.02)
+    assert z1["est_optim"] == pytest.approx(z1["optim"], rel=0.02)
     assert z1["params"] == pytest.approx(dp["params"], rel=0.01)
 
 
@@ -83,6 +83,8 @@ def test_stage3_partitions_the_parameters(stage_runs):
     assert z3["params"] == pytest.approx(dp["params"] / 2, rel=0.03)
     assert z3["params"] == pytest.approx(z3["est_params"], rel=0.03)
     assert z3["grads"] == pytest.approx(z3["est_grads"], rel=0.03)
+    # stage 3 clones its fp32 master partition too (the estimate once assumed not: measured 1.25x it)
+    assert z3["optim"] == pytest.approx(z3["est_optim"], rel=0.03)
 
 
 def test_run_info_and_exact_log_lines(stage_runs):

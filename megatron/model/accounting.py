@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
+from megatron.errors import ZeroLabError
 from megatron.model.config import GPTConfig
 
 # Dense bf16 tensor-core peaks in TFLOP/s (H100/H200: SXM parts).
@@ -14,8 +16,16 @@ PEAK_BF16_TFLOPS: dict[str, float] = {"A40": 149.7, "A100": 312.0, "H100": 989.0
 
 # ZeRO paper (Rajbhandari et al. 2020), bytes per parameter for (params, grads, optimizer
 # states). Mixed precision: 16-bit params and grads, K=12 for fp32 master copy + Adam m + v.
-# Pure fp32: the params are their own master copy, so Adam adds only m + v.
+# Pure fp32: at stage 0 our optimizer steps the params themselves, so Adam adds only m + v; DeepSpeed's
+# ZeRO optimizers (stages 1-3) clone their fp32 master partition even from fp32 params, 4 more bytes
+# (stage 3 means to reuse the partition when dtype and device match, but compares a torch.device with
+# a device name, which is never equal, in DeepSpeed 0.19.8: measured in tests/test_training.py).
 _BYTES_PER_PARAM: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
+_FP32_ZERO_MASTER = 4
+
+
+class AccountingError(ZeroLabError, ValueError):
+    """A layout the estimates cannot describe; the message names the flag."""
 
 
 def count_parameters(config: GPTConfig) -> int:
@@ -68,16 +78,18 @@ def zero_model_state_estimate(num_params: int, zero_stage: int, dp_size: int, pr
     pads to equal partitions). Offloaded states live in host memory and count 0 here.
     """
     if precision not in _BYTES_PER_PARAM:
-        raise ValueError(f"precision must be one of {sorted(_BYTES_PER_PARAM)}, got {precision!r}")
+        raise AccountingError(f"precision must be one of {sorted(_BYTES_PER_PARAM)}, got {precision!r}")
     if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
+        raise AccountingError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
     if dp_size < 1:
-        raise ValueError(f"data-parallel size must be >= 1, got {dp_size}")
+        raise AccountingError(f"data-parallel size must be >= 1, got {dp_size}")
     if offload_optimizer and zero_stage == 0:
-        raise ValueError("optimizer offload needs --zero-stage 1, 2 or 3")
+        raise AccountingError("optimizer offload needs --zero-stage 1, 2 or 3")
     if offload_param and zero_stage != 3:
-        raise ValueError("parameter offload needs --zero-stage 3")
+        raise AccountingError("parameter offload needs --zero-stage 3")
     param_bytes, grad_bytes, optim_bytes = _BYTES_PER_PARAM[precision]
+    if precision == "fp32" and zero_stage >= 1:
+        optim_bytes += _FP32_ZERO_MASTER
     partition = math.ceil(num_params / dp_size)
     params = (partition if zero_stage >= 3 else num_params) * param_bytes
     grads = (partition if zero_stage >= 2 else num_params) * grad_bytes
@@ -95,3 +107,170 @@ def peak_bf16_tflops(device_name: str | None) -> float | None:
         return None
     match = re.search(r"(?<![A-Za-z0-9])(A40|A100|H100|H200)(?![0-9])", device_name.upper())
     return PEAK_BF16_TFLOPS[match.group(1)] if match else None
+
+
+# Bytes of one element of params, grads and activations in each precision.
+_ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+TRAFFIC_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p")  # as megatron/comm_counter.py
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """Everything besides the model shape that the traffic and memory estimates depend on."""
+    world_size: int
+    micro_batch_size: int
+    gradient_accumulation_steps: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    sequence_parallel: bool = False
+    precision: str = "fp32"
+    zero_stage: int = 0
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    offload_device: str = "cpu"  # where offloaded states live: "cpu" or "nvme" (ZeRO-Infinity)
+    activation_recompute: bool = False
+
+    def __post_init__(self):
+        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
+        if min(self.world_size, self.micro_batch_size, self.gradient_accumulation_steps, model_parallel) < 1:
+            raise AccountingError("world size, micro batch, gradient accumulation, TP and PP must all be >= 1")
+        if self.world_size % model_parallel:
+            raise AccountingError(f"{self.world_size} ranks do not divide into TP={self.tensor_parallel_size} x "
+                                  f"PP={self.pipeline_parallel_size}")
+        if self.precision not in _ELEMENT_BYTES:
+            raise AccountingError(f"precision must be one of {sorted(_ELEMENT_BYTES)}, got {self.precision!r}")
+        if self.offload_device not in ("cpu", "nvme"):
+            raise AccountingError(f"offload device must be cpu or nvme, got {self.offload_device!r}")
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world_size // (self.tensor_parallel_size * self.pipeline_parallel_size)
+
+    @property
+    def element_bytes(self) -> int:
+        return _ELEMENT_BYTES[self.precision]
+
+
+def _ring_share(group_size: int) -> float:
+    """What each of n ranks sends, per byte of the whole buffer, in a reduce-scatter or all-gather."""
+    return (group_size - 1) / group_size
+
+
+def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> dict[str, float]:
+    """Bytes one rank of pipeline `stage` sends per optimizer step, per kind of collective, with
+    megatron/comm_counter.py's definition of "sent" (docs/zero-tradeoff.md).
+
+    Data parallelism over the rank's P parameters (the ZeRO paper's volumes, in the gradient dtype,
+    times (n-1)/n for n data-parallel ranks): stage 0 all-reduces the gradients once per step (2P);
+    stage 1 reduces each gradient partition to its owner and all-gathers the updated parameters (P + P);
+    stage 2 keeps only its gradient partition, so it reduces at every micro-batch (g P + P with g
+    micro-batches per step); stage 3 gathers each parameter for the forward and again for the backward
+    and reduce-scatters the gradients, at every micro-batch (3 g P). Tensor parallelism adds four
+    all-reduces of a [micro batch, seq, hidden] activation per layer and micro-batch (reduce-scatter
+    plus all-gather under sequence parallelism); pipeline parallelism sends one such activation
+    forward and one gradient back per micro-batch, and all-reduces the tied word embedding's gradient
+    between the first and last stage."""
+    traffic = dict.fromkeys(TRAFFIC_KINDS, 0.0)
+    tp, pp, dp, g = (setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.data_parallel_size,
+                     setup.gradient_accumulation_steps)
+    size = parameters_on_rank(config, tp, pp, stage) * setup.element_bytes
+    share = _ring_share(dp) * size
+    if setup.zero_stage == 0:
+        traffic["all_reduce"] += 2 * share
+    elif setup.zero_stage == 1:
+        traffic["reduce_scatter"] += share
+        traffic["all_gather"] += share
+    elif setup.zero_stage == 2:
+        traffic["reduce_scatter"] += g * share
+        traffic["all_gather"] += share
+    else:
+        traffic["reduce_scatter"] += g * share
+        traffic["all_gather"] += 2 * g * share
+    activation = setup.micro_batch_size * config.seq_length * config.hidden_size * setup.element_bytes
+    if tp > 1:
+        per_step = 4 * (config.num_layers // pp) * g * 2 * _ring_share(tp) * activation
+        if setup.sequence_parallel:
+            traffic["reduce_scatter"] += per_step / 2
+            traffic["all_gather"] += per_step / 2
+        else:
+            traffic["all_reduce"] += per_step
+    if pp > 1:
+        traffic["p2p"] += g * activation / (tp if setup.sequence_parallel else 1) * ((stage > 0) + (stage < pp - 1))
+        if stage in (0, pp - 1):
+            traffic["all_reduce"] += 2 * _ring_share(2) * config.padded_vocab_size // tp * config.hidden_size \
+                * setup.element_bytes
+    return traffic
+
+
+def offload_transfer_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> dict[str, float]:
+    """Bytes one rank of pipeline `stage` moves per step between accelerator and host ("pcie") and
+    between host and NVMe ("nvme") when ZeRO offloads: with the optimizer offloaded, each gradient
+    reduction (once per step at stage 1, every micro-batch at 2 and 3) lands in host memory and the
+    updated parameter partition comes back; with the parameters offloaded, every gather (forward and
+    backward of each micro-batch) reads the partition from the host. On NVMe the optimizer states are
+    read and written once per step and parameter partitions read at every gather and written once."""
+    partition = math.ceil(parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size,
+                                             stage) / setup.data_parallel_size)
+    e, g = setup.element_bytes, setup.gradient_accumulation_steps
+    reductions = 1 if setup.zero_stage <= 1 else g
+    pcie = nvme = 0.0
+    if setup.offload_optimizer:
+        pcie += (reductions + 1) * partition * e
+    if setup.offload_params:
+        pcie += 2 * g * partition * e
+    if setup.offload_device == "nvme":
+        states = zero_model_state_estimate(partition * setup.data_parallel_size, setup.zero_stage,
+                                           setup.data_parallel_size, setup.precision)
+        nvme += 2 * states["optim"] if setup.offload_optimizer else 0
+        nvme += (2 * g + 1) * partition * e if setup.offload_params else 0
+    return dict(pcie=pcie, nvme=nvme)
+
+
+def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
+    """Activations the backward pass keeps on one rank of pipeline `stage` (Korthikanti et al. 2022,
+    "Reducing Activation Recomputation in Large Transformer Models", per layer and micro-batch:
+    s b h (34 + 5 a s / h) bytes in 16-bit with 1-byte dropout masks, here for any element size e:
+    s b h (16 e + 2) + a s^2 b (2 e + 1), the sbh part split over TP ranks except the LayerNorm
+    and dropout inputs, which sequence parallelism splits too). Full recomputation keeps only each
+    layer's input, plus one layer's activations while it is recomputed. Under 1F1B the first stage
+    holds pp micro-batches in flight, the last one."""
+    s, b, h, a = config.seq_length, setup.micro_batch_size, config.hidden_size, config.num_attention_heads
+    e, tp = setup.element_bytes, setup.tensor_parallel_size
+    # per layer: 12 e sbh split over TP (q, k, v, the attention output, the MLP's 4h GeLU input and
+    # output); 4 e sbh + 2 sbh replicated unless sequence parallel (the two LayerNorm inputs and
+    # outputs, which are the QKV and MLP inputs, and the two residual dropout masks)
+    split = s * b * h * 12 * e / tp
+    replicated = s * b * h * (4 * e + 2) / (tp if setup.sequence_parallel else 1)
+    attention = a * s * s * b * (2 * e + 1) / tp
+    layer = split + replicated + attention
+    layers = config.num_layers // setup.pipeline_parallel_size
+    if setup.activation_recompute:
+        per_micro = layers * s * b * h * e / (tp if setup.sequence_parallel else 1) + layer
+    else:
+        per_micro = layers * layer
+    in_flight = min(setup.pipeline_parallel_size - stage, setup.gradient_accumulation_steps)
+    return int(per_micro * max(1, in_flight))
+
+
+def output_layer_buffer_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
+    """The [micro batch x seq, vocab / tp] buffer of the fused output-layer loss on the last stage
+    (megatron/core/tensor_parallel/cross_entropy.py): fp32 exps that become the logits' gradient,
+    plus the 16-bit logits (then their 16-bit gradient, in the same reused buffer) in bf16/fp16."""
+    vocab_slice = config.padded_vocab_size // setup.tensor_parallel_size
+    rows_by_vocab = setup.micro_batch_size * config.seq_length * vocab_slice
+    return rows_by_vocab * (4 + (setup.element_bytes if setup.element_bytes != 4 else 0))
+
+
+def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> dict[str, int]:
+    """Accelerator bytes one rank of pipeline `stage` needs: ZeRO model states (params, grads, optimizer
+    states and their total; offloaded ones count 0), activations, the output-layer buffer (last stage
+    only) and their total (the peak); and the bytes of model states offloaded to host memory or NVMe."""
+    on_rank = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
+    args = (on_rank, setup.zero_stage, setup.data_parallel_size, setup.precision)
+    states = zero_model_state_estimate(*args, setup.offload_optimizer, setup.offload_params)
+    offloaded = zero_model_state_estimate(*args)["total"] - states["total"]
+    activations = activation_bytes(config, setup, stage)
+    buffer = output_layer_buffer_bytes(config, setup) if stage == setup.pipeline_parallel_size - 1 else 0
+    return dict(params=states["params"], grads=states["grads"], optim=states["optim"], model_states=states["total"],
+                activations=activations, output_buffer=buffer, total=states["total"] + activations + buffer,
+                offloaded=offloaded)

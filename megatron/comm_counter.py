@@ -1,0 +1,171 @@
+"""Bytes each rank sends through collectives, counted where every collective is issued.
+
+DeepSpeed (ZeRO, its pipeline engine, through deepspeed.comm's TorchBackend) and our tensor-parallel
+mappings all end in torch.distributed's functions, so `install()` wraps those (the package's
+attributes and distributed_c10d's, which torch's own functions call) with a byte counter. DeepSpeed's
+comms logger is not used: it synchronises the accelerator after every op to time it, which slows the
+run; counting is a few attribute reads per call (bench/bench_comm_counting.py measures the cost).
+
+"Bytes sent" is the bandwidth-optimal volume each rank of an n-rank group sends, averaged over its
+ranks (docs/zero-tradeoff.md): (n-1)/n of the whole buffer for a reduce-scatter (its input), an
+all-gather (its output), a reduce and a broadcast; twice that for an all-reduce (a reduce-scatter
+then an all-gather, as a ring does it); the whole tensor for a point-to-point send, nothing for a
+receive. megatron/model/accounting.py predicts traffic with the same definition.
+
+One op can call another (send calls isend, all_gather_into_tensor calls all_gather_single): only
+the outermost counted call counts, so nothing is counted twice.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p")
+
+
+@dataclass(frozen=True)
+class _OpSpec:
+    kind: str
+    tensors: str  # the parameter holding the whole buffer (a tensor or a list of tensors)
+    factor: str  # "ring": (n-1)/n of the buffer; "all_reduce": 2(n-1)/n; "whole": the buffer itself
+
+
+# Every torch.distributed function that moves tensor data in training; receives send nothing.
+OPS: dict[str, _OpSpec] = {
+    "all_reduce": _OpSpec("all_reduce", "tensor", "all_reduce"),
+    "all_reduce_coalesced": _OpSpec("all_reduce", "tensors", "all_reduce"),
+    "reduce_scatter": _OpSpec("reduce_scatter", "input_list", "ring"),
+    "reduce_scatter_tensor": _OpSpec("reduce_scatter", "input", "ring"),
+    "reduce_scatter_single": _OpSpec("reduce_scatter", "input", "ring"),
+    "_reduce_scatter_base": _OpSpec("reduce_scatter", "input", "ring"),
+    # a reduce to each partition's owner in turn is how ZeRO 1/2 scatter gradients without reduce_scatter
+    "reduce": _OpSpec("reduce_scatter", "tensor", "ring"),
+    "all_gather": _OpSpec("all_gather", "tensor_list", "ring"),
+    "all_gather_into_tensor": _OpSpec("all_gather", "output_tensor", "ring"),
+    "all_gather_single": _OpSpec("all_gather", "output_tensor", "ring"),
+    "_all_gather_base": _OpSpec("all_gather", "output_tensor", "ring"),
+    "all_gather_coalesced": _OpSpec("all_gather", "output_tensor_lists", "ring"),
+    "broadcast": _OpSpec("broadcast", "tensor", "ring"),
+    "send": _OpSpec("p2p", "tensor", "whole"),
+    "isend": _OpSpec("p2p", "tensor", "whole"),
+}
+
+
+def tensor_bytes(value) -> int:
+    """Bytes of a tensor, or of every tensor in a (nested) list of them."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+def bytes_sent(spec: _OpSpec, buffer_bytes: int, group_size: int) -> float:
+    if spec.factor == "whole":
+        return float(buffer_bytes)
+    share = (group_size - 1) / group_size * buffer_bytes
+    return 2.0 * share if spec.factor == "all_reduce" else share
+
+
+@dataclass
+class CommCounter:
+    """Cumulative bytes this rank sent, per kind, while counting is on (see `counting`)."""
+    sent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
+    calls: dict[str, int] = field(default_factory=dict)  # per torch.distributed function name
+    active: bool = False
+    _depth: int = 0
+    _group_sizes: dict = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def counting(self):
+        """Count the collectives issued inside (the training step; evaluation and checkpoints stay out)."""
+        previous, self.active = self.active, True
+        try:
+            yield self
+        finally:
+            self.active = previous
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.sent)
+
+    def group_size(self, group) -> int:
+        size = self._group_sizes.get(group)
+        if size is None:
+            size = self._group_sizes[group] = dist.get_world_size(group)
+        return size
+
+    def record(self, name: str, spec: _OpSpec, buffer_bytes: int, group) -> None:
+        self.sent[spec.kind] += bytes_sent(spec, buffer_bytes, self.group_size(group))
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+
+def since(now: dict[str, float], before: dict[str, float], iterations: int) -> dict[str, float]:
+    """Bytes per iteration, per kind, between two snapshots."""
+    return {kind: (now[kind] - before.get(kind, 0.0)) / max(1, iterations) for kind in now}
+
+
+def _wrap(original, spec: _OpSpec, counter: CommCounter):
+    name, names = original.__name__, list(inspect.signature(original).parameters)
+    tensor_pos, group_pos = names.index(spec.tensors), names.index("group")
+
+    def counted(*args, **kwargs):
+        if not counter.active or counter._depth:
+            return original(*args, **kwargs)
+        value = args[tensor_pos] if len(args) > tensor_pos else kwargs.get(spec.tensors)
+        group = args[group_pos] if len(args) > group_pos else kwargs.get("group")
+        counter.record(name, spec, tensor_bytes(value), group)
+        counter._depth += 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            counter._depth -= 1
+
+    # not __wrapped__: torch's own decorators set that, and uninstall must not unwrap them
+    counted.zero_lab_original = original
+    counted.__name__ = original.__name__
+    return counted
+
+
+def _rebind_deepspeed_backend() -> None:
+    """DeepSpeed's TorchBackend looks up torch's all-gather and reduce-scatter functions once, when
+    deepspeed.init_distributed runs; point those references at what torch.distributed holds now,
+    so the order of install() and DeepSpeed's start-up does not matter."""
+    comm = sys.modules.get("deepspeed.comm.comm")
+    backend = getattr(comm, "cdb", None)
+    for attr in ("all_gather_function", "reduce_scatter_function"):
+        cached = getattr(backend, attr, None)
+        if cached is not None:
+            setattr(backend, attr, getattr(dist, getattr(cached, "zero_lab_original", cached).__name__))
+
+
+def install(counter: CommCounter | None = None) -> CommCounter:
+    """Wrap torch.distributed's collectives with `counter` (a new one by default) and return it.
+    Installing twice replaces the first counter."""
+    counter = counter or CommCounter()
+    for name, spec in OPS.items():
+        original = getattr(distributed_c10d, name, None)
+        if original is None:  # absent from this torch version
+            continue
+        original = getattr(original, "zero_lab_original", original)
+        counted = _wrap(original, spec, counter)
+        setattr(distributed_c10d, name, counted)
+        if hasattr(dist, name):
+            setattr(dist, name, counted)
+    _rebind_deepspeed_backend()
+    return counter
+
+
+def uninstall() -> None:
+    """Put torch.distributed's own functions back (tests and the benchmark switch counting off)."""
+    for name in OPS:
+        for module in (distributed_c10d, dist):
+            wrapped = getattr(module, name, None)
+            if wrapped is not None and hasattr(wrapped, "zero_lab_original"):
+                setattr(module, name, wrapped.zero_lab_original)
+    _rebind_deepspeed_backend()

@@ -1,0 +1,117 @@
+"""megatron/comm_counter.py on real 2-rank gloo groups: every collective form counted once, with the
+documented bytes-sent rule, also when issued through deepspeed.comm; nothing outside counting();
+uninstall puts torch's functions back. The comm log line's format."""
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from megatron import comm_counter
+from megatron.training_log import comm_line
+from test_tensor_parallel import run_ranks
+
+N = 1000  # fp32 elements: 4000 bytes
+B = 4 * N
+
+
+def _counted(counter, fn):
+    """Bytes per kind and calls per op that fn() added."""
+    before, calls_before = counter.snapshot(), dict(counter.calls)
+    with counter.counting():
+        fn()
+    sent = {kind: value for kind, value in comm_counter.since(counter.snapshot(), before, 1).items() if value}
+    calls = {op: n - calls_before.get(op, 0) for op, n in counter.calls.items() if n != calls_before.get(op, 0)}
+    return sent, calls
+
+
+def _check_every_form(rank, world):
+    original_all_reduce = dist.all_reduce
+    counter = comm_counter.install()
+    try:
+        ones = torch.ones(N)
+        # 2 ranks: a ring reduce-scatter or all-gather sends half the buffer, an all-reduce the whole
+        cases = [
+            (lambda: dist.all_reduce(ones.clone()), {"all_reduce": B}, {"all_reduce": 1}),
+            (lambda: dist.all_reduce_coalesced([ones.clone(), ones.clone()]), {"all_reduce": 2 * B},
+             {"all_reduce_coalesced": 1}),
+            (lambda: dist.all_gather_into_tensor(torch.empty(2 * N), ones), {"all_gather": B},
+             {"all_gather_into_tensor": 1}),
+            (lambda: dist.all_gather([torch.empty(N), torch.empty(N)], ones), {"all_gather": B}, {"all_gather": 1}),
+            (lambda: dist.reduce_scatter_tensor(torch.empty(N // 2), ones.clone()), {"reduce_scatter": B / 2},
+             {"reduce_scatter_tensor": 1}),
+            (lambda: dist.reduce(ones.clone(), dst=0), {"reduce_scatter": B / 2}, {"reduce": 1}),
+            (lambda: dist.broadcast(ones.clone(), src=0), {"broadcast": B / 2}, {"broadcast": 1}),
+            # send calls isend inside torch: counted once, as send; a receive sends nothing
+            (lambda: dist.send(ones, dst=1) if rank == 0 else dist.recv(torch.empty(N), src=0),
+             {"p2p": B} if rank == 0 else {}, {"send": 1} if rank == 0 else {}),
+            (lambda: (dist.isend(ones, dst=1) if rank == 0 else dist.irecv(torch.empty(N), src=0)).wait(),
+             {"p2p": B} if rank == 0 else {}, {"isend": 1} if rank == 0 else {}),
+            (lambda: [work.wait() for work in dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend, ones, 1 - rank), dist.P2POp(dist.irecv, torch.empty(N), 1 - rank)])],
+             {"p2p": B}, {"isend": 1}),
+        ]
+        for fn, sent, calls in cases:
+            assert _counted(counter, fn) == (sent, calls)
+        # outside counting() nothing is added
+        before = counter.snapshot()
+        dist.all_reduce(ones.clone())
+        assert counter.snapshot() == before
+    finally:
+        comm_counter.uninstall()
+    assert dist.all_reduce is original_all_reduce
+    assert not hasattr(torch.distributed.distributed_c10d.all_gather_into_tensor, "zero_lab_original")
+
+
+def _check_through_deepspeed(rank, world):
+    import deepspeed
+    import deepspeed.comm as ds_dist
+
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)  # DeepSpeed caches torch's functions here
+    counter = comm_counter.install()  # after DeepSpeed's start-up: its cached references follow
+    try:
+        ones = torch.ones(N)
+        assert _counted(counter, lambda: ds_dist.allgather_fn(torch.empty(2 * N), ones)) == (
+            {"all_gather": B}, {"all_gather_into_tensor": 1})
+        assert _counted(counter, lambda: ds_dist.reduce_scatter_fn(torch.empty(N // 2), ones.clone())) == (
+            {"reduce_scatter": B / 2}, {"reduce_scatter_tensor": 1})
+        assert _counted(counter, lambda: ds_dist.all_reduce(ones.clone())) == ({"all_reduce": B}, {"all_reduce": 1})
+    finally:
+        comm_counter.uninstall()
+
+
+@pytest.mark.slow
+def test_every_collective_form_counted_once():
+    run_ranks(_check_every_form)
+
+
+@pytest.mark.slow
+def test_collectives_through_deepspeed_comm_counted_once():
+    run_ranks(_check_through_deepspeed)
+
+
+@pytest.mark.parametrize("size, factor, group, expected", [
+    (800, "all_reduce", 4, 1200.0), (800, "ring", 4, 600.0), (800, "whole", 4, 800.0), (800, "ring", 1, 0.0)])
+def test_bytes_sent_rule(size, factor, group, expected):
+    assert comm_counter.bytes_sent(comm_counter._OpSpec("all_reduce", "tensor", factor), size, group) == expected
+
+
+def test_every_wrapped_op_names_its_tensor_and_group():
+    """The specs name parameters of torch's own signatures (install() would fail on a rename)."""
+    import inspect
+    for name, spec in comm_counter.OPS.items():
+        function = getattr(torch.distributed.distributed_c10d, name, None)
+        if function is not None:
+            params = inspect.signature(function).parameters
+            assert spec.tensors in params and "group" in params, name
+
+
+def test_comm_line_matches_documented_regex():
+    line = comm_line(0, 10, {"all_reduce": 0.0, "reduce_scatter": 2**20, "all_gather": 2 * 2**20, "broadcast": 0.0,
+                             "p2p": 0.0}, num_params=2**20, predicted=3 * 2**20)
+    assert line == ("[Rank 0] comm at iteration       10 | all_reduce=0.000MB | reduce_scatter=1.000MB | "
+                    "all_gather=2.000MB | broadcast=0.000MB | p2p=0.000MB | total=3.000MB | bytes/param=3.000 | "
+                    "predicted=3.000MB |")
+    regex = re.compile(r"comm at iteration +(\d+) \|(?: (\w+)=(\d+\.\d+)MB \|)+ bytes/param=(\d+\.\d+) \| "
+                       r"predicted=(\d+\.\d+)MB \|")
+    assert regex.search(line)
