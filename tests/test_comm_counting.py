@@ -1,12 +1,12 @@
 """megatron/comm_counter.py on real 2-rank gloo groups: every collective form counted once, with the
 documented bytes-sent rule, also when issued through deepspeed.comm; nothing outside counting();
 uninstall puts torch's functions back. The comm log line's format."""
-import re
-
 import pytest
 import torch
 import torch.distributed as dist
 
+from analysis import log_parser
+from conftest import REPO_ROOT
 from megatron import comm_counter
 from megatron.training_log import comm_line
 from test_tensor_parallel import run_ranks
@@ -112,6 +112,6 @@ def test_comm_line_matches_documented_regex():
     assert line == ("[Rank 0] comm at iteration       10 | all_reduce=0.000MB | reduce_scatter=1.000MB | "
                     "all_gather=2.000MB | broadcast=0.000MB | p2p=0.000MB | total=3.000MB | bytes/param=3.000 | "
                     "predicted=3.000MB |")
-    regex = re.compile(r"comm at iteration +(\d+) \|(?: (\w+)=(\d+\.\d+)MB \|)+ bytes/param=(\d+\.\d+) \| "
-                       r"predicted=(\d+\.\d+)MB \|")
-    assert regex.search(line)
+    # the regex docs/log-lines.md gives is the one the analysis uses
+    assert log_parser.COMM_RE.pattern in (REPO_ROOT / "docs" / "log-lines.md").read_text()
+    assert log_parser.COMM_RE.search(line).groups() == ("10", "3.000", "3.000", "3.000")
