@@ -9,14 +9,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 source .venv/bin/activate
 
-# The full dolly corpus comes from the Hugging Face hub. Where the hub is out of reach and
-# no copy was provided, fall back to the real 382-record sample committed in data/samples/.
-sample=data/samples/dolly-sample.jsonl
-if [[ -z "${DOLLY_JSONL:-}" && ! -f data/databricks-dolly-15k.jsonl && -f "$sample" ]] \
-    && ! curl -sfI --max-time 10 https://huggingface.co >/dev/null 2>&1; then
-    echo "[main] Hugging Face hub unreachable: using the dolly sample $sample"
-    export DOLLY_JSONL=$sample
-fi
-
+# The dolly data is prepared on first use (tools/process_databricks_gpt2.sh): the full corpus from the
+# Hugging Face hub, or the committed 382-record sample in data/samples/ when the hub is out of reach.
 bash examples_zero/gpt_deepspeed_Z1.sh "$@"
 python analysis/summarize.py "${RUNS_DIR:-runs}"

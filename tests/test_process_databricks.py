@@ -67,12 +67,15 @@ def test_newer_input_is_rebuilt_with_given_vocab_files(tmp_path, dolly_data_dir,
     assert rebuilt.returncode == 0 and "up to date" not in rebuilt.stdout and "Processed 10 documents" in rebuilt.stdout
 
 
-def test_offline_without_dolly_file_says_how_to_provide_it(tmp_path):
-    result = run_script(DATA_DIR=tmp_path / "data", HF_HUB_OFFLINE=1, DOLLY_JSONL="")
-    assert result.returncode == 1
-    assert "DOLLY_JSONL=/path/to/databricks-dolly-15k.jsonl" in result.stderr
-    assert f"{tmp_path / 'data' / 'databricks-dolly-15k.jsonl'}" in result.stderr
-    assert list((tmp_path / "data").iterdir()) == []
+def test_offline_without_dolly_file_uses_the_committed_sample(tmp_path, dolly_data_dir):
+    result = run_script(DATA_DIR=tmp_path / "data", HF_HUB_OFFLINE=1, DOLLY_JSONL="",
+                        VOCAB_FILE=dolly_data_dir / "gpt2-vocab.json", MERGE_FILE=dolly_data_dir / "gpt2-merges.txt")
+    assert result.returncode == 0, result.stderr
+    sample = REPO_ROOT / "data" / "samples" / "dolly-sample.jsonl"
+    assert f"using the committed dolly sample {sample}" in result.stdout
+    assert "DOLLY_JSONL=/path/to/databricks-dolly-15k.jsonl" in result.stdout  # how to give the full corpus
+    ds = MMapIndexedDataset(tmp_path / "data" / "dolly_text_document")
+    assert len(ds.doc_idx) - 1 == 382
 
 
 @pytest.mark.parametrize("bad_line, message", [

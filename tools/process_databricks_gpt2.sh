@@ -4,7 +4,8 @@
 #
 # Environment (all optional):
 #   DATA_DIR     output folder (default <repo>/data)
-#   DOLLY_JSONL  the dolly jsonl (default $DATA_DIR/databricks-dolly-15k.jsonl, downloaded from the hub if absent)
+#   DOLLY_JSONL  the dolly jsonl (default $DATA_DIR/databricks-dolly-15k.jsonl, downloaded from the hub if absent,
+#                else the committed sample data/samples/dolly-sample.jsonl)
 #   VOCAB_FILE, MERGE_FILE  GPT-2 vocab.json / merges.txt (default $DATA_DIR/gpt2-vocab.json, gpt2-merges.txt,
 #                fetched from the hub, or converted from the openai-whisper sdist on PyPI by tools/gpt2_vocab.py)
 #   PYTHON       interpreter (default the repo's .venv, else python3); WORKERS tokenizer processes (default nproc, at most 8)
@@ -83,10 +84,15 @@ elif [[ -f "$default_dolly" ]]; then
     DOLLY_JSONL=$default_dolly
 else
     [[ "${HF_HUB_OFFLINE:-0}" == 1 ]] || say "downloading $DOLLY_URL"
-    fetch "$DOLLY_URL" "$default_dolly" || die "cannot download databricks-dolly-15k from the Hugging Face hub \
-(offline or HF_HUB_OFFLINE=1). Provide the file: DOLLY_JSONL=/path/to/databricks-dolly-15k.jsonl bash $0, \
-or put it at $default_dolly"
-    DOLLY_JSONL=$default_dolly
+    if fetch "$DOLLY_URL" "$default_dolly"; then
+        DOLLY_JSONL=$default_dolly
+    else
+        # Offline: the real 382-record sample committed with the repository (data/samples/README.md).
+        DOLLY_JSONL=$REPO/data/samples/dolly-sample.jsonl
+        say "the Hugging Face hub is out of reach: using the committed dolly sample $DOLLY_JSONL" \
+            "(382 records; for the full corpus give DOLLY_JSONL=/path/to/databricks-dolly-15k.jsonl" \
+            "or put it at $default_dolly)"
+    fi
 fi
 
 # 2. The GPT-2 vocabulary.
