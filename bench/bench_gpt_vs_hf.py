@@ -222,7 +222,8 @@ def main(argv) -> int:
         if loss_mib is None:
             print("output layer + loss peak memory: n/a (no allocator peak off CUDA)")
         else:
-            print("output layer + loss peak memory: " + ", ".join(f"{name} {mib:.1f} MiB" for name, mib in loss_mib.items()))
+            print("output layer + loss peak memory: "
+                  + ", ".join(f"{name} {mib:.1f} MiB" for name, mib in loss_mib.items()))
         if opts.json:
             Path(opts.json).write_text(json.dumps(rows, indent=2) + "\n")
     return 0

@@ -36,7 +36,8 @@ while (( $# )); do
     esac
 done
 for part in ${only//,/ }; do
-    [[ " $MODELS bench report " == *" $part "* ]] || die "--only $only: unknown part $part (expected: ${MODELS// /, }, bench, report)"
+    [[ " $MODELS bench report " == *" $part "* ]] \
+        || die "--only $only: unknown part $part (expected: ${MODELS// /, }, bench, report)"
 done
 wanted() { [[ -z "$only" || ",$only," == *",$1,"* ]]; }
 
@@ -46,7 +47,8 @@ if (( gpus > 0 )); then
 elif (( dry_run )); then
     gpus=1 gpu_name="no GPU (dry run)"
 else
-    die "no CUDA GPU visible to torch (torch.cuda.device_count() is 0): the GPU suite needs one; --dry-run prints its commands"
+    die "no CUDA GPU visible to torch (torch.cuda.device_count() is 0): the GPU suite needs one;" \
+        "--dry-run prints its commands"
 fi
 slug=$(tr '[:upper:]' '[:lower:]' <<< "$gpu_name" | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
 (( gpus == 1 )) || slug="${gpus}x-$slug"

@@ -29,8 +29,10 @@ def machine_lines() -> list[str]:
         gpus = f"{len(names)} x {names[0]} ({memory:.0f} GiB)"
     else:
         gpus = "none visible to torch"
-    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                            capture_output=True, text=True).stdout.split("\n")[0] if shutil.which("nvidia-smi") else "n/a"
+    driver = "n/a"
+    if shutil.which("nvidia-smi"):
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True).stdout.split("\n")[0]
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     return [f"- GPUs: {gpus}, driver {driver or 'n/a'}",

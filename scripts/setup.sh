@@ -44,7 +44,8 @@ torch_install_args() {
         echo "torch==$TORCH_VERSION"; return
     fi
     driver=$(sed -n 's/.*CUDA Version: *\([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' <<< "$report" | head -n 1)
-    [[ -n "$driver" ]] || die "nvidia-smi prints no 'CUDA Version': set TORCH_INDEX_URL to the PyTorch index for your CUDA"
+    [[ -n "$driver" ]] \
+        || die "nvidia-smi prints no 'CUDA Version': set TORCH_INDEX_URL to the PyTorch index for your CUDA"
     for build in $TORCH_CUDA_BUILDS; do
         if version_at_least "$driver" "$build"; then
             echo "torch==$TORCH_VERSION --index-url https://download.pytorch.org/whl/cu${build/./}"; return
@@ -109,7 +110,8 @@ else
     log=$(mktemp); trap 'rm -f "$log"' EXIT
     if ! run pip_install --no-index --find-links "$WHEELHOUSE" -e ".[test]" > "$log" 2>&1; then
         missing=$(sed -n 's/.*No matching distribution found for \([^ ]*\).*/\1/p' "$log" | head -n 1)
-        [[ -z "$missing" ]] || die "WHEELHOUSE=$WHEELHOUSE has no wheel for $missing for $("$VENV_DIR/bin/python" -V):" \
+        [[ -z "$missing" ]] \
+            || die "WHEELHOUSE=$WHEELHOUSE has no wheel for $missing for $("$VENV_DIR/bin/python" -V):" \
             "rebuild it with 'bash scripts/wheelhouse.sh DIR --python-version X.Y' on a machine with package access"
         cat "$log" >&2
         die "pip install from WHEELHOUSE=$WHEELHOUSE failed (pip's output above)"

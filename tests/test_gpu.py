@@ -12,7 +12,8 @@ import torch
 
 from conftest import REPO_ROOT, driver_env
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 
 MEMORY = re.compile(r"memory at iteration +(\d+) \| device=(\w+), MemAllocated=(\d+\.\d+)GB, "
                     r"MaxMemAllocated=(\d+\.\d+)GB, HostRSS=(\d+\.\d+)GB")

@@ -89,7 +89,8 @@ def test_setup_from_a_wheelhouse_keeps_the_torch_of_python_and_installs_offline(
     result = dry_setup(tmp_path, WHEELHOUSE=wheelhouse)  # PYTHON is this test's interpreter, which has torch
     assert result.returncode == 0, result.stderr
     assert re.search(r"^\[setup\] keeping torch 2\.\d+\.\d+\S* of PYTHON=", result.stdout, re.M)
-    assert re.search(rf"^\[setup\] link_site_packages {tmp_path}/venv/lib/python3\.\d+/site-packages/zero_lab_base\.pth "
+    assert re.search(rf"^\[setup\] link_site_packages {tmp_path}/venv/lib/python3\.\d+/site-packages/"
+                     rf"zero_lab_base\.pth "
                      rf"{re.escape(base_site)}$", result.stdout, re.M)
     assert f"[setup] pip_install --no-index --find-links {wheelhouse} -e .[test]" in result.stdout
     assert "torch==" not in result.stdout  # never a torch download
@@ -108,13 +109,18 @@ def test_setup_from_a_wheelhouse_without_any_torch_is_one_line(tmp_path):
 def test_setup_with_a_missing_wheelhouse_folder_is_one_line(tmp_path):
     result = dry_setup(tmp_path, WHEELHOUSE=tmp_path / "nowhere")
     assert result.returncode == 1
-    assert result.stderr.strip() == f"error: WHEELHOUSE={tmp_path}/nowhere: no such folder (make one with scripts/wheelhouse.sh)"
+    assert result.stderr.strip() == (f"error: WHEELHOUSE={tmp_path}/nowhere: no such folder "
+                                     "(make one with scripts/wheelhouse.sh)")
+
+
+WHEELHOUSE_USAGE = "usage: scripts/wheelhouse.sh DIR [--python-version X.Y] [--present FILE]"
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "error: no folder given (usage: scripts/wheelhouse.sh DIR [--python-version X.Y] [--present FILE])"),
+    ([], f"error: no folder given ({WHEELHOUSE_USAGE})"),
     (["wh", "--python-version", "3"], "error: --python-version 3: expected 3.N, such as 3.12"),
-    (["wh", "--platform", "x"], "error: unknown option --platform (usage: scripts/wheelhouse.sh DIR [--python-version X.Y] [--present FILE])"),
+    (["wh", "--platform", "x"], f"error: unknown option --platform ({WHEELHOUSE_USAGE})"),
+    (["wh", "--present", "nowhere.txt"], f"error: --present nowhere.txt: no such file ({WHEELHOUSE_USAGE})"),
 ])
 def test_wheelhouse_rejects_bad_arguments_in_one_line(tmp_path, args, message):
     result = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "wheelhouse.sh"), *args], cwd=tmp_path,
@@ -164,16 +170,25 @@ def test_wheelhouse_installs_offline_next_to_a_preinstalled_torch(tmp_path):
     repo = copy_of_repo(tmp_path / "repo")
     setup = repo / "scripts" / "setup.sh"
 
-    # A wheelhouse without tqdm: one line names it.
+    # --present leaves out a pin present at its version (tqdm) and an unpinned dependency present at
+    # any version (pyyaml); it keeps a pin present at another version (numpy) and the build
+    # requirements (setuptools). On a target without them, the install names a missing wheel.
+    present = tmp_path / "present.txt"
+    present.write_text("tqdm==4.70.1\nPyYAML==1.0\nnumpy==1.0\nsetuptools==1.0\n")
     short = tmp_path / "short"
-    shutil.copytree(wheelhouse, short)
-    for wheel in short.glob("tqdm-*.whl"):
-        wheel.unlink()
+    built = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "wheelhouse.sh"), str(short), "--present",
+                            str(present)], env=test_env(), capture_output=True, text=True, timeout=1200)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert ("[wheelhouse] left out, present on the target: pyyaml (target has 1.0), tqdm (target has 4.70.1)"
+            in built.stdout)
+    short_names = sorted(path.name for path in short.iterdir())
+    assert short_names == [name for name in names if not name.startswith(("tqdm-", "pyyaml-", "PyYAML-"))]
     failed = subprocess.run(["bash", str(setup)], capture_output=True, text=True, timeout=900,
                             env=offline_env(WHEELHOUSE=short, VENV_DIR=tmp_path / "v1", PYTHON=base / "bin" / "python"))
     assert failed.returncode == 1
     last = failed.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(rf"error: WHEELHOUSE={short} has no wheel for tqdm\S* for Python 3\.\d+\.\d+: rebuild it "
+    assert re.fullmatch(rf"error: WHEELHOUSE={short} has no wheel for (?i:tqdm|pyyaml)\S* "
+                        r"for Python 3\.\d+\.\d+: rebuild it "
                         r"with 'bash scripts/wheelhouse.sh DIR --python-version X.Y' on a machine with package access",
                         last), last
 
