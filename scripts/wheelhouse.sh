@@ -49,7 +49,8 @@ if part == "build":
 else:
     call = next(node for node in ast.walk(ast.parse((repo / "setup.py").read_text()))
                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup")
-    keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg in ("install_requires", "extras_require")}
+    keywords = {k.arg: ast.literal_eval(k.value) for k in call.keywords
+                if k.arg in ("install_requires", "extras_require")}
     print(*keywords["install_requires"], *keywords.get("extras_require", {}).get("test", []), sep="\n")
 EOF
 }
