@@ -55,6 +55,7 @@ def step_functions(args: Args) -> dict:
 
 def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
     from megatron.checkpointing import load_checkpoint, set_rng_state
+    from megatron.data.dataset_sidecar import check_data_against_model
     from megatron.data.gpt_dataset import train_samples_per_epoch
     from megatron.tokenizer import build_tokenizer
     from megatron.training import build_reporter, save, train
@@ -62,6 +63,11 @@ def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
 
     set_seed(args.training.seed)
     tokenizer = build_tokenizer(args.data, verbose=dist_info.rank == 0)
+    # every dataset of the blend against the model's vocabulary, before any time is spent (docs/bad-input.md)
+    for warning in check_data_against_model(args.data.data_path, args.data, tokenizer.vocab_size,
+                                            args.model.padded_vocab_size):
+        if dist_info.rank == 0:
+            print(f"warning: {warning}", flush=True)
     schedule = resolve_schedule(args, train_samples_per_epoch(args.data.data_path, args.data.split,
                                                               args.model.seq_length))
     engine, ds_config = setup_engine_for(args, dist_info, schedule.train_iters)

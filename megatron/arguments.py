@@ -160,6 +160,7 @@ class DeepSpeedArgs:
     fp16: bool = False
     deepspeed_config: str | None = None
     run_dir: str | None = None
+    nvme_path: str | None = None  # ZeRO-Infinity: optimizer states and parameters offloaded to files here
 
     def __post_init__(self):
         _require(self.zero_stage in (0, 1, 2, 3), f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
@@ -170,6 +171,8 @@ class DeepSpeedArgs:
 
     @property
     def offload(self) -> str:
+        if self.nvme_path is not None:
+            return "nvme"
         if self.offload_params:
             return "optimizer+params"
         return "optimizer" if self.offload_optimizer else "none"
@@ -262,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     zero.add_argument("--zero-offload-optimizer", "--cpu-optimizer", dest="zero_offload_optimizer",
                       action="store_true", help="ZeRO optimizer state (and step) on the CPU")
     zero.add_argument("--zero-offload-params", action="store_true", help="ZeRO-3 parameters on the CPU")
+    zero.add_argument("--zero-nvme-path", default=None,
+                      help="ZeRO-3 optimizer states and parameters offloaded to files in this folder (async I/O)")
     zero.add_argument("--run-dir", default=None, help="folder where the DeepSpeed JSON actually used is written")
     return deepspeed.add_config_arguments(parser)
 
@@ -317,8 +322,10 @@ def _deepspeed_args(ns) -> DeepSpeedArgs:
     offload_par = zero.get("offload_param", {}).get("device", "none") == "cpu"
     return DeepSpeedArgs(
         zero_stage=ns.zero_stage if ns.zero_stage is not None else (json_stage or 0),
-        offload_optimizer=ns.zero_offload_optimizer or offload_opt or ns.zero_offload_params or offload_par,
-        offload_params=ns.zero_offload_params or offload_par,
+        offload_optimizer=(ns.zero_offload_optimizer or offload_opt or ns.zero_offload_params or offload_par
+                           or ns.zero_nvme_path is not None),
+        offload_params=ns.zero_offload_params or offload_par or ns.zero_nvme_path is not None,
+        nvme_path=ns.zero_nvme_path,
         bf16=ns.bf16 or user.get("bf16", {}).get("enabled", False),
         fp16=ns.fp16 or user.get("fp16", {}).get("enabled", False),
         deepspeed_config=ns.deepspeed_config, run_dir=ns.run_dir)
@@ -335,6 +342,8 @@ def _unsupported_combinations(args: Args, device_type: str):
          "--fp16 is not supported on the CPU accelerator; drop --fp16 (or use --bf16)"),
         (ds.offload_optimizer and ds.zero_stage == 0,
          "--zero-offload-optimizer needs ZeRO; set --zero-stage 1, 2 or 3"),
+        (ds.nvme_path is not None and ds.zero_stage != 3,
+         f"--zero-nvme-path needs --zero-stage 3 (got --zero-stage {ds.zero_stage})"),
         (ds.offload_params and ds.zero_stage != 3,
          f"--zero-offload-params needs --zero-stage 3 (got --zero-stage {ds.zero_stage})"),
         (ds.zero_stage >= 2 and par.pipeline_model_parallel_size > 1,
