@@ -11,13 +11,7 @@ import torch
 from megatron.arguments import Args, parse_args
 from megatron.core.parallel_state import ParallelState
 from megatron.errors import ZeroLabError
-from megatron.initialize import (
-    DistInfo,
-    initialize_distributed,
-    launcher_world_size,
-    set_seed,
-    silence_known_warnings,
-)
+from megatron.initialize import DistInfo, initialize_distributed, launcher_world_size, set_seed, silence_known_warnings
 from megatron.training import LoopState, resolve_schedule
 
 # Launchers stop every rank as soon as one fails; a rank other than 0 waits this long before printing its
