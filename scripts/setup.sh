@@ -55,6 +55,24 @@ torch_install_args() {
         "(${TORCH_CUDA_BUILDS// /, }): update the driver, or set TORCH_INDEX_URL"
 }
 
+# Debian's and Ubuntu's Python without python3-venv has no ensurepip, so `-m venv` fails after
+# making a venv without pip; then pip goes in from the wheelhouse, or through PYTHON's own pip.
+make_venv() {
+    local python=$1 venv=$2 report wheel
+    report=$("$python" -m venv "$venv" 2>&1) && return
+    echo "[setup] $python -m venv failed ($(head -n 1 <<< "$report")): adding pip to $venv by hand"
+    "$python" -m venv --clear --without-pip "$venv"
+    if [[ -n "$WHEELHOUSE" ]]; then
+        wheel=$(compgen -G "$WHEELHOUSE/pip-*.whl" | head -n 1) \
+            || die "PYTHON=$python has no ensurepip and WHEELHOUSE=$WHEELHOUSE no pip wheel: rebuild it with" \
+                   "scripts/wheelhouse.sh, or install python3-venv"
+        "$venv/bin/python" "$wheel/pip" install --quiet --no-index "$wheel"  # pip runs from its own wheel
+    else
+        "$python" -m pip --python "$venv/bin/python" install --quiet pip \
+            || die "PYTHON=$python has no ensurepip and its pip cannot install pip into $venv: install python3-venv"
+    fi
+}
+
 # A venv made from another venv (a GPU image's /opt/torch/.venv, say) cannot see that venv's
 # packages through --system-site-packages, which reaches only the base interpreter's; a .pth
 # file can. Its folders come after .venv's own, so zero-lab's pins still win.
@@ -72,7 +90,7 @@ torch_found=""
 if [[ -x "$VENV_DIR/bin/python" ]]; then
     torch_found=$(torch_of "$VENV_DIR/bin/python") || torch_found=""
 else
-    run "$PYTHON" -m venv "$VENV_DIR"
+    run make_venv "$PYTHON" "$VENV_DIR"
     base_torch=$(torch_of "$PYTHON") || base_torch=""
     if [[ -n "$base_torch" && ( "${base_torch#* }" != cpu || -n "$WHEELHOUSE" ) ]]; then
         py_dir=$("$PYTHON" -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')

@@ -11,7 +11,8 @@
 # are left out where the target's pip will take them: a pinned one at exactly the pinned version,
 # any other (a dependency's dependency, which pins a range at most) at any version. If a present
 # version falls outside a range, setup.sh names the wheel it misses: drop that line from FILE.
-# The build requirements always stay (pip builds in an isolated environment that sees no others).
+# The build requirements and pip always stay (pip builds in an isolated environment that sees no
+# others; a venv made without ensurepip gets pip from here).
 # WHEELHOUSE_GLIBC (default 2.28): the newest manylinux glibc a wheel may need (`ldd --version`
 # on the target machine says its own). PYTHON: the interpreter whose pip downloads (python3).
 set -euo pipefail
@@ -85,7 +86,8 @@ EOF
 platforms=()
 for (( minor = ${GLIBC#2.}; minor >= 17; minor-- )); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
 platforms+=(--platform manylinux2014_x86_64 --platform manylinux2010_x86_64 --platform manylinux1_x86_64)
-requirements=("${build[@]}" "${ds_requirements[@]}")
+# pip too: setup.sh installs it into a venv whose Python has no ensurepip (Debian without python3-venv).
+requirements=("${build[@]}" pip "${ds_requirements[@]}")
 for requirement in "${project[@]}"; do
     [[ "$requirement" == torch* || "$requirement" == deepspeed* ]] || requirements+=("$requirement")
 done
@@ -97,7 +99,7 @@ if compgen -G "$tmp/torch-*" >/dev/null; then
     die "a requirement pulled torch into the wheelhouse; the wheelhouse must leave torch to the machine"
 fi
 if [[ -n "$present" ]]; then
-    "$PYTHON" - "$tmp" "$present" "${project[@]}" "${ds_requirements[@]}" --build "${build[@]}" <<'EOF'
+    "$PYTHON" - "$tmp" "$present" "${project[@]}" "${ds_requirements[@]}" --build "${build[@]}" pip <<'EOF'
 import re, sys
 from pathlib import Path
 

@@ -279,3 +279,39 @@ def test_offload_on_cuda_without_the_cuda_toolkit_is_one_line_naming_it():
     assert "\n" not in message
     assert message.startswith("--zero-offload-optimizer on CUDA needs DeepSpeed's cpu_adam op")
     assert "install the toolkit for CUDA" in message and "set CUDA_HOME" in message
+
+
+def python_without_ensurepip(folder: Path) -> Path:
+    """This interpreter's binary and standard library, less ensurepip: what Debian and Ubuntu
+    install without python3-venv, so `-m venv` fails for real."""
+    import sysconfig
+
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    binary = Path(sys._base_executable).resolve()
+    (folder / "bin").mkdir(parents=True)
+    shutil.copy2(binary, folder / "bin" / version)
+    shutil.copytree(sysconfig.get_paths()["stdlib"], folder / "lib" / version,
+                    ignore=shutil.ignore_patterns("ensurepip", "site-packages", "dist-packages", "__pycache__"))
+    python = folder / "bin" / version
+    probe = subprocess.run([str(python), "-c", "import ensurepip"], capture_output=True, text=True)
+    if "No module named 'ensurepip'" not in probe.stderr:
+        pytest.skip(f"a copy of {binary} does not start from its copied standard library: {probe.stderr[-300:]}")
+    return python
+
+
+@pytest.mark.slow
+def test_setup_makes_a_venv_with_pip_where_python_has_no_ensurepip(tmp_path):
+    python = python_without_ensurepip(tmp_path / "python")
+    wheelhouse = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d",
+                    str(wheelhouse), "pip"], check=True, timeout=300)
+    venv = tmp_path / "venv"
+    result = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True, timeout=300,
+                            env=offline_env(WHEELHOUSE=wheelhouse, VENV_DIR=venv, PYTHON=python))
+    assert f"[setup] {python} -m venv failed (The virtual environment was not created successfully" in result.stdout \
+        or f"[setup] {python} -m venv failed (Error: " in result.stdout, result.stdout
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"], capture_output=True, text=True)
+    assert pip.returncode == 0 and str(venv) in pip.stdout, pip.stdout + pip.stderr
+    # then the set-up stops where it must: this Python has no torch and the wheelhouse none
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: WHEELHOUSE={wheelhouse}: neither ")
