@@ -49,14 +49,17 @@ class MemoryTracker:
     max_rss: int = 0
     process: psutil.Process = field(default_factory=psutil.Process)
 
-    def sample(self) -> dict:
+    def sample(self, end_interval: bool = True) -> dict:
+        """end_interval=False: a reading inside a logging interval (the model-state line), which
+        leaves the interval's CUDA peak running."""
         rss = self.process.memory_info().rss
         self.max_rss = max(self.max_rss, rss)
         if self.on_cuda:
             allocated, max_allocated = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
             # The peak of this logging interval, as Megatron-DeepSpeed's see_memory_usage reports it:
-            # the next sample's peak starts from here, so a one-off spike shows in its own interval only.
-            torch.cuda.reset_peak_memory_stats()
+            # the next interval's peak starts from here, so a one-off spike shows in its own interval only.
+            if end_interval:
+                torch.cuda.reset_peak_memory_stats()
         else:
             allocated = live_tensor_bytes()
             self.max_cpu_tensor_bytes = max(self.max_cpu_tensor_bytes, allocated)

@@ -166,7 +166,7 @@ class Reporter:
             self.tensorboard.iteration(stats)
 
     def model_state(self, engine, grad_bytes_before_step: int):
-        mem = self.tracker.sample()
+        mem = self.tracker.sample(end_interval=False)  # mid-interval: the next memory line keeps this peak
         measured = {"params": memory.param_bytes(engine), "grads": grad_bytes_before_step,
                     "optim": memory.optimizer_bytes(engine)}
         held = measured["params"] + measured["optim"] + memory.grad_bytes(engine)
