@@ -52,9 +52,11 @@ def test_memory_tracker_reports_the_cuda_peak_of_each_interval():
     from megatron.memory import MemoryTracker
 
     tracker = MemoryTracker(on_cuda=True)
+    tracker.sample()  # an interval starts
     spike = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
-    first = tracker.sample()
     del spike
+    tracker.sample(end_interval=False)  # the model-state line's reading, mid-interval
+    first = tracker.sample()
     second = tracker.sample()
     assert first["max_allocated"] >= 256 * 2**20
     assert second["max_allocated"] < 256 * 2**20  # the spike belonged to the first interval only
