@@ -127,15 +127,19 @@ def test_dry_run_of_a_requeued_job_resumes(tmp_path):
     assert " --load " not in first
 
 
-@pytest.mark.parametrize("env, message", [
-    (dict(EXPERIMENT="Z4"), r"^error: EXPERIMENT=Z4: no examples_zero/gpt_deepspeed_Z4\.sh \(known: DP Z1 Z2 Z3 Z3_OL"),
-    (dict(SLURM_JOB_ID=""), r"^error: not inside a Slurm job \(no SLURM_JOB_ID\): submit with sbatch$"),
-])
-def test_sbatch_script_bad_settings(tmp_path, env, message):
-    result = dry_run(two_node_allocation(tmp_path, **env))
+def test_sbatch_script_unknown_experiment_lists_the_drivers(tmp_path):
+    result = dry_run(two_node_allocation(tmp_path, EXPERIMENT="Z4"))
     assert result.returncode == 1
-    assert re.search(message, result.stderr.strip(), re.M) and len(result.stderr.strip().splitlines()) == 1, \
-        result.stderr
+    match = re.fullmatch(r"error: EXPERIMENT=Z4: no examples_zero/gpt_deepspeed_Z4\.sh \(known: (.*)\)\n", result.stderr)
+    assert match, result.stderr
+    drivers = {path.name[len("gpt_deepspeed_"):-len(".sh")]
+               for path in (REPO_ROOT / "examples_zero").glob("gpt_deepspeed_*.sh")}
+    assert set(match.group(1).split()) == drivers and {"DP", "Z1", "Z2", "Z3", "Z3_OL"} <= drivers
+
+
+def test_sbatch_script_outside_a_job(tmp_path):
+    result = dry_run(two_node_allocation(tmp_path, SLURM_JOB_ID=""))
+    assert (result.returncode, result.stderr) == (1, "error: not inside a Slurm job (no SLURM_JOB_ID): submit with sbatch\n")
 
 
 @pytest.mark.slow
@@ -227,3 +231,39 @@ def test_sbatch_wrap_of_a_driver_trains_like_torchrun(slurm, dolly_data_dir, tor
     output = (tmp_path / f"slurm-{job}.out").read_text()
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), output[-3000:]
     assert iteration_losses(output) == torchrun_losses
+
+
+def wait_for_text(path: Path, pattern: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and re.search(pattern, path.read_text(), re.M)):
+        assert time.monotonic() < deadline, f"no {pattern!r} in {path} after {timeout} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_signalled_job_requeues_and_resumes_without_losing_a_step(slurm, dolly_data_dir, torchrun_losses,
+                                                                  tmp_path):
+    """SIGTERM mid-run (what --signal sends before the time limit, and what preemption sends): the ranks
+    save and exit 0, the script requeues the job, and the requeued job resumes from the checkpoint;
+    iterations 1-6 each run once, with torchrun's losses."""
+    job = submit(slurm, job_env(slurm, dolly_data_dir, tmp_path, EXPERIMENT="Z1"),
+                 f"--output={tmp_path}/slurm-%j.out", str(SBATCH))
+    run_dir = tmp_path / "gpt_tiny_Z1"
+    wait_for_text(run_dir / "train.log", r"^ iteration +1/ +6 \|", timeout=300)
+    slurm.command("scancel", "--signal=TERM", job)
+    info = slurm.wait(job, timeout=400)
+    output = (run_dir / f"slurm-{job}.out").read_text()
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), output[-4000:]
+
+    stopped = re.search(r"^\[slurm\] stopped early at checkpoint global_step(\d+): requeueing job", output, re.M)
+    assert stopped, output[-4000:]
+    stop = int(stopped.group(1))
+    assert 1 <= stop < 6
+    attempts = re.split(r"^\[slurm\] job \d+ restart 1: .*$", output, flags=re.M)
+    assert len(attempts) == 2, output[-4000:]
+    assert sorted(iteration_losses(attempts[0])) == list(range(1, stop + 1))
+    assert sorted(iteration_losses(attempts[1])) == list(range(stop + 1, 7))
+    assert f"resuming with --load {run_dir / 'checkpoints'}" in output
+    # every step exactly once, loss for loss what the uninterrupted torchrun run printed
+    assert {**iteration_losses(attempts[0]), **iteration_losses(attempts[1])} == torchrun_losses
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step6"
