@@ -241,6 +241,8 @@ def wait_for_text(path: Path, pattern: str, timeout: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(reason="needs --exit-signal-handler (issue 12, not landed yet): without it SIGTERM kills the "
+                          "ranks and train.sbatch does not pass the flag", strict=True)
 def test_signalled_job_requeues_and_resumes_without_losing_a_step(slurm, dolly_data_dir, torchrun_losses,
                                                                   tmp_path):
     """SIGTERM mid-run (what --signal sends before the time limit, and what preemption sends): the ranks
