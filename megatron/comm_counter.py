@@ -110,7 +110,8 @@ def since(now: dict[str, float], before: dict[str, float], iterations: int) -> d
     return {kind: (now[kind] - before.get(kind, 0.0)) / max(1, iterations) for kind in now}
 
 
-def _wrap(original, spec: _OpSpec, counter: CommCounter):
+def wrap(original, spec: _OpSpec, counter: CommCounter):
+    """`original` counting into `counter` (install() wraps torch.distributed's functions with it)."""
     name, names = original.__name__, list(inspect.signature(original).parameters)
     tensor_pos, group_pos = names.index(spec.tensors), names.index("group")
 
@@ -153,7 +154,7 @@ def install(counter: CommCounter | None = None) -> CommCounter:
         if original is None:  # absent from this torch version
             continue
         original = getattr(original, "zero_lab_original", original)
-        counted = _wrap(original, spec, counter)
+        counted = wrap(original, spec, counter)
         setattr(distributed_c10d, name, counted)
         if hasattr(dist, name):
             setattr(dist, name, counted)

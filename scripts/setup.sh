@@ -147,4 +147,15 @@ if ! command -v mpiexec >/dev/null 2>&1; then
         echo "[setup] warning: no mpiexec found; install MPICH or Open MPI to use ALCF/train-gpt3.sh" >&2
     fi
 fi
+
+# DeepSpeed's async I/O op (NVMe offload: examples_zero/gpt_deepspeed_Z3_NVMe.sh) builds against libaio.
+if [[ ! -f /usr/include/libaio.h ]]; then
+    if [[ -z "$WHEELHOUSE" ]] && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
+        echo "[setup] installing libaio-dev (NVMe offload) from Debian"
+        run apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive run apt-get install -y -qq libaio-dev
+    else
+        echo "[setup] warning: no libaio headers; install libaio-dev to use NVMe offload (gpt_deepspeed_Z3_NVMe.sh)" >&2
+    fi
+fi
 echo "[setup] done: activate with 'source $VENV_DIR/bin/activate'"
