@@ -1,6 +1,7 @@
 # Shared by the examples_zero/gpt_deepspeed_*.sh drivers (sourced, never run alone).
-# The driver sets ZERO_STAGE, EXPERIMENT (DP|Z1|Z2|Z3|Z3_OL) and OFFLOAD=1 for CPU offload;
-# everything else is an environment default here, identical for all five drivers so runs compare.
+# The driver sets ZERO_STAGE, EXPERIMENT (DP|Z1|Z2|Z3|Z3_OL|Z3_NVMe) and OFFLOAD=1 for CPU offload or
+# OFFLOAD=nvme for NVMe offload (files under NVME_PATH, default <run folder>/nvme);
+# everything else is an environment default here, identical for all the drivers so runs compare.
 # Extra arguments to the driver are passed to pretrain_gpt.py last, so they override.
 set -euo pipefail
 
@@ -79,6 +80,8 @@ fi
 
 precision_flags=(); [[ "$PRECISION" == fp32 ]] || precision_flags=("--$PRECISION")
 offload_flags=(); [[ "${OFFLOAD:-0}" == 1 ]] && offload_flags=(--zero-offload-optimizer --zero-offload-params)
+# OFFLOAD=nvme: ZeRO-Infinity, optimizer states and parameters in files under NVME_PATH (an NVMe drive's folder)
+[[ "${OFFLOAD:-0}" == nvme ]] && offload_flags=(--zero-nvme-path "${NVME_PATH:-$RUN_DIR/nvme}")
 parallel_flags=(--tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP")
 (( PP == 1 )) && parallel_flags+=(--no-pipeline-parallel)
 [[ "$SP" == 1 ]] && parallel_flags+=(--sequence-parallel)

@@ -30,8 +30,28 @@ def bucket_sizes(num_params: int, hidden_size: int) -> dict:
         "stage3_param_persistence_threshold": 10 * hidden_size,
         # about four transformer layers' worth of gathered parameters alive at a time
         "stage3_max_live_parameters": max(MIN_BUCKET, 48 * hidden_size * hidden_size),
-        "stage3_max_reuse_distance": max(MIN_BUCKET, 48 * hidden_size * hidden_size),
+        # a parameter is released after its forward and gathered again for its backward, the ZeRO paper's
+        # 3x traffic that megatron/model/accounting.py predicts; keeping it for reuse would trade the
+        # memory stage 3 saves back for traffic, by an amount that depends on the model's module order
+        "stage3_max_reuse_distance": 0,
     }
+
+
+def _nvme_section(num_params: int, nvme_path: str) -> dict:
+    """ZeRO-Infinity: optimizer states and parameter partitions swapped to files under nvme_path
+    through DeepSpeed's async I/O op. A parameter buffer must hold the largest partition (at most
+    the whole model); 1e8 elements, DeepSpeed's default, is the ceiling."""
+    buffer = min(100_000_000, num_params + ALIGNMENT - num_params % ALIGNMENT)
+    return {
+        "offload_optimizer": {"device": "nvme", "nvme_path": nvme_path, "pin_memory": False, "buffer_count": 4},
+        "offload_param": {"device": "nvme", "nvme_path": nvme_path, "pin_memory": False, "buffer_count": 5,
+                          "buffer_size": buffer, "max_in_cpu": 0},
+    }
+
+
+# DeepSpeed's async I/O: 1 MiB requests, 8 in flight per thread; one thread, as the CPU ranks share
+# two cores (on a GPU node raise thread_count to the NVMe drive's queue count).
+AIO = {"block_size": 1_048_576, "queue_depth": 8, "thread_count": 1, "single_submit": False, "overlap_events": True}
 
 
 def _zero_section(args: Args, num_params: int, hidden_size: int, on_cuda: bool) -> dict:
@@ -43,9 +63,15 @@ def _zero_section(args: Args, num_params: int, hidden_size: int, on_cuda: bool) 
     zero.update(contiguous_gradients=True, overlap_comm=on_cuda,
                 reduce_bucket_size=sizes["reduce_bucket_size"])
     if ds.zero_stage in (1, 2):
-        zero.update(allgather_bucket_size=sizes["allgather_bucket_size"], reduce_scatter=True)
+        # reduce each gradient partition to its owner: DeepSpeed's default all-reduces buckets that span
+        # several partitions, which sends twice the ZeRO paper's volume for the same result
+        zero.update(allgather_bucket_size=sizes["allgather_bucket_size"], reduce_scatter=True,
+                    use_multi_rank_bucket_allreduce=False)
     else:
         zero.update({key: value for key, value in sizes.items() if key.startswith("stage3_")})
+    if ds.nvme_path is not None:
+        zero.update(_nvme_section(num_params, ds.nvme_path))
+        return zero
     if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_cuda}
     if ds.offload_params:
@@ -53,12 +79,26 @@ def _zero_section(args: Args, num_params: int, hidden_size: int, on_cuda: bool) 
     return zero
 
 
+def check_nvme_path(path: str) -> None:
+    """Refuse NVMe offload up front, in one line, where it cannot run: a folder that cannot be made, or
+    DeepSpeed's async I/O op that cannot be built (it needs libaio: `apt-get install -y libaio-dev`)."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"--zero-nvme-path {path}: cannot create the folder ({err.strerror})") from err
+    from deepspeed.accelerator import get_accelerator
+    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
+    if builder is None or not builder.is_compatible(verbose=False):
+        raise ConfigError(f"--zero-nvme-path {path}: DeepSpeed's async I/O op cannot be built on this machine "
+                          "(it needs libaio: apt-get install -y libaio-dev)")
+
+
 def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool) -> dict:
     ds, train = args.deepspeed, args.training
     # At stage 0 in fp32 DeepSpeed hands the step straight to our optimizer, which clips itself
     # (so that the logged grad norm is the pre-clip norm, as with ZeRO); DeepSpeed must not clip twice.
     clip_in_optimizer = ds.zero_stage == 0 and ds.precision == "fp32"
-    return {
+    config = {
         "train_batch_size": train.global_batch_size,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.gradient_accumulation_steps,
@@ -71,6 +111,10 @@ def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool
                  "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
         "zero_optimization": _zero_section(args, num_params, hidden_size, on_cuda),
     }
+    if args.deepspeed.nvme_path is not None:
+        check_nvme_path(args.deepspeed.nvme_path)
+        config["aio"] = dict(AIO)
+    return config
 
 
 def _check_user_config(user: dict, args: Args, path: str) -> dict:

@@ -133,6 +133,39 @@ def test_generated_deepspeed_config(data_prefix, tmp_path):
         "ds_config.json"]
 
 
+def test_generated_config_sends_the_zero_papers_volumes(data_prefix):
+    """docs/zero-tradeoff.md: stages 1/2 reduce each gradient partition to its owner; stage 3 gathers
+    a parameter again for its backward."""
+    z1 = generate_config(parse_args(base(data_prefix, "--zero-stage", "1"), world_size=2), 1000, 64, on_cuda=False)
+    assert z1["zero_optimization"]["use_multi_rank_bucket_allreduce"] is False
+    z3 = generate_config(parse_args(base(data_prefix, "--zero-stage", "3"), world_size=2), 1000, 64, on_cuda=False)
+    assert z3["zero_optimization"]["stage3_max_reuse_distance"] == 0
+
+
+def test_generated_nvme_offload_config(data_prefix, tmp_path):
+    nvme = tmp_path / "nvme"
+    args = parse_args(base(data_prefix, "--zero-stage", "3", "--zero-nvme-path", str(nvme)), world_size=2)
+    assert args.deepspeed.offload == "nvme"
+    config = generate_config(args, num_params=6_843_904, hidden_size=128, on_cuda=False)
+    zero = config["zero_optimization"]
+    assert zero["offload_optimizer"] == {"device": "nvme", "nvme_path": str(nvme), "pin_memory": False,
+                                         "buffer_count": 4}
+    assert zero["offload_param"]["device"] == "nvme" and zero["offload_param"]["nvme_path"] == str(nvme)
+    # a parameter buffer holds the largest partition (at most the model), aligned
+    assert zero["offload_param"]["buffer_size"] == 6_843_904 + ALIGNMENT - 6_843_904 % ALIGNMENT
+    assert config["aio"] == {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": False,
+                             "overlap_events": True}
+    assert nvme.is_dir()  # made up front
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    args = parse_args(base(data_prefix, "--zero-stage", "3", "--zero-nvme-path", str(blocker / "nvme")), world_size=2)
+    with pytest.raises(ConfigError) as error:
+        generate_config(args, 1000, 64, on_cuda=False)
+    assert str(error.value) == f"--zero-nvme-path {blocker / 'nvme'}: cannot create the folder (Not a directory)"
+    with pytest.raises(ConfigError, match=r"^--zero-nvme-path needs --zero-stage 3 \(got --zero-stage 2\)$"):
+        parse_args(base(data_prefix, "--zero-stage", "2", "--zero-nvme-path", str(nvme)), world_size=2)
+
+
 def test_stage0_fp32_clips_in_the_optimizer(data_prefix):
     config = generate_config(parse_args(base(data_prefix), world_size=1), 1000, 64, on_cuda=False)
     assert config["gradient_clipping"] == 0.0 and config["zero_optimization"] == {"stage": 0}
