@@ -87,7 +87,7 @@ def tradeoff_plot(runs: list[RunSummary], out_dir: Path) -> str | None:
             ax.plot([run.traffic_mb, run.traffic_predicted_mb], [run.model_state_measured_gb, run.zero_estimate_gb],
                     color=colour, alpha=0.5, linewidth=1)
         ax.annotate(run.label, (run.traffic_mb, run.model_state_measured_gb), textcoords="offset points",
-                    xytext=(6, 6), fontsize=8)
+                    xytext=(6, 6 if i % 2 == 0 else -12), fontsize=8)  # alternate: equal points stay legible
     ax.set_title("ZeRO trade-off: model-state memory per rank vs traffic per iteration\n"
                  "(filled: measured, hollow: predicted)")
     ax.set_xlabel("MB sent per rank per iteration (2^20 bytes)")

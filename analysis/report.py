@@ -134,7 +134,9 @@ def tradeoff_section(summaries: list[RunSummary], plot: str | None) -> str:
     lines = ["## ZeRO trade-off\n",
              "What each rank holds in model states (params, grads, optimizer states) against what it sends per "
              "iteration, measured by the run beside megatron/model/accounting.py's prediction "
-             f"(docs/zero-tradeoff.md); ratios are to {base.label}'s measurements.\n",
+             f"(docs/zero-tradeoff.md); ratios are to {base.label}'s measurements. Offload to CPU memory "
+             "moves nothing on CPU ranks, where the measured states of such a run read as stage 3's; on GPUs "
+             "they leave the accelerator as predicted.\n",
              "| run | model states measured/predicted (GB) | sent per iteration measured/predicted (MB) | "
              f"bytes sent/param | model states vs {base.label} | traffic vs {base.label} | "
              "activations + output buffer predicted (GB) |",
