@@ -166,8 +166,9 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
     stage 2 keeps only its gradient partition, so it reduces at every micro-batch (g P + P with g
     micro-batches per step); stage 3 gathers each parameter for the forward and again for the backward
     and reduce-scatters the gradients, at every micro-batch (3 g P). Tensor parallelism adds four
-    all-reduces of a [micro batch, seq, hidden] activation per layer and micro-batch (reduce-scatter
-    plus all-gather under sequence parallelism); pipeline parallelism sends one such activation
+    all-reduces of a [micro batch, seq, hidden] activation per layer and micro-batch, and one each for
+    the embedding's output and the output layer's input (reduce-scatters and all-gathers of the same
+    volume under sequence parallelism); pipeline parallelism sends one such activation
     forward and one gradient back per micro-batch, and all-reduces the tied word embedding's gradient
     between the first and last stage."""
     traffic = dict.fromkeys(TRAFFIC_KINDS, 0.0)
@@ -188,7 +189,9 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
         traffic["all_gather"] += 2 * g * share
     activation = setup.micro_batch_size * config.seq_length * config.hidden_size * setup.element_bytes
     if tp > 1:
-        per_step = 4 * (config.num_layers // pp) * g * 2 * _ring_share(tp) * activation
+        # 4 per layer, the embedding's output on the first stage, the output layer's input on the last
+        all_reduces = 4 * (config.num_layers // pp) + (stage == 0) + (stage == pp - 1)
+        per_step = all_reduces * g * 2 * _ring_share(tp) * activation
         if setup.sequence_parallel:
             traffic["reduce_scatter"] += per_step / 2
             traffic["all_gather"] += per_step / 2
