@@ -8,6 +8,7 @@ from functools import partial
 
 import torch
 
+from megatron import comm_counter
 from megatron.arguments import Args, parse_args
 from megatron.core.parallel_state import ParallelState
 from megatron.errors import ZeroLabError
@@ -47,7 +48,7 @@ def step_functions(args: Args) -> dict:
     return dict(step_fn=pipeline_train_step, evaluate_fn=pipeline_evaluate)
 
 
-def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
+def pretrain(args: Args, dist_info: DistInfo, comm=None) -> LoopState:
     from megatron.checkpointing import load_checkpoint, set_rng_state
     from megatron.data.dataset_sidecar import check_data_against_model
     from megatron.data.gpt_dataset import train_samples_per_epoch
@@ -68,7 +69,7 @@ def pretrain(args: Args, dist_info: DistInfo) -> LoopState:
     state, rng = LoopState(), None
     if args.checkpoint.load:
         state.iteration, state.consumed_samples, rng = load_checkpoint(engine, args)
-    reporter = build_reporter(args, dist_info, schedule, ds_config)
+    reporter = build_reporter(args, dist_info, schedule, ds_config, comm)
     train_iter, valid_iter = build_data_iterators(args, dist_info, schedule.train_iters, state.iteration,
                                                  state.consumed_samples)
     if rng is not None:
@@ -113,9 +114,11 @@ def main(argv: list[str]) -> int:
     try:
         from deepspeed.accelerator import get_accelerator
         args = parse_args(argv, launcher_world_size(), get_accelerator().device_name())
+        # before DeepSpeed starts: every collective of the run goes through the counter (docs/zero-tradeoff.md)
+        comm = comm_counter.install()
         dist_info = initialize_distributed()
         # the layout's process groups, built once; the data loader, the logging rank and DeepSpeed's mpu use them
-        pretrain(args, replace(dist_info, parallel=ParallelState.build(args.parallel.layout)))
+        pretrain(args, replace(dist_info, parallel=ParallelState.build(args.parallel.layout)), comm)
     except ZeroLabError as err:
         report_error(err)
         return 1

@@ -3,6 +3,7 @@
 DeepSpeed does ZeRO partitioning, offload, mixed precision, clipping and gradient accumulation;
 this file feeds it batches, turns the loss into the masked mean, and reports.
 """
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -10,13 +11,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from megatron import memory
+from megatron import comm_counter, memory
 from megatron.arguments import Args
 from megatron.checkpointing import save_checkpoint
+from megatron.exit_signal import ExitSignalHandler
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
-from megatron.training_log import (IterationStats, TensorBoardWriter, epoch_line, iteration_line, memory_line,
-                                   model_state_line, run_info_line, validation_line)
+from megatron.training_log import (IterationStats, TensorBoardWriter, comm_line, epoch_line, iteration_line,
+                                   memory_line, model_state_line, run_info_line, validation_line)
 
 
 class TrainingError(ZeroLabError, RuntimeError):
@@ -136,6 +138,11 @@ class Reporter:
     tracker: memory.MemoryTracker
     tensorboard: TensorBoardWriter | None = None
     log_rank: int = 0  # the rank that prints: tensor rank 0, data-parallel rank 0 of the last pipeline stage
+    # bytes sent through collectives during training steps (docs/zero-tradeoff.md); None: not counted
+    comm: comm_counter.CommCounter | None = None
+    predicted_traffic: float = 0.0  # bytes per iteration, megatron/model/accounting.py
+    num_params: int = 1
+    comm_before: dict = field(default_factory=dict)
 
     def print_line(self, line: str):
         if self.dist_info.rank == self.log_rank:
@@ -162,6 +169,12 @@ class Reporter:
         mfu = None if self.peak_tflops is None else 100.0 * tflops / self.peak_tflops
         device = "cuda" if self.dist_info.on_cuda else "cpu"
         self.print_line(memory_line(self.dist_info.rank, device, state.iteration, self.tracker.sample(), mfu))
+        if self.comm is not None:
+            now = self.comm.snapshot()
+            sent = comm_counter.since(now, self.comm_before, state.interval_iterations)
+            self.comm_before = now
+            self.print_line(comm_line(self.dist_info.rank, state.iteration, sent, self.num_params,
+                                      self.predicted_traffic))
         if self.tensorboard is not None:
             self.tensorboard.iteration(stats)
 
@@ -175,6 +188,10 @@ class Reporter:
         ds = self.args.deepspeed
         self.print_line(model_state_line(measured, self.model_state_estimate, ds.zero_stage,
                                      self.args.parallel.data_parallel_size, ds.precision, ds.offload))
+
+    def counting(self):
+        """Count the collectives of what runs inside (a training step), when a counter is installed."""
+        return self.comm.counting() if self.comm is not None else contextlib.nullcontext()
 
     def close(self):
         if self.tensorboard is not None:
@@ -217,10 +234,12 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
     step_fn/evaluate_fn: this file's, or megatron.pipeline_training's for the pipeline engine."""
     schedule, log = reporter.schedule, args.logging
     first_step = True
+    exit_signal = ExitSignalHandler() if args.training.exit_signal_handler else None
     while state.iteration < schedule.train_iters:
         _synchronize(dist_info)
         start = time.time()
-        result = step_fn(engine, train_iterator, args, dist_info, eod, probe_grads=first_step)
+        with reporter.counting():
+            result = step_fn(engine, train_iterator, args, dist_info, eod, probe_grads=first_step)
         _synchronize(dist_info)
         state.interval_seconds += time.time() - start
         state.interval_iterations += 1
@@ -239,6 +258,13 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
         ckpt, exit_interval = args.checkpoint, args.training.exit_interval
         if ckpt.save and ckpt.save_interval and state.iteration % ckpt.save_interval == 0:
             save(engine, args, state, dist_info)
+        if exit_signal is not None and exit_signal.stop_requested(dist_info.device):
+            if ckpt.save:
+                save(engine, args, state, dist_info)
+            saved = f"checkpoint saved to {ckpt.save}" if ckpt.save else "nothing saved: no --save"
+            reporter.print_line(f" exiting program after receiving {exit_signal.name} at iteration "
+                                f"{state.iteration} ({saved})")
+            break
         if exit_interval and state.iteration % exit_interval == 0:
             reporter.print_line(f" exiting program at iteration {state.iteration} (--exit-interval {exit_interval})")
             break
@@ -283,7 +309,8 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     return engine, config
 
 
-def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_config: dict) -> Reporter:
+def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_config: dict,
+                   comm: comm_counter.CommCounter | None = None) -> Reporter:
     """Print the run-info line and set up what the loop reports; FLOPs and estimates come from accounting."""
     from deepspeed.accelerator import get_accelerator
 
@@ -297,6 +324,9 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
     estimate = accounting.zero_model_state_estimate(
         on_rank, ds.zero_stage, par.data_parallel_size, ds.precision,
         offload_optimizer=ds.offload_optimizer, offload_param=ds.offload_params)
+    setup = training_setup(args)
+    estimate.update(activations=accounting.activation_bytes(model_config, setup, last_stage),
+                    output_buffer=accounting.output_layer_buffer_bytes(model_config, setup))
     device_name = torch.cuda.get_device_name(dist_info.device) if dist_info.on_cuda else get_accelerator().device_name()
     reporter = Reporter(
         args=args, dist_info=dist_info, schedule=schedule,
@@ -305,8 +335,24 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
         peak_tflops=accounting.peak_bf16_tflops(device_name), model_state_estimate=estimate,
         tracker=memory.MemoryTracker(on_cuda=dist_info.on_cuda),
         tensorboard=TensorBoardWriter(args.logging.tensorboard_dir)
-        if args.logging.tensorboard_dir and dist_info.rank == log_rank else None, log_rank=log_rank)
+        if args.logging.tensorboard_dir and dist_info.rank == log_rank else None, log_rank=log_rank,
+        comm=comm, num_params=accounting.count_parameters(model_config),
+        predicted_traffic=sum(accounting.zero_traffic_per_step(model_config, setup, last_stage).values()))
     reporter.print_line(run_info_line(ds.zero_stage, ds.offload, args.model_name, dist_info.world_size,
                                   args.training.micro_batch_size, args.training.global_batch_size,
                                   args.model.seq_length, schedule.samples_per_epoch))
     return reporter
+
+
+def training_setup(args: Args):
+    """What megatron/model/accounting.py's traffic and memory estimates need from the parsed flags."""
+    from megatron.model import accounting
+
+    ds, par, train = args.deepspeed, args.parallel, args.training
+    return accounting.TrainingSetup(
+        world_size=par.world_size, micro_batch_size=train.micro_batch_size,
+        gradient_accumulation_steps=train.gradient_accumulation_steps,
+        tensor_parallel_size=par.tensor_model_parallel_size, pipeline_parallel_size=par.pipeline_model_parallel_size,
+        sequence_parallel=par.sequence_parallel, precision=ds.precision, zero_stage=ds.zero_stage,
+        offload_optimizer=ds.offload_optimizer, offload_params=ds.offload_params,
+        offload_device="nvme" if ds.nvme_path else "cpu", activation_recompute=args.model.recompute_activations)

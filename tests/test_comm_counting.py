@@ -115,3 +115,29 @@ def test_comm_line_matches_documented_regex():
     # the regex docs/log-lines.md gives is the one the analysis uses
     assert log_parser.COMM_RE.pattern in (REPO_ROOT / "docs" / "log-lines.md").read_text()
     assert log_parser.COMM_RE.search(line).groups() == ("10", "3.000", "3.000", "3.000")
+
+
+@pytest.mark.slow
+def test_bench_prints_each_mode_and_counts_what_it_predicts(tmp_path):
+    """bench/bench_comm_counting.py end to end on 2 CPU ranks (its numbers are the bench's business;
+    here: a row per stage, and the bytes it counted are the prediction)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import free_port, test_env
+    out_json = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+         str(REPO_ROOT / "bench" / "bench_comm_counting.py"), "--num-layers", "1", "--hidden-size", "64",
+         "--num-attention-heads", "2", "--seq-length", "32", "--micro-batch-size", "2", "--stages", "1,3",
+         "--warmup", "1", "--steps", "2", "--json", str(out_json)],
+        env=test_env(OMP_NUM_THREADS=1), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads(out_json.read_text())
+    assert [row["stage"] for row in rows] == [1, 3]
+    for row in rows:
+        assert row["off_tokens_per_s"] > 0 and row["counter_tokens_per_s"] > 0 and row["logger_tokens_per_s"] > 0
+        assert row["sent_mb_per_step"] == pytest.approx(row["predicted_mb_per_step"], rel=0.10)
+        assert f"| {row['stage']} | {row['off_tokens_per_s']:.1f} | {row['counter_tokens_per_s']:.1f} |" \
+            in result.stdout

@@ -1,5 +1,6 @@
 """Every examples_zero driver end to end on the dolly sample: exit 0, the run folder with its four
-files, every docs/log-lines.md line, the same settings across the five, and a falling loss."""
+files, every docs/log-lines.md line, the same settings across the six, a falling loss; NVMe offload
+trains as stage 3 does; traffic and model states measured against their predictions."""
 import json
 import re
 import subprocess
@@ -11,7 +12,7 @@ from conftest import REPO_ROOT, driver_env, test_env
 pytestmark = pytest.mark.slow
 
 EXPERIMENTS = {"DP": (0, "none"), "Z1": (1, "none"), "Z2": (2, "none"), "Z3": (3, "none"),
-               "Z3_OL": (3, "optimizer+params")}
+               "Z3_OL": (3, "optimizer+params"), "Z3_NVMe": (3, "nvme")}
 REQUIRED_LINES = [
     r"^ > run info \| zero stage: \d \| offload: \S+ \| model: tiny \| world size: 2 \|",
     r"^ model state memory per rank \(GB\) \| measured: params=\d+\.\d{4} grads=\d+\.\d{4}",
@@ -26,6 +27,9 @@ REQUIRED_LINES = [
     r"^ validation loss at iteration \d+ \| lm loss value: \d\.\d{6}E\+\d\d \| lm loss PPL: \S+ \| $",
     r"^ epoch    2 done \| iteration +\d+ \| consumed samples: +\d+ \| epoch time \(s\): \d+\.\d{3} \| "
     r"lm loss: \d\.\d{6}E\+\d\d \|$",
+    r"^\[Rank 0\] comm at iteration +\d+ \| all_reduce=\d+\.\d{3}MB \| reduce_scatter=\d+\.\d{3}MB \| "
+    r"all_gather=\d+\.\d{3}MB \| broadcast=\d+\.\d{3}MB \| p2p=\d+\.\d{3}MB \| total=\d+\.\d{3}MB \| "
+    r"bytes/param=\d+\.\d{3} \| predicted=\d+\.\d{3}MB \|$",
 ]
 
 
@@ -55,7 +59,8 @@ def test_driver_run_folder_and_log(driver_runs, name):
     ds_config = json.loads((folder / "ds_config.json").read_text())
     assert ds_config["zero_optimization"]["stage"] == stage
     assert ds_config["train_batch_size"] == 8 and ds_config["gradient_accumulation_steps"] == 2
-    assert ("offload_param" in ds_config["zero_optimization"]) == (name == "Z3_OL")
+    assert ("offload_param" in ds_config["zero_optimization"]) == (name in ("Z3_OL", "Z3_NVMe"))
+    assert ("aio" in ds_config) == (name == "Z3_NVMe")
     env = json.loads((folder / "env.json").read_text())
     assert env["world_size"] == 2 and env["accelerator"] == "cpu" and env["deepspeed"]
     command = (folder / "command.txt").read_text()
@@ -94,13 +99,13 @@ def test_drivers_share_their_settings(driver_runs):
         flags = flags[flags.index(next(f for f in flags if f.endswith("pretrain_gpt.py"))) + 1:]
         # everything except the experiment's own ZeRO/offload flags and its run folder
         drop = {"--zero-stage", "--zero-offload-optimizer", "--zero-offload-params", "--run-dir", "--tensorboard-dir",
-                "--save"}
+                "--save", "--zero-nvme-path"}
         kept, skip = [], False
         for flag in flags:
             if skip:
                 skip = False
             elif flag in drop:
-                skip = flag in ("--zero-stage", "--run-dir", "--tensorboard-dir", "--save")
+                skip = flag in ("--zero-stage", "--run-dir", "--tensorboard-dir", "--save", "--zero-nvme-path")
             else:
                 kept.append(flag)
         return kept
@@ -123,3 +128,74 @@ def test_driver_missing_dataset_says_what_to_run(tmp_path):
                       "(expected a prefix with .bin/.idx files from tools/preprocess_data.py)"], output
     # torchrun prints its own report of the failed child; no traceback comes from our code
     assert 'pretrain_gpt.py", line' not in output and str(REPO_ROOT / "megatron") not in output
+
+
+def sent_per_iteration(log: str) -> list[tuple[float, float]]:
+    """(measured, predicted) MB per iteration from each comm line."""
+    pairs = re.findall(r"comm at iteration .* total=(\S+)MB \| .* predicted=(\S+)MB", log)
+    return [(float(measured), float(predicted)) for measured, predicted in pairs]
+
+
+def test_nvme_offload_trains_as_stage_3_does(driver_runs):
+    """ZeRO-Infinity through DeepSpeed's async I/O on the CPU ranks: the states went to files under
+    <run>/nvme and the losses are stage 3's."""
+    runs_dir, _ = driver_runs
+    folder = runs_dir / "gpt_tiny_Z3_NVMe"
+    ds_config = json.loads((folder / "ds_config.json").read_text())
+    zero = ds_config["zero_optimization"]
+    assert zero["offload_param"]["device"] == zero["offload_optimizer"]["device"] == "nvme"
+    assert zero["offload_param"]["nvme_path"] == str(folder / "nvme")
+    assert ds_config["aio"]["block_size"] == 1048576 and ds_config["aio"]["queue_depth"] == 8
+    swapped = [p for p in (folder / "nvme").rglob("*") if p.is_file()]
+    assert swapped and sum(p.stat().st_size for p in swapped) > 0
+    nvme = iteration_losses((folder / "train.log").read_text())
+    z3 = iteration_losses((runs_dir / "gpt_tiny_Z3" / "train.log").read_text())
+    assert len(nvme) == len(z3) == 4
+    assert nvme == pytest.approx(z3, rel=1e-4)
+
+
+def test_nvme_path_that_cannot_be_made_is_one_error_line(dolly_data_dir, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    env = driver_env(dolly_data_dir, tmp_path / "runs", NVME_PATH=blocker / "nvme")
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z3_NVMe.sh")], cwd=REPO_ROOT,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    errors = [line for line in output.splitlines() if "error: " in line]
+    assert errors == [f"error: --zero-nvme-path {blocker / 'nvme'}: cannot create the folder (Not a directory)"], output
+
+
+def test_traffic_per_stage_measured_against_predicted(driver_runs):
+    """Every run's bytes sent per iteration within 10% of the prediction once steady (the first stage-3
+    step gathers a few parameters twice); with 2 micro-batches per step stage 0 and 1 send the same,
+    stage 2 1.5x (it reduces at every micro-batch) and stage 3 3x (1.5x the ZeRO paper's per micro-batch)."""
+    runs_dir, _ = driver_runs
+    steady = {}
+    for name in EXPERIMENTS:
+        sent = sent_per_iteration((runs_dir / f"gpt_tiny_{name}" / "train.log").read_text())
+        assert len(sent) == 4, name
+        for measured, predicted in sent[1:]:
+            assert measured == pytest.approx(predicted, rel=0.10), name
+        steady[name] = sent[-1][0]
+    assert steady["Z1"] == pytest.approx(steady["DP"], rel=0.10)
+    assert steady["Z2"] == pytest.approx(1.5 * steady["Z1"], rel=0.10)
+    assert 1.4 <= steady["Z3"] / (2 * steady["Z1"]) <= 1.6
+    assert steady["Z3_OL"] == pytest.approx(steady["Z3"], rel=0.01) and steady["Z3_NVMe"] == pytest.approx(
+        steady["Z3"], rel=0.01)
+
+
+def test_model_states_measured_against_the_estimate(driver_runs):
+    """The model-state line's measured params + grads + optimizer states within 10% of the estimate
+    (stage 2 aside: DeepSpeed 0.19.8 keeps a whole-model gradient buffer there); stage 3 holds a
+    fraction of stage 1's."""
+    runs_dir, _ = driver_runs
+    measured, estimate = {}, {}
+    for name in ("DP", "Z1", "Z2", "Z3"):
+        log = (runs_dir / f"gpt_tiny_{name}" / "train.log").read_text()
+        values = re.search(r"measured: params=(\S+) grads=(\S+) optim=(\S+) .* total=(\S+)", log).groups()
+        params, grads, optim, total = map(float, values)
+        measured[name], estimate[name] = params + grads + optim, total
+        if name != "Z2":
+            assert measured[name] == pytest.approx(total, rel=0.10), name
+    assert measured["Z3"] < 0.8 * measured["Z1"] < 0.8 * measured["DP"]

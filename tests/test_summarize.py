@@ -1,6 +1,7 @@
 """analysis/summarize.py: log parsing (ours and upstream formats), the summary numbers, outputs, exit codes."""
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -429,7 +430,7 @@ def test_run_status_from_real_log_lines(tmp_path):
 
 @pytest.mark.slow
 def test_summary_of_the_five_real_driver_runs(five_driver_runs):
-    # run_all.sh is the user's command: all five drivers (2 epochs of 2 iterations each), then
+    # run_all.sh is the user's command: all six drivers (2 epochs of 2 iterations each), then
     # analysis/summarize.py on their runs folder (conftest.five_driver_runs, shared with test_drivers)
     runs, result = five_driver_runs
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -437,7 +438,8 @@ def test_summary_of_the_five_real_driver_runs(five_driver_runs):
         rows = {row["run"]: row for row in csv.DictReader(f)}
     expected = {"gpt_tiny_DP": ("Z0", "0", "none"), "gpt_tiny_Z1": ("Z1", "1", "none"),
                 "gpt_tiny_Z2": ("Z2", "2", "none"), "gpt_tiny_Z3": ("Z3", "3", "none"),
-                "gpt_tiny_Z3_OL": ("Z3+offload", "3", "optimizer+params")}
+                "gpt_tiny_Z3_OL": ("Z3+offload", "3", "optimizer+params"),
+                "gpt_tiny_Z3_NVMe": ("Z3+NVMe", "3", "nvme")}
     assert set(rows) == set(expected)
     for name, (label, stage, offload) in expected.items():
         row = rows[name]
@@ -447,7 +449,7 @@ def test_summary_of_the_five_real_driver_runs(five_driver_runs):
             "2", "64", "4", "2")
         for column in ("tgs_mean", "tokens_per_s", "ms_per_iter_mean", "epoch_time_s", "mem_alloc_mean_gb",
                        "max_mem_alloc_peak_gb", "host_rss_peak_gb", "zero_estimate_gb", "loss_first",
-                       "loss_last", "val_loss_last"):
+                       "loss_last", "val_loss_last", "traffic_mb", "traffic_predicted_mb"):
             assert float(row[column]) > 0, (name, column)
         assert number(row, "tokens_per_s") == pytest.approx(number(row, "tgs_mean") * 2)
         assert 5.0 < number(row, "loss_last") < 12.0  # GPT-2 vocab: ln(50257) = 10.8 at the start
@@ -457,4 +459,18 @@ def test_summary_of_the_five_real_driver_runs(five_driver_runs):
         png = (runs / name).read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 1000
         assert mpimg.imread(runs / name).shape[0] > 100
-    assert "| Z3+offload | ok |" in (runs / "report.md").read_text()
+    assert "| Z3+offload | finished |" in (runs / "report.md").read_text()
+    # the ZeRO trade-off: each stage's traffic and model states, measured beside predicted
+    for row in rows.values():
+        assert number(row, "traffic_mb") == pytest.approx(number(row, "traffic_predicted_mb"), rel=0.10)
+    z1, z3 = rows["gpt_tiny_Z1"], rows["gpt_tiny_Z3"]
+    assert number(z3, "traffic_mb") > 2.5 * number(z1, "traffic_mb")  # 3x with 2 micro-batches per step
+    assert number(z3, "model_state_measured_gb") < 0.8 * number(z1, "model_state_measured_gb")
+    report = (runs / "report.md").read_text()
+    section = report[report.index("## ZeRO trade-off"):]
+    assert "ratios are to Z0's measurements" in section
+    for label in ("Z0", "Z1", "Z2", "Z3", "Z3+offload", "Z3+NVMe"):
+        row = rf"^\| {re.escape(label)} \| \d\.\d{{4}}/\d\.\d{{4}} \| \d+\.\d\d/\d+\.\d\d \|"
+        assert re.search(row, section, re.M), label
+    assert "![Memory per rank against traffic per iteration](zero_tradeoff.png)" in section
+    assert mpimg.imread(runs / "zero_tradeoff.png").shape[0] > 100
