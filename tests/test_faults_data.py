@@ -24,7 +24,7 @@ from megatron.tokenizer import TokenizerConfig
 PREPROCESS = REPO_ROOT / "tools" / "preprocess_data.py"
 DOLLY_TO_TEXT = REPO_ROOT / "tools" / "dolly_to_text.py"
 DRIVER = REPO_ROOT / "tools" / "process_databricks_gpt2.sh"
-GPT2_PADDED = 50304  # 50257 rounded up to --make-vocab-size-divisible-by 128 (x TP 1 or 2)
+GPT2_PADDED = 50304  # 50257 rounded up to --make-vocab-size-divisible-by 128 x TP 1
 
 
 @pytest.fixture(scope="module")
@@ -316,6 +316,39 @@ def pretrain(data_prefix, data_dir, *extra, ranks=1, iters=2, output=None):
            *map(str, extra)]
     return subprocess.run(cmd, env=subprocess_env(), stdout=output or subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp, padded", [(1, 50304), (2, 50432)])  # 50257 rounded up to a multiple of 128 x TP
+def test_pretrain_stops_on_foreign_ids_for_every_tp(tmp_path, dolly_data_dir, tp, padded):
+    bad = write_dataset(tmp_path / "foreign", foreign_documents(60000))
+    run = pretrain(bad, dolly_data_dir, "--tensor-model-parallel-size", tp, ranks=tp)
+    assert run.returncode != 0
+    errors = {line for line in run.stdout.splitlines() if line.startswith("error: ")}
+    assert len(errors) == 1, run.stdout[-3000:]
+    assert errors.pop().startswith(f"error: --data-path {bad}: {bad}.bin holds token id 60000 but the model's padded "
+                                   f"vocabulary has {padded} ids [GPT2BPETokenizer, 50257 ids, ")
+    assert "IndexError" not in run.stdout and 'pretrain_gpt.py", line' not in run.stdout
+    assert " iteration " not in run.stdout
+
+
+@pytest.mark.slow
+def test_pretrain_warns_once_about_stale_data(tmp_path, dolly_data_dir):
+    data = tmp_path / "data"
+    shutil.copytree(dolly_data_dir, data, ignore=shutil.ignore_patterns("*.npy"))
+    vocab = data / "gpt2-vocab.json"
+    vocab.write_text(json.dumps(json.loads(vocab.read_text(encoding="utf-8")), indent=0))  # another file, same ids
+    text = data / "dolly_text.jsonl"
+    record = read_sidecar(data / "dolly_text_document")
+    record["source"] = dict(record["source"], path=str(text))  # the copy's source is the copied text
+    with open(sidecar_path(data / "dolly_text_document"), "w") as handle:
+        json.dump(record, handle)
+    text.write_text(text.read_text() + json.dumps({"text": "one more"}) + "\n")
+    run = pretrain(data / "dolly_text_document", data, ranks=2)
+    assert run.returncode == 0, run.stdout[-3000:]
+    warnings = [line for line in run.stdout.splitlines() if line.startswith("warning: --data-path")]
+    assert len(warnings) == 2, warnings
+    assert "was built with [GPT2BPETokenizer" in warnings[0] and "is older than its source" in warnings[1]
 
 
 @pytest.mark.slow
