@@ -72,6 +72,7 @@ MEGATRON_ARGS=(
     --save "$CHECKPOINT_DIR" --save-interval "${SAVE_INTERVAL:-1000}"
     --tensorboard-dir "$RUN_DIR/tensorboard"
     --deepspeed --zero-stage "$ZERO_STAGE" --run-dir "$RUN_DIR"
+    --exit-signal-handler  # PBS's SIGTERM at walltime or preemption: save this iteration, exit 0
 )
 if [[ -n "${TRAIN_EPOCHS:-}" ]]; then
     MEGATRON_ARGS+=(--train-epochs "$TRAIN_EPOCHS")

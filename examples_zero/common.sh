@@ -96,7 +96,12 @@ case "$LAUNCHER" in
                    || die "LAUNCHER=srun: not inside a Slurm allocation (no SLURM_JOB_ID): use sbatch or salloc"
                export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
                launch=(srun --ntasks "$NGPUS" --kill-on-bad-exit=1 "$PYTHON") ;;
-    *) die "LAUNCHER=$LAUNCHER: expected torchrun, deepspeed or srun" ;;
+    # MPICH (Hydra), PALS or Open MPI on this host: each rank finds its rank in the MPI variables
+    # (megatron/dist_env.py) and MASTER_PORT in the environment mpiexec passes on; one OpenMP thread
+    # per rank, as torchrun sets.
+    mpiexec)   export MASTER_PORT OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+               launch=(mpiexec -n "$NGPUS" "$PYTHON") ;;
+    *) die "LAUNCHER=$LAUNCHER: expected torchrun, deepspeed, mpiexec or srun" ;;
 esac
 
 cmd=("${launch[@]}" "$REPO/pretrain_gpt.py"
@@ -106,7 +111,8 @@ cmd=("${launch[@]}" "$REPO/pretrain_gpt.py"
      --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
      --zero-stage "$ZERO_STAGE" "${offload_flags[@]}" "${precision_flags[@]}" "${parallel_flags[@]}"
      --save "$RUN_DIR/checkpoints" --save-interval "$SAVE_INTERVAL"
-     "${init_flags[@]}" --tensorboard-dir "$RUN_DIR/tensorboard" --run-dir "$RUN_DIR" "$@")
+     "${init_flags[@]}" --tensorboard-dir "$RUN_DIR/tensorboard" --run-dir "$RUN_DIR"
+     --exit-signal-handler "$@")  # SIGTERM (preemption): save this iteration, exit 0 (docs/checkpoints.md)
 
 echo "[examples_zero] $RUN_NAME -> $RUN_DIR"
 if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "[examples_zero] DRY_RUN=1, not starting: $(printf '%q ' "${cmd[@]}")"; exit 0; fi

@@ -32,6 +32,26 @@ def _require(condition, message):
         raise ConfigError(message)
 
 
+def _require_writable_folder(flag: str, path: str | None) -> None:
+    """`path` is a writable folder or can be made: its nearest existing ancestor is a writable folder."""
+    if path is None:
+        return
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    _require(os.path.isdir(existing), f"{flag} {path}: {existing} is not a folder")
+    _require(os.access(existing, os.W_OK | os.X_OK), f"{flag} {path}: {existing} is not writable")
+
+
+def _require_readable(flag: str, path: str) -> None:
+    """An existing file can still be unreadable (permissions, a broken network mount)."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{flag}: {path} cannot be read ({err.strerror})") from None
+
+
 @dataclass
 class ParallelArgs:
     """The parallel layout (built and checked once, here) and Megatron's --sequence-parallel."""
@@ -92,6 +112,7 @@ class TrainingArgs:
     exit_interval: int | None = None
     eod_mask_loss: bool = False
     compile: bool = False
+    exit_signal_handler: bool = False
 
     def __post_init__(self):
         given = [flag for flag, value in (("--train-iters", self.train_iters),
@@ -118,10 +139,12 @@ class DataArgs(TokenizerConfig):
                 _require(os.path.isfile(prefix + suffix),
                          f"--data-path: {prefix + suffix} does not exist "
                          "(expected a prefix with .bin/.idx files from tools/preprocess_data.py)")
+                _require_readable("--data-path", prefix + suffix)
         if self.tokenizer_type == "GPT2BPETokenizer":
             for flag, path in (("--vocab-file", self.vocab_file), ("--merge-file", self.merge_file)):
                 _require(path is not None and os.path.isfile(path),
                          f"{flag} {path} does not exist (GPT2BPETokenizer needs it)")
+                _require_readable(flag, path)
 
 
 @dataclass
@@ -135,6 +158,7 @@ class LoggingArgs:
         _require(self.log_interval > 0, "--log-interval must be >= 1")
         _require(self.eval_interval > 0, "--eval-interval must be >= 1")
         _require(self.eval_iters >= 0, "--eval-iters must be >= 0")
+        _require_writable_folder("--tensorboard-dir", self.tensorboard_dir)
 
 
 @dataclass
@@ -143,12 +167,24 @@ class CheckpointArgs:
     load: str | None = None
     save_interval: int | None = None
     finetune: bool = False
+    trust_checkpoint: bool = False
+    universal_checkpoint: bool = False
 
     def __post_init__(self):
-        if self.load is not None:
+        if self.load is not None and self.finetune:
             _require(os.path.isfile(os.path.join(self.load, "latest")),
                      f"--load {self.load} holds no checkpoint (no 'latest' file there)")
+        elif self.load is not None:
+            from megatron.checkpointing import CheckpointError, check_resumable
+            try:
+                check_resumable(self.load)  # the files `latest` names are all there, before any time is spent
+            except CheckpointError as err:
+                raise ConfigError(str(err)) from None
+        _require(not self.universal_checkpoint or (self.load is not None and not self.finetune),
+                 "--universal-checkpoint resumes the run in --load on another layout; it needs --load and "
+                 "no --finetune (which takes only the weights, from any layout)")
         _require(self.save_interval is None or self.save_interval > 0, "--save-interval must be >= 1")
+        _require_writable_folder("--save", self.save)
 
 
 @dataclass
@@ -164,6 +200,7 @@ class DeepSpeedArgs:
 
     def __post_init__(self):
         _require(self.zero_stage in (0, 1, 2, 3), f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        _require_writable_folder("--run-dir", self.run_dir)
 
     @property
     def precision(self) -> str:
@@ -235,6 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-nan-iterations", type=int, default=10)
     train.add_argument("--exit-interval", type=int, default=None,
                        help="stop (after saving with --save) when the iteration is a multiple of this")
+    train.add_argument("--exit-signal-handler", action="store_true",
+                       help="on SIGTERM: save a checkpoint after the current step and exit 0 (docs/checkpoints.md)")
+    # the deepspeed launcher passes --local_rank=N to every rank (LOCAL_RANK in the environment says the same)
+    train.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     train.add_argument("--eod-mask-loss", action="store_true")
     train.add_argument("--compile", action="store_true", help="torch.compile the model")
     train.add_argument("--bf16", action="store_true")
@@ -259,6 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--load", default=None)
     log.add_argument("--save-interval", type=int, default=None)
     log.add_argument("--finetune", action="store_true")
+    log.add_argument("--trust-checkpoint", action="store_true",
+                     help="unpickle any object a checkpoint holds (it can run code; docs/checkpoints.md)")
+    log.add_argument("--universal-checkpoint", action="store_true",
+                     help="resume --load on another data-parallel size or ZeRO stage (docs/checkpoints.md)")
 
     zero = parser.add_argument_group("ZeRO")
     zero.add_argument("--zero-stage", type=int, default=None, help="default: the JSON's stage, else 0")
@@ -297,7 +342,7 @@ def _training_args(ns, layout: ParallelLayout) -> TrainingArgs:
                         train_iters=ns.train_iters, train_samples=ns.train_samples, train_epochs=ns.train_epochs,
                         seed=ns.seed, max_nan_iterations=ns.max_nan_iterations,
                         exit_interval=ns.exit_interval, eod_mask_loss=ns.eod_mask_loss,
-                        compile=ns.compile)
+                        compile=ns.compile, exit_signal_handler=ns.exit_signal_handler)
 
 
 def read_deepspeed_json(path: str | None) -> dict:
@@ -387,9 +432,17 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
         logging=LoggingArgs(log_interval=ns.log_interval, eval_interval=ns.eval_interval,
                             eval_iters=ns.eval_iters, tensorboard_dir=ns.tensorboard_dir),
         checkpoint=CheckpointArgs(save=ns.save, load=ns.load, save_interval=ns.save_interval,
-                                  finetune=ns.finetune),
+                                  finetune=ns.finetune, trust_checkpoint=ns.trust_checkpoint,
+                                  universal_checkpoint=ns.universal_checkpoint),
         deepspeed=deepspeed_args,
         argv=list(argv),
     )
     check_support(args, device_type)
+    if args.checkpoint.load and not args.checkpoint.finetune:
+        from megatron.checkpointing import CheckpointError
+        from megatron.universal_checkpoint import check_resume_layout
+        try:
+            check_resume_layout(args)
+        except CheckpointError as err:
+            raise ConfigError(str(err)) from None
     return args

@@ -138,6 +138,8 @@ def deepspeed_config(args: Args, num_params: int, hidden_size: int, on_cuda: boo
         config = _check_user_config(read_deepspeed_json(path), args, path)
     else:
         config = generate_config(args, num_params, hidden_size, on_cuda)
+    if args.checkpoint.universal_checkpoint:  # DeepSpeed then loads the per-parameter files ds_to_universal wrote
+        config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
     if args.parallel.sequence_parallel and args.parallel.pipeline_model_parallel_size > 1:
         # DeepSpeed's pipeline sends 1/TP of an activation and all-gathers it over the TP group, which assumes
         # the TP ranks hold replicas; with sequence parallelism each holds its own slice, so send it whole

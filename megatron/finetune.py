@@ -71,11 +71,12 @@ def _tp_group(module: torch.nn.Module):
                 None)
 
 
-def load_finetune_weights(engine, load_dir: str) -> str:
-    """Copy the checkpoint's weights into the engine's model; returns the checkpoint's tag folder."""
+def load_finetune_weights(engine, load_dir: str, trust: bool = False) -> str:
+    """Copy the checkpoint's weights into the engine's model; returns the checkpoint's tag folder.
+    trust: --trust-checkpoint (megatron/safe_load.py)."""
     import deepspeed
 
-    loaded = load_checkpoint_weights(load_dir)
+    loaded = load_checkpoint_weights(load_dir, trust=trust)
     module = engine.module
     expected_layers = getattr(getattr(module, "config", None), "num_layers", loaded.config.num_layers)
     if expected_layers != loaded.config.num_layers:

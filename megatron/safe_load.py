@@ -24,14 +24,17 @@ class UnsafeCheckpointError(ZeroLabError, ValueError):
     """A checkpoint file holds a pickled object outside the allow-list; the message names it."""
 
 
-def allowed_globals() -> list[type]:
-    """What DeepSpeed itself pickles into its files (the ZeRO optimizer states); zero-lab's own client
-    state is plain types only (megatron/checkpointing.py), so nothing of ours is listed. Imported
-    here, not at module level, so that tools reading a stage-0 checkpoint need not import DeepSpeed."""
+def allowed_globals() -> list:
+    """What DeepSpeed itself pickles into its files (the ZeRO optimizer states), and the numpy array
+    pieces of the RNG state in checkpoints saved before zero-lab stored it as plain types (a numpy
+    array is data: its elements go through the same restricted unpickler). Imported here, not at
+    module level, so that tools reading a stage-0 checkpoint need not import DeepSpeed."""
+    import numpy as np
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
-    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address,
+            np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 def _allowed_names() -> set[str]:

@@ -1,0 +1,31 @@
+"""`--exit-signal-handler` (Megatron's flag): SIGTERM asks the run to save and stop after the current step.
+
+A scheduler preempting or ending a job (Slurm, PBS) sends SIGTERM, then SIGKILL after a grace period.
+The handler only sets a flag, since a signal can arrive in the middle of a collective or a write; the
+training loop asks `stop_requested` after each step, and the ranks agree through an all-reduce
+(a scheduler may signal some ranks before others), so all of them save the same iteration and exit 0.
+"""
+import signal
+
+import torch
+import torch.distributed as dist
+
+
+class ExitSignalHandler:
+    def __init__(self, signum: int = signal.SIGTERM):
+        self.signum = signum
+        self.received = False
+        signal.signal(signum, self._handle)
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    def _handle(self, signum, frame):
+        self.received = True
+
+    def stop_requested(self, device: torch.device) -> bool:
+        """True on every rank once any rank has received the signal (a collective: all ranks call it)."""
+        flag = torch.tensor([int(self.received)], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())

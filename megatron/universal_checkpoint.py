@@ -1,0 +1,178 @@
+"""Resume on another layout (`--universal-checkpoint`): DeepSpeed's universal checkpoint.
+
+ZeRO's optimizer files are partitioned for the data-parallel size and stage that wrote them, and
+DeepSpeed's engine loads them only into that layout. DeepSpeed's ds_to_universal rewrites a
+checkpoint into one folder per parameter (fp32 weights, Adam moments, step), which an engine of any
+data-parallel size and ZeRO stage 1-3 loads when its config has "checkpoint": {"load_universal": true}
+(megatron/deepspeed_config.py adds it for this flag). Rank 0 converts `<tag>` into `<tag>_universal`
+once, under a temporary name renamed when whole; later resumes reuse it.
+
+DeepSpeed 0.19.8 cannot do, and a run refuses with one line (`universal_refusal`):
+- a checkpoint saved at ZeRO stage 0 (ds_to_universal reads the ZeRO optimizer files it lacks);
+- a run at ZeRO stage 0 (the engine restores universal weights only through a ZeRO optimizer);
+- a ZeRO-3 checkpoint in a ZeRO-1/2 run (ds_to_universal writes a ZeRO-3 checkpoint's parameters as bare
+  tensors, the ZeRO-1/2 loader reads dicts, and its optimizer_state.pt lacks what that loader asserts);
+- tensor or pipeline parallelism on either side (our model declares none of the parameter patterns
+  ds_to_universal needs to merge TP slices, and no such resume is tested here).
+
+Gaps of DeepSpeed 0.19.8 bridged here, each for a ZeRO-3 run resuming a ZeRO-1/2 checkpoint:
+- a ZeRO-3 engine reads zero_pp_rank_0_mp_rank_00_model_states.pt, ds_to_universal writes
+  mp_rank_00_model_states.pt: both names are made;
+- a ZeRO-3 engine reads Adam's step from zero/optimizer_state.pt's `optimizer_state_dict`, which only a
+  ZeRO-3 source has: it is filled in from the per-parameter step.pt;
+- the ZeRO-3 universal loader copies param group 0's hyperparameters onto every group (so the group
+  without weight decay would get it): every group's hyperparameters but the scheduled lr are put back
+  after the load.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import glob
+import json
+import os
+import shutil
+import sys
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from megatron.checkpointing import (MARKER, CheckpointError, incomplete_reason, read_latest, read_marker,
+                                   saved_layout)
+from megatron.errors import ZeroLabError
+from megatron.safe_load import restricted_unpickling
+
+if TYPE_CHECKING:
+    from megatron.arguments import Args
+
+SUFFIX = "_universal"
+_ZERO3_MODEL_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+
+
+def _describe(layout: dict) -> str:
+    return f"data-parallel size {layout['data_parallel_size']} at ZeRO stage {layout['zero_stage']}"
+
+
+def needs_universal(saved: dict, current: dict) -> bool:
+    """DeepSpeed's own loader takes the files as they are only into the same partitioning."""
+    if saved["zero_stage"] != current["zero_stage"]:
+        return True
+    return saved["zero_stage"] > 0 and saved["data_parallel_size"] != current["data_parallel_size"]
+
+
+def universal_refusal(saved: dict, current: dict) -> str | None:
+    """Why DeepSpeed cannot resume `saved` in the `current` layout even through a universal checkpoint."""
+    parallel = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+    if any(layout[key] != 1 for layout in (saved, current) for key in parallel):
+        return ("a universal resume is supported for data-parallel and ZeRO-stage changes only, without tensor "
+                "or pipeline parallelism (checkpoint: TP {} PP {}, run: TP {} PP {})".format(
+                    *(layout[key] for layout in (saved, current) for key in parallel)))
+    if saved["zero_stage"] == 0:
+        return ("it was saved at ZeRO stage 0, which DeepSpeed cannot convert to a universal checkpoint (it has "
+                "no ZeRO optimizer files); resume it with the same --zero-stage 0")
+    if current["zero_stage"] == 0:
+        return ("DeepSpeed loads a universal checkpoint only into a ZeRO optimizer; give --zero-stage 1, 2 or 3")
+    if saved["zero_stage"] == 3 and current["zero_stage"] != 3:
+        return ("DeepSpeed 0.19.8 converts a ZeRO-3 checkpoint into files its ZeRO-1/2 loader cannot read; "
+                "resume it at --zero-stage 3 (any data-parallel size)")
+    return None
+
+
+def check_resume_layout(args: Args) -> None:
+    """At start-up, before the model is built: refuse in one line a resume that DeepSpeed would fail (or
+    silently drop the optimizer state of) in this run's layout, or that even a universal checkpoint cannot do."""
+    load_dir = args.checkpoint.load
+    tag = read_latest(load_dir)
+    saved = read_marker(os.path.join(load_dir, tag)).get("layout")
+    if saved is None:  # saved before markers recorded the layout: DeepSpeed's own errors apply
+        return
+    current = saved_layout(args)
+    if args.checkpoint.universal_checkpoint:
+        refusal = universal_refusal(saved, current)
+        if refusal:
+            raise CheckpointError(f"--load {load_dir} --universal-checkpoint: cannot resume {tag}: {refusal}")
+    elif needs_universal(saved, current):
+        raise CheckpointError(f"--load {load_dir}: checkpoint {tag} was saved with {_describe(saved)}, this run has "
+                              f"{_describe(current)}: resume it with --universal-checkpoint (docs/checkpoints.md)")
+
+
+def _fill_zero3_optimizer_state(folder: str) -> None:
+    """Give zero/optimizer_state.pt the `optimizer_state_dict` a ZeRO-3 engine reads (see the docstring)."""
+    path = os.path.join(folder, "zero", "optimizer_state.pt")
+    # weights_only=False is overridden to True by restricted_unpickling unless --trust-checkpoint
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if "optimizer_state_dict" in state:  # converted from a ZeRO-3 checkpoint
+        return
+    step_file = next(iter(sorted(glob.glob(os.path.join(folder, "zero", "*", "step.pt")))), None)
+    if step_file is None:
+        raise CheckpointError(f"{folder}: ds_to_universal wrote no zero/*/step.pt (no optimizer step to resume)")
+    step = torch.load(step_file, map_location="cpu", weights_only=False)
+    state["optimizer_state_dict"] = {"state": {0: {"step": step}}, "param_groups": state["param_groups"]}
+    torch.save(state, path)
+
+
+def convert(load_dir: str, tag: str, trust: bool) -> str:
+    """Write `<tag>_universal` from `<tag>` with ds_to_universal (rank 0 only); returns the new tag."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    target = os.path.join(load_dir, tag + SUFFIX)
+    tmp = f"{target}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    options = argparse.Namespace(input_folder=os.path.join(load_dir, tag), output_folder=tmp, num_extract_workers=1,
+                                 num_merge_workers=1, keep_temp_folder=False, strict=True,
+                                 # zero-lab's model declares no TP patterns (TP is refused): the version is enough
+                                 inject_missing_state=True)
+    try:
+        # ds_to_universal narrates each step on stdout; keep stdout for the training log's own lines
+        with restricted_unpickling(trust, options.input_folder), contextlib.redirect_stdout(sys.stderr):
+            ds_to_universal.main(options)
+            model_states = os.path.join(tmp, "mp_rank_00_model_states.pt")
+            if not os.path.exists(os.path.join(tmp, _ZERO3_MODEL_STATES)):
+                os.link(model_states, os.path.join(tmp, _ZERO3_MODEL_STATES))
+            elif not os.path.exists(model_states):
+                os.link(os.path.join(tmp, _ZERO3_MODEL_STATES), model_states)
+            _fill_zero3_optimizer_state(tmp)
+    except ZeroLabError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except (OSError, AssertionError, ValueError, KeyError) as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"--load {load_dir} --universal-checkpoint: converting {tag} failed "
+                              f"({type(err).__name__}: {err})") from None
+    files = {os.path.relpath(path, tmp): os.path.getsize(path)
+             for path in sorted(glob.glob(os.path.join(tmp, "**", "*"), recursive=True)) if os.path.isfile(path)}
+    with open(os.path.join(tmp, MARKER), "w") as handle:
+        json.dump({"converted_from": tag, "files": files}, handle, indent=2)
+    shutil.rmtree(target, ignore_errors=True)  # an unfinished earlier conversion (no marker)
+    os.rename(tmp, target)
+    # ds_to_universal pointed latest_universal at the temporary name
+    with open(os.path.join(load_dir, "latest_universal"), "w") as handle:
+        handle.write(tag + SUFFIX)
+    return tag + SUFFIX
+
+
+def _restore_hyperparameters(engine, saved_groups: list[dict]) -> None:
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    for group, saved in zip(base.param_groups, saved_groups):
+        group.update(saved)
+
+
+def load_universal(engine, args: Args, tag: str):
+    """engine.load_checkpoint of `<tag>_universal` (converted first when needed); DeepSpeed's
+    (load path, client state)."""
+    load_dir, trust = args.checkpoint.load, args.checkpoint.trust_checkpoint
+    if not engine.load_universal_checkpoint():
+        raise CheckpointError("--universal-checkpoint: the DeepSpeed config lacks \"checkpoint\": "
+                              "{\"load_universal\": true} (a --deepspeed_config file must set it)")
+    universal = tag + SUFFIX
+    if dist.get_rank() == 0 and incomplete_reason(os.path.join(load_dir, universal)) is not None:
+        convert(load_dir, tag, trust)
+    dist.barrier()  # the other ranks read what rank 0 converted
+    base = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    hyperparameters = [{key: value for key, value in group.items() if key not in ("params", "lr")}
+                       for group in base.param_groups]
+    with restricted_unpickling(trust, os.path.join(load_dir, universal)):
+        path, client_state = engine.load_checkpoint(load_dir, tag=universal)
+    _restore_hyperparameters(engine, hyperparameters)
+    return path, client_state

@@ -1,0 +1,348 @@
+"""Faults around checkpoints, each caused for real: SIGTERM during training, SIGKILL of a rank during a
+save, a full disk during a save, a crafted checkpoint that would run code, a resume on another layout
+(DeepSpeed's universal checkpoint), every launcher, and the start-up checks of the paths.
+
+One uninterrupted run (2 CPU ranks, ZeRO-1, dropout off, 8 iterations, a checkpoint every 2) is the
+reference the resumed runs must repeat loss for loss."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from conftest import REPO_ROOT, driver_env, free_port, test_env
+
+LOSS = re.compile(r" iteration +(\d+)/ +\d+ \|.*?\| lm loss: (\S+) \|")
+
+
+def pretrain_cmd(data_dir, ranks=2, *extra):
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+            "--master_port", str(free_port()), str(REPO_ROOT / "pretrain_gpt.py"), "--model-size", "tiny",
+            "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "8",
+            "--log-interval", "1", "--eval-interval", "100", "--eval-iters", "0", "--lr", "1e-3",
+            "--lr-warmup-iters", "2", "--hidden-dropout", "0", "--attention-dropout", "0",
+            "--data-path", str(data_dir / "dolly_text_document"), "--vocab-file", str(data_dir / "gpt2-vocab.json"),
+            "--merge-file", str(data_dir / "gpt2-merges.txt"), *extra]
+
+
+def pretrain(data_dir, *extra, ranks=2, env=None, expect=0):
+    run = subprocess.run(pretrain_cmd(data_dir, ranks, *extra), env=env or test_env(), capture_output=True,
+                         text=True, timeout=600)
+    if expect is not None:
+        assert run.returncode == expect, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
+def losses(log: str) -> dict[int, float]:
+    return {int(step): float(loss) for step, loss in LOSS.findall(log)}
+
+
+def error_lines(run) -> list[str]:
+    return [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+
+
+def copy_checkpoints(source, target, tags, latest):
+    target.mkdir()
+    for tag in tags:
+        shutil.copytree(source / tag, target / tag)
+    (target / "latest").write_text(latest)
+    return target
+
+
+@pytest.fixture(scope="module")
+def reference(dolly_data_dir, tmp_path_factory):
+    """The uninterrupted run: its losses and its checkpoints global_step2, 4, 6, 8."""
+    folder = tmp_path_factory.mktemp("reference")
+    run = pretrain(dolly_data_dir, "--zero-stage", "1", "--save", str(folder), "--save-interval", "2")
+    found = losses(run.stdout)
+    assert sorted(found) == list(range(1, 9))
+    return found, folder
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_current_iteration_and_resume_repeats_the_losses(dolly_data_dir, reference, tmp_path):
+    ref_losses, _ = reference
+    save = tmp_path / "ckpt"
+    proc = subprocess.Popen(pretrain_cmd(dolly_data_dir, 2, "--zero-stage", "1", "--save", str(save),
+                                         "--exit-signal-handler"),
+                            env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = []
+    for line in proc.stdout:
+        log.append(line)
+        if re.match(r" iteration +2/", line):
+            # a scheduler's SIGTERM, to one rank only: the ranks must still agree to stop together
+            workers = [p for p in psutil.Process(proc.pid).children() if p.environ().get("RANK") == "1"]
+            assert len(workers) == 1
+            workers[0].send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=300) == 0, "".join(log)[-3000:]
+    log = "".join(log)
+    stopped = re.search(r"^ exiting program after receiving SIGTERM at iteration (\d+) \(checkpoint saved to (.+)\)$",
+                        log, re.M)
+    assert stopped, log[-3000:]
+    step = int(stopped.group(1))
+    assert 2 <= step < 8 and stopped.group(2) == str(save)
+    assert (save / "latest").read_text() == f"global_step{step}"
+    assert json.loads((save / f"global_step{step}" / "zero_lab_state.json").read_text())["iteration"] == step
+    assert "[after training is done]" not in log
+    assert losses(log) == {i: ref_losses[i] for i in range(1, step + 1)}
+
+    resumed = pretrain(dolly_data_dir, "--zero-stage", "1", "--save", str(save), "--load", str(save))
+    assert f"loaded checkpoint {save / f'global_step{step}'}" in resumed.stdout
+    assert losses(resumed.stdout) == {i: ref_losses[i] for i in range(step + 1, 9)}
+
+
+KILL_DURING_SAVE = '''
+import builtins, os, signal
+if os.environ.get("RANK") == os.environ["ZL_KILL_RANK"]:
+    real_open = builtins.open
+    def open_then_die(file, mode="r", *args, **kwargs):
+        if ("w" in mode and isinstance(file, str) and os.environ["ZL_KILL_TAG"] + "/" in file
+                and file.endswith("optim_states.pt")):
+            real_open(file, "wb").close()  # the 0-byte shard of the report, then the kill
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_open(file, mode, *args, **kwargs)
+    builtins.open = open_then_die
+'''
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_rank_during_a_save_in_a_reused_run_folder(dolly_data_dir, reference, tmp_path):
+    """A fresh run re-uses a folder holding the reference's checkpoints; rank 1 is SIGKILLed while writing
+    global_step4, a tag the old run had completed. `latest` keeps naming the new run's global_step2, the
+    overwritten global_step4 no longer counts as complete, and a resume continues the reference's losses."""
+    ref_losses, ref_folder = reference
+    folder = copy_checkpoints(ref_folder, tmp_path / "ckpt", ["global_step2", "global_step4", "global_step6",
+                                                              "global_step8"], "global_step8")
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_DURING_SAVE)
+    env = test_env(PYTHONPATH=f"{hook}{os.pathsep}{test_env()['PYTHONPATH']}", ZL_KILL_RANK="1",
+                   ZL_KILL_TAG="global_step4")
+    killed = pretrain(dolly_data_dir, "--zero-stage", "1", "--save", str(folder), "--save-interval", "2",
+                      env=env, expect=None)
+    assert killed.returncode != 0
+    assert (folder / "latest").read_text() == "global_step2"
+    assert (folder / "global_step4" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").stat().st_size == 0
+    assert not (folder / "global_step4" / "zero_lab_state.json").exists()
+
+    resumed = pretrain(dolly_data_dir, "--zero-stage", "1", "--save", str(folder), "--load", str(folder))
+    assert losses(resumed.stdout) == {i: ref_losses[i] for i in range(3, 9)}
+
+    # what the report saw: `latest` naming the killed save (as DeepSpeed's own pointer could); one line
+    (folder / "latest").write_text("global_step4")
+    refused = pretrain(dolly_data_dir, "--zero-stage", "1", "--load", str(folder), ranks=1, expect=1)
+    assert error_lines(refused) == [
+        f"error: --load {folder}: checkpoint global_step4 named by 'latest' is incomplete: zero_lab_state.json "
+        "is missing, so its save never finished (zero_pp_rank_1_mp_rank_00_optim_states.pt is 0 bytes); the newest "
+        f"intact checkpoint is global_step8 (to resume from it: echo global_step8 > {folder / 'latest'})"]
+    # no traceback from our code (torchrun prints its own ChildFailedError report for a failed rank)
+    assert "EOFError" not in refused.stderr and f"{os.sep}megatron{os.sep}" not in refused.stderr
+
+
+@pytest.mark.slow
+def test_full_disk_during_a_save_keeps_latest(dolly_data_dir, reference, tmp_path):
+    """A file-size limit (ulimit -f, as a full disk) makes every write of global_step6 fail."""
+    from megatron.checkpointing import check_resumable
+    _, ref_folder = reference
+    folder = copy_checkpoints(ref_folder, tmp_path / "ckpt", ["global_step2", "global_step4"], "global_step4")
+    cmd = pretrain_cmd(dolly_data_dir, 2, "--zero-stage", "1", "--load", str(folder), "--save", str(folder),
+                       "--save-interval", "2")
+    # 10 MiB per file: the dataset's index files exist already; each checkpoint file is larger
+    run = subprocess.run(["bash", "-c", 'ulimit -f 10240 && exec "$@"', "bash", *cmd], env=test_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode != 0
+    lines = error_lines(run)
+    assert lines and re.fullmatch(rf"error: --save {re.escape(str(folder))}: writing checkpoint global_step6 failed "
+                                  r"on rank \d \(.*File too large.*\); 'latest' still names global_step4", lines[0])
+    assert (folder / "latest").read_text() == "global_step4"
+    assert check_resumable(str(folder)) == "global_step4"
+
+
+EVIL = '''
+import pathlib, sys, torch
+class Payload:
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(sys.argv[2]),))
+state = torch.load(sys.argv[1], weights_only=False)
+state["payload"] = Payload()
+torch.save(state, sys.argv[1])
+'''
+
+
+@pytest.mark.slow
+def test_crafted_checkpoint_runs_no_code(dolly_data_dir, reference, tmp_path):
+    _, ref_folder = reference
+    folder = copy_checkpoints(ref_folder, tmp_path / "ckpt", ["global_step8"], "global_step8")
+    states, marker = folder / "global_step8" / "mp_rank_00_model_states.pt", tmp_path / "code-ran"
+    subprocess.run([sys.executable, "-c", EVIL, str(states), str(marker)], check=True, env=test_env())
+    # the attacker keeps the completion marker consistent too
+    record = json.loads((folder / "global_step8" / "zero_lab_state.json").read_text())
+    record["files"][states.name] = states.stat().st_size
+    (folder / "global_step8" / "zero_lab_state.json").write_text(json.dumps(record))
+    flags = ["--zero-stage", "1", "--load", str(folder), "--train-iters", "9"]
+
+    refused = pretrain(dolly_data_dir, *flags, expect=1)
+    assert not marker.exists()
+    assert set(error_lines(refused)) == {
+        f"error: {states}: refusing to load, it holds a pickled builtins.getattr, pathlib.Path, pathlib.PosixPath "
+        "(a checkpoint may hold only tensors and plain types; unpickling other objects can run code). Give "
+        "--trust-checkpoint only if you trust where this file came from"}  # one line from each rank
+
+    trusted = pretrain(dolly_data_dir, *flags, "--trust-checkpoint")
+    assert marker.exists() and sorted(losses(trusted.stdout)) == [9]
+
+
+@pytest.mark.slow
+def test_resume_two_rank_zero1_on_one_rank_zero3_through_universal_checkpoint(dolly_data_dir, reference, tmp_path):
+    ref_losses, ref_folder = reference
+    folder = copy_checkpoints(ref_folder, tmp_path / "ckpt", ["global_step4"], "global_step4")
+    plain = pretrain(dolly_data_dir, "--zero-stage", "3", "--load", str(folder), ranks=1, expect=1)
+    assert error_lines(plain) == [
+        f"error: --load {folder}: checkpoint global_step4 was saved with data-parallel size 2 at ZeRO stage 1, "
+        "this run has data-parallel size 1 at ZeRO stage 3: resume it with --universal-checkpoint "
+        "(docs/checkpoints.md)"]
+
+    resumed = pretrain(dolly_data_dir, "--zero-stage", "3", "--load", str(folder), "--universal-checkpoint",
+                       ranks=1)
+    assert f"loaded checkpoint {folder / 'global_step4_universal'}" in resumed.stdout
+    found = losses(resumed.stdout)
+    assert sorted(found) == [5, 6, 7, 8]
+    # same samples and optimizer state; only the order of the floating-point sums differs
+    assert all(abs(found[i] - ref_losses[i]) < 1e-3 for i in found), (found, ref_losses)
+    assert json.loads((folder / "global_step4_universal" / "zero_lab_state.json").read_text())["converted_from"] \
+        == "global_step4"
+
+
+@pytest.mark.slow
+def test_universal_resume_refuses_what_deepspeed_cannot_do(dolly_data_dir, reference, tmp_path):
+    _, ref_folder = reference
+    folder = copy_checkpoints(ref_folder, tmp_path / "ckpt", ["global_step4"], "global_step4")
+    refused = pretrain(dolly_data_dir, "--zero-stage", "0", "--load", str(folder), "--universal-checkpoint",
+                       ranks=1, expect=1)
+    assert error_lines(refused) == [
+        f"error: --load {folder} --universal-checkpoint: cannot resume global_step4: DeepSpeed loads a universal "
+        "checkpoint only into a ZeRO optimizer; give --zero-stage 1, 2 or 3"]
+    assert not (folder / "global_step4_universal").exists()
+
+
+@pytest.mark.slow  # uses the reference run
+def test_tools_refuse_a_crafted_checkpoint(capsys, reference, tmp_path):
+    """tools/checkpoint_to_hf.py reads through megatron/saved_model, restricted the same way."""
+    from conftest import tool_in_process
+    _, ref_folder = reference
+    folder = copy_checkpoints(ref_folder, tmp_path / "ckpt", ["global_step8"], "global_step8")
+    states, marker = folder / "global_step8" / "mp_rank_00_model_states.pt", tmp_path / "code-ran"
+    subprocess.run([sys.executable, "-c", EVIL, str(states), str(marker)], check=True, env=test_env())
+    code, out, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", folder, "--output", tmp_path / "hf")
+    assert code == 1 and not marker.exists() and not (tmp_path / "hf").exists()
+    assert err.strip().splitlines() == [f"error: {states}: refusing to load, it holds a pickled builtins.getattr, "
+                                        "pathlib.Path, pathlib.PosixPath (a checkpoint may hold only tensors and "
+                                        "plain types; unpickling other objects can run code). Give "
+                                        "--trust-checkpoint only if you trust where this file came from"]
+    assert os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD") is None  # the restriction ends with the load
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher, driver, stage", [("deepspeed", "Z1", 1), ("mpiexec", "Z2", 2)])
+def test_driver_runs_under_launcher(dolly_data_dir, tmp_path, launcher, driver, stage):
+    """LAUNCHER=torchrun is what tests/test_drivers.py runs; here the two others, one driver each."""
+    if shutil.which(launcher if launcher == "mpiexec" else sys.executable) is None:
+        pytest.skip(f"needs {launcher}")
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / f"gpt_deepspeed_{driver}.sh")], cwd=REPO_ROOT,
+                            env=driver_env(dolly_data_dir, tmp_path, LAUNCHER=launcher, TRAIN_ITERS=2),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    folder = tmp_path / f"gpt_tiny_{driver}"
+    log = (folder / "train.log").read_text()
+    assert f" > run info | zero stage: {stage} | offload: none | model: tiny | world size: 2 |" in log
+    # not anchored: mpiexec may forward another rank's output without its newline first
+    assert len(re.findall(r" iteration +\d+/ +2 \| consumed samples", log)) == 2
+    assert (folder / "checkpoints" / "latest").read_text() == "global_step2"
+    command = (folder / "command.txt").read_text()
+    assert ("deepspeed.launcher.runner" if launcher == "deepspeed" else "mpiexec -n 2 ") in command
+    assert "--exit-signal-handler" in command
+
+
+# ---- start-up checks: before the model is built, one line naming the flag and the path ----
+
+def toy_flags(data_dir, *extra):
+    return ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--micro-batch-size", "2", "--train-iters", "10", "--data-path", str(data_dir / "dolly_text_document"),
+            "--vocab-file", str(data_dir / "gpt2-vocab.json"), "--merge-file", str(data_dir / "gpt2-merges.txt"),
+            *extra]
+
+
+@pytest.mark.parametrize("flag", ["--save", "--tensorboard-dir", "--run-dir"])
+def test_output_folder_that_cannot_be_made_is_refused(dolly_data_dir, tmp_path, flag):
+    from megatron.arguments import ConfigError, parse_args
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError) as err:
+        parse_args(toy_flags(dolly_data_dir, flag, str(blocker / "run")))
+    assert str(err.value) == f"{flag} {blocker / 'run'}: {blocker} is not a folder"
+    parse_args(toy_flags(dolly_data_dir, flag, str(tmp_path / "new" / "run")))  # creatable: accepted
+
+
+def test_data_and_vocabulary_files_must_be_readable_files(dolly_data_dir, tmp_path):
+    from megatron.arguments import ConfigError, parse_args
+    folder = tmp_path / "vocab.json"
+    folder.mkdir()
+    with pytest.raises(ConfigError) as err:
+        parse_args(toy_flags(dolly_data_dir, "--vocab-file", str(folder)))
+    assert str(err.value) == f"--vocab-file {folder} does not exist (GPT2BPETokenizer needs it)"
+    with pytest.raises(ConfigError) as err:
+        parse_args(toy_flags(dolly_data_dir, "--data-path", str(tmp_path / "missing")))
+    assert str(err.value) == (f"--data-path: {tmp_path / 'missing.bin'} does not exist (expected a prefix with "
+                              ".bin/.idx files from tools/preprocess_data.py)")
+
+
+def test_startup_check_stops_pretrain_before_any_work(dolly_data_dir, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "pretrain_gpt.py"),
+                          *toy_flags(dolly_data_dir, "--save", str(blocker / "ckpt"))],
+                         env=test_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == f"error: --save {blocker / 'ckpt'}: {blocker} is not a folder"
+    assert "Traceback" not in run.stderr and "building" not in run.stdout  # no tokenizer, data or model built
+
+
+def test_save_on_a_read_only_filesystem_is_refused_at_start_up(dolly_data_dir, tmp_path):
+    """A read-only tmpfs in a private mount namespace: root cannot write there either."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    mount = f"mount -t tmpfs -o ro tmpfs '{folder}'"
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--mount", "sh", "-c", mount],
+                                                         capture_output=True, timeout=30).returncode:
+        pytest.skip("cannot mount a read-only tmpfs here (needs unshare and mount privileges)")
+    command = " ".join(f"'{part}'" for part in [sys.executable, str(REPO_ROOT / "pretrain_gpt.py"),
+                                                  *toy_flags(dolly_data_dir, "--save", str(folder / "ckpt"))])
+    run = subprocess.run(["unshare", "--mount", "sh", "-c", f"{mount} && exec {command}"], env=test_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == f"error: --save {folder / 'ckpt'}: {folder} is not writable"
+
+
+@pytest.mark.parametrize("saved, run, refused", [
+    ((1, 2), (3, 1), None), ((1, 2), (2, 1), None), ((3, 2), (3, 1), None), ((2, 4), (1, 2), None),
+    ((0, 2), (1, 1), "saved at ZeRO stage 0"), ((1, 2), (0, 1), "only into a ZeRO optimizer"),
+    ((3, 2), (1, 1), "resume it at --zero-stage 3"), ((3, 2), (2, 2), "resume it at --zero-stage 3"),
+])
+def test_universal_refusals(saved, run, refused):
+    """Which layout changes a universal resume takes (the end-to-end tests above run two of them; the
+    ZeRO-3 -> ZeRO-1/2 refusal comes from a DeepSpeed 0.19.8 failure seen on the CPU box)."""
+    from megatron.universal_checkpoint import needs_universal, universal_refusal
+    layouts = [{"zero_stage": stage, "data_parallel_size": dp, "tensor_model_parallel_size": 1,
+                "pipeline_model_parallel_size": 1} for stage, dp in (saved, run)]
+    assert needs_universal(*layouts)
+    reason = universal_refusal(*layouts)
+    assert (reason is None) if refused is None else (refused in reason)
+    layouts[1]["tensor_model_parallel_size"] = 2
+    assert "without tensor or pipeline parallelism" in universal_refusal(*layouts)
