@@ -263,6 +263,7 @@ def test_sidecar_records_the_max_id_and_a_stale_one_is_not_trusted(tmp_path, dol
                                  50257, GPT2_PADDED)
 
 
+@pytest.mark.slow  # three driver runs
 def test_stale_data_warns_and_the_driver_rebuilds(tmp_path, dolly_data_dir, dolly_sample, gpt2):
     source = tmp_path / "dolly.jsonl"
     lines = dolly_sample.read_bytes().splitlines(keepends=True)
