@@ -28,7 +28,7 @@ def _value_label(value: float | None) -> str:
 
 
 def _tick_label(run: RunSummary, attr: str) -> str:
-    notes = [] if run.complete else ["incomplete"]
+    notes = [] if run.complete else ["diverged" if run.status.startswith("diverged") else "incomplete"]
     if attr == "epoch_time_s" and run.epoch_time_source == "estimated":
         notes.append("estimated")
     return run.label + (f"\n({', '.join(notes)})" if notes else "")
