@@ -120,6 +120,10 @@ def test_output_under_a_file_is_one_line_before_any_work(tmp_path, dolly_sample,
                              afile / "text.jsonl"], env=subprocess_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr == f"error: --output {afile / 'text.jsonl'}: cannot write (Not a directory)\n"
+    result = subprocess.run(["bash", str(DRIVER)], cwd=REPO_ROOT, env=subprocess_env(DATA_DIR=afile / "data"),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr == f"error: DATA_DIR={afile / 'data'}: cannot create or write to this folder\n"
     assert afile.read_text() == "not a folder"
 
 
@@ -135,15 +139,17 @@ def test_read_only_output_folder_is_one_line(tmp_path, dolly_sample, gpt2):
     folder.mkdir()
     if shutil.which("unshare") is None or not read_only_mount_works(folder):
         pytest.skip("cannot mount a read-only tmpfs here (needs unshare and mount privileges)")
-    for tool, args, message in (
-            (PREPROCESS, ["--input", dolly_sample, "--output-prefix", folder / "ds", *gpt2_flags(gpt2)],
+    for command, message in (
+            ([sys.executable, PREPROCESS, "--input", dolly_sample, "--output-prefix", folder / "ds", *gpt2_flags(gpt2)],
              f"error: --output-prefix {folder / 'ds'}: cannot write to {folder} (Read-only file system)"),
-            (DOLLY_TO_TEXT, ["--input", dolly_sample, "--output", folder / "text.jsonl"],
-             f"error: --output {folder / 'text.jsonl'}: cannot write (Read-only file system)")):
-        command = " ".join(f"'{part}'" for part in [sys.executable, tool, *map(str, args)])
+            ([sys.executable, DOLLY_TO_TEXT, "--input", dolly_sample, "--output", folder / "text.jsonl"],
+             f"error: --output {folder / 'text.jsonl'}: cannot write (Read-only file system)"),
+            (["bash", DRIVER], f"error: DATA_DIR={folder}: cannot create or write to this folder")):
+        quoted = " ".join(f"'{part}'" for part in command)
         result = subprocess.run(["unshare", "--mount", "sh", "-c",
-                                 f"mount -t tmpfs -o ro tmpfs '{folder}' && exec {command}"],
-                                env=subprocess_env(), capture_output=True, text=True, timeout=120)
+                                 f"mount -t tmpfs -o ro tmpfs '{folder}' && exec {quoted}"],
+                                cwd=REPO_ROOT, env=subprocess_env(DATA_DIR=folder), capture_output=True, text=True,
+                                timeout=120)
         assert result.returncode == 1 and result.stderr == message + "\n", result.stderr
 
 

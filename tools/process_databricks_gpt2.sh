@@ -74,7 +74,10 @@ fetch() {
         -o "$2.tmp-$$" "$1" && mv "$2.tmp-$$" "$2" || { rm -f "$2.tmp-$$"; return 1; }
 }
 
-mkdir -p "$DATA_DIR"
+# The output folder must take files before anything is downloaded or tokenized (a probe file, not
+# permissions: root passes those even on a read-only filesystem).
+{ mkdir -p "$DATA_DIR" && probe=$(mktemp "$DATA_DIR/.write-probe.XXXXXX") && rm -f "$probe"; } 2>/dev/null \
+    || die "DATA_DIR=$DATA_DIR: cannot create or write to this folder"
 
 # 1. The dolly records.
 default_dolly=$DATA_DIR/databricks-dolly-15k.jsonl
