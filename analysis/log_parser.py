@@ -38,7 +38,8 @@ _RECORD_START_RE = re.compile(
     # megatron/training.py's TrainingError when too many iterations in a row were NaN/Inf
     r"|(?P<diverged>stopping at iteration\s+(?P<sit>\d+):)"
     # --exit-interval (ours and upstream) or upstream's signal handler
-    r"|(?P<exited>exiting program (?:at iteration\s+(?P<eit>\d+)|after receiving SIG\w+))"
+    r"|(?P<exited>exiting program (?:at iteration\s+(?P<eit>\d+)"
+    r"|after receiving (?P<signal>SIG\w+)(?: at iteration\s+(?P<sigit>\d+))?))"
 )
 # Megatron prints its parsed arguments as "  name ........ value" once at start-up.
 _ARGUMENT_RE = re.compile(r"^\s*(?:\S+:\s+)?([a-z_0-9]+) \.{3,} (\S.*?)\s*$")
@@ -129,7 +130,8 @@ class ParsedLog:
     ended_mid_line: bool = False
     saw_end_marker: bool = False
     diverged_at: int | None = None  # the iteration of the "stopping at iteration N:" line
-    exited_early: str | None = None  # the "exiting program ..." line
+    exited_early: str | None = None  # why: "--exit-interval" or the signal's name
+    exited_at: int | None = None  # the iteration the exit line names, when it names one
 
     @property
     def has_training_lines(self) -> bool:
@@ -267,7 +269,9 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
     elif kind == "diverged":
         log.diverged_at = int(match["sit"])
     elif kind == "exited":
-        log.exited_early = match.group(0)
+        log.exited_early = match["signal"] or "--exit-interval"
+        iteration = match["eit"] or match["sigit"]
+        log.exited_at = int(iteration) if iteration else None
 
 
 def parse_line(log: ParsedLog, line: str) -> None:

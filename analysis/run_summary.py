@@ -158,8 +158,8 @@ def run_status(log: ParsedLog, records: list[IterationRecord]) -> tuple[str, str
                else "NaN/Inf losses to the last logged iteration")
         return f"diverged at iteration {diverged}", why
     if log.exited_early and not log.saw_end_marker:
-        last = records[-1].iteration if records else 0
-        return f"stopped early at iteration {last}", log.exited_early
+        last = log.exited_at if log.exited_at is not None else records[-1].iteration if records else 0
+        return f"stopped early at iteration {last}", f"exited on {log.exited_early}"
     reason = completeness(log, records)
     return ("INCOMPLETE", reason) if reason else ("finished", "")
 

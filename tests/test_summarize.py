@@ -398,6 +398,10 @@ STATUS_LOGS = {
     "gpt_tiny_exit_interval": ([our_iteration(1, 10, 10.5, 0), our_iteration(2, 10, 10.1, 0),
                                 " exiting program at iteration 2 (--exit-interval 2)"],
                                "stopped early at iteration 2", "0"),
+    # --exit-signal-handler: the exit line names the iteration, past the last logged one
+    "gpt_tiny_sigterm": ([our_iteration(2, 10, 10.5, 0), our_iteration(4, 10, 10.1, 0),
+                          " exiting program after receiving SIGTERM at iteration 5 (checkpoint saved to runs/x/ckpt)"],
+                         "stopped early at iteration 5", "0"),
     "gpt_tiny_cut_off": ([our_iteration(1, 10, 10.5, 0), our_iteration(2, 10, 10.1, 0)], "INCOMPLETE", "0"),
 }
 
@@ -424,6 +428,8 @@ def test_run_status_from_real_log_lines(tmp_path):
     assert rows["gpt_tiny_nan_stop"]["loss_last"] == "10.5"
     assert rows["gpt_tiny_nan_stop"]["incomplete_reason"] == "stopped on NaN/Inf losses"
     assert "diverged at iteration 4 (stopped on NaN/Inf losses)" in table
+    assert rows["gpt_tiny_sigterm"]["incomplete_reason"] == "exited on SIGTERM"
+    assert rows["gpt_tiny_exit_interval"]["incomplete_reason"] == "exited on --exit-interval"
 
 
 # ---- end to end: the five real ZeRO drivers, then the summary of their runs --------------------------
