@@ -20,6 +20,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from typing import Mapping, MutableMapping
+
 from megatron.errors import ZeroLabError
 
 DEFAULT_MASTER_PORT = 29500

@@ -130,7 +130,8 @@ def test_dry_run_of_a_requeued_job_resumes(tmp_path):
 def test_sbatch_script_unknown_experiment_lists_the_drivers(tmp_path):
     result = dry_run(two_node_allocation(tmp_path, EXPERIMENT="Z4"))
     assert result.returncode == 1
-    match = re.fullmatch(r"error: EXPERIMENT=Z4: no examples_zero/gpt_deepspeed_Z4\.sh \(known: (.*)\)\n", result.stderr)
+    match = re.fullmatch(r"error: EXPERIMENT=Z4: no examples_zero/gpt_deepspeed_Z4\.sh \(known: (.*)\)\n",
+                         result.stderr)
     assert match, result.stderr
     drivers = {path.name[len("gpt_deepspeed_"):-len(".sh")]
                for path in (REPO_ROOT / "examples_zero").glob("gpt_deepspeed_*.sh")}
@@ -139,7 +140,8 @@ def test_sbatch_script_unknown_experiment_lists_the_drivers(tmp_path):
 
 def test_sbatch_script_outside_a_job(tmp_path):
     result = dry_run(two_node_allocation(tmp_path, SLURM_JOB_ID=""))
-    assert (result.returncode, result.stderr) == (1, "error: not inside a Slurm job (no SLURM_JOB_ID): submit with sbatch\n")
+    assert (result.returncode, result.stderr) == \
+        (1, "error: not inside a Slurm job (no SLURM_JOB_ID): submit with sbatch\n")
 
 
 @pytest.mark.slow
@@ -255,3 +257,21 @@ def test_signalled_job_requeues_and_resumes_without_losing_a_step(slurm, dolly_d
     # every step exactly once, loss for loss what the uninterrupted torchrun run printed
     assert {**iteration_losses(attempts[0]), **iteration_losses(attempts[1])} == torchrun_losses
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step6"
+
+
+@pytest.mark.slow
+def test_signalled_job_without_a_checkpoint_to_resume_is_not_requeued(slurm, dolly_data_dir, tmp_path):
+    """A run that saves elsewhere (a --save of the user's own) leaves nothing in <run>/checkpoints for the
+    requeued job to resume from: requeueing would start it afresh at every signal, so the job ends instead."""
+    elsewhere = tmp_path / "elsewhere"
+    job = submit(slurm, job_env(slurm, dolly_data_dir, tmp_path, EXPERIMENT="Z1"),
+                 f"--output={tmp_path}/slurm-%j.out", str(SBATCH), "--save", str(elsewhere))
+    run_dir = tmp_path / "gpt_tiny_Z1"
+    wait_for_text(run_dir / "train.log", r"^ iteration +1/ +6 \|", timeout=300)
+    slurm.command("scancel", "--signal=TERM", job)
+    info = slurm.wait(job, timeout=300)
+    output = (run_dir / f"slurm-{job}.out").read_text()
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("FAILED", "1:0", "0"), output[-4000:]
+    assert "exiting program after receiving SIGTERM" in output and (elsewhere / "latest").is_file()
+    assert "[slurm] stopped early without a new checkpoint (latest: none): not requeueing" in output
+    assert not (run_dir / "checkpoints").exists()
