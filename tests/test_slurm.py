@@ -169,6 +169,7 @@ def slurm():
     shutil.rmtree(cluster.root, ignore_errors=True)
 
 
+@pytest.mark.slow  # starts the cluster (and installs Slurm on a fresh machine)
 def test_dist_env_expands_node_lists_with_scontrol(slurm):
     environ = {**SRUN_TASK, "SLURM_STEP_NODELIST": "node[09-10],gpu7", "SLURM_CONF": str(slurm.conf)}
     assert resolve_launcher_env(environ).master_addr == "node09"
