@@ -15,7 +15,7 @@ STAGES = {"DP": ["--zero-stage", "0"], "Z1": ["--zero-stage", "1"], "Z2": ["--ze
           "Z3": ["--zero-stage", "3"], "Z3_OL": ["--zero-stage", "3", "--zero-offload-optimizer",
                                                  "--zero-offload-params"]}
 MEMORY = re.compile(r"measured: params=(\S+) grads=(\S+) optim=(\S+) other=(\S+) \| ZeRO estimate .*?: "
-                    r"params=(\S+) grads=(\S+) optim=(\S+) total=(\S+) \|")
+                    r"params=(\S+) grads=(\S+) optim=(\S+) total=(\S+)(?: \w+=\S+)* \|")
 
 
 def free_port() -> int:
