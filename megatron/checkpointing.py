@@ -1,8 +1,8 @@
 """Training checkpoints: DeepSpeed's engine files plus our client state, committed atomically.
 
 A save is committed in this order (docs/checkpoints.md):
-1. rank 0 deletes the tag's marker `zero_lab_state.json` if the tag exists (a re-used run folder),
-   so a tag being overwritten never looks complete;
+1. rank 0 deletes the tag's folder if it exists (a re-used run folder), so a tag being overwritten
+   never looks complete (its marker `zero_lab_state.json` is gone) nor keeps files of another layout;
 2. every rank writes its files through DeepSpeed and fsyncs each one (FlushingCheckpointEngine);
 3. all ranks meet at a barrier; then rank 0 writes the marker, listing every file with its size,
    and only then `latest` (temporary name + rename). DeepSpeed's own `latest` is switched off: it is
@@ -17,6 +17,7 @@ import json
 import os
 import random
 import re
+import shutil
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -138,9 +139,11 @@ def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, r
     if type(engine.checkpoint_engine) is TorchCheckpointEngine:  # DeepSpeed's default engine (not a user's)
         engine.checkpoint_engine = FlushingCheckpointEngine(engine._config)
     previous = read_latest(save_dir)
-    if rank == 0 and os.path.isfile(os.path.join(folder, MARKER)):
-        os.remove(os.path.join(folder, MARKER))
-    dist.barrier()  # no rank writes into the tag while its old marker still vouches for it
+    if rank == 0 and os.path.isdir(folder):
+        # a re-used run folder: the old files of this tag go first, marker included, so that the tag never
+        # looks complete mid-write nor keeps files of another layout (e.g. a second rank's optimizer shard)
+        shutil.rmtree(folder)
+    dist.barrier()  # no rank writes into the tag before the old one is gone
     client_state = {"iteration": iteration, "consumed_samples": consumed_samples,
                     "rng_state": rng_state(engine.module), "args": asdict(args),
                     # the model shape and layout in the one form megatron/saved_model reads back
