@@ -325,7 +325,7 @@ def test_real_run_through_mpiexec(tmp_path, dolly_data_dir):
     assert f"log: {log}" in result.stdout
     text = log.read_text()
     assert text.splitlines()[0].startswith("mpiexec --envall -n 2 --ppn 2 --hostfile ")
-    assert " > run info | zero stage: 1 | offload: none | model: custom | world size: 2 | micro batch: 2 | " \
+    assert " > run info | zero stage: 1 | offload: none | model: tiny | world size: 2 | micro batch: 2 | " \
            "global batch: 4 | seq length: 64 |" in text
     iterations = ITERATION_LINE.findall(text)
     assert [int(i) for i, *_ in iterations] == [1, 2, 3, 4]
