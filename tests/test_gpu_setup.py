@@ -13,6 +13,9 @@ import pytest
 
 from conftest import REPO_ROOT, test_env
 
+# every test here runs the set-up or suite scripts in a subprocess (about 3 s each): the full tier only
+pytestmark = pytest.mark.slow
+
 SETUP = REPO_ROOT / "scripts" / "setup.sh"
 NVIDIA_SMI_HEADER = """#!/bin/sh
 echo "+-----------------------------------------------------------------------------------------+"
