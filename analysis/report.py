@@ -124,6 +124,10 @@ def _ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}x" if value is not None and base else ""
 
 
+def _pair(measured: float | None, predicted: float | None, digits: int) -> str:
+    return "" if measured is None and predicted is None else f"{_num(digits)(measured)}/{_num(digits)(predicted)}"
+
+
 def tradeoff_section(summaries: list[RunSummary], plot: str | None) -> str:
     """Memory per rank against traffic per step for the runs that logged both, measured beside predicted,
     each relative to the lowest ZeRO stage among them (docs/zero-tradeoff.md); "" when none did."""
@@ -134,19 +138,22 @@ def tradeoff_section(summaries: list[RunSummary], plot: str | None) -> str:
     lines = ["## ZeRO trade-off\n",
              "What each rank holds in model states (params, grads, optimizer states) against what it sends per "
              "iteration, measured by the run beside megatron/model/accounting.py's prediction "
-             f"(docs/zero-tradeoff.md); ratios are to {base.label}'s measurements. Offload to CPU memory "
-             "moves nothing on CPU ranks, where the measured states of such a run read as stage 3's; on GPUs "
-             "they leave the accelerator as predicted.\n",
-             "| run | model states measured/predicted (GB) | sent per iteration measured/predicted (MB) | "
-             f"bytes sent/param | model states vs {base.label} | traffic vs {base.label} | "
-             "activations + output buffer predicted (GB) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             f"(docs/zero-tradeoff.md); ratios are to {base.label}'s measurements. Offloaded states (host memory, "
+             "or this rank's NVMe files) are apart from the model states; on CPU ranks host memory is the "
+             "accelerator's, so they are told apart by where DeepSpeed keeps them. Activations are what one "
+             "micro-batch's forward keeps for the backward. With one micro-batch per step stages 0-2 send the same "
+             "and stage 3 1.5x; with gradient accumulation stages 2 and 3 communicate at every micro-batch.\n",
+             "| run | micro/global batch | model states measured/predicted (GB) | offloaded measured/predicted (GB) | "
+             "activations measured/predicted (GB) | sent per iteration measured/predicted (MB) | bytes sent/param | "
+             f"model states vs {base.label} | traffic vs {base.label} |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in runs:
-        extra = [v for v in (s.activations_estimate_gb, s.output_buffer_estimate_gb) if v is not None]
-        lines.append(f"| {s.label} | {s.model_state_measured_gb:.4f}/{_num(4)(s.zero_estimate_gb)} | "
-                     f"{s.traffic_mb:.2f}/{_num(2)(s.traffic_predicted_mb)} | {_num(2)(s.traffic_bytes_per_param)} | "
+        lines.append(f"| {s.label} | {_batch(s)} | {_pair(s.model_state_measured_gb, s.zero_estimate_gb, 4)} | "
+                     f"{_pair(s.offloaded_gb, s.offloaded_estimate_gb, 4)} | "
+                     f"{_pair(s.activations_gb, s.activations_estimate_gb, 4)} | "
+                     f"{_pair(s.traffic_mb, s.traffic_predicted_mb, 2)} | {_num(2)(s.traffic_bytes_per_param)} | "
                      f"{_ratio(s.model_state_measured_gb, base.model_state_measured_gb)} | "
-                     f"{_ratio(s.traffic_mb, base.traffic_mb)} | {_num(4)(sum(extra)) if extra else ''} |")
+                     f"{_ratio(s.traffic_mb, base.traffic_mb)} |")
     if plot:
         lines.append(f"\n![Memory per rank against traffic per iteration]({plot})")
     return "\n".join(lines) + "\n"

@@ -57,10 +57,14 @@ class RunSummary:
     # (consumed tokens, lm loss) per logged iteration; plotted, not tabulated.
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
     # The ZeRO trade-off (docs/zero-tradeoff.md): MB (2**20 bytes) the printing rank sent per iteration,
-    # measured (mean over the comm lines) and predicted, and the predicted memory beyond model states.
+    # measured (mean over the comm lines) and predicted; the model-state line's offloaded states and one
+    # micro-batch's activations, measured and predicted, and the predicted output-layer buffer (GB).
     traffic_mb: float | None = None
     traffic_predicted_mb: float | None = None
     traffic_bytes_per_param: float | None = None
+    offloaded_gb: float | None = None
+    offloaded_estimate_gb: float | None = None
+    activations_gb: float | None = None
     activations_estimate_gb: float | None = None
     output_buffer_estimate_gb: float | None = None
 
@@ -186,10 +190,11 @@ def _traffic(log: ParsedLog, kept_iterations: set[int]) -> dict:
     """Bytes sent over the steady-state intervals, like throughput: the first step gathers some
     parameters more often (ZeRO-3 records its fetch order then)."""
     comm = [c for c in log.comm if c.iteration in kept_iterations] or log.comm
-    estimate = log.model_state.estimate if log.model_state else {}
+    measured, estimate = (log.model_state.measured, log.model_state.estimate) if log.model_state else ({}, {})
     return dict(traffic_mb=_mean(c.total_mb for c in comm), traffic_predicted_mb=_mean(c.predicted_mb for c in comm),
                 traffic_bytes_per_param=_mean(c.bytes_per_param for c in comm),
-                activations_estimate_gb=estimate.get("activations"),
+                offloaded_gb=measured.get("offloaded"), offloaded_estimate_gb=estimate.get("offloaded"),
+                activations_gb=measured.get("activations"), activations_estimate_gb=estimate.get("activations"),
                 output_buffer_estimate_gb=estimate.get("output_buffer"))
 
 

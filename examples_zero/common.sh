@@ -43,7 +43,11 @@ else
     MICRO_BATCH=${MICRO_BATCH:-4}; PRECISION=${PRECISION:-fp32}; LAUNCHER=${LAUNCHER:-torchrun}
     [[ -n "${TRAIN_EPOCHS:-}" ]] || TRAIN_ITERS=${TRAIN_ITERS:-60}
 fi
-GLOBAL_BATCH=${GLOBAL_BATCH:-$(( MICRO_BATCH * NGPUS * 2 ))}
+# One micro-batch per rank and step by default (with TP x PP > 1, TP x PP micro-batches per replica: the
+# same global batch, so layouts compare). Without gradient accumulation the stages send the ZeRO paper's
+# volumes per step (stages 0-2: 2x the parameters, stage 3: 3x); with it, stages 2 and 3 communicate at
+# every micro-batch (docs/zero-tradeoff.md). GLOBAL_BATCH=k x MICRO_BATCH x NGPUS accumulates k.
+GLOBAL_BATCH=${GLOBAL_BATCH:-$(( MICRO_BATCH * NGPUS ))}
 source "$REPO/scripts/defaults.sh"  # data, vocabulary, split, optimizer and schedule: TRAINING_DEFAULT_FLAGS
 # Checkpoints go to the run folder: every SAVE_INTERVAL iterations and at the end. A later run
 # resumes only when asked (extra argument --load <run>/checkpoints), so re-running a driver

@@ -5,9 +5,12 @@ CPU there is no allocator counter, so "MemAllocated" is the process's live tenso
 sum of the unique storages of all tensors the garbage collector can see, sampled at log time
 (MaxMemAllocated is the largest such sample). HostRSS is the process's resident set from psutil.
 """
+import contextlib
 import gc
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 import torch
@@ -73,7 +76,8 @@ class MemoryTracker:
 _FP32_MASTER = {"DeepSpeedZeroOptimizer": "single_partition_of_fp32_groups",
                 "DeepSpeedZeroOptimizer_Stage3": "fp32_partitioned_groups_flat",
                 "BF16_Optimizer": "fp32_groups_flat_partition"}
-_GRADIENT_BUFFERS = {"DeepSpeedZeroOptimizer": ("averaged_gradients",),
+# Stages 1-2 accumulate the gradients of their partition's parameters in all_grad_tensors between micro-batches.
+_GRADIENT_BUFFERS = {"DeepSpeedZeroOptimizer": ("averaged_gradients", "all_grad_tensors"),
                      "DeepSpeedZeroOptimizer_Stage3": ("averaged_gradients", "grad_partitions_flat_buffer")}
 
 
@@ -110,12 +114,12 @@ def param_bytes(engine) -> int:
 
 
 def grad_bytes(engine) -> int:
-    """Gradients this rank holds after the last backward of a step (call before engine.step())."""
+    """Gradients this rank holds now (call after a backward, before engine.step())."""
     tensors = [p.grad for p in engine.module.parameters() if p.grad is not None]
     optimizer = _deepspeed_optimizer(engine)
     for name in _GRADIENT_BUFFERS.get(type(optimizer).__name__, ()):
         buffers = _private(optimizer, name)
-        if isinstance(buffers, dict):  # averaged_gradients: parameter group -> list of gradient partitions
+        if isinstance(buffers, dict):  # parameter group -> list of gradients (or None)
             tensors.extend(t for grads in buffers.values() for t in grads or [])
         elif buffers is not None:
             tensors.append(buffers)
@@ -123,12 +127,43 @@ def grad_bytes(engine) -> int:
 
 
 def optimizer_bytes(engine) -> int:
-    """Optimizer states plus the fp32 master partitions ZeRO (or the bf16 optimizer) keeps next to them."""
+    """Optimizer states plus the fp32 master partitions ZeRO (or the bf16 optimizer) keeps next to them, and
+    those partitions' gradients where they exist between steps (with the optimizer offloaded)."""
     optimizer = _deepspeed_optimizer(engine)
     inner = optimizer.optimizer if optimizer is not None else engine.optimizer
     inner = getattr(inner, "optimizer", inner)  # the fp16 wrapper at stage 0
     tensors = [value for state in inner.state.values() for value in state.values()]
     if optimizer is not None:
-        tensors.extend(t for t in _private(optimizer, _FP32_MASTER[type(optimizer).__name__]) or []
-                       if isinstance(t, torch.Tensor))
+        masters = [t for t in _private(optimizer, _FP32_MASTER[type(optimizer).__name__]) or []
+                   if isinstance(t, torch.Tensor)]
+        # the master partitions' fp32 gradients: kept next to them when the optimizer is offloaded
+        tensors.extend(masters + [t.grad for t in masters if t.grad is not None])
     return unique_storage_bytes(tensors)
+
+
+def swap_file_bytes(nvme_path: str, rank: int) -> int:
+    """Bytes of the files DeepSpeed's NVMe offload keeps for `rank` (<nvme_path>/zero_stage_3/<kind>/rank<r>/):
+    its optimizer states, their gradient and its parameter partitions."""
+    return sum(path.stat().st_size for path in Path(nvme_path).glob(f"zero_stage_*/*/rank{rank}/*") if path.is_file())
+
+
+@contextlib.contextmanager
+def saved_activation_bytes(module: torch.nn.Module) -> Iterator[list[int]]:
+    """Measure the activations of the forward run inside: every tensor autograd saves for the backward
+    passes through a saved_tensors_hooks pack hook, which records its storage; parameters (a matmul
+    saves its weight) are not activations. On exit the yielded list gets the bytes of the distinct
+    storages recorded (a saved tensor keeps its storage alive, so no address is reused meanwhile)."""
+    weights = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if not isinstance(tensor, torch.nn.Parameter) and tensor.device.type != "meta":
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in weights:
+                storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+        return tensor
+
+    result: list[int] = []
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield result
+    result.append(sum(storages.values()))

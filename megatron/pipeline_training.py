@@ -40,7 +40,8 @@ def pipeline_train_step(engine, data_iterator, args: Args, dist_info: DistInfo, 
     loss = float(engine.train_batch(data_iter=batches))
     skipped = not engine.was_step_applied()
     nan = not math.isfinite(loss) or (skipped and args.deepspeed.precision != "fp16")
-    # the engine frees the gradients inside train_batch; what is left is the ZeRO partition buffers
+    # the engine frees the gradients inside train_batch; what is left is the ZeRO partition buffers (the
+    # activations are not measured: the engine runs the micro-batches' forwards inside train_batch)
     grad_bytes = memory.grad_bytes(engine) if probe_grads else 0
     return StepResult(loss=loss, skipped=skipped, nan=nan, grad_norm=engine.get_global_grad_norm(),
                       grad_bytes=grad_bytes)

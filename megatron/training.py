@@ -38,7 +38,10 @@ class StepResult:
     skipped: bool
     nan: bool
     grad_norm: float | None
+    # probed steps only: the most gradient bytes held after a backward, and the activations one
+    # micro-batch's forward kept for its backward (None: not measured)
     grad_bytes: int = 0
+    activation_bytes: int | None = None
 
 
 @dataclass
@@ -94,24 +97,30 @@ def data_parallel_mean(value: torch.Tensor, dist_info: DistInfo) -> float:
 
 
 def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int, probe_grads=False) -> StepResult:
-    """One optimizer step over gradient_accumulation_steps micro-batches."""
+    """One optimizer step over gradient_accumulation_steps micro-batches. probe_grads: also measure the
+    gradients held after each backward (their peak) and the first micro-batch's activations."""
     losses = []
-    grad_bytes = 0
+    grad_bytes, activations = 0, None
     for micro in range(args.training.gradient_accumulation_steps):
         tokens, labels, position_ids, loss_mask = get_batch(next(data_iterator), dist_info.device, eod,
                                                             args.training.eod_mask_loss)
-        loss = masked_mean_loss(engine(tokens, position_ids, labels), loss_mask)
+        measure = probe_grads and micro == 0
+        with memory.saved_activation_bytes(engine.module) if measure else contextlib.nullcontext() as saved:
+            per_token_loss = engine(tokens, position_ids, labels)
+        if measure:
+            activations = saved[0]
+        loss = masked_mean_loss(per_token_loss, loss_mask)
         engine.backward(loss)
         losses.append(loss.detach())
-        if probe_grads and micro == args.training.gradient_accumulation_steps - 1:
-            grad_bytes = memory.grad_bytes(engine)
+        if probe_grads:
+            grad_bytes = max(grad_bytes, memory.grad_bytes(engine))
         engine.step()
     mean_loss = data_parallel_mean(torch.stack(losses).mean(), dist_info)
     skipped = not engine.was_step_applied()
     # fp16 overflow skips are loss-scale housekeeping; anywhere else a skipped step means inf/nan grads
     nan = not math.isfinite(mean_loss) or (skipped and args.deepspeed.precision != "fp16")
     return StepResult(loss=mean_loss, skipped=skipped, nan=nan, grad_norm=engine.get_global_grad_norm(),
-                      grad_bytes=grad_bytes)
+                      grad_bytes=grad_bytes, activation_bytes=activations)
 
 
 @torch.no_grad()
@@ -178,16 +187,26 @@ class Reporter:
         if self.tensorboard is not None:
             self.tensorboard.iteration(stats)
 
-    def model_state(self, engine, grad_bytes_before_step: int):
+    def model_state(self, engine, probed: StepResult):
         mem = self.tracker.sample(end_interval=False)  # mid-interval: the next memory line keeps this peak
-        measured = {"params": memory.param_bytes(engine), "grads": grad_bytes_before_step,
-                    "optim": memory.optimizer_bytes(engine)}
-        held = measured["params"] + measured["optim"] + memory.grad_bytes(engine)
-        # offloaded states live in host memory, outside the CUDA counter, hence the floor at zero
-        measured["other"] = max(0, mem["allocated"] - held)
         ds = self.args.deepspeed
+        params, optim = memory.param_bytes(engine), memory.optimizer_bytes(engine)
+        held = params + optim + memory.grad_bytes(engine)
+        # Offloaded states are the ones DeepSpeed keeps in host memory, or in this rank's files for NVMe: on
+        # CPU ranks host memory is the accelerator's, so they are told apart by where DeepSpeed puts them.
+        if ds.nvme_path is not None:
+            offloaded = memory.swap_file_bytes(ds.nvme_path, self.dist_info.rank)
+        else:
+            offloaded = (optim if ds.offload_optimizer else 0) + (params if ds.offload_params else 0)
+        measured = {"params": 0 if ds.offload_params else params, "grads": probed.grad_bytes,
+                    "optim": 0 if ds.offload_optimizer else optim, "offloaded": offloaded}
+        if probed.activation_bytes is not None:
+            measured["activations"] = probed.activation_bytes
+        # what else is allocated (the output-layer buffer, bucket and communication buffers); the CUDA
+        # counter does not see host memory, so there the offloaded states are not subtracted
+        measured["other"] = max(0, mem["allocated"] - (held - offloaded if self.dist_info.on_cuda else held))
         self.print_line(model_state_line(measured, self.model_state_estimate, ds.zero_stage,
-                                     self.args.parallel.data_parallel_size, ds.precision, ds.offload))
+                                         self.args.parallel.data_parallel_size, ds.precision, ds.offload))
 
     def counting(self):
         """Count the collectives of what runs inside (a training step), when a counter is installed."""
@@ -245,7 +264,7 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
         state.interval_iterations += 1
         _record_step(state, result, args)
         if first_step:
-            reporter.model_state(engine, result.grad_bytes)
+            reporter.model_state(engine, result)
             first_step = False
         if state.iteration % log.log_interval == 0 or state.iteration == schedule.train_iters:
             reporter.iteration(state, engine)
@@ -319,14 +338,8 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
     ds, par, model_config = args.deepspeed, args.parallel, args.model
     last_stage = par.pipeline_model_parallel_size - 1
     log_rank = par.layout.logging_rank  # docs/log-lines.md, "Which rank prints"
-    on_rank = accounting.parameters_on_rank(model_config, par.tensor_model_parallel_size,
-                                            par.pipeline_model_parallel_size, stage=last_stage)
-    estimate = accounting.zero_model_state_estimate(
-        on_rank, ds.zero_stage, par.data_parallel_size, ds.precision,
-        offload_optimizer=ds.offload_optimizer, offload_param=ds.offload_params)
-    setup = training_setup(args)
-    estimate.update(activations=accounting.activation_bytes(model_config, setup, last_stage),
-                    output_buffer=accounting.output_layer_buffer_bytes(model_config, setup))
+    setup = training_setup(args, dist_info)
+    estimate = accounting.memory_per_rank(model_config, setup, last_stage)
     device_name = torch.cuda.get_device_name(dist_info.device) if dist_info.on_cuda else get_accelerator().device_name()
     reporter = Reporter(
         args=args, dist_info=dist_info, schedule=schedule,
@@ -344,7 +357,7 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
     return reporter
 
 
-def training_setup(args: Args):
+def training_setup(args: Args, dist_info: DistInfo):
     """What megatron/model/accounting.py's traffic and memory estimates need from the parsed flags."""
     from megatron.model import accounting
 
@@ -355,4 +368,5 @@ def training_setup(args: Args):
         tensor_parallel_size=par.tensor_model_parallel_size, pipeline_parallel_size=par.pipeline_model_parallel_size,
         sequence_parallel=par.sequence_parallel, precision=ds.precision, zero_stage=ds.zero_stage,
         offload_optimizer=ds.offload_optimizer, offload_params=ds.offload_params,
-        offload_device="nvme" if ds.nvme_path else "cpu", activation_recompute=args.model.recompute_activations)
+        offload_device="nvme" if ds.nvme_path else "cpu", activation_recompute=args.model.recompute_activations,
+        device="cuda" if dist_info.on_cuda else "cpu")

@@ -56,17 +56,18 @@ def memory_line(rank: int, device: str, iteration: int, mem: dict, mfu_percent: 
 
 def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: int, precision: str,
                      offload: str) -> str:
+    """Measured: params, grads and optimizer states on the accelerator, offloaded states, the activations
+    of one micro-batch (when measured) and everything else allocated; the estimate
+    (megatron/model/accounting.memory_per_rank): the same, total = the model states on the accelerator."""
     m = {key: value / GB for key, value in measured.items()}
     e = {key: value / GB for key, value in estimate.items()}
+    activations = f" activations={m['activations']:.4f}" if "activations" in m else ""
     return (f" model state memory per rank (GB) | measured: params={m['params']:.4f} grads={m['grads']:.4f} "
-            f"optim={m['optim']:.4f} other={m['other']:.4f} | ZeRO estimate (stage={zero_stage}, dp={dp_size}, "
-            f"dtype={precision}, offload={offload}): params={e['params']:.4f} grads={e['grads']:.4f} "
-            f"optim={e['optim']:.4f} total={e['total']:.4f}{_beyond_model_states(e)} |")
-
-
-def _beyond_model_states(estimate_gb: dict) -> str:
-    """The predicted activations and output-layer buffer, when the estimate carries them."""
-    return "".join(f" {key}={estimate_gb[key]:.4f}" for key in ("activations", "output_buffer") if key in estimate_gb)
+            f"optim={m['optim']:.4f} offloaded={m['offloaded']:.4f}{activations} other={m['other']:.4f} | "
+            f"ZeRO estimate (stage={zero_stage}, dp={dp_size}, dtype={precision}, offload={offload}): "
+            f"params={e['params']:.4f} grads={e['grads']:.4f} optim={e['optim']:.4f} total={e['model_states']:.4f} "
+            f"offloaded={e['offloaded']:.4f} activations={e['activations']:.4f} "
+            f"output_buffer={e['output_buffer']:.4f} |")
 
 
 def comm_line(rank: int, iteration: int, sent_per_iteration: dict, num_params: int, predicted: float) -> str:

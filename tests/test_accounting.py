@@ -1,4 +1,6 @@
 """FLOPs, ZeRO model-state estimates and accelerator peaks, against hand-computed values."""
+import math
+
 import pytest
 
 from megatron.model import GPTConfig
@@ -8,8 +10,10 @@ from megatron.model.accounting import (
     TrainingSetup,
     activation_bytes,
     count_parameters,
+    gradient_elements_held,
     memory_per_rank,
     output_layer_buffer_bytes,
+    parameter_groups_on_rank,
     parameters_on_rank,
     zero_traffic_per_step,
     flops_per_iteration,
@@ -197,20 +201,51 @@ def test_traffic_tensor_and_pipeline_parallel():
 
 # ---- memory per rank -------------------------------------------------------------------------------------
 
-def test_activations_match_megatron_formula_in_16_bit():
-    """Korthikanti et al. 2022: s b h (34 + 5 a s / h) bytes per layer in 16-bit, no parallelism."""
+def _per_layer(c, **setup) -> float:
+    """One layer's activations: the difference a layer makes to the whole (the embedding and loss terms cancel)."""
+    more = config(**{**c.to_dict(), "num_layers": 2 * c.num_layers})
+    run = TrainingSetup(**setup)
+    return (activation_bytes(more, run) - activation_bytes(c, run)) / c.num_layers
+
+
+def test_activations_per_layer_on_cuda():
+    """Korthikanti et al. 2022's s b h (34 + 5 a s / h) per layer in 16-bit, for fused attention: no a s^2 b
+    probabilities but an fp32 log-sum-exp (4 a s b) and the kernel's own output (2 s b h more), fp32
+    LayerNorm statistics (2 x 8 bytes per token)."""
     c = config(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=512, max_position_embeddings=512)
     s, b, h, a = 512, 2, 256, 8
-    run = TrainingSetup(world_size=1, micro_batch_size=b, precision="bf16")
-    assert activation_bytes(c, run) == 4 * s * b * h * (34 + 5 * a * s / h)
-    # TP t: s b h (10 + 24/t + 5 a s/(h t)); with sequence parallelism everything / t
-    tp = TrainingSetup(world_size=2, micro_batch_size=b, precision="bf16", tensor_parallel_size=2)
-    assert activation_bytes(c, tp) == 4 * s * b * h * (10 + 24 / 2 + 5 * a * s / (h * 2))
-    sp = TrainingSetup(world_size=2, micro_batch_size=b, precision="bf16", tensor_parallel_size=2,
-                       sequence_parallel=True)
-    assert activation_bytes(c, sp) == 4 * s * b * h * (34 + 5 * a * s / h) / 2
-    recompute = TrainingSetup(world_size=1, micro_batch_size=b, precision="bf16", activation_recompute=True)
-    assert activation_bytes(c, recompute) == 4 * 2 * s * b * h + s * b * h * (34 + 5 * a * s / h)
+    assert _per_layer(c, world_size=1, micro_batch_size=b, precision="bf16") == pytest.approx(
+        s * b * h * (34 + 2) + 4 * a * s * b + 16 * s * b)
+    # TP t: the QKV, attention output and MLP terms (26 bytes per sbh element) and the log-sum-exp split
+    assert _per_layer(c, world_size=2, micro_batch_size=b, precision="bf16", tensor_parallel_size=2) == pytest.approx(
+        s * b * h * (10 + 26 / 2) + 4 * a * s * b / 2 + 16 * s * b)
+    # sequence parallelism splits the rest too
+    assert _per_layer(c, world_size=2, micro_batch_size=b, precision="bf16", tensor_parallel_size=2,
+                      sequence_parallel=True) == pytest.approx((s * b * h * 36 + 4 * a * s * b + 16 * s * b) / 2)
+    # full recomputation keeps each layer's input
+    assert _per_layer(c, world_size=1, micro_batch_size=b, precision="bf16",
+                      activation_recompute=True) == pytest.approx(2 * s * b * h)
+
+
+def test_activations_per_layer_on_cpu():
+    """SDPA's math kernel on CPU: fp32 q, k, v copies and three fp32 a s^2 b tensors whatever the dtype;
+    dropout masks and LayerNorm statistics in the activations' dtype (megatron/memory.py measures it:
+    tests/test_memory.py)."""
+    c = config(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64, max_position_embeddings=64)
+    s, b, h, a = 64, 4, 128, 4
+    assert _per_layer(c, world_size=1, micro_batch_size=b, device="cpu") == pytest.approx(
+        s * b * h * (12 + 36 + 16 + 8) + a * s * s * b * 12 + 16 * s * b)
+    assert _per_layer(c, world_size=1, micro_batch_size=b, device="cpu", precision="bf16") == pytest.approx(
+        s * b * h * (12 + 18 + 8 + 4) + a * s * s * b * 12 + 8 * s * b)
+
+
+def test_activations_in_flight_under_1f1b():
+    c = config(num_layers=4)
+    one = activation_bytes(c, TrainingSetup(world_size=2, micro_batch_size=2, gradient_accumulation_steps=4))
+    pipe = TrainingSetup(world_size=2, micro_batch_size=2, gradient_accumulation_steps=4, pipeline_parallel_size=2)
+    first, last = activation_bytes(c, pipe, 0), activation_bytes(c, pipe, 1)
+    assert first > 1.5 * last  # the first stage holds 2 micro-batches of its 2 layers, the last one of its 2
+    assert first / 2 + last == pytest.approx(one, rel=0.01)
 
 
 def test_output_layer_buffer():
@@ -226,6 +261,33 @@ def test_memory_per_rank_adds_up():
     memory = memory_per_rank(c, run)
     assert memory["model_states"] == zero_model_state_estimate(count_parameters(c), 3, 2, "fp32")["total"]
     assert memory["total"] == memory["model_states"] + activation_bytes(c, run) + output_layer_buffer_bytes(c, run)
+    # full recomputation: the one layer recomputed at a time is part of the peak, not of the kept activations
+    recompute = TrainingSetup(world_size=2, micro_batch_size=2, zero_stage=3, activation_recompute=True)
+    memory = memory_per_rank(c, recompute)
+    assert memory["activations"] == activation_bytes(c, recompute)
+    assert memory["total"] - memory["model_states"] - memory["activations"] - memory["output_buffer"] == \
+        pytest.approx(_per_layer(c, world_size=2, micro_batch_size=2), abs=1)
+
+
+def test_gradients_held_by_deepspeed():
+    """Stages 1-2 keep the whole gradient of every parameter starting in data-parallel rank 0's partition of each
+    optimizer group (matrices, then vectors); stage 1 keeps every gradient while it accumulates."""
+    c = config()
+    matrices, vectors = parameter_groups_on_rank(c)
+    assert sum(matrices) + sum(vectors) == count_parameters(c)
+    words = c.padded_vocab_size * c.hidden_size
+    assert matrices[0] == words and len(vectors) == 8 * c.num_layers + 2
+
+    def held(stage, dp, accumulation=1):
+        return gradient_elements_held(c, TrainingSetup(world_size=dp, micro_batch_size=1, zero_stage=stage,
+                                                       gradient_accumulation_steps=accumulation))
+    half = sum(matrices) / 2
+    first_matrices = sum(m for i, m in enumerate(matrices) if sum(matrices[:i]) < half)
+    first_vectors = sum(v for i, v in enumerate(vectors) if sum(vectors[:i]) < sum(vectors) / 2)
+    assert held(2, 2) == held(1, 2) == first_matrices + first_vectors
+    assert held(1, 2, accumulation=2) == held(0, 2) == count_parameters(c)
+    assert held(3, 2) == math.ceil(count_parameters(c) / 2)
+    assert held(2, 1) == count_parameters(c)
 
 
 @pytest.mark.parametrize("kwargs, message", [

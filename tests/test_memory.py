@@ -32,3 +32,36 @@ def test_a_missing_attribute_raises_naming_it():
 
     with pytest.raises(memory.DeepSpeedInternalsError, match=r"Renamed has no attribute 'averaged_gradients'"):
         memory._private(Renamed(), "averaged_gradients")
+
+
+@pytest.mark.parametrize("dtype, recompute", [("fp32", False), ("bf16", False), ("fp32", True)])
+def test_saved_activations_of_a_real_forward_are_the_prediction(dtype, recompute):
+    """saved_activation_bytes around one training forward of the real model on CPU (every tensor autograd
+    keeps, weights aside) against megatron/model/accounting.py's CPU activations, within 1%."""
+    import torch
+
+    from megatron.model import GPTConfig, GPTModel
+    from megatron.model.accounting import TrainingSetup, activation_bytes
+    params_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    config = GPTConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64,
+                       max_position_embeddings=64, padded_vocab_size=1024, params_dtype=params_dtype,
+                       recompute_activations=recompute)
+    torch.manual_seed(0)
+    model = GPTModel(config).train()
+    ids = torch.randint(0, 1000, (4, 64))
+    with memory.saved_activation_bytes(model) as saved:
+        loss = model(ids, torch.arange(64).expand(4, 64), ids)
+    loss.float().mean().backward()  # the saved tensors were the ones the backward needs
+    predicted = activation_bytes(config, TrainingSetup(world_size=1, micro_batch_size=4, precision=dtype,
+                                                       activation_recompute=recompute, device="cpu"))
+    assert saved[0] == pytest.approx(predicted, rel=0.01)
+    assert saved[0] > (100_000 if recompute else 1_000_000)
+
+
+def test_saved_activations_leave_out_the_weights():
+    import torch
+    linear = torch.nn.Linear(256, 256)
+    x = torch.randn(8, 256, requires_grad=True)
+    with memory.saved_activation_bytes(linear) as saved:
+        linear(x).sum()
+    assert saved == [8 * 256 * 4]  # the input only, not the 256 x 256 weight

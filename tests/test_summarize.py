@@ -116,9 +116,9 @@ def test_validation_epoch_model_state_run_info_and_end_lines():
         "lm loss PPL: 2.038503E+00 | ",
         " epoch    1 done | iteration       50 | consumed samples:         1600 | epoch time (s): 123.456 | "
         "lm loss: 7.123456E+00 |",
-        " model state memory per rank (GB) | measured: params=0.0120 grads=0.0120 optim=0.0240 other=0.1000 | "
-        "ZeRO estimate (stage=1, dp=2, dtype=fp32, offload=none): params=0.0120 grads=0.0120 optim=0.0120 "
-        "total=0.0360 |",
+        " model state memory per rank (GB) | measured: params=0.0120 grads=0.0120 optim=0.0240 offloaded=0.0000 "
+        "activations=0.0062 other=0.1000 | ZeRO estimate (stage=1, dp=2, dtype=fp32, offload=none): params=0.0120 "
+        "grads=0.0120 optim=0.0120 total=0.0360 offloaded=0.0000 activations=0.0062 output_buffer=0.0480 |",
         " > run info | zero stage: 3 | offload: optimizer+params | model: tiny | world size: 2 | micro batch: 4 | "
         "global batch: 16 | seq length: 128 | train samples per epoch: 1234 |",
         "[after training is done] datetime: 2024-04-04 09:11:30",
@@ -130,7 +130,8 @@ def test_validation_epoch_model_state_run_info_and_end_lines():
         1, 50, 1600, 123.456, 7.123456)
     assert log.iterations == []  # the epoch line's "lm loss" is not an iteration record
     state = log.model_state
-    assert state.measured == {"params": 0.012, "grads": 0.012, "optim": 0.024, "other": 0.1}
+    assert state.measured == {"params": 0.012, "grads": 0.012, "optim": 0.024, "offloaded": 0.0,
+                              "activations": 0.0062, "other": 0.1}
     assert state.estimate["total"] == 0.036
     assert (state.zero_stage, state.dp_size, state.dtype, state.offload) == (1, 2, "fp32", "none")
     assert log.run_info["offload"] == "optimizer+params" and log.run_info["train samples per epoch"] == "1234"
@@ -152,9 +153,9 @@ def test_comm_lines_and_the_zero_tradeoff_section(tmp_path):
 
     lines = [OUR_ITERATION.replace("10/     200", f"{i:>2}/       4") for i in range(1, 5)]
     log = parsed(
-        " model state memory per rank (GB) | measured: params=0.0127 grads=0.0127 optim=0.0382 other=0.0253 | "
-        "ZeRO estimate (stage=3, dp=2, dtype=fp32, offload=none): params=0.0127 grads=0.0127 optim=0.0382 "
-        "total=0.0637 activations=0.0026 output_buffer=0.0240 |",
+        " model state memory per rank (GB) | measured: params=0.0127 grads=0.0127 optim=0.0382 offloaded=0.0000 "
+        "activations=0.0031 other=0.0253 | ZeRO estimate (stage=3, dp=2, dtype=fp32, offload=none): params=0.0127 "
+        "grads=0.0127 optim=0.0382 total=0.0637 offloaded=0.0000 activations=0.0031 output_buffer=0.0240 |",
         *[line + " " + _comm(i + 1, 90.604 if i == 0 else 78.302) for i, line in enumerate(lines)],
         _comm(5, 78.302)[:60])
     assert [c.iteration for c in log.comm] == [1, 2, 3, 4]
@@ -163,18 +164,22 @@ def test_comm_lines_and_the_zero_tradeoff_section(tmp_path):
     assert (log.comm[1].total_mb, log.comm[1].predicted_mb) == (78.302, 78.322)
     z3 = summarize_run(log, RunMetadata(zero_stage=3, offload="none", world_size=2), "z3", skip_first=2)
     assert (z3.traffic_mb, z3.traffic_predicted_mb) == (78.302, 78.322)
-    assert (z3.activations_estimate_gb, z3.output_buffer_estimate_gb) == (0.0026, 0.024)
+    assert (z3.activations_gb, z3.activations_estimate_gb, z3.output_buffer_estimate_gb) == (0.0031, 0.0031, 0.024)
+    assert (z3.offloaded_gb, z3.offloaded_estimate_gb) == (0.0, 0.0)
     z1_log = parsed(log_parser.strip_ansi(
-        " model state memory per rank (GB) | measured: params=0.0255 grads=0.0240 optim=0.0382 other=0.0240 | "
-        "ZeRO estimate (stage=1, dp=2, dtype=fp32, offload=none): params=0.0255 grads=0.0255 optim=0.0382 "
-        "total=0.0892 |"), *[line + " " + _comm(i + 1, 26.107, 26.107).replace("all_gather=0.000", "all_gather=13.054")
-                             for i, line in enumerate(lines)])
+        " model state memory per rank (GB) | measured: params=0.0255 grads=0.0240 optim=0.0382 offloaded=0.0000 "
+        "activations=0.0031 other=0.0240 | ZeRO estimate (stage=1, dp=2, dtype=fp32, offload=none): params=0.0255 "
+        "grads=0.0255 optim=0.0382 total=0.0892 offloaded=0.0000 activations=0.0031 output_buffer=0.0240 |"),
+        *[line + " " + _comm(i + 1, 26.107, 26.107).replace("all_gather=0.000", "all_gather=13.054")
+          for i, line in enumerate(lines)])
     z1 = summarize_run(z1_log, RunMetadata(zero_stage=1, offload="none", world_size=2), "z1", skip_first=2)
     section = tradeoff_section([z3, z1], "zero_tradeoff.png")
     assert section.startswith("## ZeRO trade-off\n")
     assert "ratios are to Z1's measurements" in section
-    assert "| Z3 | 0.0636/0.0637 | 78.30/78.32 | 12.00 | 0.73x | 3.00x | 0.0266 |" in section
-    assert "| Z1 | 0.0877/0.0892 | 26.11/26.11 | 4.00 | 1.00x | 1.00x |  |" in section
+    assert "| Z3 | ?/? | 0.0636/0.0637 | 0.0000/0.0000 | 0.0031/0.0031 | 78.30/78.32 | 12.00 | 0.73x | 3.00x |" \
+        in section
+    assert "| Z1 | ?/? | 0.0877/0.0892 | 0.0000/0.0000 | 0.0031/0.0031 | 26.11/26.11 | 4.00 | 1.00x | 1.00x |" \
+        in section
     assert section.rstrip().endswith("(zero_tradeoff.png)")
     assert tradeoff_section([summarize_run(parsed(OUR_ITERATION), RunMetadata(), "x", 2)], None) == ""
 

@@ -14,8 +14,8 @@ pytestmark = pytest.mark.slow
 STAGES = {"DP": ["--zero-stage", "0"], "Z1": ["--zero-stage", "1"], "Z2": ["--zero-stage", "2"],
           "Z3": ["--zero-stage", "3"], "Z3_OL": ["--zero-stage", "3", "--zero-offload-optimizer",
                                                  "--zero-offload-params"]}
-MEMORY = re.compile(r"measured: params=(\S+) grads=(\S+) optim=(\S+) other=(\S+) \| ZeRO estimate .*?: "
-                    r"params=(\S+) grads=(\S+) optim=(\S+) total=(\S+)(?: \w+=\S+)* \|")
+MEMORY = re.compile(r"measured: params=(\S+) grads=(\S+) optim=(\S+) offloaded=\S+ activations=\S+ other=(\S+) \| "
+                    r"ZeRO estimate .*?: params=(\S+) grads=(\S+) optim=(\S+) total=(\S+)(?: \w+=\S+)* \|")
 
 
 def free_port() -> int:
@@ -85,6 +85,24 @@ def test_stage3_partitions_the_parameters(stage_runs):
     assert z3["grads"] == pytest.approx(z3["est_grads"], rel=0.03)
     # stage 3 clones its fp32 master partition too (the estimate once assumed not: measured 1.25x it)
     assert z3["optim"] == pytest.approx(z3["est_optim"], rel=0.03)
+
+
+def test_gradient_accumulation_traffic_and_gradients(stage_runs):
+    """2 micro-batches per step: stage 2 reduce-scatters at each micro-batch (1.5x stage 1's traffic) and stage 3
+    gathers and reduces at each (3x); stage 1 holds every gradient until the last micro-batch, stage 2 only
+    its partition's parameters' (as predicted: megatron/model/accounting.gradient_elements_held)."""
+    sent = {}
+    for name in ("DP", "Z1", "Z2", "Z3"):
+        pairs = re.findall(r"comm at iteration +\d+ \| .* total=(\S+)MB \| .* predicted=(\S+)MB", stage_runs[name])
+        measured, predicted = map(float, pairs[-1])
+        assert measured == pytest.approx(predicted, rel=0.10), name
+        sent[name] = measured
+    assert sent["Z1"] == pytest.approx(sent["DP"], rel=0.01)
+    assert sent["Z2"] == pytest.approx(1.5 * sent["Z1"], rel=0.05)
+    assert sent["Z3"] == pytest.approx(3.0 * sent["Z1"], rel=0.05)
+    z1, z2 = memory_gb(stage_runs["Z1"]), memory_gb(stage_runs["Z2"])
+    assert z1["grads"] == pytest.approx(z1["est_grads"], rel=0.02) and z1["grads"] == pytest.approx(z1["params"])
+    assert z2["grads"] == pytest.approx(z2["est_grads"], rel=0.02) and z2["grads"] < z1["grads"]
 
 
 def test_run_info_and_exact_log_lines(stage_runs):

@@ -116,7 +116,8 @@ def plan(config: GPTConfig, ns: argparse.Namespace) -> list[Plan]:
 def choose(plans: list[Plan]) -> tuple[Plan | None, str]:
     """The option that fits with the least data moved per step (sent, plus PCIe and NVMe for offload);
     among those that move as little (DP, Z1 and Z2 without gradient accumulation), the one that leaves
-    the most memory free, room for a larger micro-batch."""
+    the most memory free, room for a larger micro-batch, the lower stage where two need as much (without
+    accumulation DeepSpeed's stage 1 keeps the gradients stage 2 does)."""
     fitting = [p for p in plans if p.fits]
     if not fitting:
         return None, ("nothing fits: raise --tp or --pp, lower --micro-batch-size, add --recompute, "
@@ -125,12 +126,19 @@ def choose(plans: list[Plan]) -> tuple[Plan | None, str]:
         return round(p.traffic_gb + p.pcie_gb + p.nvme_gb, 6)
     least = min(moved(p) for p in fitting)
     best = min((p for p in fitting if moved(p) == least), key=lambda p: p.total_gb)
-    alike = [p.option for p in fitting if moved(p) == least and p is not best]
+    alike = [p for p in fitting if moved(p) == least and p is not best]
+    same = [p.option for p in alike if round(p.total_gb, 6) == round(best.total_gb, 6)]
+    more = [p.option for p in alike if p.option not in same]
     why = f"fits ({best.total_gb:.1f} GB per GPU) and sends {best.traffic_gb:.2f} GB per GPU per step"
     why += f" plus {best.pcie_gb:.2f} GB over PCIe" if best.pcie_gb else ""
     why += ", the least of the options that fit"
-    if alike:
-        why += f" ({', '.join(alike)} {'sends' if len(alike) == 1 else 'send'} as little but leave less memory free)"
+    def verbs(options: list[str], one: str, many: str) -> str:
+        return f"{', '.join(options)} {one if len(options) == 1 else many}"
+    notes = [verbs(same, "needs as much and sends", "need as much and send") + " as much"] if same else []
+    if more:
+        notes.append(verbs(more, "sends as little but leaves", "send as little but leave") + " less memory free")
+    if notes:
+        why += f" ({'; '.join(notes)})"
     missing = [p.option for p in plans if not p.fits]
     if missing:
         why += f"; {', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not fit"

@@ -38,25 +38,35 @@ def count_parameters(config: GPTConfig) -> int:
     return embeddings + config.num_layers * (attention + mlp + layer_norms) + 2 * h
 
 
+def parameter_groups_on_rank(config: GPTConfig, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                             stage: int = 0) -> tuple[list[int], list[int]]:
+    """Sizes of the parameters one tensor-parallel rank of pipeline `stage` holds, in module order, in
+    megatron/optimizer.py's two groups: (matrices, which decay; biases and LayerNorm weights, which do not).
+    Split matrices and their column biases count 1/tp; LayerNorms, row-parallel biases and position
+    embeddings are whole on every TP rank. Stage 0 holds the embeddings, the last stage the final
+    LayerNorm and (with PP > 1) its own copy of the tied word embedding; each stage num_layers / pp layers."""
+    tp, pp = tensor_parallel_size, pipeline_parallel_size
+    h, f = config.hidden_size, config.ffn_hidden_size
+    words = config.padded_vocab_size // tp * h
+    matrices, vectors = [], []
+    if stage == 0:
+        matrices += [words, config.max_position_embeddings * h]
+    for _ in range(config.num_layers // pp):
+        matrices += [3 * h * h // tp, h * h // tp, h * f // tp, f * h // tp]  # QKV, attention out, MLP in, out
+        # input LayerNorm (weight, bias), QKV and attention-out biases, LayerNorm, MLP in and out biases
+        vectors += [h, h, 3 * h // tp, h, h, h, f // tp, h]
+    if stage == pp - 1:
+        vectors += [h, h]
+        if pp > 1:
+            matrices.append(words)
+    return matrices, vectors
+
+
 def parameters_on_rank(config: GPTConfig, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                        stage: int = 0) -> int:
     """Parameters one tensor-parallel rank of pipeline `stage` holds (tensor rank 0 of the first
-    stage prints the memory lines). Split matrices and their column biases count 1/tp; LayerNorms,
-    row-parallel biases and position embeddings are whole on every TP rank. Stage 0 holds the
-    embeddings, the last stage the final LayerNorm and (with PP > 1) its own copy of the tied
-    word embedding; each stage num_layers / pp transformer layers."""
-    tp, pp = tensor_parallel_size, pipeline_parallel_size
-    h, f = config.hidden_size, config.ffn_hidden_size
-    attention = (h * 3 * h + 3 * h) // tp + (h * h // tp + h)
-    mlp = (h * f + f) // tp + (f * h // tp + h)
-    layer = attention + mlp + 2 * (2 * h)
-    words = config.padded_vocab_size // tp * h
-    total = config.num_layers // pp * layer
-    if stage == 0:
-        total += words + config.max_position_embeddings * h
-    if stage == pp - 1:
-        total += 2 * h + (words if pp > 1 else 0)
-    return total
+    stage prints the memory lines)."""
+    return sum(map(sum, parameter_groups_on_rank(config, tensor_parallel_size, pipeline_parallel_size, stage)))
 
 
 def flops_per_iteration(config: GPTConfig, global_batch_size: int, activation_recompute: bool) -> float:
@@ -70,12 +80,15 @@ def flops_per_iteration(config: GPTConfig, global_batch_size: int, activation_re
 
 
 def zero_model_state_estimate(num_params: int, zero_stage: int, dp_size: int, precision: str,
-                              offload_optimizer: bool = False, offload_param: bool = False) -> dict[str, int]:
+                              offload_optimizer: bool = False, offload_param: bool = False,
+                              gradient_elements: int | None = None) -> dict[str, int]:
     """Accelerator bytes per rank for params, grads and optimizer states under ZeRO.
 
     Stage 1 partitions optimizer states over the dp_size ranks, stage 2 also gradients,
     stage 3 also parameters; a partition is ceil(num_params / dp_size) elements (DeepSpeed
     pads to equal partitions). Offloaded states live in host memory and count 0 here.
+    gradient_elements: the gradients a rank really keeps (gradient_elements_held: DeepSpeed keeps more
+    than the paper's partition at stages 1 and 2); by default the paper's.
     """
     if precision not in _BYTES_PER_PARAM:
         raise AccountingError(f"precision must be one of {sorted(_BYTES_PER_PARAM)}, got {precision!r}")
@@ -92,7 +105,9 @@ def zero_model_state_estimate(num_params: int, zero_stage: int, dp_size: int, pr
         optim_bytes += _FP32_ZERO_MASTER
     partition = math.ceil(num_params / dp_size)
     params = (partition if zero_stage >= 3 else num_params) * param_bytes
-    grads = (partition if zero_stage >= 2 else num_params) * grad_bytes
+    if gradient_elements is None:
+        gradient_elements = partition if zero_stage >= 2 else num_params
+    grads = gradient_elements * grad_bytes
     optim = (partition if zero_stage >= 1 else num_params) * optim_bytes
     if offload_optimizer:
         optim = 0
@@ -129,6 +144,9 @@ class TrainingSetup:
     offload_params: bool = False
     offload_device: str = "cpu"  # where offloaded states live: "cpu" or "nvme" (ZeRO-Infinity)
     activation_recompute: bool = False
+    # "cuda": fused attention (SDPA's flash or memory-efficient kernel), 1-byte dropout masks; "cpu": SDPA's
+    # math kernel (it keeps the attention probabilities), masks in the activations' dtype
+    device: str = "cuda"
 
     def __post_init__(self):
         model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
@@ -139,6 +157,8 @@ class TrainingSetup:
                                   f"PP={self.pipeline_parallel_size}")
         if self.precision not in _ELEMENT_BYTES:
             raise AccountingError(f"precision must be one of {sorted(_ELEMENT_BYTES)}, got {self.precision!r}")
+        if self.device not in ("cuda", "cpu"):
+            raise AccountingError(f"device must be cuda or cpu, got {self.device!r}")
         if self.offload_device not in ("cpu", "nvme"):
             raise AccountingError(f"offload device must be cpu or nvme, got {self.offload_device!r}")
 
@@ -229,28 +249,86 @@ def offload_transfer_per_step(config: GPTConfig, setup: TrainingSetup, stage: in
     return dict(pcie=pcie, nvme=nvme)
 
 
-def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
-    """Activations the backward pass keeps on one rank of pipeline `stage` (Korthikanti et al. 2022,
-    "Reducing Activation Recomputation in Large Transformer Models", per layer and micro-batch:
-    s b h (34 + 5 a s / h) bytes in 16-bit with 1-byte dropout masks, here for any element size e:
-    s b h (16 e + 2) + a s^2 b (2 e + 1), the sbh part split over TP ranks except the LayerNorm
-    and dropout inputs, which sequence parallelism splits too). Full recomputation keeps only each
-    layer's input, plus one layer's activations while it is recomputed. Under 1F1B the first stage
-    holds pp micro-batches in flight, the last one."""
+def _whole_parameters_of_first_partition(sizes: list[int], dp_size: int) -> int:
+    """Elements of the parameters that start inside data-parallel rank 0's partition of one flattened group."""
+    partition = math.ceil(sum(sizes) / dp_size)
+    held = start = 0
+    for size in sizes:
+        if start >= partition:
+            break
+        held, start = held + size, start + size
+    return held
+
+
+def gradient_elements_held(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
+    """Gradient elements the logging rank (data-parallel rank 0) holds at its peak in a step, as DeepSpeed
+    0.19.8 keeps them (measured by megatron/memory.py; docs/zero-tradeoff.md). Stage 0 keeps every gradient;
+    stages 1 and 2 reduce each bucket to its owner and drop the gradients of the parameters outside their
+    partition, but keep the whole gradient of every parameter that starts inside it (each optimizer group is
+    flattened and cut into dp equal partitions), so a partition that falls inside a large parameter (the
+    word embedding) holds all of it; stage 1 reduces only at the last micro-batch, so with accumulation it
+    holds every gradient until then; with the optimizer offloaded they keep none (the host does); stage 3
+    holds its flat partition."""
+    sizes = parameter_groups_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
+    every, dp = sum(map(sum, sizes)), setup.data_parallel_size
+    if setup.offload_optimizer and setup.zero_stage in (1, 2):
+        return 0  # each reduced bucket goes straight to the host's fp32 gradient partition
+    if setup.zero_stage == 0 or (setup.zero_stage == 1 and setup.gradient_accumulation_steps > 1):
+        return every
+    if setup.zero_stage == 3:
+        return math.ceil(every / dp)
+    return sum(_whole_parameters_of_first_partition(group, dp) for group in sizes)
+
+
+def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
+    """What one transformer layer keeps for the backward of one micro-batch (see activation_bytes)."""
     s, b, h, a = config.seq_length, setup.micro_batch_size, config.hidden_size, config.num_attention_heads
-    e, tp = setup.element_bytes, setup.tensor_parallel_size
-    # per layer: 12 e sbh split over TP (q, k, v, the attention output, the MLP's 4h GeLU input and
-    # output); 4 e sbh + 2 sbh replicated unless sequence parallel (the two LayerNorm inputs and
-    # outputs, which are the QKV and MLP inputs, and the two residual dropout masks)
-    split = s * b * h * 12 * e / tp
-    replicated = s * b * h * (4 * e + 2) / (tp if setup.sequence_parallel else 1)
-    attention = a * s * s * b * (2 * e + 1) / tp
-    layer = split + replicated + attention
+    e, tp, on_cpu = setup.element_bytes, setup.tensor_parallel_size, setup.device == "cpu"
+    sequence_split = tp if setup.sequence_parallel else 1
+    if on_cpu:
+        # SDPA's math kernel computes in fp32 whatever the input dtype: fp32 copies of q, k, v (split over
+        # TP) and the softmax output, its dropout mask and the dropped probabilities (a s^2 b, 4 bytes each)
+        attention_inputs, attention = 3 * 4, a * s * s * b * 3 * 4 / tp
+        mask, norm_statistics = e, e  # dropout keeps a mask of the input's dtype; LayerNorm its dtype's stats
+    else:
+        # the fused kernel keeps q, k, v (views of the QKV output), its own output and an fp32 log-sum-exp
+        attention_inputs, attention = 4 * e, 4 * a * s * b / tp
+        mask, norm_statistics = 1, 4
+    # split over TP: the attention inputs, the attention output projection's input (e), the MLP's GeLU
+    # input and output (8e)
+    split = s * b * h * (attention_inputs + 9 * e) / tp
+    # replicated unless sequence parallel: both LayerNorms' inputs and outputs (the QKV and MLP inputs),
+    # the two residual dropout masks, both LayerNorms' mean and 1/std per token
+    replicated = (s * b * h * (4 * e + 2 * mask) + 2 * 2 * norm_statistics * s * b) / sequence_split
+    return split + replicated + attention
+
+
+def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
+    """Bytes autograd keeps from the forward for the backward on one rank of pipeline `stage` (what
+    megatron/memory.py's saved_activation_bytes measures), for this model's kernels; the per-layer terms
+    follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
+    s b h (34 + 5 a s / h) in 16-bit with 1-byte masks and unfused attention. On CPU SDPA's math kernel
+    keeps the a s^2 b attention probabilities; on CUDA the fused kernel keeps only a log-sum-exp.
+    Outside the layers: the token and position ids and the embedding's dropout mask on the first stage;
+    the final LayerNorm's input and statistics, the output layer's input, the labels and the loss's
+    per-token sums on the last. Full recomputation keeps each layer's input instead of its activations
+    (memory_per_rank adds the one layer recomputed at a time). Under 1F1B the first stage holds pp
+    micro-batches in flight, the last one."""
+    s, b, h = config.seq_length, setup.micro_batch_size, config.hidden_size
+    e, on_cpu = setup.element_bytes, setup.device == "cpu"
+    sequence_split = setup.tensor_parallel_size if setup.sequence_parallel else 1
     layers = config.num_layers // setup.pipeline_parallel_size
     if setup.activation_recompute:
-        per_micro = layers * s * b * h * e / (tp if setup.sequence_parallel else 1) + layer
+        per_micro = layers * s * b * h * e / sequence_split
     else:
-        per_micro = layers * layer
+        per_micro = layers * _layer_activation_bytes(config, setup)
+    if stage == 0:
+        per_micro += 2 * 8 * s * b + s * b * h * (e if on_cpu else 1) / sequence_split
+    if stage == setup.pipeline_parallel_size - 1:
+        # final LayerNorm input (e) and statistics; output-layer input (e); int64 labels, a 1-byte "label
+        # outside this vocabulary slice" flag and an fp32 sum of exponentials per token
+        norm_statistics = 2 * (e if on_cpu else 4)
+        per_micro += (s * b * h * 2 * e + norm_statistics * s * b) / sequence_split + s * b * (8 + 1 + 4)
     in_flight = min(setup.pipeline_parallel_size - stage, setup.gradient_accumulation_steps)
     return int(per_micro * max(1, in_flight))
 
@@ -265,15 +343,22 @@ def output_layer_buffer_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
 
 
 def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> dict[str, int]:
-    """Accelerator bytes one rank of pipeline `stage` needs: ZeRO model states (params, grads, optimizer
-    states and their total; offloaded ones count 0), activations, the output-layer buffer (last stage
-    only) and their total (the peak); and the bytes of model states offloaded to host memory or NVMe."""
+    """Accelerator bytes one rank of pipeline `stage` needs: ZeRO model states (params, grads as DeepSpeed
+    keeps them, optimizer states and their total; offloaded ones count 0), activations, the output-layer
+    buffer (last stage only) and their total (the peak, with the one layer recomputed at a time under
+    full recomputation); and the bytes offloaded to host memory or NVMe: the offloaded states, and with
+    the optimizer offloaded the fp32 gradient partition it steps with."""
     on_rank = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
     args = (on_rank, setup.zero_stage, setup.data_parallel_size, setup.precision)
-    states = zero_model_state_estimate(*args, setup.offload_optimizer, setup.offload_params)
-    offloaded = zero_model_state_estimate(*args)["total"] - states["total"]
+    grads = gradient_elements_held(config, setup, stage)
+    states = zero_model_state_estimate(*args, setup.offload_optimizer, setup.offload_params, gradient_elements=grads)
+    offloaded = zero_model_state_estimate(*args, gradient_elements=grads)["total"] - states["total"]
+    if setup.offload_optimizer:  # the optimizer steps on the host: an fp32 copy of the gradient partition there
+        offloaded += math.ceil(on_rank / setup.data_parallel_size) * 4
     activations = activation_bytes(config, setup, stage)
+    recomputed = int(_layer_activation_bytes(config, setup)) if setup.activation_recompute else 0
     buffer = output_layer_buffer_bytes(config, setup) if stage == setup.pipeline_parallel_size - 1 else 0
     return dict(params=states["params"], grads=states["grads"], optim=states["optim"], model_states=states["total"],
-                activations=activations, output_buffer=buffer, total=states["total"] + activations + buffer,
+                activations=activations, output_buffer=buffer,
+                total=states["total"] + activations + recomputed + buffer,
                 offloaded=offloaded)
