@@ -91,8 +91,9 @@ def tradeoff_plot(runs: list[RunSummary], out_dir: Path) -> str | None:
     ax.set_title("ZeRO trade-off: model-state memory per rank vs traffic per iteration\n"
                  "(filled: measured, hollow: predicted)")
     ax.set_xlabel("MB sent per rank per iteration (2^20 bytes)")
-    ax.set_ylabel("model states per rank (GB, 2^30 bytes)")
-    ax.set_xlim(left=0)
+    ax.set_ylabel("model states on the rank (GB, 2^30 bytes; offloaded apart)")
+    right = max(max(r.traffic_mb, r.traffic_predicted_mb or 0.0) for r in shown)
+    ax.set_xlim(0, 1.15 * right)  # room for the labels of the rightmost points
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -5,14 +5,13 @@ The real DeepSpeed engine and train_step of bench_gpt_vs_hf.py, one ZeRO stage a
 same processes; per stage one engine, whose steps take turns between the modes (the counter installed
 and removed between steps), so a drift in machine load favours none; each mode's tokens/s is from
 its median step time, and its cost the median over rounds of its step time over the uncounted step's.
-Defaults: the examples_zero drivers' CPU experiment (tiny preset, seq 128, micro-batch 4, 2
-micro-batches per step on 2 ranks).
+Defaults: the tiny preset, seq 128, micro-batch 4, 2 micro-batches per step on 2 ranks (the drivers'
+CPU experiment with gradient accumulation).
 
     DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 bench/bench_comm_counting.py
     deepspeed --num_gpus 8 bench/bench_comm_counting.py --bf16 --num-layers 12 --hidden-size 768 \\
         --num-attention-heads 12 --seq-length 1024 --micro-batch-size 8 --gradient-accumulation 1
 """
-import argparse
 import contextlib
 import gc
 import json
@@ -26,7 +25,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_gpt_vs_hf import VOCAB, flags, random_batches, synchronize, toy_dataset  # noqa: E402
+from bench.bench_gpt_vs_hf import (  # noqa: E402
+    VOCAB,
+    flags,
+    random_batches,
+    synchronize,
+    toy_dataset,
+    training_bench_parser,
+)
 from megatron import comm_counter  # noqa: E402
 from megatron.arguments import parse_args  # noqa: E402
 from megatron.initialize import DistInfo, initialize_distributed, set_seed  # noqa: E402
@@ -37,20 +43,7 @@ MODES = ("off", "counter", "deepspeed logger")
 
 
 def bench_options(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-layers", type=int, default=2)
-    parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--num-attention-heads", type=int, default=4)
-    parser.add_argument("--seq-length", type=int, default=128)
-    parser.add_argument("--micro-batch-size", type=int, default=4)
-    parser.add_argument("--gradient-accumulation", type=int, default=2)
-    parser.add_argument("--stages", default="1,3")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per mode")
-    parser.add_argument("--bf16", action="store_true")
-    parser.add_argument("--json", default=None, help="also write the results here (rank 0)")
-    parser.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
-    opts = parser.parse_args(argv)
+    opts = training_bench_parser(__doc__, "1,3", 30, "timed steps per mode").parse_args(argv)
     opts.compile = False  # bench_gpt_vs_hf.flags reads it
     return opts
 

@@ -4,8 +4,8 @@ Both models go through the same path: the same parsed flags, the same generated 
 setup_engine (zero.Init at stage 3) and the real train_step, one ZeRO stage after another in the
 same processes on the same machine; batches are random tokens (data loading is not measured).
 Per stage the runs go ours, HF, HF, ours, and each side's tokens/s is from its median step time.
-The defaults are the examples_zero drivers' CPU experiment (tiny preset, seq 128, micro-batch 4,
-2 micro-batches per step on 2 ranks). --compile runs both models under torch.compile (engine.compile()).
+The defaults are the tiny preset, seq 128, micro-batch 4, 2 micro-batches per step on 2 ranks (the
+drivers' CPU experiment with gradient accumulation). --compile runs both models under torch.compile (engine.compile()).
 
 Also printed: which SDPA kernel our attention ran (the aten op the profiler saw: flash, cuDNN,
 memory-efficient or math), and on CUDA the peak allocator memory of one forward + backward of
@@ -63,8 +63,10 @@ class HFAdapter(torch.nn.Module):
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
 
 
-def bench_options(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def training_bench_parser(description: str, stages: str, steps: int, steps_help: str) -> argparse.ArgumentParser:
+    """The options of the benches that train through setup_engine and train_step (this one and
+    bench_comm_counting.py): model shape, batch, ZeRO stages, warm-up and timed steps, dtype, output."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-attention-heads", type=int, default=4)
@@ -72,13 +74,18 @@ def bench_options(argv):
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--gradient-accumulation", type=int, default=2,
                         help="micro-batches per step (global batch = micro x ranks x this)")
-    parser.add_argument("--stages", default="0,1,2,3")
+    parser.add_argument("--stages", default=stages)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per run; each model runs twice")
+    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
     parser.add_argument("--bf16", action="store_true")
-    parser.add_argument("--compile", action="store_true", help="torch.compile both models (--compile of pretrain_gpt)")
     parser.add_argument("--json", default=None, help="also write the results here (rank 0)")
     parser.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
+    return parser
+
+
+def bench_options(argv):
+    parser = training_bench_parser(__doc__, "0,1,2,3", 8, "timed steps per run; each model runs twice")
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models (--compile of pretrain_gpt)")
     return parser.parse_args(argv)
 
 

@@ -151,7 +151,8 @@ def run_ours(corpus: Path, prefix: Path, vocab: str, merges: str, workers: int) 
 def vocab_files(data_dir: Path) -> tuple[str, str]:
     vocab, merges = data_dir / "gpt2-vocab.json", data_dir / "gpt2-merges.txt"
     if not (vocab.is_file() and merges.is_file()):
-        subprocess.run([sys.executable, str(REPO / "tools" / "gpt2_vocab.py"), "--output-dir", str(data_dir)], check=True)
+        subprocess.run([sys.executable, str(REPO / "tools" / "gpt2_vocab.py"), "--output-dir", str(data_dir)],
+                       check=True)
     return str(vocab), str(merges)
 
 
@@ -188,7 +189,8 @@ def main() -> int:
         results = [min((run() for _ in range(args.repeat)), key=lambda r: r.seconds) for run in runs]
         ours = results[-1]
         print_table(results, ours)
-        names = [Path(f"{prefix}_text_document.{s}") for prefix in ("reference", "upstream", "ours1", "ours") for s in ("bin", "idx")]
+        names = [Path(f"{prefix}_text_document.{s}") for prefix in ("reference", "upstream", "ours1", "ours")
+                 for s in ("bin", "idx")]
         outputs = {}
         for path in names:
             if (tmp / path).exists():
