@@ -6,6 +6,7 @@ our data-loader batches into the pipeline's ((tokens, position_ids), (labels, lo
 Only the first and last stages read it. These functions have train_step's and evaluate's
 signatures so that training.train runs either.
 """
+import contextlib
 import math
 
 import torch
@@ -31,18 +32,39 @@ class PipelineBatches:
         return (tokens, position_ids), (labels, loss_mask)
 
 
+class GradientProbe:
+    """Inside: the optimizer's step first measures the gradients the rank holds (the engine runs every
+    backward and the step inside train_batch, so this is the one moment they are all there)."""
+
+    def __init__(self, optimizer, engine):
+        self.optimizer, self.engine, self.grad_bytes = optimizer, engine, 0
+
+    def __enter__(self):
+        step = self.optimizer.step
+
+        def measured_step(*args, **kwargs):
+            self.grad_bytes = memory.grad_bytes(self.engine)
+            return step(*args, **kwargs)
+        self.optimizer.step = measured_step  # an instance attribute over the class's method
+        return self
+
+    def __exit__(self, *exc):
+        del self.optimizer.step
+
+
 def pipeline_train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
                         probe_grads=False) -> StepResult:
     """One optimizer step over the global batch; the engine pulls gradient_accumulation_steps
     micro-batches. Its loss is already averaged over micro-batches and data-parallel ranks and
     broadcast to every stage."""
     batches = PipelineBatches(data_iterator, dist_info.device, eod, args.training.eod_mask_loss)
-    loss = float(engine.train_batch(data_iter=batches))
+    probe = GradientProbe(engine.optimizer, engine) if probe_grads else contextlib.nullcontext()
+    with probe:
+        loss = float(engine.train_batch(data_iter=batches))
     skipped = not engine.was_step_applied()
     nan = not math.isfinite(loss) or (skipped and args.deepspeed.precision != "fp16")
-    # the engine frees the gradients inside train_batch; what is left is the ZeRO partition buffers (the
-    # activations are not measured: the engine runs the micro-batches' forwards inside train_batch)
-    grad_bytes = memory.grad_bytes(engine) if probe_grads else 0
+    # the activations are not measured: the engine runs the micro-batches' forwards inside train_batch
+    grad_bytes = probe.grad_bytes if probe_grads else 0
     return StepResult(loss=loss, skipped=skipped, nan=nan, grad_norm=engine.get_global_grad_norm(),
                       grad_bytes=grad_bytes)
 

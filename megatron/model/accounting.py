@@ -297,10 +297,13 @@ def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
     # split over TP: the attention inputs, the attention output projection's input (e), the MLP's GeLU
     # input and output (8e)
     split = s * b * h * (attention_inputs + 9 * e) / tp
-    # replicated unless sequence parallel: both LayerNorms' inputs and outputs (the QKV and MLP inputs),
-    # the two residual dropout masks, both LayerNorms' mean and 1/std per token
-    replicated = (s * b * h * (4 * e + 2 * mask) + 2 * 2 * norm_statistics * s * b) / sequence_split
-    return split + replicated + attention
+    # whole on every TP rank: the QKV and MLP inputs (the LayerNorms' outputs; under sequence parallelism
+    # the column-parallel layers keep the gathered input, not their slice)
+    whole = s * b * h * 2 * e
+    # replicated unless sequence parallel: both LayerNorms' inputs, the two residual dropout masks, both
+    # LayerNorms' mean and 1/std per token
+    replicated = (s * b * h * (2 * e + 2 * mask) + 2 * 2 * norm_statistics * s * b) / sequence_split
+    return split + whole + replicated + attention
 
 
 def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
@@ -325,10 +328,11 @@ def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) ->
     if stage == 0:
         per_micro += 2 * 8 * s * b + s * b * h * (e if on_cpu else 1) / sequence_split
     if stage == setup.pipeline_parallel_size - 1:
-        # final LayerNorm input (e) and statistics; output-layer input (e); int64 labels, a 1-byte "label
-        # outside this vocabulary slice" flag and an fp32 sum of exponentials per token
+        # final LayerNorm input (e) and statistics; the output layer's input (e, gathered under sequence
+        # parallelism); int64 labels, a 1-byte "label outside this vocabulary slice" flag and an fp32 sum of
+        # exponentials per token
         norm_statistics = 2 * (e if on_cpu else 4)
-        per_micro += (s * b * h * 2 * e + norm_statistics * s * b) / sequence_split + s * b * (8 + 1 + 4)
+        per_micro += (s * b * h * e + norm_statistics * s * b) / sequence_split + s * b * h * e + s * b * (8 + 1 + 4)
     in_flight = min(setup.pipeline_parallel_size - stage, setup.gradient_accumulation_steps)
     return int(per_micro * max(1, in_flight))
 
