@@ -34,10 +34,12 @@ def test_a_missing_attribute_raises_naming_it():
         memory._private(Renamed(), "averaged_gradients")
 
 
-@pytest.mark.parametrize("dtype, recompute", [("fp32", False), ("bf16", False), ("fp32", True)])
-def test_saved_activations_of_a_real_forward_are_the_prediction(dtype, recompute):
+@pytest.mark.parametrize("dtype, recompute, dropout", [
+    ("fp32", False, 0.1), ("bf16", False, 0.1), ("fp32", True, 0.1), ("fp32", False, 0.0), ("bf16", False, 0.0)])
+def test_saved_activations_of_a_real_forward_are_the_prediction(dtype, recompute, dropout):
     """saved_activation_bytes around one training forward of the real model on CPU (every tensor autograd
-    keeps, weights aside) against megatron/model/accounting.py's CPU activations, within 1%."""
+    keeps, weights aside) against megatron/model/accounting.py's CPU activations, within 1%: with dropout SDPA's
+    math kernel, without it the CPU flash kernel."""
     import torch
 
     from megatron.model import GPTConfig, GPTModel
@@ -45,7 +47,7 @@ def test_saved_activations_of_a_real_forward_are_the_prediction(dtype, recompute
     params_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     config = GPTConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64,
                        max_position_embeddings=64, padded_vocab_size=1024, params_dtype=params_dtype,
-                       recompute_activations=recompute)
+                       recompute_activations=recompute, hidden_dropout=dropout, attention_dropout=dropout)
     torch.manual_seed(0)
     model = GPTModel(config).train()
     ids = torch.randint(0, 1000, (4, 64))

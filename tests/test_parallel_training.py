@@ -111,6 +111,24 @@ def test_model_state_estimate_counts_the_parameters_rank_0_holds(layout_logs, tp
     assert "[Rank 2] memory at iteration" in tp2_pp2_runs[0] and "[Rank 0] memory" not in tp2_pp2_runs[0]
 
 
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_memory_and_traffic_of_each_layout_are_predicted(layout_logs, name):
+    """Under TP, SP and PP too, each measured figure of the model-state line (activations: not under PP,
+    whose engine runs the forwards) and the bytes sent per iteration within 10% of the prediction."""
+    log = layout_logs[name]
+    measured, estimate = (dict(re.findall(r"(\w+)=(\d+\.\d+)", part)) for part in
+                          re.search(r"measured: ([^|]*)\| ZeRO estimate [^:]*: ([^|]*)\|", log).groups())
+    for key in ("params", "grads", "optim", "offloaded", "activations"):
+        if key == "activations" and "--pipeline-model-parallel-size" in LAYOUTS[name][1]:
+            assert key not in measured
+            continue
+        assert float(measured[key]) == pytest.approx(float(estimate[key]), rel=0.10, abs=1e-4), key
+    sent = re.findall(r"comm at iteration +\d+ \| .* total=(\S+)MB \| .* predicted=(\S+)MB", log)
+    assert len(sent) == ITERS
+    measured_mb, predicted_mb = map(float, sent[-1])
+    assert measured_mb == pytest.approx(predicted_mb, rel=0.10)
+
+
 def test_tp2_pp2_checkpoint_holds_each_tp_rank_s_half(tp2_pp2_runs):
     step = tp2_pp2_runs[2] / "global_step3"
     # DeepSpeed's pipeline layout: one file per (layer, TP rank), and one per model-parallel rank

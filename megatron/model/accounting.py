@@ -280,20 +280,29 @@ def gradient_elements_held(config: GPTConfig, setup: TrainingSetup, stage: int =
     return sum(_whole_parameters_of_first_partition(group, dp) for group in sizes)
 
 
+def _dropout_mask_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
+    """Bytes per element of a residual dropout mask: none without dropout; the input's dtype on CPU,
+    1 byte (bool) on CUDA."""
+    if config.hidden_dropout == 0:
+        return 0
+    return setup.element_bytes if setup.device == "cpu" else 1
+
+
 def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
     """What one transformer layer keeps for the backward of one micro-batch (see activation_bytes)."""
     s, b, h, a = config.seq_length, setup.micro_batch_size, config.hidden_size, config.num_attention_heads
     e, tp, on_cpu = setup.element_bytes, setup.tensor_parallel_size, setup.device == "cpu"
     sequence_split = tp if setup.sequence_parallel else 1
-    if on_cpu:
-        # SDPA's math kernel computes in fp32 whatever the input dtype: fp32 copies of q, k, v (split over
-        # TP) and the softmax output, its dropout mask and the dropped probabilities (a s^2 b, 4 bytes each)
+    if on_cpu and config.attention_dropout > 0:
+        # SDPA's math kernel (CPU attention with dropout) computes in fp32 whatever the input dtype: fp32
+        # copies of q, k, v and the softmax output, its dropout mask and the dropped probabilities (a s^2 b)
         attention_inputs, attention = 3 * 4, a * s * s * b * 3 * 4 / tp
-        mask, norm_statistics = e, e  # dropout keeps a mask of the input's dtype; LayerNorm its dtype's stats
     else:
-        # the fused kernel keeps q, k, v (views of the QKV output), its own output and an fp32 log-sum-exp
-        attention_inputs, attention = 4 * e, 4 * a * s * b / tp
-        mask, norm_statistics = 1, 4
+        # a fused kernel (CUDA, or CPU without attention dropout) keeps q, k, v (views of the QKV output), its
+        # output (laid out so that it is the output projection's input, counted below) and an fp32 log-sum-exp
+        attention_inputs, attention = 3 * e, 4 * a * s * b / tp
+    mask = _dropout_mask_bytes(config, setup)
+    norm_statistics = e if on_cpu else 4  # LayerNorm's mean and 1/std: the input's dtype on CPU, fp32 on CUDA
     # split over TP: the attention inputs, the attention output projection's input (e), the MLP's GeLU
     # input and output (8e)
     split = s * b * h * (attention_inputs + 9 * e) / tp
@@ -311,7 +320,8 @@ def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) ->
     megatron/memory.py's saved_activation_bytes measures), for this model's kernels; the per-layer terms
     follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
     s b h (34 + 5 a s / h) in 16-bit with 1-byte masks and unfused attention. On CPU SDPA's math kernel
-    keeps the a s^2 b attention probabilities; on CUDA the fused kernel keeps only a log-sum-exp.
+    keeps the a s^2 b attention probabilities when there is attention dropout; a fused kernel (CUDA, or
+    CPU without attention dropout) keeps only a log-sum-exp. Without dropout no masks are kept.
     Outside the layers: the token and position ids and the embedding's dropout mask on the first stage;
     the final LayerNorm's input and statistics, the output layer's input, the labels and the loss's
     per-token sums on the last. Full recomputation keeps each layer's input instead of its activations
@@ -325,8 +335,8 @@ def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) ->
         per_micro = layers * s * b * h * e / sequence_split
     else:
         per_micro = layers * _layer_activation_bytes(config, setup)
-    if stage == 0:
-        per_micro += 2 * 8 * s * b + s * b * h * (e if on_cpu else 1) / sequence_split
+    if stage == 0:  # int64 token and position ids, the embedding's dropout mask
+        per_micro += 2 * 8 * s * b + s * b * h * _dropout_mask_bytes(config, setup) / sequence_split
     if stage == setup.pipeline_parallel_size - 1:
         # final LayerNorm input (e) and statistics; the output layer's input (e, gathered under sequence
         # parallelism); int64 labels, a 1-byte "label outside this vocabulary slice" flag and an fp32 sum of
