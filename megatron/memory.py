@@ -150,15 +150,22 @@ def swap_file_bytes(nvme_path: str, rank: int) -> int:
 @contextlib.contextmanager
 def saved_activation_bytes(module: torch.nn.Module) -> Iterator[list[int]]:
     """Measure the activations of the forward run inside: every tensor autograd saves for the backward
-    passes through a saved_tensors_hooks pack hook, which records its storage; parameters (a matmul
-    saves its weight) are not activations. On exit the yielded list gets the bytes of the distinct
-    storages recorded (a saved tensor keeps its storage alive, so no address is reused meanwhile)."""
-    weights = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    passes through a saved_tensors_hooks pack hook, which records its storage; parameters and views of
+    them (a matmul saves its weight) are not activations. On exit the yielded list gets the bytes of the
+    distinct storages recorded (a saved tensor keeps its storage alive, so no address is reused meanwhile)."""
+    def weight_storages() -> set[int]:
+        # at ZeRO-3 a parameter's storage is its gathered buffer, there only while it is gathered
+        return {p.untyped_storage().data_ptr() for p in module.parameters()}
+
+    weights = weight_storages()
     storages: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal weights
         if not isinstance(tensor, torch.nn.Parameter) and tensor.device.type != "meta":
             storage = tensor.untyped_storage()
+            if storage.data_ptr() not in weights:
+                weights = weight_storages()
             if storage.data_ptr() not in weights:
                 storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
         return tensor
