@@ -35,7 +35,7 @@ from bench.bench_gpt_vs_hf import (  # noqa: E402
 )
 from megatron import comm_counter  # noqa: E402
 from megatron.arguments import parse_args  # noqa: E402
-from megatron.initialize import DistInfo, initialize_distributed, set_seed  # noqa: E402
+from megatron.initialize import DistInfo, initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
 from megatron.model import GPTModel, accounting  # noqa: E402
 from megatron.training import setup_engine, train_step  # noqa: E402
 
@@ -122,6 +122,7 @@ def main(argv) -> int:
     from megatron.core.parallel_state import ParallelLayout, ParallelState
 
     opts = bench_options(argv)
+    silence_known_warnings()  # as pretrain_gpt.py: torch 2.13 deprecates the collectives DeepSpeed calls
     dist_info = initialize_distributed()
     dist_info = replace(dist_info, parallel=ParallelState.build(ParallelLayout(dist_info.world_size)))
     rows, cost_us = [], counting_cost_us()

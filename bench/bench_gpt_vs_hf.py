@@ -37,7 +37,7 @@ from megatron.arguments import parse_args  # noqa: E402
 from megatron.core.scratch import ScratchBuffers  # noqa: E402
 from megatron.core.tensor_parallel import vocab_parallel_lm_loss  # noqa: E402
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder  # noqa: E402
-from megatron.initialize import DistInfo, initialize_distributed, set_seed  # noqa: E402
+from megatron.initialize import DistInfo, initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
 from megatron.model import GPTModel, accounting  # noqa: E402
 from megatron.training import setup_engine, train_step  # noqa: E402
 
@@ -198,6 +198,7 @@ def main(argv) -> int:
     from megatron.core.parallel_state import ParallelLayout, ParallelState
 
     opts = bench_options(argv)
+    silence_known_warnings()  # as pretrain_gpt.py: torch 2.13 deprecates the collectives DeepSpeed calls
     dist_info = initialize_distributed()
     dist_info = replace(dist_info, parallel=ParallelState.build(ParallelLayout(dist_info.world_size)))
     rows = []
