@@ -53,18 +53,18 @@ class GradientProbe:
 
 
 def pipeline_train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
-                        probe_grads=False) -> StepResult:
+                        probe_memory=False) -> StepResult:
     """One optimizer step over the global batch; the engine pulls gradient_accumulation_steps
     micro-batches. Its loss is already averaged over micro-batches and data-parallel ranks and
     broadcast to every stage."""
     batches = PipelineBatches(data_iterator, dist_info.device, eod, args.training.eod_mask_loss)
-    probe = GradientProbe(engine.optimizer, engine) if probe_grads else contextlib.nullcontext()
+    probe = GradientProbe(engine.optimizer, engine) if probe_memory else contextlib.nullcontext()
     with probe:
         loss = float(engine.train_batch(data_iter=batches))
     skipped = not engine.was_step_applied()
     nan = not math.isfinite(loss) or (skipped and args.deepspeed.precision != "fp16")
     # the activations are not measured: the engine runs the micro-batches' forwards inside train_batch
-    grad_bytes = probe.grad_bytes if probe_grads else 0
+    grad_bytes = probe.grad_bytes if probe_memory else 0
     return StepResult(loss=loss, skipped=skipped, nan=nan, grad_norm=engine.get_global_grad_norm(),
                       grad_bytes=grad_bytes)
 

@@ -96,15 +96,15 @@ def data_parallel_mean(value: torch.Tensor, dist_info: DistInfo) -> float:
     return reduced.item() / group.size
 
 
-def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int, probe_grads=False) -> StepResult:
-    """One optimizer step over gradient_accumulation_steps micro-batches. probe_grads: also measure the
+def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int, probe_memory=False) -> StepResult:
+    """One optimizer step over gradient_accumulation_steps micro-batches. probe_memory: also measure the
     gradients held after each backward (their peak) and the first micro-batch's activations."""
     losses = []
     grad_bytes, activations = 0, None
     for micro in range(args.training.gradient_accumulation_steps):
         tokens, labels, position_ids, loss_mask = get_batch(next(data_iterator), dist_info.device, eod,
                                                             args.training.eod_mask_loss)
-        measure = probe_grads and micro == 0
+        measure = probe_memory and micro == 0
         with memory.saved_activation_bytes(engine.module) if measure else contextlib.nullcontext() as saved:
             per_token_loss = engine(tokens, position_ids, labels)
         if measure:
@@ -112,7 +112,7 @@ def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
         loss = masked_mean_loss(per_token_loss, loss_mask)
         engine.backward(loss)
         losses.append(loss.detach())
-        if probe_grads:
+        if probe_memory:
             grad_bytes = max(grad_bytes, memory.grad_bytes(engine))
         engine.step()
     mean_loss = data_parallel_mean(torch.stack(losses).mean(), dist_info)
@@ -258,7 +258,7 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
         _synchronize(dist_info)
         start = time.time()
         with reporter.counting():
-            result = step_fn(engine, train_iterator, args, dist_info, eod, probe_grads=first_step)
+            result = step_fn(engine, train_iterator, args, dist_info, eod, probe_memory=first_step)
         _synchronize(dist_info)
         state.interval_seconds += time.time() - start
         state.interval_iterations += 1
