@@ -111,8 +111,8 @@ def test_dry_run_prints_the_srun_line(tmp_path):
     assert line.startswith(f"srun --ntasks 8 --kill-on-bad-exit=1 {sys.executable} {REPO_ROOT / 'pretrain_gpt.py'} ")
     assert " --zero-stage 3 " in line and line.rstrip().endswith(" --seed 7")
     assert " --exit-signal-handler " in line  # SIGTERM saves and stops (the requeue test below)
-    # all 8 tasks are ranks: the global batch follows them (micro batch 4 x 8 ranks x 2 steps)
-    assert " --global-batch-size 64 " in line
+    # all 8 tasks are ranks: the global batch follows them (micro batch 4 x 8 ranks, one micro-batch per step)
+    assert " --global-batch-size 32 " in line
     assert " --load " not in line  # a first run starts afresh
     assert not any(tmp_path.iterdir())  # nothing written
 
