@@ -144,7 +144,8 @@ def optimizer_bytes(engine) -> int:
 def swap_file_bytes(nvme_path: str, rank: int) -> int:
     """Bytes of the files DeepSpeed's NVMe offload keeps for `rank` (<nvme_path>/zero_stage_3/<kind>/rank<r>/):
     its optimizer states, their gradient and its parameter partitions."""
-    return sum(path.stat().st_size for path in Path(nvme_path).glob(f"zero_stage_*/*/rank{rank}/*") if path.is_file())
+    files = Path(nvme_path).glob(f"zero_stage_*/*/rank{rank}/*")
+    return sum(path.stat().st_size for path in files if path.is_file())
 
 
 @contextlib.contextmanager

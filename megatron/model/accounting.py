@@ -30,12 +30,7 @@ class AccountingError(ZeroLabError, ValueError):
 
 def count_parameters(config: GPTConfig) -> int:
     """Parameters of GPTModel at TP=1, the tied word embedding counted once."""
-    h, f = config.hidden_size, config.ffn_hidden_size
-    embeddings = (config.padded_vocab_size + config.max_position_embeddings) * h
-    attention = (h * 3 * h + 3 * h) + (h * h + h)
-    mlp = (h * f + f) + (f * h + h)
-    layer_norms = 2 * (2 * h)
-    return embeddings + config.num_layers * (attention + mlp + layer_norms) + 2 * h
+    return parameters_on_rank(config)
 
 
 def parameter_groups_on_rank(config: GPTConfig, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
@@ -145,7 +140,8 @@ class TrainingSetup:
     offload_device: str = "cpu"  # where offloaded states live: "cpu" or "nvme" (ZeRO-Infinity)
     activation_recompute: bool = False
     # "cuda": fused attention (SDPA's flash or memory-efficient kernel), 1-byte dropout masks; "cpu": SDPA's
-    # math kernel (it keeps the attention probabilities), masks in the activations' dtype
+    # math kernel with attention dropout (it keeps the attention probabilities), its flash kernel without,
+    # masks in the activations' dtype
     device: str = "cuda"
 
     def __post_init__(self):
