@@ -1,5 +1,6 @@
 """Pretrain a GPT with DeepSpeed: `python pretrain_gpt.py <Megatron-DeepSpeed flags>` under a launcher
-(deepspeed, torchrun, mpiexec). Parse flags (the model shape with its padded vocabulary), datasets, model, train."""
+(deepspeed, torchrun, mpiexec, srun). Parse the flags, check the run's files (megatron/startup.py: data,
+tokenizer, outputs, the checkpoint to resume), then datasets, model, train."""
 import os
 import sys
 import time
@@ -13,6 +14,8 @@ from megatron.arguments import Args, parse_args
 from megatron.core.parallel_state import ParallelState
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo, initialize_distributed, launcher_world_size, set_seed, silence_known_warnings
+from megatron.launch.flag_sources import name_sources
+from megatron.startup import prepare_run
 from megatron.training import LoopState, resolve_schedule
 
 # Launchers stop every rank as soon as one fails; a rank other than 0 waits this long before printing its
@@ -48,16 +51,15 @@ def step_functions(args: Args) -> dict:
     return dict(step_fn=pipeline_train_step, evaluate_fn=pipeline_evaluate)
 
 
-def pretrain(args: Args, dist_info: DistInfo, comm=None) -> LoopState:
-    from megatron.checkpointing import load_checkpoint, set_rng_state
+def pretrain(args: Args, tokenizer, dist_info: DistInfo, comm=None) -> LoopState:
+    from megatron.checkpointing.rng import set_rng_state
+    from megatron.checkpointing.save_load import load_checkpoint
     from megatron.data.dataset_sidecar import check_data_against_model
     from megatron.data.gpt_dataset import train_samples_per_epoch
-    from megatron.tokenizer import build_tokenizer
     from megatron.training import build_reporter, save, train
     from megatron.training_log import training_done_line
 
     set_seed(args.training.seed)
-    tokenizer = build_tokenizer(args.data, verbose=dist_info.rank == 0)
     # every dataset of the blend against the model's vocabulary, before any time is spent (docs/bad-input.md)
     for warning in check_data_against_model(args.data.data_path, args.data, tokenizer.vocab_size,
                                             args.model.padded_vocab_size):
@@ -69,6 +71,8 @@ def pretrain(args: Args, dist_info: DistInfo, comm=None) -> LoopState:
     state, rng = LoopState(), None
     if args.checkpoint.load:
         state.iteration, state.consumed_samples, rng = load_checkpoint(engine, args)
+        if not args.checkpoint.finetune:
+            state.last_saved_iteration = state.iteration  # a resumed run that is already done saves nothing again
     reporter = build_reporter(args, dist_info, schedule, ds_config, comm)
     train_iter, valid_iter = build_data_iterators(args, dist_info, schedule.train_iters, state.iteration,
                                                  state.consumed_samples)
@@ -103,10 +107,11 @@ def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
     return engine, ds_config
 
 
-def report_error(err: ZeroLabError) -> None:
+def report_error(err: ZeroLabError, argv: list[str]) -> None:
     if int(os.environ.get("RANK", "0")) != 0:
         time.sleep(ERROR_GRACE_SECONDS)
-    print(f"error: {err}", file=sys.stderr, flush=True)
+    # a launch script's flag is named with the variable it came from (megatron/launch/flag_sources.py)
+    print(f"error: {name_sources(str(err), argv)}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -114,13 +119,14 @@ def main(argv: list[str]) -> int:
     try:
         from deepspeed.accelerator import get_accelerator
         args = parse_args(argv, launcher_world_size(), get_accelerator().device_name())
+        args, tokenizer = prepare_run(args, verbose=int(os.environ.get("RANK", "0")) == 0)
         # before DeepSpeed starts: every collective of the run goes through the counter (docs/zero-tradeoff.md)
         comm = comm_counter.install()
         dist_info = initialize_distributed()
         # the layout's process groups, built once; the data loader, the logging rank and DeepSpeed's mpu use them
-        pretrain(args, replace(dist_info, parallel=ParallelState.build(args.parallel.layout)), comm)
+        pretrain(args, tokenizer, replace(dist_info, parallel=ParallelState.build(args.parallel.layout)), comm)
     except ZeroLabError as err:
-        report_error(err)
+        report_error(err, argv)
         return 1
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

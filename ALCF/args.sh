@@ -5,7 +5,7 @@
 # there is one config generator (megatron/deepspeed_config.py), not a JSON copy here.
 
 alcf_positive_int() {
-    [[ "${!1}" =~ ^[1-9][0-9]*$ ]] || alcf_die "$1=${!1}: expected a positive integer"
+    [[ "${!1}" =~ ^[1-9][0-9]*$ ]] || zl_die "$1=${!1}: expected a positive integer"
 }
 
 SEQ_LEN=${SEQ_LEN:-1024}
@@ -16,24 +16,33 @@ MPSIZE=${MPSIZE:-${TP:-1}}
 PPSIZE=${PPSIZE:-${PP:-1}}
 SPSIZE=${SPSIZE:-1}
 SP_TYPE=${SP_TYPE:-megatron}
+# With a DeepSpeed JSON of the user's (DS_CONFIG), the ZeRO stage and precision are the JSON's unless
+# ZERO_STAGE or DTYPE are set: a default of ours must not contradict what the user wrote there.
+ZERO_STAGE_SET=${ZERO_STAGE:+1} DTYPE_SET=${DTYPE:+1}
 ZERO_STAGE=${ZERO_STAGE:-1}
 USE_ACTIVATION_CHECKPOINTING=${USE_ACTIVATION_CHECKPOINTING:-1}
 for var in SEQ_LEN MICRO_BATCH GAS MPSIZE PPSIZE SPSIZE; do alcf_positive_int "$var"; done
-[[ "$ZERO_STAGE" =~ ^[0-3]$ ]] || alcf_die "ZERO_STAGE=$ZERO_STAGE: expected 0, 1, 2 or 3"
-[[ "$USE_ACTIVATION_CHECKPOINTING" =~ ^[01]$ ]] || alcf_die "USE_ACTIVATION_CHECKPOINTING=$USE_ACTIVATION_CHECKPOINTING: expected 0 or 1"
+[[ "$ZERO_STAGE" =~ ^[0-3]$ ]] || zl_die "ZERO_STAGE=$ZERO_STAGE: expected 0, 1, 2 or 3"
+[[ "$USE_ACTIVATION_CHECKPOINTING" =~ ^[01]$ ]] || zl_die "USE_ACTIVATION_CHECKPOINTING=$USE_ACTIVATION_CHECKPOINTING: expected 0 or 1"
 
 case "$SP_TYPE" in
     megatron | none) ;;
-    deepspeed) alcf_die "SP_TYPE=deepspeed (DeepSpeed-Ulysses sequence parallelism) is out of scope for zero-lab; use SP_TYPE=megatron (--sequence-parallel with MPSIZE > 1) or SP_TYPE=none" ;;
-    *) alcf_die "SP_TYPE=$SP_TYPE: expected megatron or none" ;;
+    deepspeed) zl_die "SP_TYPE=deepspeed (DeepSpeed-Ulysses sequence parallelism) is out of scope for zero-lab; use SP_TYPE=megatron (--sequence-parallel with MPSIZE > 1) or SP_TYPE=none" ;;
+    *) zl_die "SP_TYPE=$SP_TYPE: expected megatron or none" ;;
 esac
-(( SPSIZE == 1 )) || alcf_die "SPSIZE=$SPSIZE: DeepSpeed-Ulysses sequence parallelism is out of scope for zero-lab; use SPSIZE=1"
+(( SPSIZE == 1 )) || zl_die "SPSIZE=$SPSIZE: DeepSpeed-Ulysses sequence parallelism is out of scope for zero-lab; use SPSIZE=1"
 
 # The layout and batch rules live in megatron/layout_check.py (pretrain_gpt.py uses the same ones);
 # asked here so that a bad layout is refused before mpiexec starts any rank.
 [[ -z "${GLOBAL_BATCH:-}" ]] || alcf_positive_int GLOBAL_BATCH
-ALCF_LAYOUT=$(PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m megatron.layout_check \
-    --world-size "$NGPUS" --tp "$MPSIZE" --pp "$PPSIZE" --micro-batch-size "$MICRO_BATCH" \
+# an error about one of these flags names the variable it came from (megatron/launch/flag_sources.py)
+export ZERO_LAB_FLAG_SOURCES="--model-size=MODEL_SIZE_KEY --seq-length=SEQ_LEN --micro-batch-size=MICRO_BATCH
+    --global-batch-size=GLOBAL_BATCH --tensor-model-parallel-size=MPSIZE --pipeline-model-parallel-size=PPSIZE
+    --sequence-parallel=SP_TYPE --zero-stage=ZERO_STAGE --deepspeed_config=DS_CONFIG --train-iters=TRAIN_ITERS
+    --train-epochs=TRAIN_EPOCHS --save-interval=SAVE_INTERVAL --log-interval=LOG_INTERVAL
+    --eval-interval=EVAL_INTERVAL --eval-iters=EVAL_ITERS"
+ALCF_LAYOUT=$("$PYTHON" -m megatron.layout_check --world-size "$NGPUS" --tensor-model-parallel-size "$MPSIZE" \
+    --pipeline-model-parallel-size "$PPSIZE" --micro-batch-size "$MICRO_BATCH" \
     ${GLOBAL_BATCH:+--global-batch-size "$GLOBAL_BATCH"}) || exit 1
 if [[ -n "${GLOBAL_BATCH:-}" ]]; then
     read -r DPSIZE GLOBAL_BATCH GAS <<< "$ALCF_LAYOUT"
@@ -61,7 +70,8 @@ source "$REPO_ROOT/scripts/defaults.sh"  # data, vocabulary, split, optimizer an
 if [[ -z "${DTYPE:-}" ]]; then
     [[ "$ACCELERATOR" == cuda ]] && DTYPE=bf16 || DTYPE=fp32
 fi
-[[ "$DTYPE" =~ ^(fp32|bf16|fp16)$ ]] || alcf_die "DTYPE=$DTYPE: expected fp32, bf16 or fp16"
+[[ "$DTYPE" =~ ^(fp32|bf16|fp16)$ ]] || zl_die "DTYPE=$DTYPE: expected fp32, bf16 or fp16"
+[[ -z "${DS_CONFIG:-}" || -f "$DS_CONFIG" ]] || zl_die "DS_CONFIG=$DS_CONFIG: no such file"
 
 MEGATRON_ARGS=(
     --model-size "$MODEL_SIZE" --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
@@ -71,9 +81,10 @@ MEGATRON_ARGS=(
     --log-interval "${LOG_INTERVAL:-1}" --eval-interval "${EVAL_INTERVAL:-1000}" --eval-iters "${EVAL_ITERS:-10}"
     --save "$CHECKPOINT_DIR" --save-interval "${SAVE_INTERVAL:-1000}"
     --tensorboard-dir "$RUN_DIR/tensorboard"
-    --deepspeed --zero-stage "$ZERO_STAGE" --run-dir "$RUN_DIR"
+    --deepspeed --run-dir "$RUN_DIR"
     --exit-signal-handler  # PBS's SIGTERM at walltime or preemption: save this iteration, exit 0
 )
+[[ -z "${DS_CONFIG:-}" || -n "$ZERO_STAGE_SET" ]] && MEGATRON_ARGS+=(--zero-stage "$ZERO_STAGE")
 if [[ -n "${TRAIN_EPOCHS:-}" ]]; then
     MEGATRON_ARGS+=(--train-epochs "$TRAIN_EPOCHS")
 else
@@ -83,8 +94,6 @@ fi
 # Megatron's sequence parallelism splits activations across the TP group; with MPSIZE=1 there is none.
 [[ "$SP_TYPE" == megatron ]] && (( MPSIZE > 1 )) && MEGATRON_ARGS+=(--sequence-parallel)
 (( USE_ACTIVATION_CHECKPOINTING == 1 )) && MEGATRON_ARGS+=(--checkpoint-activations)
-[[ "$DTYPE" != fp32 ]] && MEGATRON_ARGS+=("--$DTYPE")
+[[ "$DTYPE" != fp32 && ( -z "${DS_CONFIG:-}" || -n "$DTYPE_SET" ) ]] && MEGATRON_ARGS+=("--$DTYPE")
 [[ -n "${DS_CONFIG:-}" ]] && MEGATRON_ARGS+=(--deepspeed_config "$DS_CONFIG")
-# resume when this run already saved a checkpoint (--load on an empty folder is an error)
-[[ -f "$CHECKPOINT_DIR/latest" ]] && MEGATRON_ARGS+=(--load "$CHECKPOINT_DIR")
-echo "[args] run: $RUN_NAME | dp=$DPSIZE mp=$MPSIZE pp=$PPSIZE | global batch $GLOBAL_BATCH = micro $MICRO_BATCH x gas $GAS x dp $DPSIZE | zero $ZERO_STAGE | $DTYPE"
+echo "[args] run: $RUN_NAME | dp=$DPSIZE mp=$MPSIZE pp=$PPSIZE | global batch $GLOBAL_BATCH = micro $MICRO_BATCH x gas $GAS x dp $DPSIZE | zero ${ZERO_STAGE_SET:+$ZERO_STAGE}${ZERO_STAGE_SET:-$([[ -n "${DS_CONFIG:-}" ]] && echo "from DS_CONFIG" || echo "$ZERO_STAGE")} | $DTYPE"

@@ -3,7 +3,7 @@
 # The script's own arguments ("$@") are appended to pretrain_gpt.py's flags.
 
 command -v mpiexec >/dev/null 2>&1 \
-    || alcf_die "mpiexec not found on PATH: load the MPI module (PBS clusters) or install MPICH (apt-get install mpich)"
+    || zl_die "mpiexec not found on PATH: load the MPI module (PBS clusters) or install MPICH (apt-get install mpich)"
 
 # PALS (Cray/HPE, ALCF) and Hydra (MPICH) take --ppn and --envall; Open MPI spells ranks per node
 # -npernode and forwards only variables named with -x. Hydra's --verbose would copy every
@@ -28,13 +28,15 @@ alcf_quote() {
     done
 }
 read -r -a ALCF_EXTRA_MPIEXEC <<< "${MPIEXEC_EXTRA_ARGS:-}"  # e.g. "--cpu-bind depth -d 16" on Polaris
-ALCF_COMMAND=("${MPIEXEC[@]}" "${ALCF_EXTRA_MPIEXEC[@]}" "${PYTHON:-python3}" "$REPO_ROOT/pretrain_gpt.py" \
+ALCF_COMMAND=("${MPIEXEC[@]}" "${ALCF_EXTRA_MPIEXEC[@]}" "$PYTHON" "$REPO_ROOT/pretrain_gpt.py" \
     "${MEGATRON_ARGS[@]}" "$@")
 
 echo "[launch] $(alcf_quote "${ALCF_COMMAND[@]}")"
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
     echo "[launch] DRY_RUN=1: not launching"
-else
-    echo "$(alcf_quote "${ALCF_COMMAND[@]}")" > "$LOG_FILE"
-    "${ALCF_COMMAND[@]}" 2>&1 | tee -a "$LOG_FILE"
+    exit 0
 fi
+# One attempt (scripts/launch_common.sh): the command goes to RUN_DIR/command.txt, the ranks' output to
+# LOG_FILE, mpiexec's own report to RUN_DIR/launcher.log; on failure the last line is the cause.
+alcf_note="fresh start"; [[ -n "$RESUME_LOAD" ]] && alcf_note="resuming from $RESUME_LOAD"
+zl_run_attempt "$RUN_DIR" "$LOG_FILE" mpiexec "$alcf_note" "${ALCF_COMMAND[@]}"

@@ -8,10 +8,10 @@ declare -A ALCF_MODELS=(
     [GPT1_5B]=1.5B [GPT2_7B]=2.7B [GPT6_7B]=6.7B [GPT13B]=13B [GPT25B]=25B [GPT175B]=175B
 )
 if [[ -z "${ALCF_MODELS[$MODEL_SIZE_KEY]+set}" ]]; then
-    alcf_die "MODEL_SIZE_KEY=$MODEL_SIZE_KEY is not a known model; valid keys:" \
+    zl_die "MODEL_SIZE_KEY=$MODEL_SIZE_KEY is not a known model; valid keys:" \
         "$(printf '%s\n' "${!ALCF_MODELS[@]}" | sort -V | tr '\n' ' ')"
 fi
 MODEL_SIZE=${ALCF_MODELS[$MODEL_SIZE_KEY]}
 read -r NLAYERS HIDDEN HEADS < <("${PYTHON:-python3}" "$REPO_ROOT/megatron/model/presets.py" "$MODEL_SIZE") \
-    && [[ -n "${HEADS:-}" ]] || alcf_die "MODEL_SIZE_KEY=$MODEL_SIZE_KEY: cannot read preset $MODEL_SIZE from megatron/model/presets.py"
+    && [[ -n "${HEADS:-}" ]] || zl_die "MODEL_SIZE_KEY=$MODEL_SIZE_KEY: cannot read preset $MODEL_SIZE from megatron/model/presets.py"
 echo "[models] $MODEL_SIZE_KEY: preset $MODEL_SIZE, layers=$NLAYERS hidden=$HIDDEN heads=$HEADS"

@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # Sourced by train-gpt3.sh: where the job runs (hosts, accelerators per host) and the
 # environment every rank inherits. Sets HOSTFILE_IN (empty when the job has none),
-# HOSTS, NHOSTS, NGPU_PER_HOST, NGPUS, ACCELERATOR (cuda|cpu).
-
-alcf_die() { echo "error: $*" >&2; exit 1; }
+# HOSTS, NHOSTS, NGPU_PER_HOST, NGPUS, ACCELERATOR (cuda|cpu), and PYTHON (scripts/launch_common.sh).
 
 # PBS writes one line per MPI slot (repeated hosts); MPI hostfiles may add ":N" or " slots=N".
 alcf_hosts_from_file() {
-    [[ -f "$2" ]] || alcf_die "$1=$2: hostfile does not exist"
+    [[ -f "$2" ]] || zl_die "$1=$2: hostfile does not exist"
     mapfile -t HOSTS < <(sed -e 's/#.*//' -e 's/[[:space:]].*//' -e 's/:.*//' "$2" | awk 'NF && !seen[$0]++')
-    (( ${#HOSTS[@]} > 0 )) || alcf_die "$1=$2: hostfile names no host"
+    (( ${#HOSTS[@]} > 0 )) || zl_die "$1=$2: hostfile names no host"
     HOSTFILE_IN=$2
 }
 
@@ -43,7 +41,7 @@ else
     ACCELERATOR=cpu  # DeepSpeed's CPU accelerator, NGPU_PER_HOST CPU ranks per host
     NGPU_PER_HOST=${NGPU_PER_HOST:-2}
 fi
-[[ "$NGPU_PER_HOST" =~ ^[1-9][0-9]*$ ]] || alcf_die "NGPU_PER_HOST=$NGPU_PER_HOST: expected a positive integer"
+[[ "$NGPU_PER_HOST" =~ ^[1-9][0-9]*$ ]] || zl_die "NGPU_PER_HOST=$NGPU_PER_HOST: expected a positive integer"
 if [[ "$ACCELERATOR" == cpu ]]; then
     export DS_ACCELERATOR=cpu
     # Ranks on one host share its cores; without this each one starts a thread per core.
@@ -53,10 +51,12 @@ fi
 NGPUS=$(( NHOSTS * NGPU_PER_HOST ))
 
 if [[ -n "${VENV_DIR:-}" ]]; then
-    [[ -f "$VENV_DIR/bin/activate" ]] || alcf_die "VENV_DIR=$VENV_DIR: no bin/activate there (not a virtual environment)"
+    [[ -f "$VENV_DIR/bin/activate" ]] || zl_die "VENV_DIR=$VENV_DIR: no bin/activate there (not a virtual environment)"
     # shellcheck disable=SC1091
     source "$VENV_DIR/bin/activate"
+    PYTHON=${PYTHON:-$VENV_DIR/bin/python}
 fi
+zl_find_python "$REPO_ROOT"  # PYTHON, else the repository's .venv, else python3 on PATH; it must import torch
 
 export CUDA_DEVICE_MAX_CONNECTIONS=1  # one hardware queue keeps kernels in issue order (Megatron TP/SP overlap needs it)
 export IBV_FORK_SAFE=1                # data loader workers fork after InfiniBand is initialised

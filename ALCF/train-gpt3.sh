@@ -7,6 +7,7 @@ set -euo pipefail
 ALCF_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(dirname "$ALCF_DIR")
 
+source "$REPO_ROOT/scripts/launch_common.sh"  # finding Python, the resume rule, one attempt of a run
 source "$ALCF_DIR/setup.sh"
 source "$ALCF_DIR/models.sh"
 source "$ALCF_DIR/args.sh"
@@ -20,7 +21,13 @@ if [[ "${DRY_RUN:-0}" != 1 ]]; then
     ALCF_LOCK="${LOCK_DIR:-/tmp}/zero-lab-${RUN_USER}-${RUN_NAME}.lock"
     exec {ALCF_LOCK_FD}>"$ALCF_LOCK"
     flock -n "$ALCF_LOCK_FD" \
-        || alcf_die "run $RUN_NAME is already running on $(hostname) (lock $ALCF_LOCK is held)"
+        || zl_die "run $RUN_NAME is already running on $(hostname) (lock $ALCF_LOCK is held)"
+fi
+# The one resume rule (scripts/launch_common.sh): an intact checkpoint in the run folder is resumed;
+# FRESH=1 moves the run folder's old files aside and starts afresh.
+zl_resume_rule "$RUN_DIR"
+[[ -n "$RESUME_LOAD" ]] && MEGATRON_ARGS+=(--load "$RESUME_LOAD")
+if [[ "${DRY_RUN:-0}" != 1 ]]; then
     mkdir -p "$RUN_DIR/logs"
     [[ -n "$HOSTFILE_IN" ]] || printf '%s\n' "${HOSTS[@]}" > "$ALCF_HOSTFILE"
     echo "$LOG_FILE" >> "${LOGFILES:-logfiles}"

@@ -23,20 +23,33 @@ class Collection:
     warnings: list[str] = field(default_factory=list)
 
 
-def find_logs(path: Path) -> list[Path]:
-    """A log file itself, or under a folder every train.log, and *.log where no train.log sits
-    (train.log is the drivers' full log; other .log files beside it are partial copies)."""
+LAUNCHER_REPORT = "launcher.log"  # megatron/launch/attempt.py's file of the launchers' own lines
+
+
+def _attempt_logs(paths: list[Path]) -> bool:
+    """Logs of one run written one file per attempt (ALCF's <run>/logs/): each begins with an attempt header."""
+    def begins_with_header(path: Path) -> bool:
+        with open(path, errors="replace") as handle:
+            return handle.readline().startswith("[zero-lab] attempt ")
+    return len(paths) > 1 and all(begins_with_header(p) for p in paths)
+
+
+def find_logs(path: Path) -> list[list[Path]]:
+    """The runs' logs, each run's as a list: a log file itself; under a folder every train.log (the drivers'
+    log, every attempt appended), and *.log where no train.log sits (other .log files beside it are partial
+    copies); the attempt logs of one folder (ALCF's <run>/logs/) together as one run."""
     if path.is_file():
-        return [path]
+        return [[path]]
     if not path.is_dir():
         raise SummarizeError(f"{path}: no such file or directory (expected a runs folder or a log file)")
     logs = []
     for folder, dirs, files in os.walk(path):
         dirs.sort()
         if "train.log" in files:
-            logs.append(Path(folder) / "train.log")
-        else:
-            logs.extend(Path(folder) / name for name in sorted(files) if name.endswith(".log"))
+            logs.append([Path(folder) / "train.log"])
+            continue
+        found = [Path(folder) / name for name in sorted(files) if name.endswith(".log") and name != LAUNCHER_REPORT]
+        logs.extend([found] if _attempt_logs(found) else [[log] for log in found])
     return logs
 
 
@@ -62,14 +75,14 @@ def collect(path: Path, skip_first: int) -> Collection:
     root = path.parent if path.is_file() else path
     result = Collection()
     parsed = []
-    for log_path in logs:
+    for paths in logs:
         try:
-            log = parse_log(log_path)
+            log = parse_log(*paths)
         except OSError as exc:
-            result.skipped.append(f"{log_path}: unreadable ({exc.strerror or exc})")
+            result.skipped.append(f"{exc.filename or paths[-1]}: unreadable ({exc.strerror or exc})")
             continue
         if not log.has_training_lines:
-            result.skipped.append(f"{log_path}: no training lines")
+            result.skipped.append(f"{', '.join(map(str, paths))}: no training lines")
             continue
         meta, folder, problems = collect_metadata(log, root)
         result.warnings += problems

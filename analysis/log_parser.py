@@ -20,6 +20,9 @@ LM_LOSS_RE = re.compile(r"lm loss: (\d+\.\d+E[+-]\d+)")
 COMM_RE = re.compile(r"comm at iteration +(\d+) \|.* total=(\d+\.\d+)MB \| bytes/param=(\d+\.\d+) \| "
                      r"predicted=(\d+\.\d+)MB \|")
 
+# megatron/launch/attempt.py's header of each attempt of a run (a resumed run appends another)
+_ATTEMPT_HEADER = r"\[zero-lab\] attempt (?P<anum>\d+) started (?P<atime>\S+ \S+) UTC"
+
 # Old BigScience-era logs print seconds instead of milliseconds.
 _ELAPSED_S_RE = re.compile(r"elapsed time per iteration \(s\): (\d+\.\d+)")
 _ANSI_RE = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|[@-Z\\-_]|c)")
@@ -40,6 +43,7 @@ _RECORD_START_RE = re.compile(
     # --exit-interval (ours and upstream) or upstream's signal handler
     r"|(?P<exited>exiting program (?:at iteration\s+(?P<eit>\d+)"
     r"|after receiving (?P<signal>SIG\w+)(?: at iteration\s+(?P<sigit>\d+))?))"
+    rf"|(?P<attempt>{_ATTEMPT_HEADER})"
 )
 # Megatron prints its parsed arguments as "  name ........ value" once at start-up.
 _ARGUMENT_RE = re.compile(r"^\s*(?:\S+:\s+)?([a-z_0-9]+) \.{3,} (\S.*?)\s*$")
@@ -60,6 +64,7 @@ class IterationRecord:
     samples_per_second: float | None = None
     tgs: float | None = None
     tflops: float | None = None
+    attempt: int = 0  # which attempt of the run printed it (0: the log has no attempt header before it)
 
 
 @dataclass
@@ -117,8 +122,17 @@ class ModelStateRecord:
 
 
 @dataclass
+class AttemptRecord:
+    """`[zero-lab] attempt N started <UTC time> ...`: one launch of the run (a resume appends another)."""
+
+    number: int
+    started: str
+
+
+@dataclass
 class ParsedLog:
-    path: Path
+    path: Path  # the log file; for a run logged one file per attempt (ALCF), the newest
+    parts: list[Path] = field(default_factory=list)  # every file read, oldest attempt first
     iterations: list[IterationRecord] = field(default_factory=list)
     memory: list[MemoryRecord] = field(default_factory=list)
     comm: list[CommRecord] = field(default_factory=list)
@@ -132,6 +146,7 @@ class ParsedLog:
     diverged_at: int | None = None  # the iteration of the "stopping at iteration N:" line
     exited_early: str | None = None  # why: "--exit-interval" or the signal's name
     exited_at: int | None = None  # the iteration the exit line names, when it names one
+    attempts: list[AttemptRecord] = field(default_factory=list)
 
     @property
     def has_training_lines(self) -> bool:
@@ -233,7 +248,9 @@ def _parse_run_info(seg: str) -> dict[str, str]:
 
 def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
     if kind == "iteration":
-        log.iterations.append(_parse_iteration(seg, int(match["it"]), int(match["total"])))
+        record = _parse_iteration(seg, int(match["it"]), int(match["total"]))
+        record.attempt = len(log.attempts)
+        log.iterations.append(record)
     elif kind == "memory":
         log.memory.append(_parse_memory(seg, "zero-lab", int(match["mit"]), int(match["mrank"])))
     elif kind == "comm":
@@ -272,6 +289,10 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
         log.exited_early = match["signal"] or "--exit-interval"
         iteration = match["eit"] or match["sigit"]
         log.exited_at = int(iteration) if iteration else None
+    elif kind == "attempt":
+        # how the run ended is what its latest attempt says
+        log.attempts.append(AttemptRecord(int(match["anum"]), match["atime"]))
+        log.saw_end_marker, log.diverged_at, log.exited_early, log.exited_at = False, None, None, None
 
 
 def parse_line(log: ParsedLog, line: str) -> None:
@@ -292,15 +313,29 @@ def strip_ansi(text: str) -> str:
     return _ANSI_RE.sub("", text)
 
 
-def parse_log(path: Path) -> ParsedLog:
-    """Parse one log file. Undecodable bytes are replaced: a log is evidence, not input to reject."""
-    text = strip_ansi(Path(path).read_bytes().decode("utf-8", errors="replace"))
-    log = ParsedLog(path=Path(path), ended_mid_line=bool(text) and not text.endswith(("\n", "\r")))
-    lines = text.splitlines()
-    if log.ended_mid_line and lines:
-        # Every field ends with " |"; a number cut off before its bar may be cut short
-        # (7.1234E+0 for 7.1234E+01), so keep only the fields that were finished.
-        lines[-1] = lines[-1][: lines[-1].rfind("|") + 1]
-    for line in lines:
-        parse_line(log, line)
+def _read(path: Path) -> str:
+    """A log's text. Undecodable bytes are replaced: a log is evidence, not input to reject."""
+    return strip_ansi(Path(path).read_bytes().decode("utf-8", errors="replace"))
+
+
+def _started(path: Path) -> tuple[str, float]:
+    """When a log's first attempt started (its header), else its modification time: the order of attempts."""
+    match = re.search(_ATTEMPT_HEADER, _read(path))
+    return (match["atime"] if match else "", Path(path).stat().st_mtime)
+
+
+def parse_log(*paths: Path) -> ParsedLog:
+    """Parse one log file, or the files of one run logged one file per attempt, oldest attempt first."""
+    paths = sorted((Path(p) for p in paths), key=_started) if len(paths) > 1 else [Path(p) for p in paths]
+    log = ParsedLog(path=paths[-1], parts=paths)
+    for path in paths:
+        text = _read(path)
+        log.ended_mid_line = bool(text) and not text.endswith(("\n", "\r"))
+        lines = text.splitlines()
+        if log.ended_mid_line and lines:
+            # Every field ends with " |"; a number cut off before its bar may be cut short
+            # (7.1234E+0 for 7.1234E+01), so keep only the fields that were finished.
+            lines[-1] = lines[-1][: lines[-1].rfind("|") + 1]
+        for line in lines:
+            parse_line(log, line)
     return log

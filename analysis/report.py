@@ -41,6 +41,7 @@ def _iterations(s: RunSummary) -> str:
 MARKDOWN_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
     ("run", lambda s: s.label),
     ("status", lambda s: s.status),
+    ("attempts", lambda s: str(s.attempts)),
     ("ZeRO", lambda s: "" if s.zero_stage is None else str(s.zero_stage)),
     ("offload", lambda s: s.offload or ""),
     ("model", lambda s: s.model or ""),
@@ -82,7 +83,8 @@ def markdown_table(summaries: list[RunSummary]) -> str:
 def notes(summaries: list[RunSummary], skipped: list[str], skip_first: int) -> str:
     lines = [
         f"Throughput, ms/iter, TFLOPs and MFU are means over logged intervals after the first {skip_first} "
-        "(warm-up); memory and loss use every logged step. Memory is per rank, GB = 2**30 bytes. "
+        "of each attempt (warm-up; a resumed run is one run of several attempts, every iteration counted once); "
+        "memory and loss use every logged step. Memory is per rank, GB = 2**30 bytes. "
         "`~` marks an epoch time estimated from iteration time (the run did not finish an epoch).",
     ]
     lines += [f"- {s.label}: {s.status} ({s.incomplete_reason}), summarized as far as the log goes"

@@ -151,7 +151,9 @@ def _flag_values(argv: list[str]) -> dict[str, str]:
 
 
 def from_command(path: Path) -> RunMetadata:
-    flags = _flag_values(shlex.split(path.read_text()))
+    """The latest attempt's command (command.txt keeps every attempt's, each after a `# attempt` line)."""
+    commands = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    flags = _flag_values(shlex.split(commands[-1]) if commands else [])
     nodes = _to_int(flags.get("nnodes")) or 1
     per_node = _to_int(flags.get("nproc-per-node")) or _to_int(flags.get("num-gpus"))
     return RunMetadata(

@@ -21,6 +21,7 @@ class RunSummary:
     complete: bool
     incomplete_reason: str
     status: str  # finished, diverged at iteration N, stopped early at iteration N, INCOMPLETE
+    attempts: int  # launches of the run joined here (a resumed run has several); 1 for a log without headers
     nan_iterations: int | None
     zero_stage: int | None
     offload: str | None
@@ -89,9 +90,16 @@ def unique_iterations(log: ParsedLog) -> list[IterationRecord]:
 
 
 def steady_state(records: list[IterationRecord], skip_first: int) -> list[IterationRecord]:
-    """Drop the first `skip_first` logged intervals (warm-up), always keeping at least one."""
+    """Drop the first `skip_first` logged intervals of each attempt (every start warms up again),
+    always keeping at least one interval."""
     timed = [r for r in records if r.elapsed_ms is not None]
-    return timed[min(skip_first, max(len(timed) - 1, 0)):]
+    seen: dict[int, int] = {}
+    kept = []
+    for record in timed:
+        seen[record.attempt] = seen.get(record.attempt, 0) + 1
+        if seen[record.attempt] > skip_first:
+            kept.append(record)
+    return kept or timed[-1:]
 
 
 def _tokens_per_iteration(record: IterationRecord, meta: RunMetadata) -> int | None:
@@ -216,6 +224,7 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         complete=status == "finished",
         incomplete_reason=reason,
         status=status,
+        attempts=max(1, len(log.attempts)),
         nan_iterations=records[-1].nan_iterations if records else None,
         zero_stage=meta.zero_stage,
         offload=meta.offload,

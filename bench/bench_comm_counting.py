@@ -35,6 +35,7 @@ from bench.bench_gpt_vs_hf import (  # noqa: E402
 )
 from megatron import comm_counter  # noqa: E402
 from megatron.arguments import parse_args  # noqa: E402
+from megatron.startup import prepare_run  # noqa: E402
 from megatron.initialize import DistInfo, initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
 from megatron.model import GPTModel, accounting  # noqa: E402
 from megatron.training import setup_engine, train_step  # noqa: E402
@@ -129,8 +130,8 @@ def main(argv) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         prefix = toy_dataset(Path(tmp))
         for stage in opts.stages.split(","):
-            args = parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size,
-                              get_accelerator().device_name())
+            args, _ = prepare_run(parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size,
+                                             get_accelerator().device_name()), verbose=False)
             seconds, sent, calls = measure(args, opts, dist_info)
             tokens_per_step = args.training.global_batch_size * opts.seq_length
             rate = {mode: tokens_per_step / float(np.median(seconds[mode])) for mode in MODES}

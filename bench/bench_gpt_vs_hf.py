@@ -34,6 +34,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from megatron.arguments import parse_args  # noqa: E402
+from megatron.startup import prepare_run  # noqa: E402
 from megatron.core.scratch import ScratchBuffers  # noqa: E402
 from megatron.core.tensor_parallel import vocab_parallel_lm_loss  # noqa: E402
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder  # noqa: E402
@@ -90,7 +91,7 @@ def bench_options(argv):
 
 
 def toy_dataset(folder: Path) -> str:
-    """parse_args checks --data-path exists; the bench feeds random batches instead of reading it."""
+    """prepare_run checks --data-path exists; the bench feeds random batches instead of reading it."""
     prefix = str(folder / "bench_text_document")
     builder = MMapIndexedDatasetBuilder(prefix + ".bin", np.uint16)
     builder.add_item(np.arange(4096) % VOCAB)
@@ -205,8 +206,8 @@ def main(argv) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         prefix = toy_dataset(Path(tmp))
         for stage in opts.stages.split(","):
-            args = parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size,
-                              get_accelerator().device_name())
+            args, _ = prepare_run(parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size,
+                                             get_accelerator().device_name()), verbose=False)
             config = args.model
             # ours, HF, HF, ours: a drift in machine load or a cold first run favours neither side;
             # the median step time resists the odd slow step (a page-cache miss, a busy neighbour)

@@ -12,42 +12,43 @@
 # Writes bench/results/<gpu-name>.md (machine, versions, settings, the tables; "<count>x-" before
 # the name with several GPUs) and <gpu-name>-summary.{csv,json} beside it; the runs, the full
 # summary and its plots stay in SUITE_RUNS (runs/gpu_suite, emptied first). Settings: SUITE_MODELS ("125M 355M"),
-# SUITE_ITERS (60), SUITE_RUNS, MICRO_BATCH (8; the drivers' GPU default), PYTHON (python3 on PATH).
+# SUITE_ITERS (60), SUITE_RUNS, MICRO_BATCH (8; the drivers' GPU default), PYTHON (default the repo's .venv,
+# else python3 on PATH: scripts/launch_common.sh).
 # Exit status: 0 when every step passed, 1 when one failed (the others still run; the results
 # file names the failed steps).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
-PYTHON=${PYTHON:-$(command -v python3)}
+source scripts/launch_common.sh
 MODELS=${SUITE_MODELS:-125M 355M}
 ITERS=${SUITE_ITERS:-60}
 RUNS=${SUITE_RUNS:-$REPO/runs/gpu_suite}
 MICRO_BATCH=${MICRO_BATCH:-8}
-die() { echo "error: $*" >&2; exit 1; }
 
 usage="usage: bench/gpu_suite.sh [--dry-run] [--only PARTS]"
 dry_run=0 only=""
 while (( $# )); do
     case "$1" in
         --dry-run) dry_run=1; shift ;;
-        --only) [[ $# -ge 2 ]] || die "--only needs a list such as 125M,bench ($usage)"
+        --only) [[ $# -ge 2 ]] || zl_die "--only needs a list such as 125M,bench ($usage)"
                 only=$2; shift 2 ;;
-        *) die "unknown argument $1 ($usage)" ;;
+        *) zl_die "unknown argument $1 ($usage)" ;;
     esac
 done
 for part in ${only//,/ }; do
     [[ " $MODELS bench report " == *" $part "* ]] \
-        || die "--only $only: unknown part $part (expected: ${MODELS// /, }, bench, report)"
+        || zl_die "--only $only: unknown part $part (expected: ${MODELS// /, }, bench, report)"
 done
 wanted() { [[ -z "$only" || ",$only," == *",$1,"* ]]; }
 
-gpus=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())") || die "PYTHON=$PYTHON cannot import torch"
+zl_find_python "$REPO"  # the one way every script finds Python; ZL_CUDA_GPUS: the GPUs torch sees
+gpus=$ZL_CUDA_GPUS
 if (( gpus > 0 )); then
     gpu_name=$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name(0))")
 elif (( dry_run )); then
     gpus=1 gpu_name="no GPU (dry run)"
 else
-    die "no CUDA GPU visible to torch (torch.cuda.device_count() is 0): the GPU suite needs one;" \
+    zl_die "no CUDA GPU visible to torch (torch.cuda.device_count() is 0): the GPU suite needs one;" \
         "--dry-run prints its commands"
 fi
 slug=$(tr '[:upper:]' '[:lower:]' <<< "$gpu_name" | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')

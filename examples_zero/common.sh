@@ -1,30 +1,30 @@
 # Shared by the examples_zero/gpt_deepspeed_*.sh drivers (sourced, never run alone).
 # The driver sets ZERO_STAGE, EXPERIMENT (DP|Z1|Z2|Z3|Z3_OL|Z3_NVMe) and OFFLOAD=1 for CPU offload or
 # OFFLOAD=nvme for NVMe offload (files under NVME_PATH, default <run folder>/nvme);
-# everything else is an environment default here, identical for all the drivers so runs compare.
-# Extra arguments to the driver are passed to pretrain_gpt.py last, so they override.
+# everything else is an environment default here, identical for all the drivers so runs compare
+# (docs/environment.md lists every variable). Extra arguments to the driver are passed to pretrain_gpt.py
+# last, so they override.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PYTHON=${PYTHON:-$(command -v python3)}
+source "$REPO/scripts/launch_common.sh"  # finding Python, the resume rule, one attempt of a run
+zl_find_python "$REPO"
 # This Python's tools first: torch builds DeepSpeed's C++ ops with the first `ninja` on PATH, and two
 # different ninjas (a venv's and the system's) invalidate each other's builds on every start.
 export PATH=$(dirname "$PYTHON"):$PATH
-export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
-die() { echo "error: $*" >&2; exit 1; }
 
 # INIT_HF=<Hugging Face GPT-2 folder>: fine-tune its weights instead of starting from random ones.
 # Its shape picks MODEL_SIZE (gpt2 = 125M, gpt2-medium = 355M, gpt2-large = 774M, gpt2-xl = 1.5B).
 if [[ -n "${INIT_HF:-}" ]]; then
-    [[ -f "$INIT_HF/config.json" ]] || die "INIT_HF=$INIT_HF: not a Hugging Face model folder (no config.json)"
+    [[ -f "$INIT_HF/config.json" ]] || zl_die "INIT_HF=$INIT_HF: not a Hugging Face model folder (no config.json)"
     read -r hf_size hf_positions < <("$PYTHON" -c 'import json, sys
 from megatron.model import MODEL_PRESETS
 c = json.load(open(sys.argv[1]))
 shape = dict(num_layers=c.get("n_layer"), hidden_size=c.get("n_embd"), num_attention_heads=c.get("n_head"))
 print(next((name for name, preset in MODEL_PRESETS.items() if preset == shape), "none"), c.get("n_positions"))' \
-        "$INIT_HF/config.json") || die "INIT_HF=$INIT_HF: cannot read $INIT_HF/config.json"
-    [[ "$hf_size" != none ]] || die "INIT_HF=$INIT_HF: its n_layer/n_embd/n_head match no MODEL_SIZE preset"
-    [[ "${MODEL_SIZE:-$hf_size}" == "$hf_size" ]] || die "INIT_HF=$INIT_HF is a $hf_size model but MODEL_SIZE=$MODEL_SIZE"
+        "$INIT_HF/config.json") || zl_die "INIT_HF=$INIT_HF: cannot read $INIT_HF/config.json"
+    [[ "$hf_size" != none ]] || zl_die "INIT_HF=$INIT_HF: its n_layer/n_embd/n_head match no MODEL_SIZE preset"
+    [[ "${MODEL_SIZE:-$hf_size}" == "$hf_size" ]] || zl_die "INIT_HF=$INIT_HF is a $hf_size model but MODEL_SIZE=$MODEL_SIZE"
     MODEL_SIZE=$hf_size
 fi
 
@@ -32,9 +32,9 @@ fi
 # Without: the tiny preset on 2 CPU ranks via torchrun, fp32, a few minutes per driver.
 # LAUNCHER=srun (inside a Slurm allocation): one rank per task of the allocation, on all its nodes.
 [[ "${LAUNCHER:-}" == srun && -z "${NGPUS:-}" ]] && NGPUS=${SLURM_NTASKS:-}
-CUDA_GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())") || die "PYTHON=$PYTHON cannot import torch"
-if (( CUDA_GPUS > 0 )); then
-    MODEL_SIZE=${MODEL_SIZE:-125M}; SEQ_LEN=${SEQ_LEN:-1024}; NGPUS=${NGPUS:-$CUDA_GPUS}
+if (( ZL_CUDA_GPUS > 0 )); then
+    MODEL_SIZE=${MODEL_SIZE:-125M}; SEQ_LEN=${SEQ_LEN:-1024}
+    NGPUS=${NGPUS:-$ZL_CUDA_GPUS}
     MICRO_BATCH=${MICRO_BATCH:-8}; PRECISION=${PRECISION:-bf16}; LAUNCHER=${LAUNCHER:-deepspeed}
     [[ -n "${TRAIN_ITERS:-}" ]] || TRAIN_EPOCHS=${TRAIN_EPOCHS:-1}
 else
@@ -49,9 +49,8 @@ fi
 # every micro-batch (docs/zero-tradeoff.md). GLOBAL_BATCH=k x MICRO_BATCH x NGPUS accumulates k.
 GLOBAL_BATCH=${GLOBAL_BATCH:-$(( MICRO_BATCH * NGPUS ))}
 source "$REPO/scripts/defaults.sh"  # data, vocabulary, split, optimizer and schedule: TRAINING_DEFAULT_FLAGS
-# Checkpoints go to the run folder: every SAVE_INTERVAL iterations and at the end. A later run
-# resumes only when asked (extra argument --load <run>/checkpoints), so re-running a driver
-# starts the experiment afresh instead of overwriting its log with an empty resumed run.
+# Checkpoints go to the run folder: every SAVE_INTERVAL iterations, at the end, and on SIGTERM. Running a
+# driver again resumes its run folder's checkpoint; FRESH=1 starts afresh (the one resume rule, below).
 SAVE_INTERVAL=${SAVE_INTERVAL:-1000}
 LOG_INTERVAL=${LOG_INTERVAL:-5}; EVAL_INTERVAL=${EVAL_INTERVAL:-50}; EVAL_ITERS=${EVAL_ITERS:-5}
 MASTER_PORT=${MASTER_PORT:-29500}
@@ -69,18 +68,25 @@ RUNS_DIR=${RUNS_DIR:-$REPO/runs}
 parallel_tag=""; (( TP > 1 )) && parallel_tag+="_tp$TP"; (( PP > 1 )) && parallel_tag+="_pp$PP"
 [[ "$SP" == 1 ]] && parallel_tag+="_sp"
 RUN_NAME=${RUN_NAME:-gpt_${MODEL_SIZE}_${EXPERIMENT}${parallel_tag}}
-RUN_DIR=$RUNS_DIR/$RUN_NAME
-[[ "${DRY_RUN:-0}" == 1 ]] || mkdir -p "$RUN_DIR"  # DRY_RUN=1: print the command, write and start nothing
+RUN_DIR=$(realpath -m "$RUNS_DIR/$RUN_NAME")
+echo "[examples_zero] $RUN_NAME -> $RUN_DIR"
+# A run folder holding an intact checkpoint resumes from it; FRESH=1 moves its old files aside and starts
+# afresh (scripts/launch_common.sh). DRY_RUN=1: say what would happen, write and start nothing.
+zl_resume_rule "$RUN_DIR"
+[[ "${DRY_RUN:-0}" == 1 ]] || mkdir -p "$RUN_DIR"
+resume_flags=(); [[ -n "$RESUME_LOAD" ]] && resume_flags=(--load "$RESUME_LOAD")
 
 # INIT_HF is converted once into the run folder, then loaded with --finetune (iteration and optimizer
 # start afresh; any ZeRO stage); GPT-2's position table (1024) replaces --max-position-embeddings SEQ_LEN.
+# A resumed run continues from its own checkpoint instead.
 init_flags=()
-if [[ -n "${INIT_HF:-}" ]]; then
+if [[ -n "${INIT_HF:-}" && -z "$RESUME_LOAD" ]]; then
     init_dir=$RUN_DIR/hf_init_$(basename "$INIT_HF")
     [[ -f "$init_dir/latest" || "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" "$REPO/tools/hf_to_checkpoint.py" --hf "$INIT_HF" --save "$init_dir" \
         || exit 1
     init_flags=(--max-position-embeddings "$hf_positions" --load "$init_dir" --finetune)
 fi
+[[ -n "${INIT_HF:-}" && -n "$RESUME_LOAD" ]] && init_flags=(--max-position-embeddings "$hf_positions")
 
 precision_flags=(); [[ "$PRECISION" == fp32 ]] || precision_flags=("--$PRECISION")
 offload_flags=(); [[ "${OFFLOAD:-0}" == 1 ]] && offload_flags=(--zero-offload-optimizer --zero-offload-params)
@@ -91,21 +97,24 @@ parallel_flags=(--tensor-model-parallel-size "$TP" --pipeline-model-parallel-siz
 [[ "$SP" == 1 ]] && parallel_flags+=(--sequence-parallel)
 length_flags=(); if [[ -n "${TRAIN_ITERS:-}" ]]; then length_flags=(--train-iters "$TRAIN_ITERS");
                  else length_flags=(--train-epochs "$TRAIN_EPOCHS"); fi
+# DS_CONFIG: a DeepSpeed JSON of the user's; the flags below are merged into it or refused when they
+# disagree with it (megatron/deepspeed_json.py)
+ds_config_flags=(); [[ -n "${DS_CONFIG:-}" ]] && ds_config_flags=(--deepspeed_config "$DS_CONFIG")
 case "$LAUNCHER" in
     torchrun)  launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NGPUS" --master_port "$MASTER_PORT") ;;
     deepspeed) launch=("$PYTHON" -m deepspeed.launcher.runner --num_gpus "$NGPUS" --master_port "$MASTER_PORT") ;;
-    # Each task finds its rank and the rendezvous in SLURM_* (megatron/dist_env.py); one OpenMP
+    # Each task finds its rank and the rendezvous in SLURM_* (megatron/launch/dist_env.py); one OpenMP
     # thread per CPU of the task, as torchrun's one per rank when tasks get no --cpus-per-task.
     srun)      [[ -n "${SLURM_JOB_ID:-}" ]] \
-                   || die "LAUNCHER=srun: not inside a Slurm allocation (no SLURM_JOB_ID): use sbatch or salloc"
+                   || zl_die "LAUNCHER=srun: not inside a Slurm allocation (no SLURM_JOB_ID): use sbatch or salloc"
                export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
                launch=(srun --ntasks "$NGPUS" --kill-on-bad-exit=1 "$PYTHON") ;;
     # MPICH (Hydra), PALS or Open MPI on this host: each rank finds its rank in the MPI variables
-    # (megatron/dist_env.py) and MASTER_PORT in the environment mpiexec passes on; one OpenMP thread
+    # (megatron/launch/dist_env.py) and MASTER_PORT in the environment mpiexec passes on; one OpenMP thread
     # per rank, as torchrun sets.
     mpiexec)   export MASTER_PORT OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
                launch=(mpiexec -n "$NGPUS" "$PYTHON") ;;
-    *) die "LAUNCHER=$LAUNCHER: expected torchrun, deepspeed, mpiexec or srun" ;;
+    *) zl_die "LAUNCHER=$LAUNCHER: expected torchrun, deepspeed, mpiexec or srun" ;;
 esac
 
 cmd=("${launch[@]}" "$REPO/pretrain_gpt.py"
@@ -114,11 +123,16 @@ cmd=("${launch[@]}" "$REPO/pretrain_gpt.py"
      "${TRAINING_DEFAULT_FLAGS[@]}"
      --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
      --zero-stage "$ZERO_STAGE" "${offload_flags[@]}" "${precision_flags[@]}" "${parallel_flags[@]}"
-     --save "$RUN_DIR/checkpoints" --save-interval "$SAVE_INTERVAL"
-     "${init_flags[@]}" --tensorboard-dir "$RUN_DIR/tensorboard" --run-dir "$RUN_DIR"
+     "${ds_config_flags[@]}" --save "$RUN_DIR/checkpoints" --save-interval "$SAVE_INTERVAL"
+     "${init_flags[@]}" "${resume_flags[@]}" --tensorboard-dir "$RUN_DIR/tensorboard" --run-dir "$RUN_DIR"
      --exit-signal-handler "$@")  # SIGTERM (preemption): save this iteration, exit 0 (docs/checkpoints.md)
+# an error about one of these flags names the variable it came from (megatron/launch/flag_sources.py)
+export ZERO_LAB_FLAG_SOURCES="--model-size=MODEL_SIZE --seq-length=SEQ_LEN --micro-batch-size=MICRO_BATCH
+    --global-batch-size=GLOBAL_BATCH --tensor-model-parallel-size=TP --pipeline-model-parallel-size=PP
+    --sequence-parallel=SP --deepspeed_config=DS_CONFIG --zero-nvme-path=NVME_PATH --train-iters=TRAIN_ITERS
+    --train-epochs=TRAIN_EPOCHS --save-interval=SAVE_INTERVAL --log-interval=LOG_INTERVAL
+    --eval-interval=EVAL_INTERVAL --eval-iters=EVAL_ITERS $TRAINING_DEFAULT_SOURCES"
 
-echo "[examples_zero] $RUN_NAME -> $RUN_DIR"
 if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "[examples_zero] DRY_RUN=1, not starting: $(printf '%q ' "${cmd[@]}")"; exit 0; fi
-printf '%q ' "${cmd[@]}" > "$RUN_DIR/command.txt"; echo >> "$RUN_DIR/command.txt"
-"${cmd[@]}" 2>&1 | tee "$RUN_DIR/train.log"
+note="fresh start"; [[ -n "$RESUME_LOAD" ]] && note="resuming from $RESUME_LOAD"
+zl_run_attempt "$RUN_DIR" "$RUN_DIR/train.log" "$LAUNCHER" "$note" "${cmd[@]}"

@@ -1,24 +1,25 @@
 """Megatron-DeepSpeed command-line flags, parsed once into typed, validated sections.
 
-`parse_args(argv, world_size)` is the only entry point: argparse reads the flags, each
-section's __post_init__ checks what it can see alone, and `check_support` checks the
-combinations against one table. Every error is a `ConfigError` naming the flag to change.
+`parse_args(argv, world_size)` is the only entry point: argparse reads the flags (and a
+--deepspeed_config JSON, merged with them by megatron/deepspeed_json.py), each section's
+__post_init__ checks what it can see alone, and `check_support` checks the combinations against
+one table. Every error is a `ConfigError` naming the flag to change. Nothing here opens the run's
+files: the data, the tokenizer, the output folders and a checkpoint to resume are checked after
+parsing, by megatron/startup.py (which also fills in the padded vocabulary from the tokenizer).
 """
 import argparse
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import deepspeed
 import torch
 
 from megatron.core.parallel_state import ParallelLayout
+from megatron.deepspeed_json import MISSING, DeepSpeedJSONError, merge_flags, read_deepspeed_json
 from megatron.errors import ZeroLabError
 from megatron.layout_check import batch_split
 from megatron.model.config import GPTConfig, parallel_shape_problems
 from megatron.model.presets import MODEL_PRESETS
-from megatron.tokenizer import TokenizerConfig, build_tokenizer
+from megatron.tokenizer import TokenizerConfig
 
 PARAMS_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -30,26 +31,6 @@ class ConfigError(ZeroLabError, ValueError):
 def _require(condition, message):
     if not condition:
         raise ConfigError(message)
-
-
-def _require_writable_folder(flag: str, path: str | None) -> None:
-    """`path` is a writable folder or can be made: its nearest existing ancestor is a writable folder."""
-    if path is None:
-        return
-    existing = os.path.abspath(path)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    _require(os.path.isdir(existing), f"{flag} {path}: {existing} is not a folder")
-    _require(os.access(existing, os.W_OK | os.X_OK), f"{flag} {path}: {existing} is not writable")
-
-
-def _require_readable(flag: str, path: str) -> None:
-    """An existing file can still be unreadable (permissions, a broken network mount)."""
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as err:
-        raise ConfigError(f"{flag}: {path} cannot be read ({err.strerror})") from None
 
 
 @dataclass
@@ -133,18 +114,9 @@ class DataArgs(TokenizerConfig):
 
     def __post_init__(self):
         _require(bool(self.data_path), "--data-path is required (a dataset prefix, or weight prefix ...)")
-        prefixes = self.data_path if len(self.data_path) == 1 else self.data_path[1::2]
-        for prefix in prefixes:
-            for suffix in (".bin", ".idx"):
-                _require(os.path.isfile(prefix + suffix),
-                         f"--data-path: {prefix + suffix} does not exist "
-                         "(expected a prefix with .bin/.idx files from tools/preprocess_data.py)")
-                _require_readable("--data-path", prefix + suffix)
-        if self.tokenizer_type == "GPT2BPETokenizer":
-            for flag, path in (("--vocab-file", self.vocab_file), ("--merge-file", self.merge_file)):
-                _require(path is not None and os.path.isfile(path),
-                         f"{flag} {path} does not exist (GPT2BPETokenizer needs it)")
-                _require_readable(flag, path)
+        if len(self.data_path) > 1:
+            _require(len(self.data_path) % 2 == 0,
+                     f"--data-path: a blend is 'weight prefix weight prefix ...', got {len(self.data_path)} words")
 
 
 @dataclass
@@ -158,7 +130,6 @@ class LoggingArgs:
         _require(self.log_interval > 0, "--log-interval must be >= 1")
         _require(self.eval_interval > 0, "--eval-interval must be >= 1")
         _require(self.eval_iters >= 0, "--eval-iters must be >= 0")
-        _require_writable_folder("--tensorboard-dir", self.tensorboard_dir)
 
 
 @dataclass
@@ -171,20 +142,10 @@ class CheckpointArgs:
     universal_checkpoint: bool = False
 
     def __post_init__(self):
-        if self.load is not None and self.finetune:
-            _require(os.path.isfile(os.path.join(self.load, "latest")),
-                     f"--load {self.load} holds no checkpoint (no 'latest' file there)")
-        elif self.load is not None:
-            from megatron.checkpointing import CheckpointError, check_resumable
-            try:
-                check_resumable(self.load)  # the files `latest` names are all there, before any time is spent
-            except CheckpointError as err:
-                raise ConfigError(str(err)) from None
         _require(not self.universal_checkpoint or (self.load is not None and not self.finetune),
                  "--universal-checkpoint resumes the run in --load on another layout; it needs --load and "
                  "no --finetune (which takes only the weights, from any layout)")
         _require(self.save_interval is None or self.save_interval > 0, "--save-interval must be >= 1")
-        _require_writable_folder("--save", self.save)
 
 
 @dataclass
@@ -197,10 +158,11 @@ class DeepSpeedArgs:
     deepspeed_config: str | None = None
     run_dir: str | None = None
     nvme_path: str | None = None  # ZeRO-Infinity: optimizer states and parameters offloaded to files here
+    # the --deepspeed_config JSON with the flags merged in (megatron/deepspeed_json.py); None: generated
+    user_config: dict | None = None
 
     def __post_init__(self):
         _require(self.zero_stage in (0, 1, 2, 3), f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        _require_writable_folder("--run-dir", self.run_dir)
 
     @property
     def precision(self) -> str:
@@ -233,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Pretrain a GPT with DeepSpeed (Megatron-DeepSpeed flags)",
                                      allow_abbrev=False)
     model = parser.add_argument_group("model")
-    model.add_argument("--model-size", default=None, help="preset: tiny, 125M, 355M, 774M, 1.5B")
+    model.add_argument("--model-size", default=None, help=f"preset: {', '.join(MODEL_PRESETS)}")
     for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size"):
         model.add_argument(flag, type=int, default=None)
     model.add_argument("--seq-length", type=int, default=None)
@@ -257,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--lr-warmup-fraction", type=float, default=None)
     opt.add_argument("--lr-decay-iters", type=int, default=None)
     opt.add_argument("--weight-decay", type=float, default=0.01)
-    opt.add_argument("--clip-grad", type=float, default=1.0)
+    opt.add_argument("--clip-grad", type=float, default=None, help="default: the JSON's gradient_clipping, else 1.0")
     opt.add_argument("--adam-beta1", type=float, default=0.9)
     opt.add_argument("--adam-beta2", type=float, default=0.999)
     opt.add_argument("--adam-eps", type=float, default=1e-8)
@@ -316,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     return deepspeed.add_config_arguments(parser)
 
 
-def _model_config(ns, padded_vocab_size: int, params_dtype: torch.dtype) -> GPTConfig:
+def _model_config(ns, params_dtype: torch.dtype) -> GPTConfig:
+    """The shape the flags give; its padded vocabulary is filled in from the tokenizer by megatron/startup.py."""
     shape = dict(num_layers=ns.num_layers, hidden_size=ns.hidden_size, num_attention_heads=ns.num_attention_heads)
     if ns.model_size is not None:
         _require(ns.model_size in MODEL_PRESETS,
@@ -329,15 +292,15 @@ def _model_config(ns, padded_vocab_size: int, params_dtype: torch.dtype) -> GPTC
     _require(ns.seq_length is not None, "--seq-length is required")
     return GPTConfig(**shape, seq_length=ns.seq_length,
                      max_position_embeddings=ns.max_position_embeddings or ns.seq_length,
-                     padded_vocab_size=padded_vocab_size, ffn_hidden_size=ns.ffn_hidden_size,
+                     padded_vocab_size=None, ffn_hidden_size=ns.ffn_hidden_size,
                      hidden_dropout=ns.hidden_dropout, attention_dropout=ns.attention_dropout,
                      init_method_std=ns.init_method_std, recompute_activations=ns.checkpoint_activations,
                      params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel)
 
 
-def _training_args(ns, layout: ParallelLayout) -> TrainingArgs:
-    global_batch, accumulation = batch_split(layout, ns.micro_batch_size, ns.global_batch_size)
-    return TrainingArgs(micro_batch_size=ns.micro_batch_size, global_batch_size=global_batch,
+def _training_args(ns, layout: ParallelLayout, shared: dict) -> TrainingArgs:
+    global_batch, accumulation = batch_split(layout, shared["micro_batch_size"], _value(shared, "global_batch_size"))
+    return TrainingArgs(micro_batch_size=shared["micro_batch_size"], global_batch_size=global_batch,
                         gradient_accumulation_steps=accumulation,
                         train_iters=ns.train_iters, train_samples=ns.train_samples, train_epochs=ns.train_epochs,
                         seed=ns.seed, max_nan_iterations=ns.max_nan_iterations,
@@ -345,35 +308,31 @@ def _training_args(ns, layout: ParallelLayout) -> TrainingArgs:
                         compile=ns.compile, exit_signal_handler=ns.exit_signal_handler)
 
 
-def read_deepspeed_json(path: str | None) -> dict:
-    if path is None:
-        return {}
+def _value(shared: dict, dest: str, default=None):
+    value = shared[dest]
+    return default if value is MISSING else value
+
+
+def _shared_settings(ns) -> tuple[dict | None, dict]:
+    """(the --deepspeed_config JSON with the flags merged in, or None; the value of every setting the flags
+    and the JSON share), by megatron/deepspeed_json.py's one rule."""
     try:
-        return json.loads(Path(path).read_text())
-    except OSError as err:
-        raise ConfigError(f"--deepspeed_config {path}: cannot read ({err.strerror})") from err
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"--deepspeed_config {path}: line {err.lineno}: not valid JSON ({err.msg})") from err
+        user = read_deepspeed_json(ns.deepspeed_config)
+        merged, shared = merge_flags(user, vars(ns), ns.deepspeed_config)
+    except DeepSpeedJSONError as err:
+        raise ConfigError(str(err)) from None
+    return (merged if ns.deepspeed_config is not None else None), shared
 
 
-def _deepspeed_args(ns) -> DeepSpeedArgs:
-    user = read_deepspeed_json(ns.deepspeed_config)
-    zero = user.get("zero_optimization", {})
-    json_stage = zero.get("stage", 0) if user else None
-    _require(ns.zero_stage is None or json_stage is None or ns.zero_stage == json_stage,
-             f"--zero-stage {ns.zero_stage} disagrees with zero_optimization.stage {json_stage} "
-             f"in --deepspeed_config {ns.deepspeed_config}")
-    offload_opt = zero.get("offload_optimizer", {}).get("device", "none") == "cpu"
-    offload_par = zero.get("offload_param", {}).get("device", "none") == "cpu"
+def _deepspeed_args(ns, user_config: dict | None, shared: dict) -> DeepSpeedArgs:
+    nvme_path = _value(shared, "zero_nvme_path") or None  # "": the JSON offloads somewhere else
+    offload_params = _value(shared, "zero_offload_params", False) or nvme_path is not None
     return DeepSpeedArgs(
-        zero_stage=ns.zero_stage if ns.zero_stage is not None else (json_stage or 0),
-        offload_optimizer=(ns.zero_offload_optimizer or offload_opt or ns.zero_offload_params or offload_par
-                           or ns.zero_nvme_path is not None),
-        offload_params=ns.zero_offload_params or offload_par or ns.zero_nvme_path is not None,
-        nvme_path=ns.zero_nvme_path,
-        bf16=ns.bf16 or user.get("bf16", {}).get("enabled", False),
-        fp16=ns.fp16 or user.get("fp16", {}).get("enabled", False),
-        deepspeed_config=ns.deepspeed_config, run_dir=ns.run_dir)
+        zero_stage=_value(shared, "zero_stage", 0),
+        offload_optimizer=_value(shared, "zero_offload_optimizer", False) or offload_params,
+        offload_params=offload_params, nvme_path=nvme_path,
+        bf16=_value(shared, "bf16", False), fp16=_value(shared, "fp16", False),
+        deepspeed_config=ns.deepspeed_config, run_dir=ns.run_dir, user_config=user_config)
 
 
 # The one table of combinations DeepSpeed (or this stack) does not support:
@@ -407,28 +366,26 @@ def check_support(args: Args, device_type: str) -> None:
 
 
 def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -> Args:
-    """Parse and validate; raises ConfigError (argparse's own usage errors exit with code 2)."""
+    """Parse and validate the values; raises ConfigError (argparse's own usage errors exit with code 2)."""
     ns = build_parser().parse_args(argv)
     pipeline = 1 if ns.no_pipeline_parallel else ns.pipeline_model_parallel_size
     layout = ParallelLayout(world_size, ns.tensor_model_parallel_size, pipeline)
-    data = DataArgs(data_path=ns.data_path or [], split=ns.split, tokenizer_type=ns.tokenizer_type,
-                    vocab_file=ns.vocab_file, merge_file=ns.merge_file, tokenizer_model=ns.tokenizer_model,
-                    vocab_size=ns.vocab_size, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
-                    tensor_model_parallel_size=ns.tensor_model_parallel_size)
-    deepspeed_args = _deepspeed_args(ns)
-    # the padded vocabulary comes from the tokenizer, once, here; the model shape carries it from now on
-    padded_vocab = build_tokenizer(data, verbose=False).padded_vocab_size
+    user_config, shared = _shared_settings(ns)
+    deepspeed_args = _deepspeed_args(ns, user_config, shared)
     args = Args(
-        model=_model_config(ns, padded_vocab, PARAMS_DTYPES[deepspeed_args.precision]),
+        model=_model_config(ns, PARAMS_DTYPES[deepspeed_args.precision]),
         model_name=ns.model_size or "custom",
         parallel=ParallelArgs(layout=layout, sequence_parallel=ns.sequence_parallel),
         optimizer=OptimizerArgs(lr=ns.lr, min_lr=ns.min_lr, lr_decay_style=ns.lr_decay_style,
                                 lr_warmup_iters=ns.lr_warmup_iters, lr_warmup_fraction=ns.lr_warmup_fraction,
                                 lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,
-                                clip_grad=ns.clip_grad, adam_beta1=ns.adam_beta1, adam_beta2=ns.adam_beta2,
-                                adam_eps=ns.adam_eps),
-        training=_training_args(ns, layout),
-        data=data,
+                                clip_grad=_value(shared, "clip_grad", 1.0), adam_beta1=ns.adam_beta1,
+                                adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps),
+        training=_training_args(ns, layout, shared),
+        data=DataArgs(data_path=ns.data_path or [], split=ns.split, tokenizer_type=ns.tokenizer_type,
+                      vocab_file=ns.vocab_file, merge_file=ns.merge_file, tokenizer_model=ns.tokenizer_model,
+                      vocab_size=ns.vocab_size, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
+                      tensor_model_parallel_size=ns.tensor_model_parallel_size),
         logging=LoggingArgs(log_interval=ns.log_interval, eval_interval=ns.eval_interval,
                             eval_iters=ns.eval_iters, tensorboard_dir=ns.tensorboard_dir),
         checkpoint=CheckpointArgs(save=ns.save, load=ns.load, save_interval=ns.save_interval,
@@ -438,11 +395,4 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
         argv=list(argv),
     )
     check_support(args, device_type)
-    if args.checkpoint.load and not args.checkpoint.finetune:
-        from megatron.checkpointing import CheckpointError
-        from megatron.universal_checkpoint import check_resume_layout
-        try:
-            check_resume_layout(args)
-        except CheckpointError as err:
-            raise ConfigError(str(err)) from None
     return args

@@ -1,4 +1,5 @@
-"""The DeepSpeed JSON config: generated from the parsed flags, or a user's file checked against them.
+"""The DeepSpeed JSON config: generated from the parsed flags, or a user's file with the flags merged in
+(megatron/deepspeed_json.py).
 
 `deepspeed_config(args, num_params, hidden_size)` is the one place that writes a DeepSpeed config;
 `write_deepspeed_config` puts the config actually used into the run folder (atomically).
@@ -7,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from megatron.arguments import Args, ConfigError, read_deepspeed_json
+from megatron.arguments import Args, ConfigError
 
 # DeepSpeed's defaults (5e8 elements per bucket) are larger than a whole GPT-2 125M model, so
 # the communication buffers would dominate and hide what ZeRO saves; size them from the model.
@@ -79,20 +80,6 @@ def _zero_section(args: Args, num_params: int, hidden_size: int, on_cuda: bool) 
     return zero
 
 
-def check_nvme_path(path: str) -> None:
-    """Refuse NVMe offload up front, in one line, where it cannot run: a folder that cannot be made, or
-    DeepSpeed's async I/O op that cannot be built (it needs libaio: `apt-get install -y libaio-dev`)."""
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"--zero-nvme-path {path}: cannot create the folder ({err.strerror})") from err
-    from deepspeed.accelerator import get_accelerator
-    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
-    if builder is None or not builder.is_compatible(verbose=False):
-        raise ConfigError(f"--zero-nvme-path {path}: DeepSpeed's async I/O op cannot be built on this machine "
-                          "(it needs libaio: apt-get install -y libaio-dev)")
-
-
 def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool) -> dict:
     ds, train = args.deepspeed, args.training
     # At stage 0 in fp32 DeepSpeed hands the step straight to our optimizer, which clips itself
@@ -112,30 +99,29 @@ def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool
         "zero_optimization": _zero_section(args, num_params, hidden_size, on_cuda),
     }
     if args.deepspeed.nvme_path is not None:
-        check_nvme_path(args.deepspeed.nvme_path)
         config["aio"] = dict(AIO)
     return config
 
 
-def _check_user_config(user: dict, args: Args, path: str) -> dict:
-    """A user's JSON must agree with the flags on batch sizes; missing batch keys are filled in."""
+def _complete_user_config(user: dict, args: Args, path: str) -> dict:
+    """The batch keys the user's JSON leaves out, filled in from the flags (the ones it gives agree with
+    them: megatron/deepspeed_json.py); gradient accumulation follows from the batch sizes and the layout."""
     train = args.training
-    expected = {"train_batch_size": (train.global_batch_size, "--global-batch-size"),
-                "train_micro_batch_size_per_gpu": (train.micro_batch_size, "--micro-batch-size"),
-                "gradient_accumulation_steps": (train.gradient_accumulation_steps, "--global-batch-size")}
     config = dict(user)
-    for key, (value, flag) in expected.items():
-        if key in config and config[key] != value:
-            raise ConfigError(f"--deepspeed_config {path}: {key} is {config[key]} but {flag} gives {value}")
-        config[key] = value
+    steps = config.get("gradient_accumulation_steps")
+    if steps is not None and steps != train.gradient_accumulation_steps:
+        raise ConfigError(f"--deepspeed_config {path}: gradient_accumulation_steps is {steps} but --global-batch-size "
+                          f"{train.global_batch_size} / (--micro-batch-size {train.micro_batch_size} x data-parallel "
+                          f"size {args.parallel.data_parallel_size}) gives {train.gradient_accumulation_steps}")
+    config.update(train_batch_size=train.global_batch_size, train_micro_batch_size_per_gpu=train.micro_batch_size,
+                  gradient_accumulation_steps=train.gradient_accumulation_steps)
     config.setdefault("zero_allow_untested_optimizer", True)
     return config
 
 
 def deepspeed_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool) -> dict:
-    path = args.deepspeed.deepspeed_config
-    if path is not None:
-        config = _check_user_config(read_deepspeed_json(path), args, path)
+    if args.deepspeed.user_config is not None:
+        config = _complete_user_config(args.deepspeed.user_config, args, args.deepspeed.deepspeed_config)
     else:
         config = generate_config(args, num_params, hidden_size, on_cuda)
     if args.checkpoint.universal_checkpoint:  # DeepSpeed then loads the per-parameter files ds_to_universal wrote

@@ -35,7 +35,7 @@ def silence_known_warnings() -> None:
 
 def launcher_world_size() -> int:
     """World size as the launcher describes it, before torch.distributed exists (for parse_args)."""
-    from megatron.dist_env import export_launcher_env
+    from megatron.launch.dist_env import export_launcher_env
     export_launcher_env()
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -46,7 +46,7 @@ def initialize_distributed() -> DistInfo:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.dist_env import export_launcher_env
+    from megatron.launch.dist_env import export_launcher_env
 
     export_launcher_env()
     accelerator = get_accelerator()

@@ -1,7 +1,8 @@
 """The batch arithmetic of a parallel layout, in one place: pretrain_gpt.py's flag parsing uses it, and
 shell launchers that must refuse a bad layout before starting ranks (ALCF/args.sh) call it as
 
-    python -m megatron.layout_check --world-size N --tp T --pp P --micro-batch-size M [--global-batch-size G]
+    python -m megatron.layout_check --world-size N --tensor-model-parallel-size T --pipeline-model-parallel-size P \
+        --micro-batch-size M [--global-batch-size G]
 
 which prints "data_parallel_size global_batch_size gradient_accumulation_steps", or one `error:` line.
 """
@@ -10,6 +11,7 @@ import sys
 
 from megatron.core.parallel_state import ParallelLayout
 from megatron.errors import ZeroLabError
+from megatron.launch.flag_sources import name_sources
 
 
 class BatchError(ZeroLabError, ValueError):
@@ -31,16 +33,16 @@ def batch_split(layout: ParallelLayout, micro_batch_size: int, global_batch_size
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    parser.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     parser.add_argument("--micro-batch-size", type=int, required=True)
     parser.add_argument("--global-batch-size", type=int, default=None)
     ns = parser.parse_args(argv)
     try:
-        layout = ParallelLayout(ns.world_size, ns.tp, ns.pp)
+        layout = ParallelLayout(ns.world_size, ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size)
         global_batch, accumulation = batch_split(layout, ns.micro_batch_size, ns.global_batch_size)
     except ZeroLabError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {name_sources(str(err), argv)}", file=sys.stderr)
         return 1
     print(layout.data_parallel_size, global_batch, accumulation)
     return 0

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from megatron import comm_counter, memory
 from megatron.arguments import Args
-from megatron.checkpointing import save_checkpoint
+from megatron.checkpointing.save_load import save_checkpoint
 from megatron.exit_signal import ExitSignalHandler
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo

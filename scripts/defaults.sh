@@ -27,3 +27,7 @@ TRAINING_DEFAULT_FLAGS=(
     --adam-beta1 "$ADAM_BETA1" --adam-beta2 "$ADAM_BETA2" --weight-decay "$WEIGHT_DECAY" --clip-grad "$CLIP_GRAD"
     --seed "$SEED"
 )
+# flag=VARIABLE for each flag above: an error about the flag names the variable (megatron/launch/flag_sources.py)
+TRAINING_DEFAULT_SOURCES="--data-path=DATA_PATH --vocab-file=VOCAB_FILE --merge-file=MERGE_FILE --split=SPLIT
+    --lr=LR --min-lr=MIN_LR --lr-decay-style=LR_DECAY_STYLE --lr-warmup-fraction=LR_WARMUP_FRACTION
+    --adam-beta1=ADAM_BETA1 --adam-beta2=ADAM_BETA2 --weight-decay=WEIGHT_DECAY --clip-grad=CLIP_GRAD --seed=SEED"

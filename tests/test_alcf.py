@@ -1,4 +1,4 @@
-"""ALCF/train-gpt3.sh (PBS + mpiexec launch scripts) and megatron/dist_env.py.
+"""ALCF/train-gpt3.sh (PBS + mpiexec launch scripts) and megatron/launch/dist_env.py.
 
 The scripts run for real in a subprocess; only what a dev box lacks is faked on PATH: a PBS
 node file with two hosts, `nvidia-smi` listing four GPUs, `qsub`, and for the Open MPI test
@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO_ROOT
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
-from megatron.dist_env import DistEnvError, LauncherEnv, export_launcher_env, resolve_launcher_env
+from megatron.launch.dist_env import DistEnvError, LauncherEnv, export_launcher_env, resolve_launcher_env
 
 TRAIN = REPO_ROOT / "ALCF" / "train-gpt3.sh"
 SUBMIT = REPO_ROOT / "ALCF" / "submit-pbs.sh"
@@ -222,7 +222,7 @@ def test_submit_inside_job_runs_train_script(cluster):
     assert f"error: {cluster}/ALCF/train-gpt3.sh not found: submit from the zero-lab repository root" in lost.stderr
 
 
-# ---- megatron/dist_env.py ----
+# ---- megatron/launch/dist_env.py ----
 
 def test_dist_env_pals_and_hydra():
     pals = {"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PALS_LOCAL_RANKID": "1",
@@ -269,7 +269,7 @@ def test_dist_env_bad_environment(environ, message):
 
 ALLREDUCE = """
 import torch, torch.distributed as dist
-from megatron.dist_env import export_launcher_env
+from megatron.launch.dist_env import export_launcher_env
 env = export_launcher_env()
 dist.init_process_group("gloo")  # env:// rendezvous from what export_launcher_env filled in
 total = torch.tensor([float(env.rank + 1)])
@@ -355,7 +355,7 @@ def test_real_run_through_mpiexec(tmp_path, dolly_data_dir):
 def test_alcf_model_keys_are_the_python_presets():
     """ALCF/models.sh holds only key -> preset names; every key's shape is MODEL_PRESETS' (one table)."""
     from megatron.model import MODEL_PRESETS
-    script = (f'alcf_die() {{ echo "error: $*" >&2; exit 1; }}; REPO_ROOT={REPO_ROOT}; '
+    script = (f'zl_die() {{ echo "error: $*" >&2; exit 1; }}; REPO_ROOT={REPO_ROOT}; '
               f'for key in GPT_TINY GPT125M GPT350M GPT760M GPT774M GPT1_3B GPT1_5B GPT2_7B GPT6_7B GPT13B GPT25B '
               f'GPT175B; do (MODEL_SIZE_KEY=$key; source {REPO_ROOT}/ALCF/models.sh >/dev/null; '
               f'echo "$MODEL_SIZE $NLAYERS $HIDDEN $HEADS"); done')

@@ -1,4 +1,4 @@
-"""Slurm: megatron/dist_env.py under srun, LAUNCHER=srun in the drivers, examples_zero/slurm/train.sbatch.
+"""Slurm: megatron/launch/dist_env.py under srun, LAUNCHER=srun in the drivers, examples_zero/slurm/train.sbatch.
 
 The dry runs fake an allocation with SLURM_* variables (two nodes exist nowhere here). Everything else
 runs on a real one-node Slurm cluster (tests/slurm_cluster.py: Debian's munged, slurmctld and slurmd,
@@ -17,7 +17,7 @@ import pytest
 
 from conftest import REPO_ROOT, driver_env
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
-from megatron.dist_env import SLURM_PORT_BASE, DistEnvError, LauncherEnv, resolve_launcher_env
+from megatron.launch.dist_env import SLURM_PORT_BASE, DistEnvError, LauncherEnv, resolve_launcher_env
 from slurm_cluster import SlurmUnavailable, start_cluster
 
 SBATCH = REPO_ROOT / "examples_zero" / "slurm" / "train.sbatch"
@@ -28,7 +28,7 @@ SRUN_TASK = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", 
              "SLURM_LOCALID": "3", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_STEP_NODELIST": "gpu07"}
 
 
-# ---- megatron/dist_env.py ----
+# ---- megatron/launch/dist_env.py ----
 
 def test_dist_env_srun_task():
     assert resolve_launcher_env(SRUN_TASK) == LauncherEnv(3, 3, 8, "gpu07", SLURM_PORT_BASE + 4242, "Slurm srun")

@@ -8,7 +8,8 @@
 #                else the committed sample data/samples/dolly-sample.jsonl)
 #   VOCAB_FILE, MERGE_FILE  GPT-2 vocab.json / merges.txt (default $DATA_DIR/gpt2-vocab.json, gpt2-merges.txt,
 #                fetched from the hub, or converted from the openai-whisper sdist on PyPI by tools/gpt2_vocab.py)
-#   PYTHON       interpreter (default the repo's .venv, else python3); WORKERS tokenizer processes (default nproc, at most 8)
+#   PYTHON       interpreter (default the repo's .venv, else python3 on PATH: scripts/launch_common.sh);
+#   WORKERS      tokenizer processes (default nproc, at most 8)
 #   HF_HUB_OFFLINE=1 skips every Hugging Face download.
 # Safe to run again: the data is rebuilt only when its sidecar (dolly_text_document.meta.json) says it
 # was made from other text or another vocabulary, or an input is newer than it.
@@ -17,17 +18,14 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DATA_DIR=${DATA_DIR:-$REPO/data}
-if [[ -z "${PYTHON:-}" ]]; then
-    if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON=$REPO/.venv/bin/python; else PYTHON=python3; fi
-fi
+source "$REPO/scripts/launch_common.sh"
+zl_find_python "$REPO"  # the one way every script finds Python (and REPO on PYTHONPATH)
 # dolly is ~13 MB (about 13 one-MB chunks): more than 8 workers would mostly fork idle processes.
 WORKERS=${WORKERS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))}
 HUB=https://huggingface.co
 DOLLY_URL=$HUB/datasets/databricks/databricks-dolly-15k/resolve/main/databricks-dolly-15k.jsonl
-export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 
 say() { echo "[dolly] $*"; }
-die() { echo "error: $*" >&2; exit 1; }
 
 # Children run in the background and are waited for: bash runs a trap only between commands, so
 # a foreground child would hold SIGTERM back until it finished on its own.
@@ -77,12 +75,12 @@ fetch() {
 # The output folder must take files before anything is downloaded or tokenized (a probe file, not
 # permissions: root passes those even on a read-only filesystem).
 { mkdir -p "$DATA_DIR" && probe=$(mktemp "$DATA_DIR/.write-probe.XXXXXX") && rm -f "$probe"; } 2>/dev/null \
-    || die "DATA_DIR=$DATA_DIR: cannot create or write to this folder"
+    || zl_die "DATA_DIR=$DATA_DIR: cannot create or write to this folder"
 
 # 1. The dolly records.
 default_dolly=$DATA_DIR/databricks-dolly-15k.jsonl
 if [[ -n "${DOLLY_JSONL:-}" ]]; then
-    [[ -f "$DOLLY_JSONL" ]] || die "DOLLY_JSONL=$DOLLY_JSONL: file not found"
+    [[ -f "$DOLLY_JSONL" ]] || zl_die "DOLLY_JSONL=$DOLLY_JSONL: file not found"
 elif [[ -f "$default_dolly" ]]; then
     DOLLY_JSONL=$default_dolly
 else
@@ -100,8 +98,8 @@ fi
 
 # 2. The GPT-2 vocabulary.
 if [[ -n "${VOCAB_FILE:-}" || -n "${MERGE_FILE:-}" ]]; then
-    [[ -f "${VOCAB_FILE:-}" ]] || die "VOCAB_FILE=${VOCAB_FILE:-}: file not found (give VOCAB_FILE and MERGE_FILE together)"
-    [[ -f "${MERGE_FILE:-}" ]] || die "MERGE_FILE=${MERGE_FILE:-}: file not found (give VOCAB_FILE and MERGE_FILE together)"
+    [[ -f "${VOCAB_FILE:-}" ]] || zl_die "VOCAB_FILE=${VOCAB_FILE:-}: file not found (give VOCAB_FILE and MERGE_FILE together)"
+    [[ -f "${MERGE_FILE:-}" ]] || zl_die "MERGE_FILE=${MERGE_FILE:-}: file not found (give VOCAB_FILE and MERGE_FILE together)"
 else
     VOCAB_FILE=$DATA_DIR/gpt2-vocab.json
     MERGE_FILE=$DATA_DIR/gpt2-merges.txt

@@ -21,7 +21,8 @@ class GPTConfig:
     num_attention_heads: int
     seq_length: int
     max_position_embeddings: int
-    padded_vocab_size: int
+    # the tokenizer's vocabulary padded for TP; None until the start-up step has read the tokenizer files
+    padded_vocab_size: int | None
     ffn_hidden_size: int | None = None
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -45,6 +46,8 @@ class GPTConfig:
             ("padded vocab size", self.padded_vocab_size),
             ("--ffn-hidden-size", self.ffn_hidden_size),
         ):
+            if value is None and flag == "padded vocab size":
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ModelConfigError(f"{flag} must be a positive integer, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
@@ -88,7 +91,8 @@ def parallel_shape_problems(config: GPTConfig, tensor_parallel_size: int, pipeli
               ("--ffn-hidden-size", config.ffn_hidden_size, tp_flag, tp),
               ("padded vocab size", config.padded_vocab_size, tp_flag, tp),
               ("--num-layers", config.num_layers, pp_flag, pp)]
-    problems = [f"{flag} {value} is not divisible by {by_flag} {by}" for flag, value, by_flag, by in splits if value % by]
+    problems = [f"{flag} {value} is not divisible by {by_flag} {by}" for flag, value, by_flag, by in splits
+                if value is not None and value % by]
     if config.sequence_parallel and config.seq_length % tp:
         problems.append(f"--seq-length {config.seq_length} is not divisible by {tp_flag} {tp} "
                         "(needed by --sequence-parallel)")
@@ -96,6 +100,10 @@ def parallel_shape_problems(config: GPTConfig, tensor_parallel_size: int, pipeli
 
 
 def check_parallel_shape(config: GPTConfig, tensor_parallel_size: int, pipeline_parallel_size: int = 1) -> None:
+    """What a model builder asks first: the shape is whole (the vocabulary known) and splits over the layout."""
+    if config.padded_vocab_size is None:
+        raise ModelConfigError("the padded vocabulary size is unknown: it comes from the tokenizer, read by "
+                               "megatron/startup.py after the flags are parsed")
     problems = parallel_shape_problems(config, tensor_parallel_size, pipeline_parallel_size)
     if problems:
         raise ModelConfigError(problems[0])

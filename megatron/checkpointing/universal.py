@@ -7,13 +7,12 @@ data-parallel size and ZeRO stage 1-3 loads when its config has "checkpoint": {"
 (megatron/deepspeed_config.py adds it for this flag). Rank 0 converts `<tag>` into `<tag>_universal`
 once, under a temporary name renamed when whole; later resumes reuse it.
 
-DeepSpeed 0.19.8 cannot do, and a run refuses with one line (`universal_refusal`):
+DeepSpeed 0.19.8 cannot do, and a run refuses at start-up with one line (resume_check.universal_refusal):
 - a checkpoint saved at ZeRO stage 0 (ds_to_universal reads the ZeRO optimizer files it lacks);
 - a run at ZeRO stage 0 (the engine restores universal weights only through a ZeRO optimizer);
 - a ZeRO-3 checkpoint in a ZeRO-1/2 run (ds_to_universal writes a ZeRO-3 checkpoint's parameters as bare
   tensors, the ZeRO-1/2 loader reads dicts, and its optimizer_state.pt lacks what that loader asserts);
-- tensor or pipeline parallelism on either side (our model declares none of the parameter patterns
-  ds_to_universal needs to merge TP slices, and no such resume is tested here).
+- another tensor- or pipeline-parallel size (megatron/checkpointing/resume_check.py says why).
 
 Gaps of DeepSpeed 0.19.8 bridged here, each for a ZeRO-3 run resuming a ZeRO-1/2 checkpoint:
 - a ZeRO-3 engine reads zero_pp_rank_0_mp_rank_00_model_states.pt, ds_to_universal writes
@@ -29,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
-import json
 import os
 import shutil
 import sys
@@ -38,63 +36,14 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from megatron.checkpointing import (MARKER, CheckpointError, incomplete_reason, read_latest, read_marker,
-                                   saved_layout)
+from megatron.checkpointing.protocol import UNIVERSAL_SUFFIX, CheckpointError, incomplete_reason, write_marker
 from megatron.errors import ZeroLabError
 from megatron.safe_load import restricted_unpickling
 
 if TYPE_CHECKING:
     from megatron.arguments import Args
 
-SUFFIX = "_universal"
 _ZERO3_MODEL_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
-
-
-def _describe(layout: dict) -> str:
-    return f"data-parallel size {layout['data_parallel_size']} at ZeRO stage {layout['zero_stage']}"
-
-
-def needs_universal(saved: dict, current: dict) -> bool:
-    """DeepSpeed's own loader takes the files as they are only into the same partitioning."""
-    if saved["zero_stage"] != current["zero_stage"]:
-        return True
-    return saved["zero_stage"] > 0 and saved["data_parallel_size"] != current["data_parallel_size"]
-
-
-def universal_refusal(saved: dict, current: dict) -> str | None:
-    """Why DeepSpeed cannot resume `saved` in the `current` layout even through a universal checkpoint."""
-    parallel = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
-    if any(layout[key] != 1 for layout in (saved, current) for key in parallel):
-        return ("a universal resume is supported for data-parallel and ZeRO-stage changes only, without tensor "
-                "or pipeline parallelism (checkpoint: TP {} PP {}, run: TP {} PP {})".format(
-                    *(layout[key] for layout in (saved, current) for key in parallel)))
-    if saved["zero_stage"] == 0:
-        return ("it was saved at ZeRO stage 0, which DeepSpeed cannot convert to a universal checkpoint (it has "
-                "no ZeRO optimizer files); resume it with the same --zero-stage 0")
-    if current["zero_stage"] == 0:
-        return ("DeepSpeed loads a universal checkpoint only into a ZeRO optimizer; give --zero-stage 1, 2 or 3")
-    if saved["zero_stage"] == 3 and current["zero_stage"] != 3:
-        return ("DeepSpeed 0.19.8 converts a ZeRO-3 checkpoint into files its ZeRO-1/2 loader cannot read; "
-                "resume it at --zero-stage 3 (any data-parallel size)")
-    return None
-
-
-def check_resume_layout(args: Args) -> None:
-    """At start-up, before the model is built: refuse in one line a resume that DeepSpeed would fail (or
-    silently drop the optimizer state of) in this run's layout, or that even a universal checkpoint cannot do."""
-    load_dir = args.checkpoint.load
-    tag = read_latest(load_dir)
-    saved = read_marker(os.path.join(load_dir, tag)).get("layout")
-    if saved is None:  # saved before markers recorded the layout: DeepSpeed's own errors apply
-        return
-    current = saved_layout(args)
-    if args.checkpoint.universal_checkpoint:
-        refusal = universal_refusal(saved, current)
-        if refusal:
-            raise CheckpointError(f"--load {load_dir} --universal-checkpoint: cannot resume {tag}: {refusal}")
-    elif needs_universal(saved, current):
-        raise CheckpointError(f"--load {load_dir}: checkpoint {tag} was saved with {_describe(saved)}, this run has "
-                              f"{_describe(current)}: resume it with --universal-checkpoint (docs/checkpoints.md)")
 
 
 def _fill_zero3_optimizer_state(folder: str) -> None:
@@ -116,7 +65,7 @@ def convert(load_dir: str, tag: str, trust: bool) -> str:
     """Write `<tag>_universal` from `<tag>` with ds_to_universal (rank 0 only); returns the new tag."""
     from deepspeed.checkpoint import ds_to_universal
 
-    target = os.path.join(load_dir, tag + SUFFIX)
+    target = os.path.join(load_dir, tag + UNIVERSAL_SUFFIX)
     tmp = f"{target}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     options = argparse.Namespace(input_folder=os.path.join(load_dir, tag), output_folder=tmp, num_extract_workers=1,
@@ -140,16 +89,13 @@ def convert(load_dir: str, tag: str, trust: bool) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"--load {load_dir} --universal-checkpoint: converting {tag} failed "
                               f"({type(err).__name__}: {err})") from None
-    files = {os.path.relpath(path, tmp): os.path.getsize(path)
-             for path in sorted(glob.glob(os.path.join(tmp, "**", "*"), recursive=True)) if os.path.isfile(path)}
-    with open(os.path.join(tmp, MARKER), "w") as handle:
-        json.dump({"converted_from": tag, "files": files}, handle, indent=2)
+    write_marker(tmp, {"converted_from": tag})
     shutil.rmtree(target, ignore_errors=True)  # an unfinished earlier conversion (no marker)
     os.rename(tmp, target)
     # ds_to_universal pointed latest_universal at the temporary name
     with open(os.path.join(load_dir, "latest_universal"), "w") as handle:
-        handle.write(tag + SUFFIX)
-    return tag + SUFFIX
+        handle.write(tag + UNIVERSAL_SUFFIX)
+    return tag + UNIVERSAL_SUFFIX
 
 
 def _restore_hyperparameters(engine, saved_groups: list[dict]) -> None:
@@ -165,7 +111,7 @@ def load_universal(engine, args: Args, tag: str):
     if not engine.load_universal_checkpoint():
         raise CheckpointError("--universal-checkpoint: the DeepSpeed config lacks \"checkpoint\": "
                               "{\"load_universal\": true} (a --deepspeed_config file must set it)")
-    universal = tag + SUFFIX
+    universal = tag + UNIVERSAL_SUFFIX
     if dist.get_rank() == 0 and incomplete_reason(os.path.join(load_dir, universal)) is not None:
         convert(load_dir, tag, trust)
     dist.barrier()  # the other ranks read what rank 0 converted

@@ -1,0 +1,88 @@
+"""At start-up, before the model is built: can this run resume `--load` as its flags ask?
+
+The checkpoint `latest` names must be complete (protocol.check_resumable), and its layout one this run
+can load: DeepSpeed's own loader takes the files only into the same ZeRO stage and (ZeRO 1-3)
+data-parallel size; `--universal-checkpoint` converts across those (megatron/checkpointing/universal.py).
+A tensor- or pipeline-parallel size other than the checkpoint's is refused either way: the model declares
+none of the parameter patterns DeepSpeed's ds_to_universal needs to merge or split TP slices, and no such
+conversion is tested here. `--finetune` takes the weights of any layout (megatron/saved_model merges them).
+Each refusal is one line naming the flags to change.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from megatron.checkpointing.protocol import CheckpointError, check_resumable, read_marker
+
+if TYPE_CHECKING:
+    from megatron.arguments import Args
+
+_MODEL_PARALLEL = (("tensor_model_parallel_size", "--tensor-model-parallel-size", "tensor-parallel"),
+                   ("pipeline_model_parallel_size", "--pipeline-model-parallel-size", "pipeline-parallel"))
+
+
+def current_layout(args: Args) -> dict:
+    """What a resume must match to load the files as they are (stored in the marker as `layout`)."""
+    par = args.parallel
+    return {"zero_stage": args.deepspeed.zero_stage, "data_parallel_size": par.data_parallel_size,
+            "tensor_model_parallel_size": par.tensor_model_parallel_size,
+            "pipeline_model_parallel_size": par.pipeline_model_parallel_size}
+
+
+def _describe(layout: dict) -> str:
+    return f"data-parallel size {layout['data_parallel_size']} at ZeRO stage {layout['zero_stage']}"
+
+
+def needs_universal(saved: dict, current: dict) -> bool:
+    """DeepSpeed's own loader takes the files as they are only into the same partitioning."""
+    if saved["zero_stage"] != current["zero_stage"]:
+        return True
+    return saved["zero_stage"] > 0 and saved["data_parallel_size"] != current["data_parallel_size"]
+
+
+def model_parallel_refusal(saved: dict, current: dict) -> str | None:
+    """Why a checkpoint of another tensor- or pipeline-parallel size cannot be resumed (None: same sizes)."""
+    changed = [(key, flag, what) for key, flag, what in _MODEL_PARALLEL if saved.get(key, 1) != current[key]]
+    if not changed:
+        return None
+    saved_sizes = " and ".join(f"{what} size {saved.get(key, 1)}" for key, _, what in changed)
+    current_sizes = " and ".join(f"{current[key]}" for key, _, _ in changed)
+    keep = " ".join(f"{flag} {saved.get(key, 1)}" for key, flag, _ in changed)
+    return (f"it was saved with {saved_sizes}, this run has {current_sizes}; zero-lab resumes only on the tensor- "
+            f"and pipeline-parallel sizes a checkpoint was saved with: resume with {keep}, or start from its "
+            "weights on any layout with --finetune (iteration and optimizer start afresh)")
+
+
+def universal_refusal(saved: dict, current: dict) -> str | None:
+    """Why DeepSpeed cannot resume `saved` in the `current` layout even through a universal checkpoint."""
+    if saved["zero_stage"] == 0:
+        return ("it was saved at ZeRO stage 0, which DeepSpeed cannot convert to a universal checkpoint (it has "
+                "no ZeRO optimizer files); resume it with the same --zero-stage 0")
+    if current["zero_stage"] == 0:
+        return "DeepSpeed loads a universal checkpoint only into a ZeRO optimizer; give --zero-stage 1, 2 or 3"
+    if saved["zero_stage"] == 3 and current["zero_stage"] != 3:
+        return ("DeepSpeed 0.19.8 converts a ZeRO-3 checkpoint into files its ZeRO-1/2 loader cannot read; "
+                "resume it at --zero-stage 3 (any data-parallel size)")
+    return None
+
+
+def check_resume(args: Args) -> str:
+    """The tag this run will resume; a CheckpointError (one line) when it cannot."""
+    load_dir = args.checkpoint.load
+    tag = check_resumable(load_dir)
+    saved = read_marker(os.path.join(load_dir, tag)).get("layout")
+    if saved is None:  # saved before markers recorded the layout: DeepSpeed's own errors apply
+        return tag
+    current = current_layout(args)
+    refusal = model_parallel_refusal(saved, current)
+    if refusal:
+        raise CheckpointError(f"--load {load_dir}: cannot resume {tag}: {refusal}")
+    if args.checkpoint.universal_checkpoint:
+        refusal = universal_refusal(saved, current)
+        if refusal:
+            raise CheckpointError(f"--load {load_dir} --universal-checkpoint: cannot resume {tag}: {refusal}")
+    elif needs_universal(saved, current):
+        raise CheckpointError(f"--load {load_dir}: checkpoint {tag} was saved with {_describe(saved)}, this run has "
+                              f"{_describe(current)}: resume it with --universal-checkpoint (docs/checkpoints.md)")
+    return tag

@@ -1,0 +1,99 @@
+"""The one resume rule, asked by every launch path (the examples_zero drivers, ALCF/train-gpt3.sh and through
+the drivers examples_zero/slurm/train.sbatch) before it starts a run (docs/checkpoints.md):
+
+- a run whose run folder holds an intact checkpoint (`<run>/checkpoints/latest` naming a complete one)
+  resumes from it;
+- a fresh start is asked for explicitly (FRESH=1, `--fresh` here); the run folder's old files are then
+  moved, whole, to `<run>.old-<UTC time>/`, so the new run never mixes with them and nothing is lost;
+- a run folder with files but no checkpoint (an attempt that saved nothing) is moved aside the same way;
+- `latest` naming an incomplete checkpoint (edited by hand: saves never leave one) stops the launch with
+  one line saying which checkpoint is intact.
+
+A Slurm job's own output file in the run folder (`slurm-<SLURM_JOB_ID>.out`) is the job's, still being
+written: it stays where it is.
+
+    python -m megatron.checkpointing.run_folder RUN_DIR [--fresh] [--dry-run]
+
+prints the checkpoint folder to pass as --load (an empty line for a fresh start) on stdout, and what it
+decided on stderr. Standard library only: the launch scripts call it before any rank starts.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from megatron.checkpointing.protocol import CheckpointError, check_resumable, read_latest
+from megatron.errors import ZeroLabError
+
+CHECKPOINTS = "checkpoints"
+
+
+def _job_output(environ) -> str | None:
+    job = environ.get("SLURM_JOB_ID")
+    return f"slurm-{job}.out" if job else None
+
+
+def _run_files(run_dir: str, environ) -> list[str]:
+    if not os.path.isdir(run_dir):
+        return []
+    keep = _job_output(environ)
+    return sorted(name for name in os.listdir(run_dir) if name != keep)
+
+
+def _archive_name(run_dir: str) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target, n = f"{run_dir.rstrip(os.sep)}.old-{stamp}", 1
+    while os.path.exists(target):
+        n += 1
+        target = f"{run_dir.rstrip(os.sep)}.old-{stamp}-{n}"
+    return target
+
+
+def move_aside(run_dir: str, names: list[str]) -> str:
+    """Move `names` of run_dir into a new `<run>.old-<time>` folder; returns that folder."""
+    target = _archive_name(run_dir)
+    os.makedirs(target)
+    for name in names:
+        os.rename(os.path.join(run_dir, name), os.path.join(target, name))
+    return target
+
+
+def decide(run_dir: str, fresh: bool, dry_run: bool = False, environ=os.environ) -> tuple[str | None, str]:
+    """(the checkpoint folder to resume, or None for a fresh start; one line saying what was decided)."""
+    checkpoints = os.path.join(run_dir, CHECKPOINTS)
+    names = _run_files(run_dir, environ)
+    if not fresh and read_latest(checkpoints) is not None:
+        try:
+            tag = check_resumable(checkpoints)
+        except CheckpointError as err:
+            raise CheckpointError(f"{err}; or FRESH=1 to start the run afresh (its old files are kept in "
+                                  f"{run_dir}.old-<time>)") from None
+        return checkpoints, f"resuming from {tag} in {checkpoints} (FRESH=1 starts the run afresh instead)"
+    if not names:
+        return None, f"starting {run_dir} afresh"
+    why = "FRESH=1" if fresh else "no checkpoint to resume there"
+    if dry_run:
+        return None, f"starting afresh ({why}): would move the old files of {run_dir} to {run_dir}.old-<time>"
+    return None, f"starting afresh ({why}): the old files of {run_dir} are now in {move_aside(run_dir, names)}"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description="The resume rule of the launch scripts: resume or start afresh.")
+    parser.add_argument("run_dir")
+    parser.add_argument("--fresh", action="store_true", help="start afresh even when a checkpoint is there")
+    parser.add_argument("--dry-run", action="store_true", help="say what would happen; move nothing")
+    ns = parser.parse_args(argv)
+    try:
+        load, said = decide(os.path.abspath(ns.run_dir), ns.fresh, ns.dry_run)
+    except (ZeroLabError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"[run] {said}", file=sys.stderr)
+    print(load or "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

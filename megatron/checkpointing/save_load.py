@@ -1,0 +1,82 @@
+"""Saving a training checkpoint through the DeepSpeed engine, and resuming one (docs/checkpoints.md).
+
+A save follows megatron/checkpointing/protocol.py: every rank writes its files through DeepSpeed into
+`<tag>.saving` and fsyncs each one (DeepSpeed's own `latest` is switched off: rank 0 would write it
+as soon as its own files are done, before the other ranks' are); after a barrier rank 0 writes the
+marker and swaps the folder into place, then `latest`. Every torch.load of a resume is restricted
+(megatron/safe_load.py).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+from megatron.checkpointing import protocol
+from megatron.checkpointing.protocol import CheckpointError
+from megatron.checkpointing.resume_check import current_layout
+from megatron.checkpointing.rng import rng_state
+from megatron.checkpointing.writer import FlushingCheckpointEngine
+from megatron.safe_load import restricted_unpickling
+
+if TYPE_CHECKING:
+    from megatron.arguments import Args
+
+
+def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, rank: int) -> None:
+    save_dir, tag = args.checkpoint.save, protocol.tag_name(iteration)
+    if type(engine.checkpoint_engine) is TorchCheckpointEngine:  # DeepSpeed's default engine (not a user's)
+        engine.checkpoint_engine = FlushingCheckpointEngine(engine._config)
+    previous = protocol.read_latest(save_dir)
+    if rank == 0:
+        protocol.prepare_save(save_dir, tag)
+    dist.barrier()  # no rank writes before an interrupted save's leftovers are gone
+    client_state = {"iteration": iteration, "consumed_samples": consumed_samples,
+                    "rng_state": rng_state(engine.module), "args": asdict(args),
+                    # the model shape and layout in the one form megatron/saved_model reads back
+                    "model_config": args.model.to_dict(),
+                    "tensor_model_parallel_size": args.parallel.tensor_model_parallel_size}
+    try:
+        engine.save_checkpoint(save_dir, tag=protocol.staging_tag(tag), client_state=client_state,
+                               save_latest=False)
+    except OSError as err:  # a full disk, a file-size limit, a vanished folder
+        kept = f"'latest' still names {previous}" if previous else "no checkpoint is complete there yet"
+        raise CheckpointError(f"--save {save_dir}: writing checkpoint {tag} failed on rank {rank} "
+                              f"({err.strerror or err}); {kept}") from None
+    dist.barrier()  # every rank's files are written and flushed
+    if rank == 0:
+        protocol.commit(save_dir, tag, {"iteration": iteration, "consumed_samples": consumed_samples,
+                                        "argv": args.argv, "layout": current_layout(args)})
+    dist.barrier()  # no rank reports the save before it is committed
+    if rank == 0:
+        print(f"  successfully saved checkpoint at iteration {iteration:8d} to {save_dir}", flush=True)
+
+
+def load_checkpoint(engine, args: Args) -> tuple[int, int, dict | None]:
+    """Returns (iteration, consumed_samples, RNG states); with --finetune only the weights are taken.
+    The caller restores the RNG states with set_rng_state as the last thing before training: creating
+    a DataLoader iterator draws from torch's RNG, so restoring earlier would not continue the run exactly."""
+    ckpt = args.checkpoint
+    if ckpt.finetune:
+        # weights only, from a checkpoint of any ZeRO stage or tools/hf_to_checkpoint.py (DeepSpeed's
+        # loader needs the same partitioning as the run); iteration, optimizer and schedule start afresh
+        from megatron.finetune import load_finetune_weights
+        path = load_finetune_weights(engine, ckpt.load, trust=ckpt.trust_checkpoint)
+        if dist.get_rank() == 0:
+            print(f"  loaded weights from {path} for fine-tuning (iteration and optimizer reset)", flush=True)
+        return 0, 0, None
+    tag = protocol.check_resumable(ckpt.load)  # again: the folder may have changed since start-up
+    if ckpt.universal_checkpoint:
+        from megatron.checkpointing.universal import load_universal
+        path, client_state = load_universal(engine, args, tag)
+    else:
+        with restricted_unpickling(ckpt.trust_checkpoint, os.path.join(ckpt.load, tag)):
+            path, client_state = engine.load_checkpoint(ckpt.load, tag=tag)
+    if path is None:
+        raise CheckpointError(f"--load {ckpt.load}: DeepSpeed found no loadable checkpoint in {tag}")
+    if dist.get_rank() == 0:
+        print(f"  loaded checkpoint {path} at iteration {client_state['iteration']}", flush=True)
+    return client_state["iteration"], client_state["consumed_samples"], client_state["rng_state"]

@@ -1,0 +1,125 @@
+"""A user's DeepSpeed JSON (`--deepspeed_config`) and the flags that say the same things: one rule for every key.
+
+For each setting both can give (the ZeRO stage, CPU offload of the optimizer and of the parameters, NVMe
+offload, bf16, fp16, the batch sizes, gradient clipping):
+- only the JSON gives it: the JSON's value is the run's;
+- only the flag gives it: the flag's value is written into the JSON the run uses;
+- both give it: they must agree, else the run is refused in one line naming the flag and the JSON key.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from megatron.errors import ZeroLabError
+
+
+class DeepSpeedJSONError(ZeroLabError, ValueError):
+    """A DeepSpeed JSON that cannot be read, or that disagrees with a flag; the message names both."""
+
+
+MISSING = object()  # neither side gives the setting
+
+
+def read_deepspeed_json(path: str | None) -> dict:
+    if path is None:
+        return {}
+    try:
+        config = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise DeepSpeedJSONError(f"--deepspeed_config {path}: cannot read ({err.strerror})") from err
+    except json.JSONDecodeError as err:
+        raise DeepSpeedJSONError(f"--deepspeed_config {path}: line {err.lineno}: not valid JSON ({err.msg})") from err
+    if not isinstance(config, dict):
+        raise DeepSpeedJSONError(f"--deepspeed_config {path}: expected a JSON object, got {type(config).__name__}")
+    return config
+
+
+def _get(config: dict, path: tuple[str, ...]):
+    for key in path:
+        if not isinstance(config, dict) or key not in config:
+            return MISSING
+        config = config[key]
+    return config
+
+
+def _set(config: dict, path: tuple[str, ...], value) -> None:
+    for key in path[:-1]:
+        config = config.setdefault(key, {})
+    config[path[-1]] = value
+
+
+def _offload_device(section: str) -> Callable[[dict], Any]:
+    """A CPU offload as the JSON states it: True for device "cpu", False for any other device."""
+    def read(config: dict):
+        device = _get(config, ("zero_optimization", section, "device"))
+        return MISSING if device is MISSING else device == "cpu"
+    return read
+
+
+def _nvme_path(config: dict):
+    """The NVMe folder when both offloads go to NVMe; "" when the JSON offloads elsewhere."""
+    devices = [_get(config, ("zero_optimization", section, "device")) for section in ("offload_optimizer",
+                                                                                       "offload_param")]
+    if all(device is MISSING for device in devices):
+        return MISSING
+    if devices != ["nvme", "nvme"]:
+        return ""
+    return _get(config, ("zero_optimization", "offload_param", "nvme_path"))
+
+
+def _write_nvme(config: dict, path: str) -> None:
+    for section in ("offload_optimizer", "offload_param"):
+        _set(config, ("zero_optimization", section), {"device": "nvme", "nvme_path": path})
+
+
+@dataclass(frozen=True)
+class SharedSetting:
+    flag: str
+    dest: str  # the argparse destination; its value None or False means the flag was not given
+    key: str  # the JSON key as users write it in messages
+    read: Callable[[dict], Any]
+    write: Callable[[dict, Any], None]
+
+
+def _plain(flag: str, dest: str, *path: str) -> SharedSetting:
+    return SharedSetting(flag, dest, ".".join(path), lambda config: _get(config, path),
+                         lambda config, value: _set(config, path, value))
+
+
+SHARED_SETTINGS = (
+    _plain("--zero-stage", "zero_stage", "zero_optimization", "stage"),
+    SharedSetting("--zero-offload-optimizer", "zero_offload_optimizer", "zero_optimization.offload_optimizer.device",
+                  _offload_device("offload_optimizer"),
+                  lambda config, _: _set(config, ("zero_optimization", "offload_optimizer"), {"device": "cpu"})),
+    SharedSetting("--zero-offload-params", "zero_offload_params", "zero_optimization.offload_param.device",
+                  _offload_device("offload_param"),
+                  lambda config, _: _set(config, ("zero_optimization", "offload_param"), {"device": "cpu"})),
+    SharedSetting("--zero-nvme-path", "zero_nvme_path", "zero_optimization.offload_param.nvme_path",
+                  _nvme_path, _write_nvme),
+    _plain("--bf16", "bf16", "bf16", "enabled"),
+    _plain("--fp16", "fp16", "fp16", "enabled"),
+    _plain("--micro-batch-size", "micro_batch_size", "train_micro_batch_size_per_gpu"),
+    _plain("--global-batch-size", "global_batch_size", "train_batch_size"),
+    _plain("--clip-grad", "clip_grad", "gradient_clipping"),
+)
+
+
+def merge_flags(user: dict, flags: dict, path: str) -> tuple[dict, dict]:
+    """(the JSON the run uses, each shared setting's value by dest) from the user's JSON and the flags'
+    values by dest (None or False: not given). MISSING where neither gives a setting."""
+    merged = json.loads(json.dumps(user))  # a deep copy; the user's file is never changed
+    values = {}
+    for setting in SHARED_SETTINGS:
+        flag_value, json_value = flags.get(setting.dest), setting.read(user)
+        given = flag_value is not None and flag_value is not False
+        if given and json_value is not MISSING and json_value != flag_value:
+            shown = "" if flag_value is True else f" {flag_value}"
+            raise DeepSpeedJSONError(f"{setting.flag}{shown} disagrees with {setting.key} {json_value!r} in "
+                                     f"--deepspeed_config {path}: drop one of them or make them agree")
+        if given and json_value is MISSING:
+            setting.write(merged, flag_value)
+        values[setting.dest] = flag_value if given else json_value
+    return merged, values

@@ -1,0 +1,151 @@
+"""One attempt of a run: start the launcher, keep its output, and end with the cause when it fails.
+
+    python -m megatron.launch.attempt --run-dir RUN --log LOG --launcher NAME [--note TEXT] -- LAUNCH COMMAND...
+
+Every launch path (examples_zero/common.sh, ALCF/launch.sh, and so examples_zero/slurm/train.sbatch) runs
+its launcher through this, in place of `tee`:
+- the attempt is numbered, and `RUN/command.txt` gets `# attempt N | <UTC time> | <host>` and the command,
+  appended (a resumed run keeps every attempt's command); LOG gets `[zero-lab] attempt N started ...`
+  and then everything the ranks print, appended (a resumed run keeps every attempt's output);
+- the launcher's own lines (banners, log records, its failure report) go to `RUN/launcher.log`, not to
+  the console or LOG (megatron/launch/launcher_output.py tells them apart);
+- the ranks' `error:` lines are not shown as they come: when the launch fails, the last line printed is
+  the one cause (`error: <cause> (launcher's report: RUN/launcher.log)`), once, and the exit status is
+  the launcher's;
+- SIGTERM or SIGINT to the job's whole process group (a PBS walltime, Slurm's --signal, Ctrl-C) does not
+  stop this process: the ranks' `--exit-signal-handler` saves and exits, the launcher ends, and this
+  process reads their output to the end. When the ranks stopped on the signal with a checkpoint saved,
+  the attempt exits 0 even if the signalled launcher (torchrun) exits non-zero.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from megatron.launch.launcher_output import LAUNCHER, OutputSorter, failure_cause
+
+ATTEMPT_HEADER = "[zero-lab] attempt {number} started {time} UTC on {host}{note}"
+_COMMAND_HEADER = re.compile(r"^# attempt (\d+) \|", re.M)
+_STOPPED = re.compile(r"^ exiting program after receiving (\w+) at iteration (\d+) \(checkpoint saved to .*\)$")
+_TAIL_LINES = 400  # of the ranks' output, kept to find the exception a rank died of
+
+
+def next_attempt(command_file: str) -> int:
+    if not os.path.isfile(command_file):
+        return 1
+    with open(command_file) as handle:
+        return 1 + len(_COMMAND_HEADER.findall(handle.read()))
+
+
+class Attempt:
+    def __init__(self, run_dir: str, log: str, launcher: str, note: str | None):
+        self.run_dir, self.launcher = run_dir, launcher
+        self.report_path = os.path.join(run_dir, "launcher.log")
+        self.number = next_attempt(os.path.join(run_dir, "command.txt"))
+        self.started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        self.header = ATTEMPT_HEADER.format(number=self.number, time=self.started, host=socket.gethostname(),
+                                            note=f": {note}" if note else "")
+        self.log = open(log, "a", buffering=1, encoding="utf-8")
+        self.report = None  # opened at the launcher's first line
+        self.first_error: str | None = None
+        self.tail: collections.deque = collections.deque(maxlen=_TAIL_LINES)
+        self.report_lines: list[str] = []
+        self.stopped_on: str | None = None  # the signal the ranks saved and stopped on
+        self.signalled: str | None = None  # the signal this process received
+
+    def record_command(self, command: list[str]) -> None:
+        with open(os.path.join(self.run_dir, "command.txt"), "a") as handle:
+            handle.write(f"# attempt {self.number} | {self.started} UTC | {socket.gethostname()}\n"
+                         f"{shlex.join(command)}\n")
+        self.log.write(self.header + "\n")
+
+    def _launcher_line(self, line: str) -> None:
+        if self.report is None:
+            self.report = open(self.report_path, "a", buffering=1, encoding="utf-8")
+            self.report.write(self.header + "\n")
+        self.report.write(line + "\n")
+        if len(self.report_lines) < 2000:
+            self.report_lines.append(line)
+
+    def _rank_line(self, line: str) -> None:
+        self.log.write(line + "\n")
+        self.tail.append(line)
+        if line.startswith("error: "):
+            self.first_error = self.first_error or line
+            return  # shown once, as the cause, when the launch has failed
+        stopped = _STOPPED.match(line)
+        if stopped:
+            self.stopped_on = stopped.group(1)
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    def take(self, labelled: list[tuple[str, str]]) -> None:
+        for owner, line in labelled:
+            (self._launcher_line if owner == LAUNCHER else self._rank_line)(line)
+
+    def run(self, command: list[str]) -> int:
+        def remember(signum, frame):
+            self.signalled = signal.Signals(signum).name
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, remember)  # the ranks and the launcher got it too: read their output to the end
+        self.record_command(command)
+        sorter = OutputSorter()
+        try:
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL)
+        except OSError as err:
+            return self.fail(f"cannot start {command[0]} ({err.strerror})", 127)
+        for raw in process.stdout:
+            self.take(sorter.feed(raw.decode("utf-8", errors="replace").rstrip("\r\n")))
+        self.take(sorter.flush())
+        status = process.wait()
+        if status == 0:
+            return 0
+        if self.stopped_on is not None and self.signalled is not None:
+            print(f"[run] the ranks saved a checkpoint and stopped on {self.stopped_on}; {self.launcher} then exited "
+                  f"with status {status} (its report: {self.report_path}): this attempt ends with 0", flush=True)
+            return 0
+        rank_lines = ([self.first_error] if self.first_error else []) + list(self.tail)
+        cause = failure_cause(rank_lines, self.report_lines, self.launcher, status)
+        return self.fail(cause, status if status > 0 else 128 - status)
+
+    def fail(self, cause: str, status: int) -> int:
+        where = f" (launcher's report: {self.report_path})" if self.report is not None else ""
+        print(f"error: {cause}{where}", file=sys.stderr, flush=True)
+        return status
+
+    def close(self) -> None:
+        self.log.close()
+        if self.report is not None:
+            self.report.close()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, help="the run folder (command.txt, launcher.log)")
+    parser.add_argument("--log", required=True, help="the log the ranks' output is appended to")
+    parser.add_argument("--launcher", required=True, help="the launcher's name, for messages")
+    parser.add_argument("--note", default=None, help="said in the attempt's header line (e.g. what it resumes)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the launch command")
+    ns = parser.parse_args(argv)
+    command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    if not command:
+        parser.error("no launch command after --")
+    os.makedirs(ns.run_dir, exist_ok=True)
+    attempt = Attempt(ns.run_dir, ns.log, ns.launcher, ns.note)
+    try:
+        return attempt.run(command)
+    finally:
+        attempt.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
