@@ -59,10 +59,12 @@ def _offload_device(section: str) -> Callable[[dict], Any]:
     return read
 
 
+_OFFLOADS = ("offload_optimizer", "offload_param")
+
+
 def _nvme_path(config: dict):
     """The NVMe folder when both offloads go to NVMe; "" when the JSON offloads elsewhere."""
-    devices = [_get(config, ("zero_optimization", section, "device")) for section in ("offload_optimizer",
-                                                                                       "offload_param")]
+    devices = [_get(config, ("zero_optimization", section, "device")) for section in _OFFLOADS]
     if all(device is MISSING for device in devices):
         return MISSING
     if devices != ["nvme", "nvme"]:
@@ -71,7 +73,7 @@ def _nvme_path(config: dict):
 
 
 def _write_nvme(config: dict, path: str) -> None:
-    for section in ("offload_optimizer", "offload_param"):
+    for section in _OFFLOADS:
         _set(config, ("zero_optimization", section), {"device": "nvme", "nvme_path": path})
 
 
@@ -79,25 +81,26 @@ def _write_nvme(config: dict, path: str) -> None:
 class SharedSetting:
     flag: str
     dest: str  # the argparse destination; its value None or False means the flag was not given
-    key: str  # the JSON key as users write it in messages
-    read: Callable[[dict], Any]
+    path: tuple[str, ...]  # the JSON key a message shows
+    read: Callable[[dict], Any]  # the JSON's value, as the flag would give it, or MISSING
     write: Callable[[dict, Any], None]
 
 
 def _plain(flag: str, dest: str, *path: str) -> SharedSetting:
-    return SharedSetting(flag, dest, ".".join(path), lambda config: _get(config, path),
+    return SharedSetting(flag, dest, path, lambda config: _get(config, path),
                          lambda config, value: _set(config, path, value))
+
+
+def _cpu_offload(flag: str, dest: str, section: str) -> SharedSetting:
+    return SharedSetting(flag, dest, ("zero_optimization", section, "device"), _offload_device(section),
+                         lambda config, _: _set(config, ("zero_optimization", section), {"device": "cpu"}))
 
 
 SHARED_SETTINGS = (
     _plain("--zero-stage", "zero_stage", "zero_optimization", "stage"),
-    SharedSetting("--zero-offload-optimizer", "zero_offload_optimizer", "zero_optimization.offload_optimizer.device",
-                  _offload_device("offload_optimizer"),
-                  lambda config, _: _set(config, ("zero_optimization", "offload_optimizer"), {"device": "cpu"})),
-    SharedSetting("--zero-offload-params", "zero_offload_params", "zero_optimization.offload_param.device",
-                  _offload_device("offload_param"),
-                  lambda config, _: _set(config, ("zero_optimization", "offload_param"), {"device": "cpu"})),
-    SharedSetting("--zero-nvme-path", "zero_nvme_path", "zero_optimization.offload_param.nvme_path",
+    _cpu_offload("--zero-offload-optimizer", "zero_offload_optimizer", "offload_optimizer"),
+    _cpu_offload("--zero-offload-params", "zero_offload_params", "offload_param"),
+    SharedSetting("--zero-nvme-path", "zero_nvme_path", ("zero_optimization", "offload_param", "nvme_path"),
                   _nvme_path, _write_nvme),
     _plain("--bf16", "bf16", "bf16", "enabled"),
     _plain("--fp16", "fp16", "fp16", "enabled"),
@@ -105,6 +108,16 @@ SHARED_SETTINGS = (
     _plain("--global-batch-size", "global_batch_size", "train_batch_size"),
     _plain("--clip-grad", "clip_grad", "gradient_clipping"),
 )
+
+
+def _stated(config: dict, setting: SharedSetting) -> str:
+    """What the JSON says for a setting, as written there (for the nvme folder: its device when not NVMe)."""
+    path = setting.path
+    if setting.dest == "zero_nvme_path" and _get(config, path) is MISSING:
+        path = ("zero_optimization", "offload_param", "device")
+        if _get(config, path) is MISSING:
+            path = ("zero_optimization", "offload_optimizer", "device")
+    return f"{'.'.join(path)} {_get(config, path)!r}"
 
 
 def merge_flags(user: dict, flags: dict, path: str) -> tuple[dict, dict]:
@@ -117,7 +130,7 @@ def merge_flags(user: dict, flags: dict, path: str) -> tuple[dict, dict]:
         given = flag_value is not None and flag_value is not False
         if given and json_value is not MISSING and json_value != flag_value:
             shown = "" if flag_value is True else f" {flag_value}"
-            raise DeepSpeedJSONError(f"{setting.flag}{shown} disagrees with {setting.key} {json_value!r} in "
+            raise DeepSpeedJSONError(f"{setting.flag}{shown} disagrees with {_stated(user, setting)} in "
                                      f"--deepspeed_config {path}: drop one of them or make them agree")
         if given and json_value is MISSING:
             setting.write(merged, flag_value)

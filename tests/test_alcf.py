@@ -159,9 +159,12 @@ def test_open_mpi_spelling(cluster):
 @pytest.mark.parametrize("env, message", [
     (dict(MODEL_SIZE_KEY="GPT7B"), r"MODEL_SIZE_KEY=GPT7B is not a known model; valid keys: .*GPT13B.*GPT_TINY"),
     (dict(PBS_NODEFILE="/nonexistent/nodefile"), r"PBS_NODEFILE=/nonexistent/nodefile: hostfile does not exist"),
-    (dict(MPSIZE=3), r"world size 8 is not divisible by --tensor-model-parallel-size 3 x --pipeline-model-parallel-size 1"),
+    # a flag the script made from a variable is named with it (megatron/launch/flag_sources.py)
+    (dict(MPSIZE=3), r"world size 8 is not divisible by --tensor-model-parallel-size 3 \(from MPSIZE\) x "
+                     r"--pipeline-model-parallel-size 1 \(from PPSIZE\)$"),
     (dict(SP_TYPE="deepspeed"), r"SP_TYPE=deepspeed \(DeepSpeed-Ulysses .*\) is out of scope"),
-    (dict(GLOBAL_BATCH=6), r"--global-batch-size 6 is not divisible by --micro-batch-size 1 x data-parallel size 8"),
+    (dict(GLOBAL_BATCH=6), r"--global-batch-size 6 \(from GLOBAL_BATCH\) is not divisible by --micro-batch-size 1 "
+                           r"\(from MICRO_BATCH\) x data-parallel size 8$"),
     (dict(MICRO_BATCH="two"), r"MICRO_BATCH=two: expected a positive integer"),
     (dict(NGPU_PER_HOST=0), r"NGPU_PER_HOST=0: expected a positive integer"),
     (dict(HOSTFILE="/nonexistent/hosts", PBS_NODEFILE=""), r"HOSTFILE=/nonexistent/hosts: hostfile does not exist"),

@@ -9,15 +9,18 @@ import pytest
 
 from conftest import REPO_ROOT, test_env
 from megatron.arguments import ConfigError, parse_args
+from megatron.checkpointing.protocol import CheckpointError
 from megatron.errors import ZeroLabError
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 from megatron.deepspeed_config import ALIGNMENT, deepspeed_config, generate_config, write_deepspeed_config
+from megatron.launch.flag_sources import name_sources
 from megatron.optimizer import LRSchedule
+from megatron.startup import StartupError, prepare_run
 
 
 @pytest.fixture(scope="module")
 def data_prefix(tmp_path_factory):
-    """A real (small) mmap dataset: parse_args checks that the .bin/.idx exist."""
+    """A real (small) mmap dataset: the start-up step checks that the .bin/.idx exist."""
     prefix = str(tmp_path_factory.mktemp("args_data") / "toy_text_document")
     builder = MMapIndexedDatasetBuilder(prefix + ".bin", np.uint16)
     for doc in range(4):
@@ -96,19 +99,25 @@ def test_bad_combinations_name_the_flag(data_prefix, extra, world, message):
     assert message in str(err.value)
 
 
-def test_missing_inputs_name_the_path(data_prefix, tmp_path):
-    with pytest.raises(ConfigError, match=r"--data-path: .*nowhere\.bin does not exist"):
-        parse_args(base(str(tmp_path / "nowhere")), world_size=1)
-    with pytest.raises(ConfigError, match=r"--load .* holds no checkpoint \(no 'latest' file there\)"):
-        parse_args(base(data_prefix, "--load", str(tmp_path)), world_size=1)
-    with pytest.raises(ConfigError, match=r"--vocab-file None does not exist"):
-        parse_args(base(data_prefix, "--tokenizer-type", "GPT2BPETokenizer"), world_size=1)
+def test_parsing_opens_no_file_the_start_up_step_checks_them(data_prefix, tmp_path):
+    """parse_args parses values only; megatron/startup.py checks the files, one line each, and fills in
+    the padded vocabulary from the tokenizer."""
+    args = parse_args(base(str(tmp_path / "nowhere"), "--load", str(tmp_path)), world_size=1)
+    assert args.model.padded_vocab_size is None  # the tokenizer has not been read yet
+    with pytest.raises(StartupError, match=r"^--data-path: .*nowhere\.bin does not exist"):
+        prepare_run(args, verbose=False)
+    with pytest.raises(CheckpointError, match=r"--load .* holds no checkpoint \(no 'latest' file there\)"):
+        prepare_run(parse_args(base(data_prefix, "--load", str(tmp_path)), world_size=1), verbose=False)
+    with pytest.raises(StartupError, match=r"^--vocab-file None does not exist"):
+        prepare_run(parse_args(base(data_prefix, "--tokenizer-type", "GPT2BPETokenizer"), world_size=1), verbose=False)
+    args, tokenizer = prepare_run(parse_args(base(data_prefix), world_size=1), verbose=False)
+    assert args.model.padded_vocab_size == tokenizer.padded_vocab_size == 1024
 
 
 def test_zero_stage_flag_disagreeing_with_json(data_prefix, tmp_path):
     user = tmp_path / "ds.json"
     user.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
-    with pytest.raises(ConfigError, match=r"--zero-stage 1 disagrees with zero_optimization.stage 3"):
+    with pytest.raises(ConfigError, match=r"--zero-stage 1 disagrees with zero_optimization.stage 3 in "):
         parse_args(base(data_prefix, "--zero-stage", "1", "--deepspeed_config", str(user)), world_size=2)
     user.write_text('{"zero_optimization": {"stage": 3},\n  "bf16": }')
     with pytest.raises(ConfigError, match=r"ds.json: line 2: not valid JSON"):
@@ -155,12 +164,13 @@ def test_generated_nvme_offload_config(data_prefix, tmp_path):
     assert zero["offload_param"]["buffer_size"] == 6_843_904 + ALIGNMENT - 6_843_904 % ALIGNMENT
     assert config["aio"] == {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": False,
                              "overlap_events": True}
-    assert nvme.is_dir()  # made up front
+    prepare_run(args, verbose=False)
+    assert nvme.is_dir()  # made at start-up
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     args = parse_args(base(data_prefix, "--zero-stage", "3", "--zero-nvme-path", str(blocker / "nvme")), world_size=2)
-    with pytest.raises(ConfigError) as error:
-        generate_config(args, 1000, 64, on_cuda=False)
+    with pytest.raises(StartupError) as error:
+        prepare_run(args, verbose=False)
     assert str(error.value) == f"--zero-nvme-path {blocker / 'nvme'}: cannot create the folder (Not a directory)"
     with pytest.raises(ConfigError, match=r"^--zero-nvme-path needs --zero-stage 3 \(got --zero-stage 2\)$"):
         parse_args(base(data_prefix, "--zero-stage", "2", "--zero-nvme-path", str(nvme)), world_size=2)
@@ -171,12 +181,70 @@ def test_stage0_fp32_clips_in_the_optimizer(data_prefix):
     assert config["gradient_clipping"] == 0.0 and config["zero_optimization"] == {"stage": 0}
 
 
-def test_user_deepspeed_json_must_agree_on_batch(data_prefix, tmp_path):
+@pytest.mark.parametrize("flags, json_config, message", [
+    (["--global-batch-size", "16"], {"train_batch_size": 32},
+     "--global-batch-size 16 disagrees with train_batch_size 32 in --deepspeed_config"),
+    (["--zero-stage", "3", "--zero-offload-optimizer"], {"zero_optimization": {"offload_optimizer": {"device": "none"}}},
+     "--zero-offload-optimizer disagrees with zero_optimization.offload_optimizer.device 'none' in"),
+    (["--zero-stage", "3", "--zero-nvme-path", "/nvme"],
+     {"zero_optimization": {"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}},
+     "--zero-nvme-path /nvme disagrees with zero_optimization.offload_param.device 'cpu' in"),
+    (["--bf16"], {"bf16": {"enabled": False}}, "--bf16 disagrees with bf16.enabled False in"),
+    (["--clip-grad", "0.5"], {"gradient_clipping": 1.0}, "--clip-grad 0.5 disagrees with gradient_clipping 1.0 in"),
+])
+def test_a_flag_that_disagrees_with_the_users_json_is_refused(data_prefix, tmp_path, flags, json_config, message):
     user = tmp_path / "ds.json"
-    user.write_text(json.dumps({"train_batch_size": 32, "zero_optimization": {"stage": 1}}))
-    args = parse_args(base(data_prefix, "--global-batch-size", "16", "--deepspeed_config", str(user)), world_size=2)
-    with pytest.raises(ConfigError, match=r"train_batch_size is 32 but --global-batch-size gives 16"):
-        deepspeed_config(args, 1000, 64, on_cuda=False)
+    user.write_text(json.dumps(json_config))
+    with pytest.raises(ConfigError) as err:
+        parse_args(base(data_prefix, *flags, "--deepspeed_config", str(user)), world_size=2)
+    assert message in str(err.value) and str(user) in str(err.value)
+
+
+def test_flags_are_merged_into_the_users_json_the_same_way_for_every_key(data_prefix, tmp_path):
+    """megatron/deepspeed_json.py's rule: what only the flags say is written into the JSON the run uses; what
+    only the JSON says is the run's; the user's file is never changed."""
+    user = tmp_path / "ds.json"
+    original = {"zero_optimization": {"stage": 3}, "gradient_clipping": 0.3, "steps_per_print": 7}
+    user.write_text(json.dumps(original))
+    args = parse_args(base(data_prefix, "--zero-nvme-path", str(tmp_path / "nvme"), "--bf16", "--global-batch-size",
+                           "8", "--deepspeed_config", str(user)), world_size=2)
+    assert (args.deepspeed.zero_stage, args.deepspeed.offload, args.deepspeed.precision) == (3, "nvme", "bf16")
+    assert args.optimizer.clip_grad == 0.3
+    config = deepspeed_config(args, 1000, 64, on_cuda=False)
+    zero = config["zero_optimization"]
+    for section in ("offload_optimizer", "offload_param"):
+        assert zero[section] == {"device": "nvme", "nvme_path": str(tmp_path / "nvme")}
+    assert config["bf16"] == {"enabled": True} and config["steps_per_print"] == 7
+    assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"],
+            config["gradient_accumulation_steps"]) == (8, 2, 2)
+    assert json.loads(user.read_text()) == original
+    # the JSON alone: its offload and precision are the run's
+    user.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
+                                "fp16": {"enabled": True}, "train_batch_size": 16}))
+    args = parse_args(base(data_prefix, "--deepspeed_config", str(user)), world_size=2, device_type="cuda")
+    assert (args.deepspeed.offload, args.deepspeed.precision, args.training.global_batch_size) == \
+        ("optimizer+params", "fp16", 16)
+    user.write_text(json.dumps({"gradient_accumulation_steps": 3}))
+    with pytest.raises(ConfigError, match=r"gradient_accumulation_steps is 3 but --global-batch-size 16 / "):
+        deepspeed_config(parse_args(base(data_prefix, "--global-batch-size", "16", "--deepspeed_config", str(user)),
+                                    world_size=2), 1000, 64, on_cuda=False)
+
+
+def test_errors_name_the_variable_a_launch_script_set():
+    """megatron/launch/flag_sources.py: "(from VAR)" after each flag a launch script derived from VAR, unless the
+    user's own extra argument gave the flag again."""
+    environ = {"ZERO_LAB_FLAG_SOURCES": "--global-batch-size=GLOBAL_BATCH --micro-batch-size=MICRO_BATCH\n"
+                                        "    --sequence-parallel=SP --tensor-model-parallel-size=TP"}
+    argv = ["--global-batch-size", "12", "--micro-batch-size", "4", "--sequence-parallel",
+            "--tensor-model-parallel-size", "1"]
+    assert name_sources("--global-batch-size 12 is not divisible by --micro-batch-size 4 x data-parallel size 2",
+                        argv, environ) == ("--global-batch-size 12 (from GLOBAL_BATCH) is not divisible by "
+                                           "--micro-batch-size 4 (from MICRO_BATCH) x data-parallel size 2")
+    assert name_sources("--sequence-parallel needs --tensor-model-parallel-size > 1", argv, environ) == \
+        "--sequence-parallel (from SP) needs --tensor-model-parallel-size (from TP) > 1"
+    assert name_sources("--global-batch-size 16 bad", [*argv, "--global-batch-size", "16"], environ) == \
+        "--global-batch-size 16 bad"
+    assert name_sources("--global-batch-size 12 bad", argv, {}) == "--global-batch-size 12 bad"
 
 
 def test_lr_schedule_warmup_then_cosine_to_min(data_prefix):

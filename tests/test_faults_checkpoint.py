@@ -154,7 +154,7 @@ def test_sigkill_of_a_rank_during_a_save_in_a_reused_run_folder(dolly_data_dir, 
 @pytest.mark.slow
 def test_full_disk_during_a_save_keeps_latest(dolly_data_dir, reference, tmp_path):
     """A file-size limit (ulimit -f, as a full disk) makes every write of global_step6 fail."""
-    from megatron.checkpointing import check_resumable
+    from megatron.checkpointing.protocol import check_resumable
     _, ref_folder = reference
     folder = copy_checkpoints(ref_folder, tmp_path / "ckpt", ["global_step2", "global_step4"], "global_step4")
     cmd = pretrain_cmd(dolly_data_dir, 2, "--zero-stage", "1", "--load", str(folder), "--save", str(folder),
@@ -284,26 +284,33 @@ def toy_flags(data_dir, *extra):
             *extra]
 
 
+def start_up(*flags):
+    """The flags parsed, then megatron/startup.py's checks of the files they name."""
+    from megatron.arguments import parse_args
+    from megatron.startup import prepare_run
+    return prepare_run(parse_args(list(flags)), verbose=False)
+
+
 @pytest.mark.parametrize("flag", ["--save", "--tensorboard-dir", "--run-dir"])
 def test_output_folder_that_cannot_be_made_is_refused(dolly_data_dir, tmp_path, flag):
-    from megatron.arguments import ConfigError, parse_args
+    from megatron.startup import StartupError
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    with pytest.raises(ConfigError) as err:
-        parse_args(toy_flags(dolly_data_dir, flag, str(blocker / "run")))
+    with pytest.raises(StartupError) as err:
+        start_up(*toy_flags(dolly_data_dir, flag, str(blocker / "run")))
     assert str(err.value) == f"{flag} {blocker / 'run'}: {blocker} is not a folder"
-    parse_args(toy_flags(dolly_data_dir, flag, str(tmp_path / "new" / "run")))  # creatable: accepted
+    start_up(*toy_flags(dolly_data_dir, flag, str(tmp_path / "new" / "run")))  # creatable: accepted
 
 
 def test_data_and_vocabulary_files_must_be_readable_files(dolly_data_dir, tmp_path):
-    from megatron.arguments import ConfigError, parse_args
+    from megatron.startup import StartupError
     folder = tmp_path / "vocab.json"
     folder.mkdir()
-    with pytest.raises(ConfigError) as err:
-        parse_args(toy_flags(dolly_data_dir, "--vocab-file", str(folder)))
+    with pytest.raises(StartupError) as err:
+        start_up(*toy_flags(dolly_data_dir, "--vocab-file", str(folder)))
     assert str(err.value) == f"--vocab-file {folder} does not exist (GPT2BPETokenizer needs it)"
-    with pytest.raises(ConfigError) as err:
-        parse_args(toy_flags(dolly_data_dir, "--data-path", str(tmp_path / "missing")))
+    with pytest.raises(StartupError) as err:
+        start_up(*toy_flags(dolly_data_dir, "--data-path", str(tmp_path / "missing")))
     assert str(err.value) == (f"--data-path: {tmp_path / 'missing.bin'} does not exist (expected a prefix with "
                               ".bin/.idx files from tools/preprocess_data.py)")
 
@@ -343,11 +350,11 @@ def test_save_on_a_read_only_filesystem_is_refused_at_start_up(dolly_data_dir, t
 def test_universal_refusals(saved, run, refused):
     """Which layout changes a universal resume takes (the end-to-end tests above run two of them; the
     ZeRO-3 -> ZeRO-1/2 refusal comes from a DeepSpeed 0.19.8 failure seen on the CPU box)."""
-    from megatron.universal_checkpoint import needs_universal, universal_refusal
+    from megatron.checkpointing.resume_check import model_parallel_refusal, needs_universal, universal_refusal
     layouts = [{"zero_stage": stage, "data_parallel_size": dp, "tensor_model_parallel_size": 1,
                 "pipeline_model_parallel_size": 1} for stage, dp in (saved, run)]
-    assert needs_universal(*layouts)
+    assert needs_universal(*layouts) and model_parallel_refusal(*layouts) is None
     reason = universal_refusal(*layouts)
     assert (reason is None) if refused is None else (refused in reason)
     layouts[1]["tensor_model_parallel_size"] = 2
-    assert "without tensor or pipeline parallelism" in universal_refusal(*layouts)
+    assert model_parallel_refusal(*layouts).startswith("it was saved with tensor-parallel size 1, this run has 2;")
