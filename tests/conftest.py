@@ -82,6 +82,43 @@ def five_driver_runs(dolly_data_dir, tmp_path_factory):
     return runs_dir, result
 
 
+# Tensor, pipeline and sequence parallel layouts of one seeded run (fp32, dropout off: its streams differ per
+# TP rank), name -> (ranks, flags); the serial run at ZeRO 0 is the reference. TP=t pads the vocabulary to
+# 128/t x t, so every layout has the serial run's 50304 rows and the same initial weights.
+PARALLEL_ITERS = 5
+TP2 = ["--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "64"]
+PARALLEL_LAYOUTS = {
+    "serial": (1, ["--zero-stage", "0"]),
+    "tp2_z1": (2, [*TP2, "--zero-stage", "1"]),
+    "tp2_sp_z3": (2, [*TP2, "--sequence-parallel", "--zero-stage", "3"]),
+    "pp2_z1": (2, ["--pipeline-model-parallel-size", "2", "--zero-stage", "1"]),
+    "tp2_dp2_sp_z2": (4, [*TP2, "--sequence-parallel", "--zero-stage", "2"]),
+}
+
+
+def parallel_pretrain(data_dir, ranks: int, *extra: str) -> subprocess.CompletedProcess:
+    """pretrain_gpt.py under torchrun with the layouts' common settings."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+           "--master_port", str(free_port()), str(REPO_ROOT / "pretrain_gpt.py"),
+           "--model-size", "tiny", "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
+           "--train-iters", str(PARALLEL_ITERS), "--log-interval", "1", "--eval-interval", str(PARALLEL_ITERS),
+           "--eval-iters", "1", "--lr", "1e-3", "--seed", "7", "--hidden-dropout", "0", "--attention-dropout", "0",
+           "--data-path", str(data_dir / "dolly_text_document"), "--vocab-file", str(data_dir / "gpt2-vocab.json"),
+           "--merge-file", str(data_dir / "gpt2-merges.txt"), *extra]
+    run = subprocess.run(cmd, env=test_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, f"{' '.join(extra)}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    return run
+
+
+@pytest.fixture(scope="session")
+def parallel_layout_runs(dolly_data_dir, tmp_path_factory):
+    """Each of PARALLEL_LAYOUTS run once for the whole suite, saving its last iteration: name -> (stdout,
+    checkpoint folder). The parallel-training, conversion and resume tests all read these."""
+    root = tmp_path_factory.mktemp("layouts")
+    return {name: (parallel_pretrain(dolly_data_dir, ranks, *flags, "--save", str(root / name)).stdout, root / name)
+            for name, (ranks, flags) in PARALLEL_LAYOUTS.items()}
+
+
 def driver_env(dolly_data_dir, runs_dir, **overrides):
     """The drivers' settings in the tests: tiny model, 2 CPU ranks, 2 epochs of 2 iterations."""
     return test_env(DATA_PATH=dolly_data_dir / "dolly_text_document", VOCAB_FILE=dolly_data_dir / "gpt2-vocab.json",

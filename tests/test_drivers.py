@@ -2,12 +2,17 @@
 files, every docs/log-lines.md line, the same settings across the six, a falling loss; NVMe offload
 trains as stage 3 does; traffic and model states measured against their predictions."""
 import json
+import os
 import re
+import shutil
+import signal
 import subprocess
+import sys
+import time
 
 import pytest
 
-from conftest import REPO_ROOT, driver_env, test_env
+from conftest import REPO_ROOT, driver_env, free_port, test_env
 
 pytestmark = pytest.mark.slow
 
@@ -73,17 +78,23 @@ def iteration_losses(log: str) -> list[float]:
     return [float(v) for v in re.findall(r"^ iteration .*\| lm loss: (\S+) \|", log, re.M)]
 
 
-@pytest.mark.parametrize("name", ["Z1", "Z3"])
-def test_driver_in_bf16_follows_the_fp32_run(driver_runs, dolly_data_dir, tmp_path, name):
+@pytest.mark.parametrize("name, launcher", [("Z1", "deepspeed"), ("Z3", "mpiexec")])
+def test_driver_in_bf16_follows_the_fp32_run(driver_runs, dolly_data_dir, tmp_path, name, launcher):
     """PRECISION=bf16 on the CPU ranks: DeepSpeed's bf16 optimizer, bf16 weights (gathered at stage 3)
-    through the fused output-layer loss; same data and init as the fp32 run, so the losses track it."""
+    through the fused output-layer loss; same data and init as the fp32 run, so the losses track it. Under
+    the two launchers the six drivers' torchrun runs do not use: the deepspeed launcher (which passes
+    --local_rank=N) and MPICH's mpiexec (ranks from PMI_RANK/PMI_SIZE)."""
+    if shutil.which(launcher if launcher == "mpiexec" else sys.executable) is None:
+        pytest.skip(f"needs {launcher}")
     runs_dir, _ = driver_runs
     result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / f"gpt_deepspeed_{name}.sh")], cwd=REPO_ROOT,
-                            env=driver_env(dolly_data_dir, tmp_path, PRECISION="bf16"),
+                            env=driver_env(dolly_data_dir, tmp_path, PRECISION="bf16", LAUNCHER=launcher),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     folder = tmp_path / f"gpt_tiny_{name}"
     assert json.loads((folder / "ds_config.json").read_text())["bf16"]["enabled"] is True
+    command = (folder / "command.txt").read_text()
+    assert ("deepspeed.launcher.runner" if launcher == "deepspeed" else "mpiexec -n 2 ") in command
     bf16 = iteration_losses((folder / "train.log").read_text())
     fp32 = iteration_losses((runs_dir / f"gpt_tiny_{name}" / "train.log").read_text())
     assert len(bf16) == len(fp32) == 4
@@ -116,18 +127,78 @@ def test_drivers_share_their_settings(driver_runs):
 
 
 @pytest.mark.slow
-def test_driver_missing_dataset_says_what_to_run(tmp_path):
-    env = test_env(DATA_PATH=tmp_path / "nothing_here", RUNS_DIR=tmp_path / "runs")
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed", "mpiexec"])
+def test_a_failed_run_ends_with_its_cause_under_every_launcher(tmp_path, launcher):
+    """docs/bad-input.md: one error line, printed once, no traceback, under every launcher; the launcher's own
+    report (torchrun's ChildFailedError, the deepspeed launcher's records) goes to <run>/launcher.log, which
+    the last line names. srun: tests/test_slurm.py; ALCF's mpiexec: tests/test_alcf.py."""
+    if launcher == "mpiexec" and shutil.which("mpiexec") is None:
+        pytest.skip("needs mpiexec (scripts/setup.sh installs MPICH)")
+    env = test_env(DATA_PATH=tmp_path / "nothing_here", RUNS_DIR=tmp_path / "runs", LAUNCHER=launcher,
+                   MASTER_PORT=free_port())
     result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
-    # pretrain_gpt.py's start-up check, printed once for the two ranks
+    report = tmp_path / "runs" / "gpt_tiny_Z1" / "launcher.log"
+    cause = (f"error: --data-path (from DATA_PATH): {tmp_path / 'nothing_here'}.bin does not exist "
+             "(expected a prefix with .bin/.idx files from tools/preprocess_data.py)")
+    named = f" (launcher's report: {report})" if launcher != "mpiexec" else ""  # MPICH reports nothing for exit 1
+    assert result.stderr.splitlines()[-1] == cause + named
     output = result.stdout + result.stderr
-    errors = [line for line in output.splitlines() if "error: " in line]
-    assert errors == [f"error: --data-path: {tmp_path / 'nothing_here'}.bin does not exist "
-                      "(expected a prefix with .bin/.idx files from tools/preprocess_data.py)"], output
-    # torchrun prints its own report of the failed child; no traceback comes from our code
-    assert 'pretrain_gpt.py", line' not in output and str(REPO_ROOT / "megatron") not in output
+    assert [line for line in output.splitlines() if "error: " in line] == [cause + named], output
+    assert "Traceback" not in output and "ChildFailedError" not in output
+    if launcher == "torchrun":
+        assert "ChildFailedError" in report.read_text()
+    assert (report.parent / "train.log").read_text().count(cause) >= 1  # the ranks' output is all in the log
+
+
+def wait_for(path, pattern: str, timeout: float = 300) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and re.search(pattern, path.read_text(), re.M)):
+        assert time.monotonic() < deadline, f"no {pattern!r} in {path} after {timeout} s"
+        time.sleep(0.2)
+    return path.read_text()
+
+
+def test_sigterm_to_the_job_saves_and_running_the_driver_again_resumes(driver_runs, dolly_data_dir, tmp_path):
+    """What PBS at walltime and Slurm's --signal do: SIGTERM to the driver's whole process group (the launcher
+    and its log writer too). The ranks save and stop, the driver exits 0; running it again resumes from that
+    checkpoint (the one resume rule) and ends with the uninterrupted Z1 run's losses; train.log and
+    command.txt keep both attempts, and the summary shows one run of two attempts."""
+    runs_dir, _ = driver_runs
+    env = driver_env(dolly_data_dir, tmp_path)
+    driver = ["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")]
+    first = subprocess.Popen(driver, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    folder = tmp_path / "gpt_tiny_Z1"
+    wait_for(folder / "train.log", r"^ iteration +1/ +4 \|")
+    os.killpg(first.pid, signal.SIGTERM)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, out[-3000:] + err[-3000:]
+    stopped = re.search(r"^ exiting program after receiving SIGTERM at iteration (\d+) \(checkpoint saved to (.+)\)$",
+                        out, re.M)
+    assert stopped and stopped.group(2) == str(folder / "checkpoints"), out[-3000:]
+    step = int(stopped.group(1))
+    assert 1 <= step < 4 and (folder / "checkpoints" / "latest").read_text() == f"global_step{step}"
+
+    second = subprocess.run(driver, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert f"[run] resuming from global_step{step} in {folder / 'checkpoints'}" in second.stderr
+    log = (folder / "train.log").read_text()
+    attempts = re.split(r"^\[zero-lab\] attempt \d started .*$", log, flags=re.M)
+    assert len(attempts) == 3 and attempts[0] == ""
+    assert [len(iteration_losses(part)) for part in attempts[1:]] == [step, 4 - step]
+    reference = iteration_losses((runs_dir / "gpt_tiny_Z1" / "train.log").read_text())
+    assert iteration_losses(log) == reference  # as printed: every digit of the uninterrupted run's
+    commands = (folder / "command.txt").read_text()
+    assert commands.count("# attempt ") == 2 and commands.count(f"--load {folder / 'checkpoints'}") == 1
+
+    summary = subprocess.run([sys.executable, str(REPO_ROOT / "analysis" / "summarize.py"), str(tmp_path),
+                              "--no-plots"], env=test_env(), capture_output=True, text=True, timeout=120)
+    assert summary.returncode == 0, summary.stderr
+    [row] = json.loads((tmp_path / "summary.json").read_text())["runs"]
+    assert (row["status"], row["attempts"], row["last_iteration"]) == ("finished", 2, 4)
+    assert row["loss_first"] == pytest.approx(reference[0]) and row["loss_last"] == pytest.approx(reference[-1])
 
 
 def sent_per_iteration(log: str) -> list[tuple[float, float]]:
@@ -219,3 +290,42 @@ def test_memory_per_stage_shrinks_as_zero_says(driver_runs):
     assert on_rank["Z3"] < 0.8 * on_rank["Z1"] < 0.8 * on_rank["DP"]
     assert on_rank["Z3_OL"] < 0.5 * on_rank["Z3"] and on_rank["Z3_NVMe"] < 0.5 * on_rank["Z3"]
     assert gb["Z3_OL"]["offloaded"] > 0 and gb["Z3_NVMe"]["offloaded"] > 0 and gb["Z3"]["offloaded"] == 0
+
+
+def test_the_six_drivers_give_the_same_losses(driver_runs):
+    """Same seed, data and dropout at every stage: only the order of floating-point sums differs."""
+    runs_dir, _ = driver_runs
+    reference = iteration_losses((runs_dir / "gpt_tiny_DP" / "train.log").read_text())
+    assert len(reference) == 4 and reference[-1] < reference[0]
+    for name in EXPERIMENTS:
+        assert iteration_losses((runs_dir / f"gpt_tiny_{name}" / "train.log").read_text()) == pytest.approx(
+            reference, rel=1e-4), name
+
+
+def test_each_stage_partitions_what_zero_says(driver_runs):
+    """fp32 + Adam, 2 ranks: stage 0 holds 4 bytes of parameters, 4 of gradients and 8 of moments per parameter
+    whole on each rank; stage 1 half the moments plus the fp32 master copy of its half of the parameters (which
+    DeepSpeed's ZeRO optimizers keep even in fp32 training); stage 3 half the parameters too."""
+    runs_dir, _ = driver_runs
+    gb = {name: model_state_gb((runs_dir / f"gpt_tiny_{name}" / "train.log").read_text())[0]
+          for name in ("DP", "Z1", "Z3")}
+    dp, z1, z3 = gb["DP"], gb["Z1"], gb["Z3"]
+    assert dp["optim"] == pytest.approx(2 * dp["params"], rel=0.01) and dp["grads"] == pytest.approx(dp["params"])
+    assert z1["optim"] == pytest.approx(dp["optim"] / 2 + dp["params"] / 2, rel=0.02)
+    assert z1["params"] == pytest.approx(dp["params"], rel=0.01)
+    assert z3["params"] == pytest.approx(dp["params"] / 2, rel=0.03)
+
+
+def test_run_info_and_exact_log_lines(driver_runs):
+    log = (driver_runs[0] / "gpt_tiny_Z3_OL" / "train.log").read_text()
+    assert (" > run info | zero stage: 3 | offload: optimizer+params | model: tiny | world size: 2 | "
+            "micro batch: 4 | global batch: 8 | seq length: 64 | train samples per epoch: ") in log
+    line = re.search(r"^ iteration        4/       4 \|.*$", log, re.M).group(0)
+    assert re.fullmatch(
+        r" iteration        4/       4 \| consumed samples:           32 \| consumed tokens:         2048 \| "
+        r"elapsed time per iteration \(ms\): \d+\.\d \| learning rate: \d\.\d{3}E[+-]\d\d \| "
+        r"global batch size:     8 \| lm loss: \d\.\d{6}E\+\d\d \| loss scale: 1\.0 \| grad norm: \d+\.\d{3} \| "
+        r"number of skipped iterations:   0 \| number of nan iterations:   0 \| samples per second: \d+\.\d{3} \| "
+        r"tokens per gpu per second \(tgs\): \d+\.\d{3} \| TFLOPs: \d+\.\d\d \|", line)
+    assert re.search(r"^\[Rank 0\] memory at iteration        4 \| device=cpu, MemAllocated=\d+\.\d\dGB, "
+                     r"MaxMemAllocated=\d+\.\d\dGB, HostRSS=\d+\.\d\dGB, MaxHostRSS=\d+\.\d\dGB \|$", log, re.M)

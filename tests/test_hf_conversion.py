@@ -1,4 +1,5 @@
-"""Hugging Face GPT-2 conversion both ways, on real checkpoints of real 2-rank DeepSpeed runs:
+"""Hugging Face GPT-2 conversion both ways, on real checkpoints of real 2-rank DeepSpeed runs (the suite's
+driver runs and parallel layouts, conftest.py):
 exports load in transformers offline with equal logits, ZeRO-3 + offload exports equal ZeRO-0
 exports, converted GPT-2 weights start a --finetune run under ZeRO-3, and bad inputs fail in one line."""
 import shutil
@@ -9,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO_ROOT, save_random_hf_gpt2, test_env, tool_in_process
+from conftest import PARALLEL_ITERS, REPO_ROOT, save_random_hf_gpt2, test_env, tool_in_process
 from megatron.saved_model.reader import (build_model, check_state_dict, load_checkpoint_weights,
                                            save_checkpoint_weights)
 from megatron.inference.hf_folder import load_hf_folder
@@ -66,26 +67,24 @@ def dolly_tokens(data_dir, batch=3, length=64):
 
 
 @pytest.fixture(scope="module")
-def trained(dolly_data_dir, tmp_path_factory):
-    """Checkpoints of the same seeded run under ZeRO-0 and under ZeRO-3 with optimizer+parameter offload."""
-    root = tmp_path_factory.mktemp("trained")
-    flags = {"Z0": ["--zero-stage", "0"], "Z3_OL": ["--zero-stage", "3", "--zero-offload-params"]}
-    for name, extra in flags.items():
-        run = pretrain(dolly_data_dir, "--lr", "1e-3", "--save", root / name, *extra)
-        assert run.returncode == 0, f"{name}:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
-    return root
+def trained(five_driver_runs):
+    """Checkpoints of the same seeded run under ZeRO-0 and under ZeRO-3 with optimizer+parameter offload: the
+    DP and Z3_OL drivers of conftest.five_driver_runs (4 iterations), by name."""
+    runs_dir, result = five_driver_runs
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {"Z0": runs_dir / "gpt_tiny_DP" / "checkpoints", "Z3_OL": runs_dir / "gpt_tiny_Z3_OL" / "checkpoints"}
 
 
 @pytest.mark.slow
 def test_export_loads_in_transformers_offline_with_equal_logits(trained, dolly_data_dir, tmp_path):
     out = tmp_path / "hf"
-    result = tool("checkpoint_to_hf.py", "--load", trained / "Z0", "--output", out)
+    result = tool("checkpoint_to_hf.py", "--load", trained["Z0"], "--output", out)
     assert result.returncode == 0, result.stderr
     assert {"config.json", "merges.txt", "model.safetensors", "vocab.json"} <= {p.name for p in out.iterdir()}
     config = transformers.AutoConfig.from_pretrained(out, local_files_only=True)
     assert (config.n_layer, config.n_embd, config.n_head, config.vocab_size) == (2, 128, 4, GPT2_VOCAB)
     tokens = dolly_tokens(dolly_data_dir)
-    theirs, ours = hf_logits(out, tokens), our_logits(trained / "Z0", tokens)
+    theirs, ours = hf_logits(out, tokens), our_logits(trained["Z0"], tokens)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
     # the exported tokenizer is GPT-2's: the same ids as ours on a real record
     from megatron.tokenizer import TokenizerConfig, build_tokenizer
@@ -100,7 +99,7 @@ def test_export_loads_in_transformers_offline_with_equal_logits(trained, dolly_d
 def test_zero3_offload_export_equals_zero0_export(trained, tmp_path, capsys):
     exports = {}
     for name in ("Z0", "Z3_OL"):
-        code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", trained / name,
+        code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", trained[name],
                                        "--output", tmp_path / name)
         assert code == 0, err
         exports[name] = safetensors_torch.load_file(tmp_path / name / "model.safetensors")
@@ -109,48 +108,34 @@ def test_zero3_offload_export_equals_zero0_export(trained, tmp_path, capsys):
         # same seed and data; only the order of floating-point reductions differs between the stages
         torch.testing.assert_close(exports["Z3_OL"][key], tensor, rtol=0, atol=1e-4, msg=key)
     # and the stage-3 weights really came out of the partitioned optimizer files (the module file holds none)
-    module = torch.load(next((trained / "Z3_OL").glob("global_step3/zero_pp_rank_0_*model_states.pt")),
+    module = torch.load(next(trained["Z3_OL"].glob("global_step4/zero_pp_rank_0_*model_states.pt")),
                         map_location="cpu", weights_only=False)["module"]
     assert all(t.numel() == 0 for t in module.values())
 
 
-@pytest.fixture(scope="module")
-def parallel_runs(dolly_data_dir, tmp_path_factory):
-    """The same seeded run (no dropout, whose streams differ per TP rank) at TP=1, TP=2 under ZeRO-3,
-    and PP=2; the TP=2 vocabulary is padded to the TP=1 size so that the initial weights agree."""
-    root = tmp_path_factory.mktemp("parallel")
-    layouts = {"TP1": ["--zero-stage", "1"],
-               "TP2_Z3": ["--tensor-model-parallel-size", "2", "--zero-stage", "3",
-                          "--make-vocab-size-divisible-by", "64"],
-               "PP2": ["--pipeline-model-parallel-size", "2", "--zero-stage", "1"]}
-    for name, extra in layouts.items():
-        run = pretrain(dolly_data_dir, "--lr", "1e-3", "--hidden-dropout", "0", "--attention-dropout", "0",
-                       "--save", root / name, *extra, iters=2)
-        assert run.returncode == 0, f"{name}:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
-    return root
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["TP2_Z3", "PP2"])
-def test_tensor_and_pipeline_parallel_exports_equal_the_serial_export(parallel_runs, layout, tmp_path, capsys):
+@pytest.mark.parametrize("layout", ["tp2_sp_z3", "pp2_z1"])
+def test_tensor_and_pipeline_parallel_exports_equal_the_serial_export(parallel_layout_runs, layout, tmp_path, capsys):
+    """The same seeded run (conftest.PARALLEL_LAYOUTS) at TP=1, at TP=2 with sequence parallelism under ZeRO-3,
+    and at PP=2 exports the same weights."""
     exports = {}
-    for name in ("TP1", layout):
-        code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", parallel_runs / name,
+    for name in ("serial", layout):
+        code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", parallel_layout_runs[name][1],
                                        "--output", tmp_path / name)
         assert code == 0, err
         exports[name] = safetensors_torch.load_file(tmp_path / name / "model.safetensors")
-    for key, tensor in exports["TP1"].items():
+    for key, tensor in exports["serial"].items():
         torch.testing.assert_close(exports[layout][key], tensor, rtol=0, atol=1e-4, msg=key)
-    files = {p.name for p in (parallel_runs / layout / "global_step2").iterdir()}
-    assert ("layer_03-model_00-model_states.pt" in files) == (layout == "PP2")
-    assert ("zero_pp_rank_0_mp_rank_01_model_states.pt" in files) == (layout == "TP2_Z3")
+    files = {p.name for p in (parallel_layout_runs[layout][1] / f"global_step{PARALLEL_ITERS}").iterdir()}
+    assert ("layer_03-model_00-model_states.pt" in files) == (layout == "pp2_z1")
+    assert ("zero_pp_rank_0_mp_rank_01_model_states.pt" in files) == (layout == "tp2_sp_z3")
 
 
 @pytest.mark.slow
 def test_zero3_checkpoint_without_optimizer_files_is_an_error(trained, tmp_path, capsys):
     broken = tmp_path / "broken"
-    shutil.copytree(trained / "Z3_OL", broken)
-    for path in broken.glob("global_step3/*optim_states.pt"):
+    shutil.copytree(trained["Z3_OL"], broken)
+    for path in broken.glob("global_step4/*optim_states.pt"):
         path.unlink()
     code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", broken, "--output", tmp_path / "out")
     assert code == 1

@@ -1,11 +1,11 @@
 """Tensor, pipeline and sequence parallelism through pretrain_gpt.py: real torchrun runs of 1, 2 and
 4 CPU ranks on the dolly sample must give the serial run's losses (fp32, dropout off, same seed, so
-the same full initial weights), and a TP=2 x PP=2 checkpoint must resume onto the same losses.
+the same full initial weights), and a TP=2 x PP=2 checkpoint must resume onto the same losses; a resume
+on another tensor- or pipeline-parallel size is refused at start-up in one line.
 
 The padded vocabulary must be the same at every TP size for the full weights to match, so runs
 with TP=t pass --make-vocab-size-divisible-by 128/t (50257 -> 50304 tokens throughout)."""
 import re
-import socket
 import subprocess
 import sys
 
@@ -14,46 +14,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import REPO_ROOT, test_env
+from conftest import PARALLEL_ITERS, PARALLEL_LAYOUTS, REPO_ROOT, TP2, free_port, parallel_pretrain, test_env
 from megatron.model import GPTConfig, GPTModel, ModelConfigError
 from megatron.model.accounting import count_parameters, parameters_on_rank
 
 pytestmark = pytest.mark.slow
 
-ITERS = 5
-TP2 = ["--tensor-model-parallel-size", "2", "--make-vocab-size-divisible-by", "64"]
-PP2 = ["--pipeline-model-parallel-size", "2"]
-SP = ["--sequence-parallel"]
-# name -> (ranks, flags); the serial run at ZeRO 0 is the reference
-LAYOUTS = {
-    "serial": (1, ["--zero-stage", "0"]),
-    "tp2_z1": (2, [*TP2, "--zero-stage", "1"]),
-    "tp2_sp_z3": (2, [*TP2, *SP, "--zero-stage", "3"]),
-    "pp2_z1": (2, [*PP2, "--zero-stage", "1"]),
-    "tp2_dp2_sp_z2": (4, [*TP2, *SP, "--zero-stage", "2"]),
-}
 # TP=2 x PP=2 runs as a checkpointed pair: iterations 1-3, save, exit; load, iterations 4-5
-TP2_PP2 = [*TP2, *PP2, *SP, "--zero-stage", "0"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def pretrain(data_dir, ranks: int, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-           "--master_port", str(free_port()), str(REPO_ROOT / "pretrain_gpt.py"),
-           "--model-size", "tiny", "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
-           "--train-iters", str(ITERS), "--log-interval", "1", "--eval-interval", str(ITERS), "--eval-iters", "1",
-           "--lr", "1e-3", "--seed", "7",
-           "--hidden-dropout", "0", "--attention-dropout", "0",
-           "--data-path", str(data_dir / "dolly_text_document"), "--vocab-file", str(data_dir / "gpt2-vocab.json"),
-           "--merge-file", str(data_dir / "gpt2-merges.txt"), *extra]
-    run = subprocess.run(cmd, env=test_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=400)
-    assert run.returncode == 0, f"{' '.join(extra)}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    return run
+TP2_PP2 = [*TP2, "--pipeline-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", "0"]
 
 
 def losses(log: str) -> list[float]:
@@ -63,19 +31,19 @@ def losses(log: str) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def layout_logs(dolly_data_dir):
-    return {name: pretrain(dolly_data_dir, ranks, *flags).stdout for name, (ranks, flags) in LAYOUTS.items()}
+def layout_logs(parallel_layout_runs):
+    return {name: log for name, (log, _) in parallel_layout_runs.items()}
 
 
 def test_serial_reference_learns(layout_logs):
     reference = losses(layout_logs["serial"])
-    assert len(reference) == ITERS + 1 and reference[ITERS - 1] < reference[0] - 0.2
+    assert len(reference) == PARALLEL_ITERS + 1 and reference[PARALLEL_ITERS - 1] < reference[0] - 0.2
 
 
-@pytest.mark.parametrize("name", [name for name in LAYOUTS if name != "serial"])
+@pytest.mark.parametrize("name", [name for name in PARALLEL_LAYOUTS if name != "serial"])
 def test_parallel_layout_matches_serial_losses(layout_logs, name):
     log = layout_logs[name]
-    world = LAYOUTS[name][0]
+    world = PARALLEL_LAYOUTS[name][0]
     assert f"| world size: {world} |" in log
     assert losses(log) == pytest.approx(losses(layout_logs["serial"]), rel=1e-5)
 
@@ -83,8 +51,8 @@ def test_parallel_layout_matches_serial_losses(layout_logs, name):
 @pytest.fixture(scope="module")
 def tp2_pp2_runs(dolly_data_dir, tmp_path_factory):
     save = tmp_path_factory.mktemp("tp2_pp2_checkpoints")
-    first = pretrain(dolly_data_dir, 4, *TP2_PP2, "--save", str(save), "--exit-interval", "3").stdout
-    resumed = pretrain(dolly_data_dir, 4, *TP2_PP2, "--load", str(save)).stdout
+    first = parallel_pretrain(dolly_data_dir, 4, *TP2_PP2, "--save", str(save), "--exit-interval", "3").stdout
+    resumed = parallel_pretrain(dolly_data_dir, 4, *TP2_PP2, "--load", str(save)).stdout
     return first, resumed, save
 
 
@@ -111,7 +79,7 @@ def test_model_state_estimate_counts_the_parameters_rank_0_holds(layout_logs, tp
     assert "[Rank 2] memory at iteration" in tp2_pp2_runs[0] and "[Rank 0] memory" not in tp2_pp2_runs[0]
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("name", list(PARALLEL_LAYOUTS))
 def test_memory_and_traffic_of_each_layout_are_predicted(layout_logs, name):
     """Under TP, SP and PP too, each measured figure of the model-state line (activations: not under PP,
     whose engine runs the forwards) and the bytes sent per iteration within 10% of the prediction."""
@@ -119,12 +87,12 @@ def test_memory_and_traffic_of_each_layout_are_predicted(layout_logs, name):
     measured, estimate = (dict(re.findall(r"(\w+)=(\d+\.\d+)", part)) for part in
                           re.search(r"measured: ([^|]*)\| ZeRO estimate [^:]*: ([^|]*)\|", log).groups())
     for key in ("params", "grads", "optim", "offloaded", "activations"):
-        if key == "activations" and "--pipeline-model-parallel-size" in LAYOUTS[name][1]:
+        if key == "activations" and "--pipeline-model-parallel-size" in PARALLEL_LAYOUTS[name][1]:
             assert key not in measured
             continue
         assert float(measured[key]) == pytest.approx(float(estimate[key]), rel=0.10, abs=1e-4), key
     sent = re.findall(r"comm at iteration +\d+ \| .* total=(\S+)MB \| .* predicted=(\S+)MB", log)
-    assert len(sent) == ITERS
+    assert len(sent) == PARALLEL_ITERS
     measured_mb, predicted_mb = map(float, sent[-1])
     assert measured_mb == pytest.approx(predicted_mb, rel=0.10)
 
@@ -216,3 +184,26 @@ def test_parameters_on_rank_add_up_to_the_model():
     # TP=2: everything but LayerNorms, row-parallel biases and position embeddings is halved
     replicated = config.num_layers * (2 * h + 4 * h) + 2 * h + config.max_position_embeddings * h
     assert 2 * parameters_on_rank(config, 2, 1, 0) == count_parameters(config) + replicated
+
+
+@pytest.mark.parametrize("name, saved", [("tp2_z1", "tensor-parallel size 2"), ("pp2_z1", "pipeline-parallel size 2")])
+def test_resume_on_another_tensor_or_pipeline_parallel_size_is_refused_in_one_line(
+        parallel_layout_runs, dolly_data_dir, name, saved):
+    """TP=2 -> TP=1 and PP=2 -> PP=1: refused at start-up, before the model is built, naming the sizes and what
+    to do instead (megatron/checkpointing/resume_check.py); DeepSpeed's own loader would fail with a traceback."""
+    _, checkpoint = parallel_layout_runs[name]
+    flag = "--tensor-model-parallel-size" if name.startswith("tp") else "--pipeline-model-parallel-size"
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "pretrain_gpt.py"), "--model-size", "tiny", "--seq-length",
+                          "64", "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "6",
+                          "--zero-stage", "1", "--load", str(checkpoint),
+                          "--data-path", str(dolly_data_dir / "dolly_text_document"),
+                          "--vocab-file", str(dolly_data_dir / "gpt2-vocab.json"),
+                          "--merge-file", str(dolly_data_dir / "gpt2-merges.txt")],
+                         env=test_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[-1] == (
+        f"error: --load {checkpoint}: cannot resume global_step{PARALLEL_ITERS}: it was saved with {saved}, this "
+        f"run has 1; zero-lab resumes only on the tensor- and pipeline-parallel sizes a checkpoint was saved with: "
+        f"resume with {flag} 2, or start from its weights on any layout with --finetune (iteration and optimizer "
+        "start afresh)")
+    assert "Traceback" not in run.stderr and " > run info" not in run.stdout  # nothing built, nothing trained

@@ -1,5 +1,7 @@
-"""Real 2-rank DeepSpeed runs on the dolly sample: ZeRO stages agree on the losses, the per-rank
-model-state memory shrinks the way ZeRO says, and NaN iterations are skipped, counted and stop the run."""
+"""Real 2-rank DeepSpeed runs on the dolly sample with gradient accumulation (2 micro-batches per step; the
+drivers' runs in tests/test_drivers.py have none): ZeRO stages 1-3 agree on the losses, stages 2 and 3
+communicate at every micro-batch and stage 1 holds every gradient until the last; and NaN iterations are
+skipped, counted and stop the run."""
 import re
 import socket
 import subprocess
@@ -11,9 +13,7 @@ from conftest import REPO_ROOT, test_env
 
 pytestmark = pytest.mark.slow
 
-STAGES = {"DP": ["--zero-stage", "0"], "Z1": ["--zero-stage", "1"], "Z2": ["--zero-stage", "2"],
-          "Z3": ["--zero-stage", "3"], "Z3_OL": ["--zero-stage", "3", "--zero-offload-optimizer",
-                                                 "--zero-offload-params"]}
+STAGES = {"Z1": ["--zero-stage", "1"], "Z2": ["--zero-stage", "2"], "Z3": ["--zero-stage", "3"]}
 MEMORY = re.compile(r"measured: params=(\S+) grads=(\S+) optim=(\S+) offloaded=\S+ activations=\S+ other=(\S+) \| "
                     r"ZeRO estimate .*?: params=(\S+) grads=(\S+) optim=(\S+) total=(\S+)(?: \w+=\S+)* \|")
 
@@ -54,37 +54,10 @@ def stage_runs(dolly_data_dir):
 
 
 def test_all_stages_give_the_same_losses(stage_runs):
-    reference = losses(stage_runs["DP"])
+    reference = losses(stage_runs["Z1"])
     assert len(reference) == 4 and reference[-1] < reference[0]
     for name, log in stage_runs.items():
         assert losses(log) == pytest.approx(reference, rel=1e-5), name
-
-
-def test_stage0_measured_state_matches_the_estimate(stage_runs):
-    mem = memory_gb(stage_runs["DP"])
-    # fp32 + Adam: 4 bytes params, 4 bytes grads, 8 bytes moments per parameter, all whole on each rank
-    assert mem["params"] == pytest.approx(mem["est_params"], rel=0.01)
-    assert mem["grads"] == pytest.approx(mem["est_grads"], rel=0.01)
-    assert mem["optim"] == pytest.approx(mem["est_optim"], rel=0.01)
-    assert mem["optim"] == pytest.approx(2 * mem["params"], rel=0.01)
-
-
-def test_stage1_halves_the_adam_moments(stage_runs):
-    dp, z1 = memory_gb(stage_runs["DP"]), memory_gb(stage_runs["Z1"])
-    # measured: half of the moments, plus the fp32 master copy of this rank's half of the parameters,
-    # which DeepSpeed's ZeRO optimizers keep even in fp32 training; the estimate counts it too
-    assert z1["optim"] == pytest.approx(dp["optim"] / 2 + dp["params"] / 2, rel=0.02)
-    assert z1["est_optim"] == pytest.approx(z1["optim"], rel=0.02)
-    assert z1["params"] == pytest.approx(dp["params"], rel=0.01)
-
-
-def test_stage3_partitions_the_parameters(stage_runs):
-    dp, z3 = memory_gb(stage_runs["DP"]), memory_gb(stage_runs["Z3"])
-    assert z3["params"] == pytest.approx(dp["params"] / 2, rel=0.03)
-    assert z3["params"] == pytest.approx(z3["est_params"], rel=0.03)
-    assert z3["grads"] == pytest.approx(z3["est_grads"], rel=0.03)
-    # stage 3 clones its fp32 master partition too (the estimate once assumed not: measured 1.25x it)
-    assert z3["optim"] == pytest.approx(z3["est_optim"], rel=0.03)
 
 
 def test_gradient_accumulation_traffic_and_gradients(stage_runs):
@@ -92,32 +65,16 @@ def test_gradient_accumulation_traffic_and_gradients(stage_runs):
     gathers and reduces at each (3x); stage 1 holds every gradient until the last micro-batch, stage 2 only
     its partition's parameters' (as predicted: megatron/model/accounting.gradient_elements_held)."""
     sent = {}
-    for name in ("DP", "Z1", "Z2", "Z3"):
+    for name in ("Z1", "Z2", "Z3"):
         pairs = re.findall(r"comm at iteration +\d+ \| .* total=(\S+)MB \| .* predicted=(\S+)MB", stage_runs[name])
         measured, predicted = map(float, pairs[-1])
         assert measured == pytest.approx(predicted, rel=0.10), name
         sent[name] = measured
-    assert sent["Z1"] == pytest.approx(sent["DP"], rel=0.01)
     assert sent["Z2"] == pytest.approx(1.5 * sent["Z1"], rel=0.05)
     assert sent["Z3"] == pytest.approx(3.0 * sent["Z1"], rel=0.05)
     z1, z2 = memory_gb(stage_runs["Z1"]), memory_gb(stage_runs["Z2"])
     assert z1["grads"] == pytest.approx(z1["est_grads"], rel=0.02) and z1["grads"] == pytest.approx(z1["params"])
     assert z2["grads"] == pytest.approx(z2["est_grads"], rel=0.02) and z2["grads"] < z1["grads"]
-
-
-def test_run_info_and_exact_log_lines(stage_runs):
-    log = stage_runs["Z3_OL"]
-    assert (" > run info | zero stage: 3 | offload: optimizer+params | model: tiny | world size: 2 | "
-            "micro batch: 2 | global batch: 8 | seq length: 64 | train samples per epoch: ") in log
-    line = re.search(r"^ iteration        4/       4 \|.*$", log, re.M).group(0)
-    assert re.fullmatch(
-        r" iteration        4/       4 \| consumed samples:           32 \| consumed tokens:         2048 \| "
-        r"elapsed time per iteration \(ms\): \d+\.\d \| learning rate: \d\.\d{3}E[+-]\d\d \| "
-        r"global batch size:     8 \| lm loss: \d\.\d{6}E\+\d\d \| loss scale: 1\.0 \| grad norm: \d+\.\d{3} \| "
-        r"number of skipped iterations:   0 \| number of nan iterations:   0 \| samples per second: \d+\.\d{3} \| "
-        r"tokens per gpu per second \(tgs\): \d+\.\d{3} \| TFLOPs: \d+\.\d\d \|", line)
-    assert re.search(r"^\[Rank 0\] memory at iteration        4 \| device=cpu, MemAllocated=\d+\.\d\dGB, "
-                     r"MaxMemAllocated=\d+\.\d\dGB, HostRSS=\d+\.\d\dGB, MaxHostRSS=\d+\.\d\dGB \|$", log, re.M)
 
 
 @pytest.mark.parametrize("stage", ["0", "2"])
