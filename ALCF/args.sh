@@ -67,6 +67,7 @@ CHECKPOINT_DIR="$RUN_DIR/checkpoints"
 # ALCF's published GPT-3 recipe differs from the shared defaults in one place: half the learning rate.
 LR=${LR:-3.0e-4}; MIN_LR=${MIN_LR:-3.0e-5}
 source "$REPO_ROOT/scripts/defaults.sh"  # data, vocabulary, split, optimizer and schedule: TRAINING_DEFAULT_FLAGS
+ZERO_LAB_FLAG_SOURCES+=" $TRAINING_DEFAULT_SOURCES"
 if [[ -z "${DTYPE:-}" ]]; then
     [[ "$ACCELERATOR" == cuda ]] && DTYPE=bf16 || DTYPE=fp32
 fi

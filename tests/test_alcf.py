@@ -327,7 +327,9 @@ def test_real_run_through_mpiexec(tmp_path, dolly_data_dir):
     assert re.fullmatch(rf"tester-{re.escape(os.uname().nodename)}-nhosts1-ngpu2-\d{{4}}-\d\d-\d\d-\d{{6}}\.log", log.name)
     assert f"log: {log}" in result.stdout
     text = log.read_text()
-    assert text.splitlines()[0].startswith("mpiexec --envall -n 2 --ppn 2 --hostfile ")
+    assert text.splitlines()[0].startswith("[zero-lab] attempt 1 started ")
+    command = (run_dir / "command.txt").read_text().splitlines()
+    assert command[0].startswith("# attempt 1 | ") and command[1].startswith("mpiexec --envall -n 2 --ppn 2 --hostfile ")
     assert " > run info | zero stage: 1 | offload: none | model: tiny | world size: 2 | micro batch: 2 | " \
            "global batch: 4 | seq length: 64 |" in text
     iterations = ITERATION_LINE.findall(text)
@@ -341,18 +343,38 @@ def test_real_run_through_mpiexec(tmp_path, dolly_data_dir):
     ds_config = json.loads((run_dir / "ds_config.json").read_text())
     assert ds_config["zero_optimization"]["stage"] == 1 and ds_config["train_batch_size"] == 4
 
-    # the same run again resumes from its checkpoint
-    again = run_script(tmp_path, gpus=False, DRY_RUN=1, **settings)
+    # the same run again resumes from its checkpoint (the one resume rule); FRESH=1 would start afresh
+    fresh = run_script(tmp_path, gpus=False, DRY_RUN=1, FRESH=1, **settings)
+    assert " --load " not in launch_line(fresh) and (run_dir / "checkpoints" / "latest").is_file()
+    again = run_script(tmp_path, gpus=False, **{**settings, "TRAIN_ITERS": 5})
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert flag_value(launch_line(again), "--load") == str(run_dir / "checkpoints")
+    logs = sorted((run_dir / "logs").iterdir())  # <user>-<host>-...-<date>: in the order they started
+    assert len(logs) == 2 and logs[1].read_text().startswith("[zero-lab] attempt 2 started ")
 
+    # the summary joins the run's two attempt logs into one run
     summary = subprocess.run([sys.executable, str(REPO_ROOT / "analysis" / "summarize.py"), "outputs",
                               "--out", "summary", "--no-plots"], cwd=tmp_path, env=subprocess_env(),
                              capture_output=True, text=True, timeout=120)
     assert summary.returncode == 0, summary.stderr
     [row] = json.loads((tmp_path / "summary" / "summary.json").read_text())["runs"]
-    assert (row["run"], row["zero_stage"], row["world_size"], row["global_batch"], row["last_iteration"]) == \
-           (run_name, 1, 2, 4, 4)
-    assert row["loss_last"] == pytest.approx(float(iterations[-1][2]))
+    assert (row["run"], row["zero_stage"], row["world_size"], row["global_batch"], row["last_iteration"],
+            row["attempts"], row["status"]) == (run_name, 1, 2, 4, 5, 2, "finished")
+    assert row["loss_first"] == pytest.approx(float(iterations[0][2]))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec (scripts/setup.sh installs MPICH)")
+def test_a_failed_run_through_mpiexec_ends_with_its_cause(tmp_path):
+    """docs/bad-input.md under ALCF's mpiexec: the ranks' one error line, once, last, no traceback."""
+    result = run_script(tmp_path, gpus=False, MODEL_SIZE_KEY="GPT_TINY", SEQ_LEN=64,
+                        DATA_PATH=tmp_path / "nothing_here")
+    assert result.returncode == 1
+    cause = (f"error: --data-path (from DATA_PATH): {tmp_path / 'nothing_here'}.bin does not exist (expected a "
+             "prefix with .bin/.idx files from tools/preprocess_data.py)")
+    assert result.stderr.splitlines()[-1] == cause
+    output = result.stdout + result.stderr
+    assert [line for line in output.splitlines() if "error: " in line] == [cause] and "Traceback" not in output
 
 
 def test_alcf_model_keys_are_the_python_presets():

@@ -55,7 +55,7 @@ def test_prints_records_and_the_training_runs_validation_loss(trained):
         assert f"instruction: {records[doc]['instruction']}\n" in out
         assert f"expected response: {records[doc]['response']}\n" in out
     assert out.count("model response: ") == 2
-    assert f"===== validation record 3 of" not in out
+    assert "===== validation record 3 of" not in out
     # data path, split and iteration come from the checkpoint; the loss is the run's own at iteration 3
     iteration, loss, ppl = VALIDATION.search(out).groups()
     logged = VALIDATION.search(training_log).groups()

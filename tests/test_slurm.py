@@ -17,6 +17,7 @@ import pytest
 
 from conftest import REPO_ROOT, driver_env
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
+from megatron.checkpointing import protocol
 from megatron.launch.dist_env import SLURM_PORT_BASE, DistEnvError, LauncherEnv, resolve_launcher_env
 from slurm_cluster import SlurmUnavailable, start_cluster
 
@@ -85,7 +86,7 @@ def two_node_allocation(runs_dir, **extra):
                       SLURM_JOB_NODELIST="node[01-02]", SLURM_SUBMIT_DIR=REPO_ROOT)
     env = subprocess_env(RUNS_DIR=runs_dir, DATA_PATH=runs_dir / "nowhere" / "data", DRY_RUN="1",
                          **{**allocation, **extra})
-    for var in ("NGPUS", "LAUNCHER", "RUN_NAME", "SLURM_RESTART_COUNT", "RESUME", "PYTHON"):
+    for var in ("NGPUS", "LAUNCHER", "RUN_NAME", "SLURM_RESTART_COUNT", "FRESH", "PYTHON"):
         if var not in extra:
             env.pop(var, None)
     return env
@@ -118,14 +119,17 @@ def test_dry_run_prints_the_srun_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_dry_run_of_a_requeued_job_resumes(tmp_path):
+def test_dry_run_of_a_job_whose_run_folder_has_a_checkpoint_resumes(tmp_path):
+    """The drivers' one resume rule: a requeued job or a new one resumes an intact checkpoint; FRESH=1 does not."""
     checkpoints = tmp_path / "gpt_tiny_Z1" / "checkpoints"
-    checkpoints.mkdir(parents=True)
-    (checkpoints / "latest").write_text("global_step4")
-    line = srun_line(dry_run(two_node_allocation(tmp_path, SLURM_RESTART_COUNT="1")))
-    assert f" --load {checkpoints} " in line + " "
-    first = srun_line(dry_run(two_node_allocation(tmp_path, SLURM_RESTART_COUNT="0")))
-    assert " --load " not in first
+    protocol.prepare_save(str(checkpoints), "global_step4")
+    (checkpoints / protocol.staging_tag("global_step4")).mkdir()
+    protocol.commit(str(checkpoints), "global_step4", {"iteration": 4})
+    for restarts in ("1", "0"):
+        line = srun_line(dry_run(two_node_allocation(tmp_path, SLURM_RESTART_COUNT=restarts)))
+        assert f" --load {checkpoints} " in line + " "
+    fresh = srun_line(dry_run(two_node_allocation(tmp_path, FRESH="1")))
+    assert " --load " not in fresh and (checkpoints / "latest").is_file()  # a dry run moves nothing
 
 
 def test_sbatch_script_unknown_experiment_lists_the_drivers(tmp_path):
@@ -175,29 +179,24 @@ def test_dist_env_expands_node_lists_with_scontrol(slurm):
     assert resolve_launcher_env(environ).master_addr == "node09"
 
 
-SETTINGS = dict(TRAIN_ITERS=6)  # driver_env's tiny model on 2 ranks, 6 iterations
-
-
 def iteration_losses(text: str) -> dict[int, str]:
     """{iteration: loss as printed}; the printed loss is compared as text, i.e. to the last digit."""
     return {int(i): loss for i, _, loss in ITERATION_LOSS.findall(text)}
 
 
 @pytest.fixture(scope="module")
-def torchrun_losses(dolly_data_dir, tmp_path_factory):
-    runs = tmp_path_factory.mktemp("torchrun")
-    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], cwd=REPO_ROOT,
-                            env=driver_env(dolly_data_dir, runs, **SETTINGS), capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def torchrun_losses(five_driver_runs):
+    """The Z1 driver under torchrun with driver_env's settings (conftest.five_driver_runs: 4 iterations)."""
+    runs, result = five_driver_runs
+    assert result.returncode == 0, result.stderr[-3000:]
     losses = iteration_losses((runs / "gpt_tiny_Z1" / "train.log").read_text())
-    assert sorted(losses) == [1, 2, 3, 4, 5, 6]
+    assert sorted(losses) == [1, 2, 3, 4]
     return losses
 
 
 def job_env(slurm, dolly_data_dir, runs_dir, **extra):
     """The driver settings of the torchrun run, for a job: the port is left to dist_env (from the job id)."""
-    env = slurm.env(driver_env(dolly_data_dir, runs_dir, **SETTINGS, **extra))
+    env = slurm.env(driver_env(dolly_data_dir, runs_dir, **extra))
     env.pop("MASTER_PORT")
     return env
 
@@ -236,7 +235,7 @@ def test_signalled_job_requeues_and_resumes_without_losing_a_step(slurm, dolly_d
     job = submit(slurm, job_env(slurm, dolly_data_dir, tmp_path, EXPERIMENT="Z1"),
                  f"--output={tmp_path}/slurm-%j.out", str(SBATCH))
     run_dir = tmp_path / "gpt_tiny_Z1"
-    wait_for_text(run_dir / "train.log", r"^ iteration +1/ +6 \|", timeout=300)
+    wait_for_text(run_dir / "train.log", r"^ iteration +1/ +4 \|", timeout=300)
     slurm.command("scancel", "--signal=TERM", job)
     info = slurm.wait(job, timeout=400)
     output = (run_dir / f"slurm-{job}.out").read_text()
@@ -244,21 +243,23 @@ def test_signalled_job_requeues_and_resumes_without_losing_a_step(slurm, dolly_d
     # the job's own output file names the run folder, where the rest went
     assert f"output continues in {run_dir}/slurm-{job}.out" in (tmp_path / f"slurm-{job}.out").read_text()
     assert " > run info | zero stage: 1 | offload: none | model: tiny | world size: 2 |" in output
-    command = (run_dir / "command.txt").read_text()
-    assert command.startswith("srun --ntasks 2 --kill-on-bad-exit=1 ") and " --exit-signal-handler" in command
+    commands = [line for line in (run_dir / "command.txt").read_text().splitlines() if not line.startswith("#")]
+    assert len(commands) == 2  # both attempts, the second with --load
+    assert all(c.startswith("srun --ntasks 2 --kill-on-bad-exit=1 ") and " --exit-signal-handler" in c
+               for c in commands)
 
     stopped = re.search(r"^\[slurm\] stopped early at checkpoint global_step(\d+): requeueing job", output, re.M)
     assert stopped, output[-4000:]
     stop = int(stopped.group(1))
-    assert 1 <= stop < 6
+    assert 1 <= stop < 4
     attempts = re.split(r"^\[slurm\] job \d+ restart 1: .*$", output, flags=re.M)
     assert len(attempts) == 2, output[-4000:]
     assert sorted(iteration_losses(attempts[0])) == list(range(1, stop + 1))
-    assert sorted(iteration_losses(attempts[1])) == list(range(stop + 1, 7))
-    assert f"resuming with --load {run_dir / 'checkpoints'}" in output
+    assert sorted(iteration_losses(attempts[1])) == list(range(stop + 1, 5))
+    assert f"[run] resuming from global_step{stop} in {run_dir / 'checkpoints'}" in attempts[1]
     # every step exactly once, loss for loss what the uninterrupted torchrun run printed
     assert {**iteration_losses(attempts[0]), **iteration_losses(attempts[1])} == torchrun_losses
-    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step6"
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step4"
 
 
 @pytest.mark.slow
@@ -269,7 +270,7 @@ def test_signalled_job_without_a_checkpoint_to_resume_is_not_requeued(slurm, dol
     job = submit(slurm, job_env(slurm, dolly_data_dir, tmp_path, EXPERIMENT="Z1"),
                  f"--output={tmp_path}/slurm-%j.out", str(SBATCH), "--save", str(elsewhere))
     run_dir = tmp_path / "gpt_tiny_Z1"
-    wait_for_text(run_dir / "train.log", r"^ iteration +1/ +6 \|", timeout=300)
+    wait_for_text(run_dir / "train.log", r"^ iteration +1/ +4 \|", timeout=300)
     slurm.command("scancel", "--signal=TERM", job)
     info = slurm.wait(job, timeout=300)
     output = (run_dir / f"slurm-{job}.out").read_text()
@@ -277,3 +278,21 @@ def test_signalled_job_without_a_checkpoint_to_resume_is_not_requeued(slurm, dol
     assert "exiting program after receiving SIGTERM" in output and (elsewhere / "latest").is_file()
     assert "[slurm] stopped early without a new checkpoint (latest: none): not requeueing" in output
     assert not (run_dir / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_failed_run_under_srun_ends_with_its_cause(slurm, tmp_path):
+    """docs/bad-input.md under srun: the job's output ends with the one cause line, srun's own report
+    ("srun: error: ... Exited with exit code 1") in <run>/launcher.log, no traceback."""
+    env = slurm.env(subprocess_env(DATA_PATH=tmp_path / "nothing_here", RUNS_DIR=tmp_path))
+    job = submit(slurm, env, "-n", "2", f"--output={tmp_path}/slurm-%j.out", "--wrap",
+                 "LAUNCHER=srun bash examples_zero/gpt_deepspeed_Z1.sh")
+    info = slurm.wait(job, timeout=300)
+    output = (tmp_path / f"slurm-{job}.out").read_text()
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", "1:0"), output[-3000:]
+    report = tmp_path / "gpt_tiny_Z1" / "launcher.log"
+    cause = (f"error: --data-path (from DATA_PATH): {tmp_path / 'nothing_here'}.bin does not exist (expected a prefix "
+             f"with .bin/.idx files from tools/preprocess_data.py) (launcher's report: {report})")
+    assert output.splitlines()[-1] == cause
+    assert [line for line in output.splitlines() if "error" in line] == [cause] and "Traceback" not in output
+    assert "srun: error: " in report.read_text()
