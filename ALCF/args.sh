@@ -18,7 +18,7 @@ SPSIZE=${SPSIZE:-1}
 SP_TYPE=${SP_TYPE:-megatron}
 # With a DeepSpeed JSON of the user's (DS_CONFIG), the ZeRO stage and precision are the JSON's unless
 # ZERO_STAGE or DTYPE are set: a default of ours must not contradict what the user wrote there.
-ZERO_STAGE_SET=${ZERO_STAGE:+1} DTYPE_SET=${DTYPE:+1}
+zero_stage_set=${ZERO_STAGE:+1} dtype_set=${DTYPE:+1}
 ZERO_STAGE=${ZERO_STAGE:-1}
 USE_ACTIVATION_CHECKPOINTING=${USE_ACTIVATION_CHECKPOINTING:-1}
 for var in SEQ_LEN MICRO_BATCH GAS MPSIZE PPSIZE SPSIZE; do alcf_positive_int "$var"; done
@@ -85,7 +85,7 @@ MEGATRON_ARGS=(
     --deepspeed --run-dir "$RUN_DIR"
     --exit-signal-handler  # PBS's SIGTERM at walltime or preemption: save this iteration, exit 0
 )
-[[ -z "${DS_CONFIG:-}" || -n "$ZERO_STAGE_SET" ]] && MEGATRON_ARGS+=(--zero-stage "$ZERO_STAGE")
+[[ -z "${DS_CONFIG:-}" || -n "$zero_stage_set" ]] && MEGATRON_ARGS+=(--zero-stage "$ZERO_STAGE")
 if [[ -n "${TRAIN_EPOCHS:-}" ]]; then
     MEGATRON_ARGS+=(--train-epochs "$TRAIN_EPOCHS")
 else
@@ -95,6 +95,7 @@ fi
 # Megatron's sequence parallelism splits activations across the TP group; with MPSIZE=1 there is none.
 [[ "$SP_TYPE" == megatron ]] && (( MPSIZE > 1 )) && MEGATRON_ARGS+=(--sequence-parallel)
 (( USE_ACTIVATION_CHECKPOINTING == 1 )) && MEGATRON_ARGS+=(--checkpoint-activations)
-[[ "$DTYPE" != fp32 && ( -z "${DS_CONFIG:-}" || -n "$DTYPE_SET" ) ]] && MEGATRON_ARGS+=("--$DTYPE")
+[[ "$DTYPE" != fp32 && ( -z "${DS_CONFIG:-}" || -n "$dtype_set" ) ]] && MEGATRON_ARGS+=("--$DTYPE")
 [[ -n "${DS_CONFIG:-}" ]] && MEGATRON_ARGS+=(--deepspeed_config "$DS_CONFIG")
-echo "[args] run: $RUN_NAME | dp=$DPSIZE mp=$MPSIZE pp=$PPSIZE | global batch $GLOBAL_BATCH = micro $MICRO_BATCH x gas $GAS x dp $DPSIZE | zero ${ZERO_STAGE_SET:+$ZERO_STAGE}${ZERO_STAGE_SET:-$([[ -n "${DS_CONFIG:-}" ]] && echo "from DS_CONFIG" || echo "$ZERO_STAGE")} | $DTYPE"
+zero_shown=$ZERO_STAGE; [[ -n "${DS_CONFIG:-}" && -z "$zero_stage_set" ]] && zero_shown="from DS_CONFIG"
+echo "[args] run: $RUN_NAME | dp=$DPSIZE mp=$MPSIZE pp=$PPSIZE | global batch $GLOBAL_BATCH = micro $MICRO_BATCH x gas $GAS x dp $DPSIZE | zero $zero_shown | $DTYPE"

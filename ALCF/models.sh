@@ -13,5 +13,5 @@ if [[ -z "${ALCF_MODELS[$MODEL_SIZE_KEY]+set}" ]]; then
 fi
 MODEL_SIZE=${ALCF_MODELS[$MODEL_SIZE_KEY]}
 read -r NLAYERS HIDDEN HEADS < <("${PYTHON:-python3}" "$REPO_ROOT/megatron/model/presets.py" "$MODEL_SIZE") \
-    && [[ -n "${HEADS:-}" ]] || zl_die "MODEL_SIZE_KEY=$MODEL_SIZE_KEY: cannot read preset $MODEL_SIZE from megatron/model/presets.py"
+    && [[ -n "$HEADS" ]] || zl_die "MODEL_SIZE_KEY=$MODEL_SIZE_KEY: cannot read preset $MODEL_SIZE from megatron/model/presets.py"
 echo "[models] $MODEL_SIZE_KEY: preset $MODEL_SIZE, layers=$NLAYERS hidden=$HIDDEN heads=$HEADS"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sourced by train-gpt3.sh: where the job runs (hosts, accelerators per host) and the
-# environment every rank inherits. Sets HOSTFILE_IN (empty when the job has none),
+# environment every rank inherits. Sets alcf_hostfile_in (empty when the job has none),
 # HOSTS, NHOSTS, NGPU_PER_HOST, NGPUS, ACCELERATOR (cuda|cpu), and PYTHON (scripts/launch_common.sh).
 
 # PBS writes one line per MPI slot (repeated hosts); MPI hostfiles may add ":N" or " slots=N".
@@ -8,7 +8,7 @@ alcf_hosts_from_file() {
     [[ -f "$2" ]] || zl_die "$1=$2: hostfile does not exist"
     mapfile -t HOSTS < <(sed -e 's/#.*//' -e 's/[[:space:]].*//' -e 's/:.*//' "$2" | awk 'NF && !seen[$0]++')
     (( ${#HOSTS[@]} > 0 )) || zl_die "$1=$2: hostfile names no host"
-    HOSTFILE_IN=$2
+    alcf_hostfile_in=$2
 }
 
 if [[ -n "${PBS_NODEFILE:-}" ]]; then
@@ -16,7 +16,7 @@ if [[ -n "${PBS_NODEFILE:-}" ]]; then
 elif [[ -n "${HOSTFILE:-}" ]]; then
     alcf_hosts_from_file HOSTFILE "$HOSTFILE"
 else
-    HOSTFILE_IN=""
+    alcf_hostfile_in=""
     HOSTS=("$(hostname)")
 fi
 NHOSTS=${#HOSTS[@]}

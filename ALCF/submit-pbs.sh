@@ -7,7 +7,7 @@
 #PBS -q debug-scaling
 #PBS -j oe
 # PBS job script for ALCF/train-gpt3.sh. Two ways to submit, both from the repository root:
-#   qsub -A <project> ALCF/submit-pbs.sh          # the #PBS defaults above, this shell's variables via -V
+#   qsub -V -A <project> ALCF/submit-pbs.sh       # the #PBS defaults above; -V carries this shell's variables
 #   PBS_ACCOUNT=<project> NNODES=4 WALLTIME=02:00:00 QUEUE=prod FILESYSTEMS=home:eagle \
 #       MODEL_SIZE_KEY=GPT1_5B ./ALCF/submit-pbs.sh   # submits itself with those resources
 # Inside the job it runs train-gpt3.sh with the submitting shell's variables (qsub -V).

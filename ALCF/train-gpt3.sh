@@ -13,7 +13,7 @@ source "$ALCF_DIR/models.sh"
 source "$ALCF_DIR/args.sh"
 
 # mpiexec needs a hostfile; without PBS_NODEFILE/HOSTFILE the run uses this host only.
-ALCF_HOSTFILE=${HOSTFILE_IN:-$RUN_DIR/hostfile}
+ALCF_HOSTFILE=${alcf_hostfile_in:-$RUN_DIR/hostfile}
 if [[ "${DRY_RUN:-0}" != 1 ]]; then
     # One copy of a run per node: two would write the same checkpoints and logs. The lock is
     # held by this shell and the ranks it starts, and released when they all exit. Not in
@@ -29,7 +29,7 @@ zl_resume_rule "$RUN_DIR"
 [[ -n "$RESUME_LOAD" ]] && MEGATRON_ARGS+=(--load "$RESUME_LOAD")
 if [[ "${DRY_RUN:-0}" != 1 ]]; then
     mkdir -p "$RUN_DIR/logs"
-    [[ -n "$HOSTFILE_IN" ]] || printf '%s\n' "${HOSTS[@]}" > "$ALCF_HOSTFILE"
+    [[ -n "$alcf_hostfile_in" ]] || printf '%s\n' "${HOSTS[@]}" > "$ALCF_HOSTFILE"
     echo "$LOG_FILE" >> "${LOGFILES:-logfiles}"
     echo "[train-gpt3] log: $LOG_FILE"
     echo "[train-gpt3] follow it with: tail -f \$(tail -1 ${LOGFILES:-logfiles})"

@@ -23,8 +23,9 @@ DEFAULT_SKIP_FIRST = 2
 DESCRIPTION = """\
 Turn the logs of Megatron-DeepSpeed / zero-lab training runs into a side-by-side comparison.
 
-PATH is a runs folder (searched recursively: train.log in each run folder, else any *.log),
-one run folder, or one log file. Per run it reads the iteration lines (consumed samples and
+PATH is a runs folder (searched recursively: train.log in each run folder, else any *.log; the
+attempt logs of one folder, ALCF's <run>/logs/, are one run), one run folder, or one log file. A
+resumed run is one run of several attempts (the "[zero-lab] attempt N started" lines). Per run it reads the iteration lines (consumed samples and
 tokens, elapsed time per iteration, lm loss, tgs, TFLOPs), memory lines (zero-lab's
 "memory at iteration" line, Megatron's report_memory, DeepSpeed's MemAllocated lines),
 epoch-end, validation, ZeRO-estimate and run-info lines; run metadata comes from that run info
@@ -37,7 +38,7 @@ neither logs its last iteration N/N nor prints "[after training is done]": still
 killed) or "finished"; it is summarized as far as the log goes. Logs with no training lines are
 listed as skipped.
 
-Writes to OUT: summary.md, summary.csv, summary.json (one row per run: status and NaN
+Writes to OUT: summary.md, summary.csv, summary.json (one row per run: status, attempts and NaN
 iterations, ZeRO stage, offload,
 model, ranks, batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
 ms/iteration, time per epoch, mean/max MemAllocated and peak MaxMemAllocated per rank in GB

@@ -72,7 +72,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def five_driver_runs(dolly_data_dir, tmp_path_factory):
+def six_driver_runs(dolly_data_dir, tmp_path_factory):
     """`examples_zero/run_all.sh` once for the whole suite: the six ZeRO drivers (tiny model, 2 CPU
     ranks, 2 epochs of 2 iterations on a 2% train split of the dolly sample), then the analysis.
     Returns (runs folder, completed process)."""

@@ -393,3 +393,16 @@ def test_alcf_model_keys_are_the_python_presets():
         assert (int(layers), int(hidden), int(heads)) == (
             preset["num_layers"], preset["hidden_size"], preset["num_attention_heads"]), name
     assert ["125M", "12", "768", "12"] in rows and ["1.5B", "48", "1600", "25"] in rows
+
+
+def test_readme_model_table_is_the_presets():
+    """ALCF/README.md's table of MODEL_SIZE_KEY shapes against megatron/model/presets.py, through
+    ALCF/models.sh's key -> preset map: every key, every shape."""
+    from megatron.model import MODEL_PRESETS
+    keys = dict(re.findall(r"\[(\w+)\]=([\w.]+)", (REPO_ROOT / "ALCF" / "models.sh").read_text()))
+    table = re.findall(r"`(GPT\w+)` \| (\d+)/(\d+)/(\d+)", (REPO_ROOT / "ALCF" / "README.md").read_text())
+    assert sorted(key for key, *_ in table) == sorted(keys)
+    for key, layers, hidden, heads in table:
+        preset = MODEL_PRESETS[keys[key]]
+        assert (int(layers), int(hidden), int(heads)) == (
+            preset["num_layers"], preset["hidden_size"], preset["num_attention_heads"]), key

@@ -39,9 +39,9 @@ REQUIRED_LINES = [
 
 
 @pytest.fixture(scope="module")
-def driver_runs(five_driver_runs):
-    """The five drivers as run_all.sh ran them (conftest.five_driver_runs, shared with the analysis test)."""
-    runs_dir, result = five_driver_runs
+def driver_runs(six_driver_runs):
+    """The six drivers as run_all.sh ran them (conftest.six_driver_runs, shared with the analysis test)."""
+    runs_dir, result = six_driver_runs
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return runs_dir, result
 

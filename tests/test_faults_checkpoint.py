@@ -241,19 +241,26 @@ def test_universal_resume_refuses_what_deepspeed_cannot_do(dolly_data_dir, refer
 
 @pytest.mark.slow  # uses the reference run
 def test_tools_refuse_a_crafted_checkpoint(capsys, reference, tmp_path):
-    """tools/checkpoint_to_hf.py reads through megatron/saved_model, restricted the same way."""
+    """tools/checkpoint_to_hf.py and generate_text.py read through megatron/saved_model, restricted the same way;
+    the --trust-checkpoint their message names is theirs too."""
     from conftest import tool_in_process
     _, ref_folder = reference
     folder = copy_checkpoints(ref_folder, tmp_path / "ckpt", ["global_step8"], "global_step8")
     states, marker = folder / "global_step8" / "mp_rank_00_model_states.pt", tmp_path / "code-ran"
     subprocess.run([sys.executable, "-c", EVIL, str(states), str(marker)], check=True, env=test_env())
+    refusal = [f"error: {states}: refusing to load, it holds a pickled builtins.getattr, pathlib.Path, "
+               "pathlib.PosixPath (a checkpoint may hold only tensors and plain types; unpickling other objects "
+               "can run code). Give --trust-checkpoint only if you trust where this file came from"]
     code, out, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", folder, "--output", tmp_path / "hf")
     assert code == 1 and not marker.exists() and not (tmp_path / "hf").exists()
-    assert err.strip().splitlines() == [f"error: {states}: refusing to load, it holds a pickled builtins.getattr, "
-                                        "pathlib.Path, pathlib.PosixPath (a checkpoint may hold only tensors and "
-                                        "plain types; unpickling other objects can run code). Give "
-                                        "--trust-checkpoint only if you trust where this file came from"]
+    assert err.strip().splitlines() == refusal
+    code, out, err = tool_in_process(capsys, "generate_text.py", "--load", folder, "--prompt", "Hi", "--greedy",
+                                     "--max-new-tokens", "2")
+    assert code == 1 and not marker.exists() and err.strip().splitlines() == refusal
     assert os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD") is None  # the restriction ends with the load
+    code, out, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", folder, "--output", tmp_path / "hf",
+                                     "--trust-checkpoint")
+    assert code == 0 and marker.exists() and (tmp_path / "hf" / "model.safetensors").is_file()
 
 
 # ---- start-up checks: before the model is built, one line naming the flag and the path ----

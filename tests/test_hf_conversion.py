@@ -67,10 +67,10 @@ def dolly_tokens(data_dir, batch=3, length=64):
 
 
 @pytest.fixture(scope="module")
-def trained(five_driver_runs):
+def trained(six_driver_runs):
     """Checkpoints of the same seeded run under ZeRO-0 and under ZeRO-3 with optimizer+parameter offload: the
-    DP and Z3_OL drivers of conftest.five_driver_runs (4 iterations), by name."""
-    runs_dir, result = five_driver_runs
+    DP and Z3_OL drivers of conftest.six_driver_runs (4 iterations), by name."""
+    runs_dir, result = six_driver_runs
     assert result.returncode == 0, result.stderr[-3000:]
     return {"Z0": runs_dir / "gpt_tiny_DP" / "checkpoints", "Z3_OL": runs_dir / "gpt_tiny_Z3_OL" / "checkpoints"}
 

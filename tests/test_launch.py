@@ -1,6 +1,7 @@
 """megatron/launch/attempt.py, the way every launch path runs its launcher: the ranks' output appended to the
 run's log, the launcher's own lines set aside, the cause of a failure as the last line, every attempt's command
-kept, and a SIGTERM to the whole process group ending in the ranks' clean stop. The launcher here is a small
+kept, and a SIGTERM to the whole process group ending in the ranks' clean stop. And what the launch scripts
+share (scripts/launch_common.sh): one way to find Python, a user's DeepSpeed JSON. The launcher here is a small
 shell script printing what torchrun prints; the real launchers are run in tests/test_drivers.py,
 tests/test_alcf.py and tests/test_slurm.py."""
 import os
@@ -8,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from conftest import REPO_ROOT, test_env
 
@@ -92,3 +95,49 @@ while true; do sleep 0.1; done
     assert process.returncode == 0, err
     assert " exiting program after receiving SIGTERM at iteration 3 (checkpoint saved to /c)" in out
     assert "this attempt ends with 0" in out and err == ""
+
+
+# ---- the launch scripts: one way to find Python, a user's DeepSpeed JSON ----
+
+def dry_run_line(script, **env) -> subprocess.CompletedProcess:
+    environment = test_env(DRY_RUN=1, **env)
+    for name in [name for name, value in env.items() if value is None]:
+        environment.pop(name)
+    return subprocess.run(["bash", str(REPO_ROOT / script)], cwd=REPO_ROOT, env=environment, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_every_launch_script_finds_the_repositorys_venv_and_says_how_to_get_torch(tmp_path):
+    """scripts/launch_common.sh: PYTHON, else the repository's .venv, else python3 on PATH; without torch, one
+    line saying how to set up and activate .venv (drivers, ALCF, the data script alike)."""
+    venv_python = REPO_ROOT / ".venv" / "bin" / "python"
+    if not venv_python.exists():
+        pytest.skip("no .venv in the repository (scripts/setup.sh makes it)")
+    result = dry_run_line("examples_zero/gpt_deepspeed_Z1.sh", PYTHON=None, RUNS_DIR=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"not starting: {venv_python} -m torch.distributed.run " in result.stdout
+    no_torch = os.path.join(sys.base_prefix, "bin", "python3")  # the interpreter the venv was made from
+    for script in ("examples_zero/gpt_deepspeed_Z1.sh", "ALCF/train-gpt3.sh", "tools/process_databricks_gpt2.sh"):
+        result = dry_run_line(script, PYTHON=no_torch, RUNS_DIR=tmp_path, OUTPUT_ROOT=tmp_path, DATA_DIR=tmp_path)
+        assert result.returncode == 1, script
+        assert result.stderr.splitlines() == [
+            f"error: PYTHON={no_torch} cannot import torch: run 'bash scripts/setup.sh' (it makes {REPO_ROOT}/.venv), "
+            f"then 'source {REPO_ROOT}/.venv/bin/activate'; or set PYTHON to a Python that has torch"], script
+
+
+def test_a_users_deepspeed_json_decides_what_no_variable_set(tmp_path):
+    """DS_CONFIG: ALCF passes no --zero-stage (nor a precision) of its own defaults, only the ones set; the
+    drivers pass the JSON on."""
+    user = tmp_path / "ds.json"
+    user.write_text('{"zero_optimization": {"stage": 3}}')
+    alcf = dry_run_line("ALCF/train-gpt3.sh", DS_CONFIG=user, MODEL_SIZE_KEY="GPT_TINY", OUTPUT_ROOT=tmp_path,
+                        CUDA_VISIBLE_DEVICES="", ZERO_STAGE=None, DTYPE=None)
+    assert alcf.returncode == 0, alcf.stderr
+    line = next(line for line in alcf.stdout.splitlines() if line.startswith("[launch] "))
+    assert f" --deepspeed_config {user}" in line and " --zero-stage " not in line
+    assert "| zero from DS_CONFIG |" in alcf.stdout
+    given = dry_run_line("ALCF/train-gpt3.sh", DS_CONFIG=user, ZERO_STAGE=2, MODEL_SIZE_KEY="GPT_TINY",
+                         OUTPUT_ROOT=tmp_path, CUDA_VISIBLE_DEVICES="")
+    assert " --zero-stage 2 " in next(line for line in given.stdout.splitlines() if line.startswith("[launch] "))
+    driver = dry_run_line("examples_zero/gpt_deepspeed_Z3.sh", DS_CONFIG=user, RUNS_DIR=tmp_path)
+    assert driver.returncode == 0 and f" --deepspeed_config {user} " in driver.stdout

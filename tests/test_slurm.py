@@ -185,9 +185,9 @@ def iteration_losses(text: str) -> dict[int, str]:
 
 
 @pytest.fixture(scope="module")
-def torchrun_losses(five_driver_runs):
-    """The Z1 driver under torchrun with driver_env's settings (conftest.five_driver_runs: 4 iterations)."""
-    runs, result = five_driver_runs
+def torchrun_losses(six_driver_runs):
+    """The Z1 driver under torchrun with driver_env's settings (conftest.six_driver_runs: 4 iterations)."""
+    runs, result = six_driver_runs
     assert result.returncode == 0, result.stderr[-3000:]
     losses = iteration_losses((runs / "gpt_tiny_Z1" / "train.log").read_text())
     assert sorted(losses) == [1, 2, 3, 4]

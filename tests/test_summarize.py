@@ -437,13 +437,13 @@ def test_run_status_from_real_log_lines(tmp_path):
     assert rows["gpt_tiny_exit_interval"]["incomplete_reason"] == "exited on --exit-interval"
 
 
-# ---- end to end: the five real ZeRO drivers, then the summary of their runs --------------------------
+# ---- end to end: the six real ZeRO drivers, then the summary of their runs --------------------------
 
 @pytest.mark.slow
-def test_summary_of_the_five_real_driver_runs(five_driver_runs):
+def test_summary_of_the_six_real_driver_runs(six_driver_runs):
     # run_all.sh is the user's command: all six drivers (2 epochs of 2 iterations each), then
-    # analysis/summarize.py on their runs folder (conftest.five_driver_runs, shared with test_drivers)
-    runs, result = five_driver_runs
+    # analysis/summarize.py on their runs folder (conftest.six_driver_runs, shared with test_drivers)
+    runs, result = six_driver_runs
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with open(runs / "summary.csv", newline="") as f:
         rows = {row["run"]: row for row in csv.DictReader(f)}

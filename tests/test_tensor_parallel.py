@@ -1,10 +1,8 @@
 """Tensor parallelism on real 2-rank gloo groups (tests marked slow): layers, loss, RNG, the whole
 GPT model, DeepSpeed with our mpu and the pipeline form against their serial counterparts;
 the parallel layout's rank order and errors."""
-import ast
 import os
 import socket
-from pathlib import Path
 
 import pytest
 import torch
@@ -297,35 +295,6 @@ def _check_gpt_tp2_dropout_and_recompute(rank, world):
 @pytest.mark.slow
 def test_gpt_tp2_dropout_consistent_and_recompute_exact():
     run_ranks(_check_gpt_tp2_dropout_and_recompute)
-
-
-def test_core_imports_nothing_from_training_tools_or_tokenizer():
-    core = Path(__file__).resolve().parent.parent / "megatron" / "core"
-    imported = set()
-    for source in core.rglob("*.py"):
-        for node in ast.walk(ast.parse(source.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                imported.add(node.module)
-            elif isinstance(node, ast.Import):
-                imported.update(alias.name for alias in node.names)
-    assert imported, "no imports found: wrong folder?"
-    own = {name for name in imported if name.split(".")[0] in ("megatron", "tools", "pretrain_gpt")}
-    # megatron.errors holds only the base error class and imports nothing
-    assert all(name.startswith("megatron.core") or name == "megatron.errors" for name in own), sorted(own)
-
-
-def test_training_code_does_not_import_inference():
-    """Training (pretrain_gpt.py and megatron/ outside megatron/inference) never imports megatron.inference."""
-    repo = Path(__file__).resolve().parent.parent
-    sources = [repo / "pretrain_gpt.py", *(path for path in (repo / "megatron").rglob("*.py")
-                                          if "inference" not in path.relative_to(repo / "megatron").parts)]
-    offenders = []
-    for source in sources:
-        for node in ast.walk(ast.parse(source.read_text())):
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
-                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
-            offenders += [f"{source.relative_to(repo)}: {name}" for name in names if name.startswith("megatron.inference")]
-    assert len(sources) > 20 and offenders == []
 
 
 def test_layout_rank_order_matches_megatron_world_8_tp2_pp2():

@@ -24,6 +24,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--output", required=True, help="Hugging Face folder to write (must not exist or be empty)")
     parser.add_argument("--vocab-file", default=None, help="GPT-2 vocab.json (default: the one the run used)")
     parser.add_argument("--merge-file", default=None, help="GPT-2 merges.txt (default: the one the run used)")
+    parser.add_argument("--trust-checkpoint", action="store_true",
+                        help="unpickle any object the checkpoint holds (it can run code; docs/checkpoints.md)")
     return parser.parse_args(argv)
 
 
@@ -32,7 +34,7 @@ def main(argv: list[str]) -> int:
     import transformers
     transformers.utils.logging.disable_progress_bar()
     try:
-        loaded = load_checkpoint_weights(args.load, args.tag)
+        loaded = load_checkpoint_weights(args.load, args.tag, trust=args.trust_checkpoint)
         tokenizer, files = resolve_tokenizer(loaded.tokenizer, args.vocab_file, args.merge_file)
         vocab_size = tokenizer.vocab_size if tokenizer else loaded.config.padded_vocab_size
         save_hf_folder(loaded, args.output, vocab_size, tokenizer.eod if tokenizer else None, files)

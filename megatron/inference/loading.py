@@ -18,6 +18,8 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab-file", default=None, help="GPT-2 vocab.json (default: the one the checkpoint names)")
     parser.add_argument("--merge-file", default=None, help="GPT-2 merges.txt (default: the one the checkpoint names)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--trust-checkpoint", action="store_true",
+                        help="unpickle any object the checkpoint holds (it can run code; docs/checkpoints.md)")
 
 
 def load_model_and_tokenizer(args: argparse.Namespace):
@@ -29,7 +31,7 @@ def load_model_and_tokenizer(args: argparse.Namespace):
         transformers.utils.logging.disable_progress_bar()
         loaded: LoadedCheckpoint = load_hf_folder(args.hf)
     else:
-        loaded = load_checkpoint_weights(args.load, args.tag)
+        loaded = load_checkpoint_weights(args.load, args.tag, trust=args.trust_checkpoint)
     tokenizer, _ = resolve_tokenizer(loaded.tokenizer, args.vocab_file, args.merge_file)
     if tokenizer is None:
         raise SavedModelError(f"{loaded.path}: no usable tokenizer recorded; give --vocab-file and --merge-file")

@@ -1,0 +1,134 @@
+"""The import structure STYLE.md asks for, read from the sources (every import, at module level or inside a
+function): no import circle anywhere in the repository; megatron/core imports nothing from training, tools
+or the tokenizer; training never imports megatron.inference; the checkpoint protocol and the launch
+scripts' helpers need only the standard library."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+
+PACKAGES = ("megatron", "analysis")
+SCRIPTS = ("pretrain_gpt.py", "tools", "bench")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def sources() -> dict[str, Path]:
+    found = {}
+    for top in (*PACKAGES, *SCRIPTS):
+        root = REPO_ROOT / top
+        for path in ([root] if root.is_file() else sorted(root.rglob("*.py"))):
+            found[module_name(path)] = path
+    return found
+
+
+def imports_of(path: Path, name: str) -> set[str]:
+    """Every module `path` imports (relative imports resolved), at any depth of the file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the repository's modules it imports; importing a.b.c imports the packages a and a.b too."""
+    modules = sources()
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for imported in imports_of(path, name):
+            while imported:
+                if imported in modules and imported != name and not name.startswith(imported + "."):
+                    edges.add(imported)
+                imported = imported.rpartition(".")[0]
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_in_the_repository():
+    graph = import_graph()
+    assert len(graph) > 80 and "megatron.checkpointing.save_load" in graph
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_circle():
+    """The check above can fail: a circle like the one arguments.py and checkpointing.py once made."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_core_imports_nothing_from_training_tools_or_tokenizer():
+    graph = import_graph()
+    core = {name: edges for name, edges in graph.items() if name.startswith("megatron.core")}
+    assert core
+    # megatron.errors holds only the base error class and imports nothing
+    offenders = {name: sorted(e for e in edges if not (e.startswith("megatron.core") or e in ("megatron",
+                                                                                               "megatron.errors")))
+                 for name, edges in core.items()}
+    assert {name: edges for name, edges in offenders.items() if edges} == {}
+
+
+def test_training_code_does_not_import_inference():
+    """Training (pretrain_gpt.py and megatron/ outside megatron/inference) never imports megatron.inference."""
+    graph = import_graph()
+    training = {name: edges for name, edges in graph.items()
+                if name == "pretrain_gpt" or (name.startswith("megatron") and "inference" not in name)}
+    assert len(training) > 20
+    assert {name: sorted(e for e in edges if "inference" in e) for name, edges in training.items()
+            if any("inference" in e for e in edges)} == {}
+
+
+@pytest.mark.parametrize("module", ["megatron.checkpointing.protocol", "megatron.checkpointing.run_folder",
+                                    "megatron.launch.attempt", "megatron.launch.launcher_output",
+                                    "megatron.launch.flag_sources"])
+def test_what_the_launch_scripts_run_needs_only_the_standard_library(module):
+    """Run before any rank starts, these must not import torch or DeepSpeed (seconds at every launch)."""
+    code = f"import sys; import {module}; print(sorted(m for m in ('torch', 'deepspeed', 'numpy') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (0, "[]\n"), result.stderr
