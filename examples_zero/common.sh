@@ -28,6 +28,7 @@ print(next((name for name, preset in MODEL_PRESETS.items() if preset == shape), 
     MODEL_SIZE=$hf_size
 fi
 
+precision_set=${PRECISION:+1}  # with DS_CONFIG, an unset PRECISION leaves the precision to the JSON
 # With a GPU: GPT-2 125M, seq 1024, bf16 on every visible GPU via the deepspeed launcher.
 # Without: the tiny preset on 2 CPU ranks via torchrun, fp32, a few minutes per driver.
 # LAUNCHER=srun (inside a Slurm allocation): one rank per task of the allocation, on all its nodes.
@@ -43,6 +44,13 @@ else
     MICRO_BATCH=${MICRO_BATCH:-4}; PRECISION=${PRECISION:-fp32}; LAUNCHER=${LAUNCHER:-torchrun}
     [[ -n "${TRAIN_EPOCHS:-}" ]] || TRAIN_ITERS=${TRAIN_ITERS:-60}
 fi
+case "$LAUNCHER" in
+    torchrun | deepspeed | mpiexec) ;;
+    srun) [[ -n "${SLURM_JOB_ID:-}" ]] \
+              || zl_die "LAUNCHER=srun: not inside a Slurm allocation (no SLURM_JOB_ID): use sbatch or salloc" ;;
+    *) zl_die "LAUNCHER=$LAUNCHER: expected torchrun, deepspeed, mpiexec or srun" ;;
+esac
+
 # One micro-batch per rank and step by default (with TP x PP > 1, TP x PP micro-batches per replica: the
 # same global batch, so layouts compare). Without gradient accumulation the stages send the ZeRO paper's
 # volumes per step (stages 0-2: 2x the parameters, stage 3: 3x); with it, stages 2 and 3 communicate at
@@ -88,7 +96,8 @@ if [[ -n "${INIT_HF:-}" && -z "$RESUME_LOAD" ]]; then
 fi
 [[ -n "${INIT_HF:-}" && -n "$RESUME_LOAD" ]] && init_flags=(--max-position-embeddings "$hf_positions")
 
-precision_flags=(); [[ "$PRECISION" == fp32 ]] || precision_flags=("--$PRECISION")
+precision_flags=()
+[[ "$PRECISION" == fp32 || ( -n "${DS_CONFIG:-}" && -z "$precision_set" ) ]] || precision_flags=("--$PRECISION")
 offload_flags=(); [[ "${OFFLOAD:-0}" == 1 ]] && offload_flags=(--zero-offload-optimizer --zero-offload-params)
 # OFFLOAD=nvme: ZeRO-Infinity, optimizer states and parameters in files under NVME_PATH (an NVMe drive's folder)
 [[ "${OFFLOAD:-0}" == nvme ]] && offload_flags=(--zero-nvme-path "${NVME_PATH:-$RUN_DIR/nvme}")
@@ -105,16 +114,13 @@ case "$LAUNCHER" in
     deepspeed) launch=("$PYTHON" -m deepspeed.launcher.runner --num_gpus "$NGPUS" --master_port "$MASTER_PORT") ;;
     # Each task finds its rank and the rendezvous in SLURM_* (megatron/launch/dist_env.py); one OpenMP
     # thread per CPU of the task, as torchrun's one per rank when tasks get no --cpus-per-task.
-    srun)      [[ -n "${SLURM_JOB_ID:-}" ]] \
-                   || zl_die "LAUNCHER=srun: not inside a Slurm allocation (no SLURM_JOB_ID): use sbatch or salloc"
-               export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
+    srun)      export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
                launch=(srun --ntasks "$NGPUS" --kill-on-bad-exit=1 "$PYTHON") ;;
     # MPICH (Hydra), PALS or Open MPI on this host: each rank finds its rank in the MPI variables
     # (megatron/launch/dist_env.py) and MASTER_PORT in the environment mpiexec passes on; one OpenMP thread
     # per rank, as torchrun sets.
     mpiexec)   export MASTER_PORT OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
                launch=(mpiexec -n "$NGPUS" "$PYTHON") ;;
-    *) zl_die "LAUNCHER=$LAUNCHER: expected torchrun, deepspeed, mpiexec or srun" ;;
 esac
 
 cmd=("${launch[@]}" "$REPO/pretrain_gpt.py"

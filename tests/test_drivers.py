@@ -234,7 +234,10 @@ def test_nvme_path_that_cannot_be_made_is_one_error_line(dolly_data_dir, tmp_pat
     assert result.returncode != 0
     output = result.stdout + result.stderr
     errors = [line for line in output.splitlines() if "error: " in line]
-    assert errors == [f"error: --zero-nvme-path {blocker / 'nvme'}: cannot create the folder (Not a directory)"], output
+    report = tmp_path / "runs" / "gpt_tiny_Z3_NVMe" / "launcher.log"
+    assert errors == [f"error: --zero-nvme-path {blocker / 'nvme'} (from NVME_PATH): cannot create the folder (Not a "
+                      f"directory) (launcher's report: {report})"], output
+    assert result.returncode == 1 and result.stderr.splitlines()[-1] == errors[0]
 
 
 def test_traffic_per_stage_measured_against_predicted(driver_runs):

@@ -10,8 +10,8 @@ its launcher through this, in place of `tee`:
 - the launcher's own lines (banners, log records, its failure report) go to `RUN/launcher.log`, not to
   the console or LOG (megatron/launch/launcher_output.py tells them apart);
 - the ranks' `error:` lines are not shown as they come: when the launch fails, the last line printed is
-  the one cause (`error: <cause> (launcher's report: RUN/launcher.log)`), once, and the exit status is
-  the launcher's;
+  the one cause (`error: <cause> (launcher's report: RUN/launcher.log)`), once; the exit status is 1 when
+  the cause is a rank's own `error:` line (bad input), else the launcher's;
 - SIGTERM or SIGINT to the job's whole process group (a PBS walltime, Slurm's --signal, Ctrl-C) does not
   stop this process: the ranks' `--exit-signal-handler` saves and exits, the launcher ends, and this
   process reads their output to the end. When the ranks stopped on the signal with a checkpoint saved,
@@ -114,8 +114,10 @@ class Attempt:
                   f"with status {status} (its report: {self.report_path}): this attempt ends with 0", flush=True)
             return 0
         rank_lines = ([self.first_error] if self.first_error else []) + list(self.tail)
-        cause = failure_cause(rank_lines, self.report_lines, self.launcher, status)
-        return self.fail(cause, status if status > 0 else 128 - status)
+        cause, users_mistake = failure_cause(rank_lines, self.report_lines, self.launcher, status)
+        # a rank's error line is a mistake the user can fix: exit 1, whatever the launcher made of it (srun
+        # reports 143 for the ranks it stopped after the first failed); else the launcher's own status
+        return self.fail(cause, 1 if users_mistake else status if status > 0 else 128 - status)
 
     def fail(self, cause: str, status: int) -> int:
         where = f" (launcher's report: {self.report_path})" if self.report is not None else ""

@@ -25,7 +25,7 @@ _LAUNCHER_LINES = re.compile(
     # MPICH (Hydra): its own messages and the BAD TERMINATION box
     r"|^\[(?:mpiexec|proxy:)[^\]]*\]|^=+$|^=   |^YOUR APPLICATION TERMINATED WITH THE EXIT STRING"
     # Slurm
-    r"|^srun: |^slurmstepd: "
+    r"|^srun: |^slurmstepd(?:-\S+)?: "
 )
 _OPEN_MPI_RULE = re.compile(r"^-{60,}$")  # Open MPI frames each of its messages between two of these
 _LAUNCHER_FRAME = re.compile(r'File ".*(?:torch/distributed/(?:run\.py|elastic|launcher)|deepspeed/launcher)')
@@ -107,13 +107,14 @@ def _launcher_says(report: list[str]) -> str | None:
     return None
 
 
-def failure_cause(rank_lines: list[str], report: list[str], launcher: str, status: int) -> str:
-    """The one line that says why a failed launch failed (without the `error: ` prefix)."""
+def failure_cause(rank_lines: list[str], report: list[str], launcher: str, status: int) -> tuple[str, bool]:
+    """The one line that says why a failed launch failed (without the `error: ` prefix), and whether it is a
+    rank's own error line (a mistake the user can fix: the launch then exits 1, as pretrain_gpt.py does)."""
     for line in rank_lines:
         if line.startswith("error: "):
-            return line[len("error: "):]
+            return line[len("error: "):], True
     exceptions = [line for previous, line in zip(rank_lines, rank_lines[1:])
                   if previous[:1].isspace() and line and not line[:1].isspace() and re.match(r"[\w.]+(: |$)", line)]
     if exceptions:
-        return f"a rank failed with {exceptions[-1]} (its traceback is in the log)"
-    return _launcher_says(report) or f"{launcher} {_how(status)}"
+        return f"a rank failed with {exceptions[-1]} (its traceback is in the log)", False
+    return _launcher_says(report) or f"{launcher} {_how(status)}", False
