@@ -15,7 +15,7 @@ from megatron.core.parallel_state import ParallelState
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo, initialize_distributed, launcher_world_size, set_seed, silence_known_warnings
 from megatron.launch.flag_sources import name_sources
-from megatron.startup import prepare_run
+from megatron.startup import check_save_folder_is_shared, prepare_run
 from megatron.training import LoopState, resolve_schedule
 
 # Launchers stop every rank as soon as one fails; a rank other than 0 waits this long before printing its
@@ -33,7 +33,8 @@ def build_data_iterators(args: Args, dist_info: DistInfo, train_iters: int, iter
     # the test split is never evaluated during pretraining, so no test samples are asked for
     wanted = (train_iters * batch, train_iters // log.eval_interval * log.eval_iters * batch, 0)
     train_ds, valid_ds, _ = build_train_valid_test_datasets(args.data.data_path, args.data.split, wanted,
-                                                             args.model.seq_length, args.training.seed)
+                                                             args.model.seq_length, args.training.seed,
+                                                             args.data.data_cache_path)
     valid_consumed = iteration // log.eval_interval * log.eval_iters * batch
     # tensor- and pipeline-parallel ranks of one replica read the same data
     data_group = dist_info.parallel.data
@@ -122,7 +123,8 @@ def main(argv: list[str]) -> int:
         args, tokenizer = prepare_run(args, verbose=int(os.environ.get("RANK", "0")) == 0)
         # before DeepSpeed starts: every collective of the run goes through the counter (docs/zero-tradeoff.md)
         comm = comm_counter.install()
-        dist_info = initialize_distributed()
+        dist_info = initialize_distributed(args.parallel.distributed_timeout_minutes)
+        check_save_folder_is_shared(args.checkpoint.save)  # every host's ranks must write into the same folder
         # the layout's process groups, built once; the data loader, the logging rank and DeepSpeed's mpu use them
         pretrain(args, tokenizer, replace(dist_info, parallel=ParallelState.build(args.parallel.layout)), comm)
     except ZeroLabError as err:

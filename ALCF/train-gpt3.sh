@@ -24,9 +24,11 @@ if [[ "${DRY_RUN:-0}" != 1 ]]; then
         || zl_die "run $RUN_NAME is already running on $(hostname) (lock $ALCF_LOCK is held)"
 fi
 # The one resume rule (scripts/launch_common.sh): an intact checkpoint in the run folder is resumed;
-# FRESH=1 moves the run folder's old files aside and starts afresh.
+# FRESH=1 moves the run folder's old files aside and starts afresh. --load is passed always, as Megatron's
+# scripts do: pretrain_gpt.py resumes what the folder holds then (rank 0 reads it for every rank), or starts
+# afresh when it holds nothing.
 zl_resume_rule "$RUN_DIR"
-[[ -n "$RESUME_LOAD" ]] && MEGATRON_ARGS+=(--load "$RESUME_LOAD")
+MEGATRON_ARGS+=(--load "$CHECKPOINT_DIR")
 if [[ "${DRY_RUN:-0}" != 1 ]]; then
     mkdir -p "$RUN_DIR/logs"
     [[ -n "$alcf_hostfile_in" ]] || printf '%s\n' "${HOSTS[@]}" > "$ALCF_HOSTFILE"

@@ -124,7 +124,7 @@ def main(argv) -> int:
 
     opts = bench_options(argv)
     silence_known_warnings()  # as pretrain_gpt.py: torch 2.13 deprecates the collectives DeepSpeed calls
-    dist_info = initialize_distributed()
+    dist_info = initialize_distributed(timeout_minutes=10.0)
     dist_info = replace(dist_info, parallel=ParallelState.build(ParallelLayout(dist_info.world_size)))
     rows, cost_us = [], counting_cost_us()
     with tempfile.TemporaryDirectory() as tmp:

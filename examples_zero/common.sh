@@ -51,11 +51,23 @@ case "$LAUNCHER" in
     *) zl_die "LAUNCHER=$LAUNCHER: expected torchrun, deepspeed, mpiexec or srun" ;;
 esac
 
+# torchrun across hosts: the same driver on each host with NNODES, NODE_RANK (0 on the first) and MASTER_ADDR
+# (the first host), ranks meeting through torchrun's c10d rendezvous; NGPUS ranks on each host. Host 0 owns
+# the run folder (the resume rule, train.log, command.txt); host k writes train.nodek.log beside them.
+NNODES=${NNODES:-1}; NODE_RANK=${NODE_RANK:-0}
+[[ "$NNODES" =~ ^[1-9][0-9]*$ ]] || zl_die "NNODES=$NNODES: expected a positive integer"
+[[ "$NODE_RANK" =~ ^[0-9]+$ ]] && (( NODE_RANK < NNODES )) || zl_die "NODE_RANK=$NODE_RANK: expected 0 to NNODES-1 ($((NNODES - 1)))"
+if (( NNODES > 1 )); then
+    [[ "$LAUNCHER" == torchrun ]] || zl_die "NNODES=$NNODES: several hosts by NNODES take LAUNCHER=torchrun; srun and" \
+                                             "mpiexec (ALCF/) start the ranks of every host themselves"
+    [[ -n "${MASTER_ADDR:-}" ]] || zl_die "NNODES=$NNODES: set MASTER_ADDR to the first host (NODE_RANK 0), the same on every host"
+fi
+WORLD=$(( NGPUS * NNODES ))  # every rank of the job (srun's and mpiexec's NGPUS count them all; NNODES is 1 there)
 # One micro-batch per rank and step by default (with TP x PP > 1, TP x PP micro-batches per replica: the
 # same global batch, so layouts compare). Without gradient accumulation the stages send the ZeRO paper's
 # volumes per step (stages 0-2: 2x the parameters, stage 3: 3x); with it, stages 2 and 3 communicate at
-# every micro-batch (docs/zero-tradeoff.md). GLOBAL_BATCH=k x MICRO_BATCH x NGPUS accumulates k.
-GLOBAL_BATCH=${GLOBAL_BATCH:-$(( MICRO_BATCH * NGPUS ))}
+# every micro-batch (docs/zero-tradeoff.md). GLOBAL_BATCH=k x MICRO_BATCH x ranks accumulates k.
+GLOBAL_BATCH=${GLOBAL_BATCH:-$(( MICRO_BATCH * WORLD ))}
 source "$REPO/scripts/defaults.sh"  # data, vocabulary, split, optimizer and schedule: TRAINING_DEFAULT_FLAGS
 # Checkpoints go to the run folder: every SAVE_INTERVAL iterations, at the end, and on SIGTERM. Running a
 # driver again resumes its run folder's checkpoint; FRESH=1 starts afresh (the one resume rule, below).
@@ -79,16 +91,20 @@ RUN_NAME=${RUN_NAME:-gpt_${MODEL_SIZE}_${EXPERIMENT}${parallel_tag}}
 RUN_DIR=$(realpath -m "$RUNS_DIR/$RUN_NAME")
 echo "[examples_zero] $RUN_NAME -> $RUN_DIR"
 # A run folder holding an intact checkpoint resumes from it; FRESH=1 moves its old files aside and starts
-# afresh (scripts/launch_common.sh). DRY_RUN=1: say what would happen, write and start nothing.
-zl_resume_rule "$RUN_DIR"
+# afresh (scripts/launch_common.sh; on host 0 only). DRY_RUN=1: say what would happen, write and start nothing.
+RESUME_LOAD=""
+(( NODE_RANK > 0 )) || zl_resume_rule "$RUN_DIR"
 [[ "${DRY_RUN:-0}" == 1 ]] || mkdir -p "$RUN_DIR"
-resume_flags=(); [[ -n "$RESUME_LOAD" ]] && resume_flags=(--load "$RESUME_LOAD")
+# --load always, as Megatron's scripts pass it: pretrain_gpt.py resumes what <run>/checkpoints holds then
+# (rank 0 reads it for every rank), and starts afresh when it holds nothing
+resume_flags=(--load "$RUN_DIR/checkpoints")
 
 # INIT_HF is converted once into the run folder, then loaded with --finetune (iteration and optimizer
 # start afresh; any ZeRO stage); GPT-2's position table (1024) replaces --max-position-embeddings SEQ_LEN.
 # A resumed run continues from its own checkpoint instead.
 init_flags=()
 if [[ -n "${INIT_HF:-}" && -z "$RESUME_LOAD" ]]; then
+    resume_flags=()
     init_dir=$RUN_DIR/hf_init_$(basename "$INIT_HF")
     [[ -f "$init_dir/latest" || "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" "$REPO/tools/hf_to_checkpoint.py" --hf "$INIT_HF" --save "$init_dir" \
         || exit 1
@@ -110,7 +126,12 @@ length_flags=(); if [[ -n "${TRAIN_ITERS:-}" ]]; then length_flags=(--train-iter
 # disagree with it (megatron/deepspeed_json.py)
 ds_config_flags=(); [[ -n "${DS_CONFIG:-}" ]] && ds_config_flags=(--deepspeed_config "$DS_CONFIG")
 case "$LAUNCHER" in
-    torchrun)  launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NGPUS" --master_port "$MASTER_PORT") ;;
+    torchrun)  launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NGPUS" --master_port "$MASTER_PORT")
+               # several hosts: c10d rendezvous at MASTER_ADDR; host 0 holds the store (is_host: a host
+               # whose own name resolves to 127.0.1.1 would not know MASTER_ADDR as its own)
+               (( NNODES == 1 )) || launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NGPUS"
+                   --nnodes "$NNODES" --node_rank "$NODE_RANK" --rdzv_backend c10d --rdzv_id "$RUN_NAME"
+                   --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_conf "is_host=$(( NODE_RANK == 0 ))") ;;
     deepspeed) launch=("$PYTHON" -m deepspeed.launcher.runner --num_gpus "$NGPUS" --master_port "$MASTER_PORT") ;;
     # Each task finds its rank and the rendezvous in SLURM_* (megatron/launch/dist_env.py); one OpenMP
     # thread per CPU of the task, as torchrun's one per rank when tasks get no --cpus-per-task.
@@ -141,4 +162,8 @@ export ZERO_LAB_FLAG_SOURCES="--model-size=MODEL_SIZE --seq-length=SEQ_LEN --mic
 
 if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "[examples_zero] DRY_RUN=1, not starting: $(printf '%q ' "${cmd[@]}")"; exit 0; fi
 note="fresh start"; [[ -n "$RESUME_LOAD" ]] && note="resuming from $RESUME_LOAD"
+if (( NODE_RANK > 0 )); then  # host k's ranks: their output beside host 0's (which holds the run's log)
+    note="host $NODE_RANK of $NNODES"
+    zl_run_attempt "$RUN_DIR" "$RUN_DIR/train.node$NODE_RANK.log" "$LAUNCHER" "$note" --node "node$NODE_RANK" "${cmd[@]}"
+fi
 zl_run_attempt "$RUN_DIR" "$RUN_DIR/train.log" "$LAUNCHER" "$note" "${cmd[@]}"

@@ -35,9 +35,15 @@ def _require(condition, message):
 
 @dataclass
 class ParallelArgs:
-    """The parallel layout (built and checked once, here) and Megatron's --sequence-parallel."""
+    """The parallel layout (built and checked once, here), Megatron's --sequence-parallel, and how long a
+    collective may wait before the run ends (--distributed-timeout-minutes: a lost host ends the job)."""
     layout: ParallelLayout
     sequence_parallel: bool = False
+    distributed_timeout_minutes: float = 10.0
+
+    def __post_init__(self):
+        _require(self.distributed_timeout_minutes > 0,
+                 f"--distributed-timeout-minutes must be > 0, got {self.distributed_timeout_minutes}")
 
     @property
     def world_size(self) -> int:
@@ -111,6 +117,9 @@ class DataArgs(TokenizerConfig):
     """--data-path and --split, plus the tokenizer flags that build_tokenizer reads."""
     data_path: list[str] = field(default_factory=list)
     split: str = "969, 30, 1"
+    # Megatron's --data-path cache folder for the index arrays; None: next to the data, or, where the data's
+    # folder is read-only, the one megatron/startup.py picks
+    data_cache_path: str | None = None
 
     def __post_init__(self):
         _require(bool(self.data_path), "--data-path is required (a dataset prefix, or weight prefix ...)")
@@ -210,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     par.add_argument("--no-pipeline-parallel", action="store_true")
     par.add_argument("--sequence-parallel", action="store_true")
+    par.add_argument("--distributed-timeout-minutes", type=float, default=10.0,
+                     help="a collective that waits longer ends the run (a lost host); Megatron's default, 10")
 
     opt = parser.add_argument_group("optimizer and schedule")
     opt.add_argument("--lr", type=float, default=1.0e-4)
@@ -246,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     data = parser.add_argument_group("data")
     data.add_argument("--data-path", nargs="*", default=None)
     data.add_argument("--split", default="969, 30, 1")
+    data.add_argument("--data-cache-path", default=None,
+                      help="folder for the dataset index caches (default: next to the data; a read-only data folder: "
+                           "<--run-dir>/index-cache)")
     data.add_argument("--tokenizer-type", default="GPT2BPETokenizer")
     data.add_argument("--vocab-file", default=None)
     data.add_argument("--merge-file", default=None)
@@ -375,14 +389,16 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
     args = Args(
         model=_model_config(ns, PARAMS_DTYPES[deepspeed_args.precision]),
         model_name=ns.model_size or "custom",
-        parallel=ParallelArgs(layout=layout, sequence_parallel=ns.sequence_parallel),
+        parallel=ParallelArgs(layout=layout, sequence_parallel=ns.sequence_parallel,
+                              distributed_timeout_minutes=ns.distributed_timeout_minutes),
         optimizer=OptimizerArgs(lr=ns.lr, min_lr=ns.min_lr, lr_decay_style=ns.lr_decay_style,
                                 lr_warmup_iters=ns.lr_warmup_iters, lr_warmup_fraction=ns.lr_warmup_fraction,
                                 lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,
                                 clip_grad=_value(shared, "clip_grad", 1.0), adam_beta1=ns.adam_beta1,
                                 adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps),
         training=_training_args(ns, layout, shared),
-        data=DataArgs(data_path=ns.data_path or [], split=ns.split, tokenizer_type=ns.tokenizer_type,
+        data=DataArgs(data_path=ns.data_path or [], split=ns.split, data_cache_path=ns.data_cache_path,
+                      tokenizer_type=ns.tokenizer_type,
                       vocab_file=ns.vocab_file, merge_file=ns.merge_file, tokenizer_model=ns.tokenizer_model,
                       vocab_size=ns.vocab_size, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
                       tensor_model_parallel_size=ns.tensor_model_parallel_size),

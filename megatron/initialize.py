@@ -3,6 +3,7 @@ import os
 import random
 import warnings
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -40,19 +41,25 @@ def launcher_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def initialize_distributed() -> DistInfo:
-    """Fill RANK/WORLD_SIZE/... from whichever launcher ran us (torchrun, deepspeed, mpiexec),
-    then let DeepSpeed create the default group: nccl on CUDA, gloo on the CPU accelerator."""
+def initialize_distributed(timeout_minutes: float) -> DistInfo:
+    """Fill RANK/WORLD_SIZE/... from whichever launcher ran us (torchrun, deepspeed, mpiexec, srun), pick the
+    network interface that reaches the master (megatron/launch/network.py), then let DeepSpeed create the
+    default group: nccl on CUDA, gloo on the CPU accelerator. A collective that waits longer than
+    timeout_minutes (a lost host) raises instead of hanging."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.launch.dist_env import export_launcher_env
+    from megatron.launch import network
+    from megatron.launch.dist_env import all_ranks_on_this_host, export_launcher_env
 
     export_launcher_env()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    said = network.configure(os.environ, one_host=all_ranks_on_this_host())
+    if local_rank == 0:
+        print(said, flush=True)  # one line per host: which interface and address its ranks use
     accelerator = get_accelerator()
     backend = "nccl" if accelerator.device_name() == "cuda" else "gloo"
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timedelta(minutes=timeout_minutes))
     if accelerator.device_name() == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)

@@ -19,15 +19,18 @@ ADAM_BETA2=${ADAM_BETA2:-0.95}
 WEIGHT_DECAY=${WEIGHT_DECAY:-0.1}
 CLIP_GRAD=${CLIP_GRAD:-1.0}
 SEED=${SEED:-1234}
+# a collective that waits longer than this ends the run (a lost host) instead of hanging; Megatron's default
+DISTRIBUTED_TIMEOUT_MINUTES=${DISTRIBUTED_TIMEOUT_MINUTES:-10}
 
 read -r -a DATA_PATH_WORDS <<< "$DATA_PATH"
 TRAINING_DEFAULT_FLAGS=(
     --data-path "${DATA_PATH_WORDS[@]}" --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --split "$SPLIT"
     --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style "$LR_DECAY_STYLE" --lr-warmup-fraction "$LR_WARMUP_FRACTION"
     --adam-beta1 "$ADAM_BETA1" --adam-beta2 "$ADAM_BETA2" --weight-decay "$WEIGHT_DECAY" --clip-grad "$CLIP_GRAD"
-    --seed "$SEED"
+    --seed "$SEED" --distributed-timeout-minutes "$DISTRIBUTED_TIMEOUT_MINUTES"
 )
 # flag=VARIABLE for each flag above: an error about the flag names the variable (megatron/launch/flag_sources.py)
 TRAINING_DEFAULT_SOURCES="--data-path=DATA_PATH --vocab-file=VOCAB_FILE --merge-file=MERGE_FILE --split=SPLIT
     --lr=LR --min-lr=MIN_LR --lr-decay-style=LR_DECAY_STYLE --lr-warmup-fraction=LR_WARMUP_FRACTION
-    --adam-beta1=ADAM_BETA1 --adam-beta2=ADAM_BETA2 --weight-decay=WEIGHT_DECAY --clip-grad=CLIP_GRAD --seed=SEED"
+    --adam-beta1=ADAM_BETA1 --adam-beta2=ADAM_BETA2 --weight-decay=WEIGHT_DECAY --clip-grad=CLIP_GRAD --seed=SEED
+    --distributed-timeout-minutes=DISTRIBUTED_TIMEOUT_MINUTES"

@@ -4,9 +4,11 @@
 #                          import torch. Sets ZL_CUDA_GPUS (the GPUs torch sees); REPO goes first on PYTHONPATH.
 #   zl_resume_rule RUN     RESUME_LOAD: the checkpoint folder to resume (--load), empty for a fresh start, by the
 #                          one resume rule (megatron/checkpointing/run_folder.py; FRESH=1 asks for a fresh start)
-#   zl_run_attempt RUN LOG LAUNCHER NOTE CMD...
+#   zl_run_attempt RUN LOG LAUNCHER NOTE [--node NAME] CMD...
 #                          replaces the shell with megatron/launch/attempt.py running CMD: output appended to
 #                          LOG, the launcher's report to RUN/launcher.log, the cause of a failure as the last line
+#                          (--node NAME: a further host's launcher, its files named launcher.NAME.log and
+#                          command.NAME.txt)
 # ZERO_LAB_FLAG_SOURCES, set by the caller, maps Megatron flags to the variables they came from, so that an
 # error names the variable to change (megatron/launch/flag_sources.py).
 
@@ -37,5 +39,8 @@ zl_resume_rule() {
 }
 
 zl_run_attempt() {
-    exec "$PYTHON" -m megatron.launch.attempt --run-dir "$1" --log "$2" --launcher "$3" --note "$4" -- "${@:5}"
+    local node=()
+    if [[ "${5:-}" == --node ]]; then node=(--node "$6"); set -- "${@:1:4}" "${@:7}"; fi
+    exec "$PYTHON" -m megatron.launch.attempt --run-dir "$1" --log "$2" --launcher "$3" --note "$4" "${node[@]}" \
+        -- "${@:5}"
 }

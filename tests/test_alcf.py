@@ -345,10 +345,12 @@ def test_real_run_through_mpiexec(tmp_path, dolly_data_dir):
 
     # the same run again resumes from its checkpoint (the one resume rule); FRESH=1 would start afresh
     fresh = run_script(tmp_path, gpus=False, DRY_RUN=1, FRESH=1, **settings)
-    assert " --load " not in launch_line(fresh) and (run_dir / "checkpoints" / "latest").is_file()
+    assert f"[run] starting afresh (FRESH=1): would move the old files of {run_dir} to {run_dir}.old-<time>" \
+        in fresh.stderr and (run_dir / "checkpoints" / "latest").is_file()
     again = run_script(tmp_path, gpus=False, **{**settings, "TRAIN_ITERS": 5})
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert flag_value(launch_line(again), "--load") == str(run_dir / "checkpoints")
+    assert f"[run] resuming from global_step4 in {run_dir / 'checkpoints'}" in again.stderr
     logs = sorted((run_dir / "logs").iterdir())  # <user>-<host>-...-<date>: in the order they started
     assert len(logs) == 2 and logs[1].read_text().startswith("[zero-lab] attempt 2 started ")
 

@@ -106,7 +106,10 @@ def test_parsing_opens_no_file_the_start_up_step_checks_them(data_prefix, tmp_pa
     assert args.model.padded_vocab_size is None  # the tokenizer has not been read yet
     with pytest.raises(StartupError, match=r"^--data-path: .*nowhere\.bin does not exist"):
         prepare_run(args, verbose=False)
-    with pytest.raises(CheckpointError, match=r"--load .* holds no checkpoint \(no 'latest' file there\)"):
+    # a --load holding no checkpoint starts afresh (Megatron's behaviour; the launch scripts always pass one)
+    prepare_run(parse_args(base(data_prefix, "--load", str(tmp_path)), world_size=1), verbose=False)
+    (tmp_path / "latest").write_text("global_step3")
+    with pytest.raises(CheckpointError, match=r"--load .*: checkpoint global_step3 named by 'latest' is incomplete"):
         prepare_run(parse_args(base(data_prefix, "--load", str(tmp_path)), world_size=1), verbose=False)
     with pytest.raises(StartupError, match=r"^--vocab-file None does not exist"):
         prepare_run(parse_args(base(data_prefix, "--tokenizer-type", "GPT2BPETokenizer"), world_size=1), verbose=False)

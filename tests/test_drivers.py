@@ -191,7 +191,7 @@ def test_sigterm_to_the_job_saves_and_running_the_driver_again_resumes(driver_ru
     reference = iteration_losses((runs_dir / "gpt_tiny_Z1" / "train.log").read_text())
     assert iteration_losses(log) == reference  # as printed: every digit of the uninterrupted run's
     commands = (folder / "command.txt").read_text()
-    assert commands.count("# attempt ") == 2 and commands.count(f"--load {folder / 'checkpoints'}") == 1
+    assert commands.count("# attempt ") == 2 and commands.count(f"--load {folder / 'checkpoints'}") == 2
 
     summary = subprocess.run([sys.executable, str(REPO_ROOT / "analysis" / "summarize.py"), str(tmp_path),
                               "--no-plots"], env=test_env(), capture_output=True, text=True, timeout=120)

@@ -114,7 +114,8 @@ def test_dry_run_prints_the_srun_line(tmp_path):
     assert " --exit-signal-handler " in line  # SIGTERM saves and stops (the requeue test below)
     # all 8 tasks are ranks: the global batch follows them (micro batch 4 x 8 ranks, one micro-batch per step)
     assert " --global-batch-size 32 " in line
-    assert " --load " not in line  # a first run starts afresh
+    assert f" --load {tmp_path / 'gpt_tiny_Z3' / 'checkpoints'} " in line  # always: a folder without one starts afresh
+    assert f"[run] starting {tmp_path / 'gpt_tiny_Z3'} afresh" in result.stderr
     assert not any(tmp_path.iterdir())  # nothing written
 
 
@@ -126,10 +127,12 @@ def test_dry_run_of_a_job_whose_run_folder_has_a_checkpoint_resumes(tmp_path):
     (checkpoints / protocol.staging_tag("global_step4")).mkdir()
     protocol.commit(str(checkpoints), "global_step4", {"iteration": 4})
     for restarts in ("1", "0"):
-        line = srun_line(dry_run(two_node_allocation(tmp_path, SLURM_RESTART_COUNT=restarts)))
-        assert f" --load {checkpoints} " in line + " "
-    fresh = srun_line(dry_run(two_node_allocation(tmp_path, FRESH="1")))
-    assert " --load " not in fresh and (checkpoints / "latest").is_file()  # a dry run moves nothing
+        result = dry_run(two_node_allocation(tmp_path, SLURM_RESTART_COUNT=restarts))
+        assert f" --load {checkpoints} " in srun_line(result) + " "
+        assert f"[run] resuming from global_step4 in {checkpoints}" in result.stderr
+    fresh = dry_run(two_node_allocation(tmp_path, FRESH="1"))
+    assert "[run] starting afresh (FRESH=1): would move the old files" in fresh.stderr
+    assert (checkpoints / "latest").is_file()  # a dry run moves nothing
 
 
 def test_sbatch_script_unknown_experiment_lists_the_drivers(tmp_path):

@@ -55,8 +55,26 @@ def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, r
         print(f"  successfully saved checkpoint at iteration {iteration:8d} to {save_dir}", flush=True)
 
 
+def _agreed_tag(load_dir: str) -> str | None:
+    """The tag every rank resumes, as rank 0 finds it (checked again: the folder may have changed since
+    start-up, and on a cluster filesystem another host may see it a moment later); None: start afresh. A
+    checkpoint rank 0 refuses is refused by every rank, in one line."""
+    found = [None]
+    if dist.get_rank() == 0:
+        try:
+            found = [("tag", protocol.check_resumable(load_dir) if protocol.read_latest(load_dir) else None)]
+        except CheckpointError as err:
+            found = [("error", str(err))]
+    dist.broadcast_object_list(found, src=0)
+    kind, value = found[0]
+    if kind == "error":
+        raise CheckpointError(value)
+    return value
+
+
 def load_checkpoint(engine, args: Args) -> tuple[int, int, dict | None]:
-    """Returns (iteration, consumed_samples, RNG states); with --finetune only the weights are taken.
+    """Returns (iteration, consumed_samples, RNG states); with --finetune only the weights are taken, and
+    without a checkpoint in --load nothing (a fresh start).
     The caller restores the RNG states with set_rng_state as the last thing before training: creating
     a DataLoader iterator draws from torch's RNG, so restoring earlier would not continue the run exactly."""
     ckpt = args.checkpoint
@@ -68,7 +86,11 @@ def load_checkpoint(engine, args: Args) -> tuple[int, int, dict | None]:
         if dist.get_rank() == 0:
             print(f"  loaded weights from {path} for fine-tuning (iteration and optimizer reset)", flush=True)
         return 0, 0, None
-    tag = protocol.check_resumable(ckpt.load)  # again: the folder may have changed since start-up
+    tag = _agreed_tag(ckpt.load)
+    if tag is None:
+        if dist.get_rank() == 0:
+            print(f" > no checkpoint in --load {ckpt.load} (no 'latest' file): starting from scratch", flush=True)
+        return 0, 0, None
     if ckpt.universal_checkpoint:
         from megatron.checkpointing.universal import load_universal
         path, client_state = load_universal(engine, args, tag)

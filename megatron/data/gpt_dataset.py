@@ -6,7 +6,8 @@ seq_length + 1 tokens that overlap by one token and run across document boundari
 (sample_idx, built in C++), and the samples are visited in a seeded shuffled order
 (shuffle_idx). When the last epoch is used only in small part (< 80%), its samples are
 shuffled separately and come last, so the earlier, complete epochs are seen in full first
-(Megatron's separate_last_epoch). The three arrays are cached as .npy files next to the data.
+(Megatron's separate_last_epoch). The three arrays are cached as .npy files next to the data, or in a
+cache folder (--data-cache-path; a run's folder when the data's is read-only, megatron/startup.py).
 """
 import hashlib
 import json
@@ -53,6 +54,9 @@ class SampleSpec:
     num_samples: int
     seq_length: int
     seed: int
+    # where the index caches go (--data-cache-path, or a run's folder when the data's is read-only);
+    # None: next to the data. Not part of the key: the same split gives the same arrays wherever cached.
+    cache_dir: str | None = None
 
     @property
     def num_epochs(self) -> int:
@@ -61,8 +65,10 @@ class SampleSpec:
 
     def cache_prefix(self) -> str:
         fields = dict(vars(self), prefix=os.path.realpath(self.prefix), version=INDEX_FORMAT_VERSION)
+        del fields["cache_dir"]
         key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
-        return f"{self.prefix}_{self.name}_indexmap_{key}"
+        base = self.prefix if self.cache_dir is None else os.path.join(self.cache_dir, os.path.basename(self.prefix))
+        return f"{base}_{self.name}_indexmap_{key}"
 
 
 def _log(message: str) -> None:
@@ -174,7 +180,8 @@ class GPTDataset(torch.utils.data.Dataset):
         return {"text": np.concatenate(pieces).astype(np.int64)}
 
 
-def _split_specs(prefix, indexed, fractions, num_samples, seq_length, seed) -> list[SampleSpec | None]:
+def _split_specs(prefix, indexed, fractions, num_samples, seq_length, seed,
+                 cache_dir: str | None = None) -> list[SampleSpec | None]:
     """One SampleSpec per split (None where no samples are requested), validated."""
     bounds = split_boundaries(fractions, len(indexed))
     cumulative = np.concatenate([[0], np.cumsum(indexed.sizes, dtype=np.int64)])
@@ -195,13 +202,13 @@ def _split_specs(prefix, indexed, fractions, num_samples, seq_length, seed) -> l
             raise DatasetError(
                 f"--data-path {prefix}: the {name} split has {tokens} tokens in {end - first} documents, "
                 f"too few for one sample of --seq-length {seq_length} (+1 token)")
-        specs.append(SampleSpec(name, prefix, first, end, tokens, digest, wanted, seq_length, seed))
+        specs.append(SampleSpec(name, prefix, first, end, tokens, digest, wanted, seq_length, seed, cache_dir))
     return specs
 
 
-def _build_single(prefix, fractions, num_samples, seq_length, seed) -> list[GPTDataset | None]:
+def _build_single(prefix, fractions, num_samples, seq_length, seed, cache_dir) -> list[GPTDataset | None]:
     indexed = open_indexed_dataset(prefix)
-    specs = _split_specs(prefix, indexed, fractions, num_samples, seq_length, seed)
+    specs = _split_specs(prefix, indexed, fractions, num_samples, seq_length, seed, cache_dir)
     return [None if spec is None else GPTDataset(indexed, spec) for spec in specs]
 
 
@@ -214,18 +221,19 @@ def _check_request(num_samples, seq_length) -> None:
 
 def build_train_valid_test_datasets(data_prefix: list[str], splits_string: str,
                                     train_valid_test_num_samples: tuple[int, int, int],
-                                    seq_length: int, seed: int):
+                                    seq_length: int, seed: int, cache_dir: str | None = None):
     """(train, valid, test) datasets for Megatron's --data-path/--split; a split with no
     samples requested is None. Collective when torch.distributed is initialized: every
-    rank calls it, local rank 0 of each node builds the index caches."""
+    rank calls it, local rank 0 of each node builds the index caches (in cache_dir, else next
+    to the data)."""
     _check_request(train_valid_test_num_samples, seq_length)
     pairs = parse_data_path(data_prefix)
     fractions = parse_splits(splits_string)
     if len(pairs) == 1:
-        return tuple(_build_single(pairs[0][1], fractions, train_valid_test_num_samples, seq_length, seed))
+        return tuple(_build_single(pairs[0][1], fractions, train_valid_test_num_samples, seq_length, seed, cache_dir))
     weights = [weight for weight, _ in pairs]
     per_prefix = blended_num_samples(weights, train_valid_test_num_samples)
-    built = [_build_single(prefix, fractions, wanted, seq_length, seed)
+    built = [_build_single(prefix, fractions, wanted, seq_length, seed, cache_dir)
              for (_, prefix), wanted in zip(pairs, per_prefix)]
     result = []
     for split, size in enumerate(train_valid_test_num_samples):

@@ -46,10 +46,12 @@ def next_attempt(command_file: str) -> int:
 
 
 class Attempt:
-    def __init__(self, run_dir: str, log: str, launcher: str, note: str | None):
+    def __init__(self, run_dir: str, log: str, launcher: str, note: str | None, node: str | None = None):
+        """node: a further host's launcher in a run over several (its files get the node's name)."""
         self.run_dir, self.launcher = run_dir, launcher
-        self.report_path = os.path.join(run_dir, "launcher.log")
-        self.number = next_attempt(os.path.join(run_dir, "command.txt"))
+        self.report_path = os.path.join(run_dir, f"launcher.{node}.log" if node else "launcher.log")
+        self.command_file = os.path.join(run_dir, f"command.{node}.txt" if node else "command.txt")
+        self.number = next_attempt(self.command_file)
         self.started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         self.header = ATTEMPT_HEADER.format(number=self.number, time=self.started, host=socket.gethostname(),
                                             note=f": {note}" if note else "")
@@ -62,7 +64,7 @@ class Attempt:
         self.signalled: str | None = None  # the signal this process received
 
     def record_command(self, command: list[str]) -> None:
-        with open(os.path.join(self.run_dir, "command.txt"), "a") as handle:
+        with open(self.command_file, "a") as handle:
             handle.write(f"# attempt {self.number} | {self.started} UTC | {socket.gethostname()}\n"
                          f"{shlex.join(command)}\n")
         self.log.write(self.header + "\n")
@@ -136,13 +138,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--log", required=True, help="the log the ranks' output is appended to")
     parser.add_argument("--launcher", required=True, help="the launcher's name, for messages")
     parser.add_argument("--note", default=None, help="said in the attempt's header line (e.g. what it resumes)")
+    parser.add_argument("--node", default=None, help="a further host's launcher: launcher.NODE.log, command.NODE.txt")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the launch command")
     ns = parser.parse_args(argv)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not command:
         parser.error("no launch command after --")
     os.makedirs(ns.run_dir, exist_ok=True)
-    attempt = Attempt(ns.run_dir, ns.log, ns.launcher, ns.note)
+    attempt = Attempt(ns.run_dir, ns.log, ns.launcher, ns.note, ns.node)
     try:
         return attempt.run(command)
     finally:

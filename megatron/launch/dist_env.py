@@ -148,6 +148,23 @@ def resolve_launcher_env(environ: Mapping[str, str] = os.environ) -> LauncherEnv
                        _master_port(environ, launcher), launcher)
 
 
+# How many ranks each launcher says run on this host: torchrun, the deepspeed launcher, MPICH (Hydra), PALS,
+# Open MPI.
+_RANKS_ON_THIS_HOST = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "MPI_LOCALNRANKS", "PALS_LOCAL_SIZE",
+                       "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def all_ranks_on_this_host(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the launcher says every rank of the job runs on this host (False when it does not say)."""
+    world = int(environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return True
+    for name in _RANKS_ON_THIS_HOST:
+        if environ.get(name, "").isdigit():
+            return int(environ[name]) == world
+    return environ.get("SLURM_STEP_NUM_NODES") == "1"
+
+
 def export_launcher_env(environ: MutableMapping[str, str] = os.environ) -> LauncherEnv:
     """Fill RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT for env:// rendezvous."""
     resolved = resolve_launcher_env(environ)
