@@ -142,6 +142,36 @@ def connect(cluster: VirtualCluster, host: str, target: str, timeout: float = 2,
     return word, float(seconds)
 
 
+# An echo server, and a client that checks an open connection: echoed before the cut, silent during it,
+# and the held-back bytes arrive after the heal (TCP retransmits them). The test cuts and heals on cue.
+ECHO = """
+import socket, sys
+server = socket.create_server(("0.0.0.0", int(sys.argv[1])), reuse_port=True)
+server.settimeout(20)
+print("listening", flush=True)
+conn, _ = server.accept()
+conn.settimeout(30)
+while data := conn.recv(100):
+    conn.sendall(data)
+"""
+HELD_CONNECTION = """
+import socket, sys, time
+conn = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+conn.sendall(b"a"); print(conn.recv(1).decode(), flush=True)
+sys.stdin.readline()  # cut now
+conn.settimeout(1)
+conn.sendall(b"b")
+try:
+    print("got", conn.recv(1).decode(), flush=True)
+except TimeoutError:
+    print("silent", flush=True)
+sys.stdin.readline()  # healed now
+conn.settimeout(15)
+start = time.monotonic()
+print(conn.recv(1).decode(), round(time.monotonic() - start, 1), flush=True)
+"""
+
+
 def cli(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([PYTHON, str(TOOL), *args], capture_output=True, text=True, timeout=timeout, **kwargs)
 
@@ -212,6 +242,31 @@ def test_cut_stops_traffic_and_heal_restores_it(pair):
         server.wait()
 
 
+def test_cut_silences_an_open_connection_until_heal(pair):
+    server = pair.popen("node1", [PYTHON, "-c", ECHO, str(PORT + 2)], stdout=subprocess.PIPE, text=True)
+    client = None
+    try:
+        assert server.stdout.readline().strip() == "listening"
+        client = pair.popen("node0", [PYTHON, "-c", HELD_CONNECTION, "node1", str(PORT + 2)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert client.stdout.readline().strip() == "a"
+        pair.cut("node1")
+        client.stdin.write("cut\n")
+        client.stdin.flush()
+        assert client.stdout.readline().strip() == "silent"
+        pair.heal("node1")
+        client.stdin.write("healed\n")
+        client.stdin.flush()
+        word, seconds = client.stdout.readline().split()
+        assert word == "b" and float(seconds) < 10  # at TCP's next retransmission
+    finally:
+        pair.heal("node1")
+        for process in (client, server):
+            if process:
+                process.kill()
+                process.wait()
+
+
 def test_loopback_hostname_and_scratch(make_cluster, tmp_path):
     scratch = tmp_path / "scratch"
     cluster = make_cluster("l", hosts=2, loopback_hostname=True, scratch=str(scratch))
@@ -265,6 +320,21 @@ def test_down_after_a_failing_test_removes_everything(tmp_path):
     for process in started:
         assert process.wait(timeout=10) is not None
     assert_nothing_left(cluster.name, keepers, inodes)
+
+
+def test_up_interrupted_removes_what_it_made():
+    """SIGTERM (as Ctrl-C) while up is making hosts: it takes them apart again and says so in one line."""
+    name = cluster_name("i")
+    up = subprocess.Popen([PYTHON, str(TOOL), "up", "--name", name, "--hosts", "40"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while len(our_namespaces(name)) < 4 and time.monotonic() < deadline and up.poll() is None:
+        time.sleep(0.01)
+    up.send_signal(signal.SIGTERM)
+    out, err = up.communicate(timeout=60)
+    assert (up.returncode, out, err.splitlines()) == (
+        1, "", ["error: up was interrupted; everything it made is removed again"])
+    assert our_namespaces(name) == [] and not state_dir(name).exists()
 
 
 def test_down_after_up_was_killed():

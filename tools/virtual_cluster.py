@@ -73,23 +73,26 @@ def print_up(cluster: VirtualCluster) -> None:
     for host in cluster.state.hosts:
         print(f"{host.name}\t{host.address}\t{cluster.dir}")
     me = f"python {sys.argv[0]}" + ("" if cluster.name == "vc" else f" --name {cluster.name}")
-    print(f"use: {me} run {cluster.hosts[0]} -- CMD ...   |   {me} status   |   {me} down")
+    print(f"run a command in a host:  {me} run {cluster.hosts[0]} -- CMD ...")
+    print(f"see it, take it down:     {me} status;  {me} down")
     if cluster.slurm:
-        print(f"slurm: {me} run {cluster.hosts[0]} -- env SLURM_CONF={cluster.slurm.conf} sinfo")
+        print(f"slurm:                    export SLURM_CONF={cluster.slurm.conf}")
+        print(f"  its clients run inside: {me} run {cluster.hosts[0]} -- sinfo")
     if cluster.ssh_wrapper:
-        print(f"ssh: {cluster.ssh_wrapper} {cluster.hosts[-1]} hostname   (from inside a host; the mpiexec launcher)")
+        print(f"ssh (mpiexec's launcher): {me} run {cluster.hosts[0]} -- {cluster.ssh_wrapper} {cluster.hosts[-1]} "
+              f"hostname")
 
 
 def status_lines(cluster: VirtualCluster) -> list[str]:
     state = cluster.state
-    lines = [f"cluster {state.name}: {len(state.hosts)} hosts on {state.subnet}, state in {state.dir}"
+    lines = [f"cluster {state.name}: {len(state.hosts)} hosts on {state.options.subnet}, state in {state.dir}"
              + ("" if state.ready else " (up did not finish)")]
     for host in state.hosts:
         link = network.link_is_up(state.switch_netns, host.link)
         keeper = "keeper alive" if host.keeper and host.keeper.alive() else "keeper GONE"
-        shaping = network.shaping(host.netns, network.HOST_LINK) or "unshaped"
-        if network.shaping(state.switch_netns, host.link) != network.shaping(host.netns, network.HOST_LINK):
-            shaping += f" out, {network.shaping(state.switch_netns, host.link) or 'unshaped'} in"
+        out, into = network.shaping(host.netns, network.HOST_LINK), network.shaping(state.switch_netns, host.link)
+        shaping = f"{out} each way" if out == into else f"{out or 'unshaped'} out, {into or 'unshaped'} in"
+        shaping = shaping if out or into else "unshaped"
         lines.append(f"  {host.name}\t{host.address}\tlink {({True: 'up', False: 'CUT', None: 'GONE'})[link]}"
                      f"\t{keeper}\t{shaping}")
     for proc in state.daemons:
@@ -110,11 +113,14 @@ def main(argv: list[str]) -> int:
     if args.command == "up":
         # A SIGTERM while `up` works is handled as Ctrl-C is: what was made is taken apart again.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-        cluster = VirtualCluster.up(hosts=args.hosts, name=args.name, prefix=args.prefix, subnet=args.subnet,
-                                    bandwidth=args.bandwidth, latency_ms=args.latency,
-                                    loopback_hostname=args.loopback_hostname,
-                                    scratch=args.scratch_path if args.scratch else None,
-                                    slurm=args.slurm, ssh=args.ssh)
+        try:
+            cluster = VirtualCluster.up(hosts=args.hosts, name=args.name, prefix=args.prefix, subnet=args.subnet,
+                                        bandwidth=args.bandwidth, latency_ms=args.latency,
+                                        loopback_hostname=args.loopback_hostname,
+                                        scratch=args.scratch_path if args.scratch else None,
+                                        slurm=args.slurm, ssh=args.ssh)
+        except KeyboardInterrupt:
+            raise ClusterError("up was interrupted; everything it made is removed again") from None
         print_up(cluster)
     elif args.command == "run":
         cluster = VirtualCluster.attach(args.name)
@@ -137,7 +143,4 @@ if __name__ == "__main__":
         sys.exit(main(sys.argv[1:]))
     except ClusterError as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        print("error: interrupted (what up had made is removed again)", file=sys.stderr)
         sys.exit(1)

@@ -1,6 +1,6 @@
 """VirtualCluster: N hosts made of Linux namespaces on this machine, driven from Python.
 
-    cluster = VirtualCluster.up(hosts=2, name="demo")
+    cluster = VirtualCluster.up(hosts=2, name="demo")          # the fields of ClusterOptions
     cluster.run("node1", ["hostname"], capture_output=True, text=True).stdout   # 'node1\\n'
     cluster.address("node1")                                                    # '10.250.0.2'
     cluster.cut("node1"); cluster.heal("node1")
@@ -9,7 +9,6 @@
 `VirtualCluster.attach(name)` picks up a cluster that the CLI (or another process) brought up.
 """
 import os
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -18,59 +17,47 @@ from . import hosts as host_setup
 from . import network
 from . import slurm as slurm_mode
 from . import ssh as ssh_mode
-from .procs import Proc, netns_inode
-from .state import ClusterState, Host, check_name, netns_prefix, state_dir
-from .system import ClusterError, require_root_and_namespaces, sh
+from .build import build
+from .options import ClusterOptions, check_name
+from .procs import Proc
+from .state import ClusterState, Host, netns_prefix, state_dir
+from .system import ClusterError, require_root_and_namespaces
 from .teardown import namespace_inodes, orphaned_namespaces, processes_inside, take_down
-
-HOSTNAME_PREFIX = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 
 
 class VirtualCluster:
-    def __init__(self, state: ClusterState, children: dict[int, subprocess.Popen] | None = None):
+    def __init__(self, state: ClusterState):
         self.state = state
-        self._children = children if children is not None else {}  # started here: reaped here at down
+        self._children: dict[int, subprocess.Popen] = {}  # started by this object: collected at down
 
     # ---- bringing one up, finding one ----
 
     @classmethod
-    def up(cls, hosts: int = 2, name: str = "vc", prefix: str = "node", subnet: str = "10.250.0.0/24",
-           bandwidth: str | None = None, latency_ms: float | None = None, loopback_hostname: bool = False,
-           scratch: str | None = None, slurm: bool = False, ssh: bool = False) -> "VirtualCluster":
+    def up(cls, **options) -> "VirtualCluster":
         """Make the cluster; on any failure (or Ctrl-C) take apart what was made, then raise."""
         require_root_and_namespaces()
-        check_name(name)
-        if not HOSTNAME_PREFIX.match(prefix):
-            raise ClusterError(f"--prefix {prefix!r}: expected a lowercase letter then letters, digits or '-'")
-        if hosts < 1:
-            raise ClusterError(f"--hosts {hosts}: expected at least 1")
-        if bandwidth:
-            network.parse_rate(bandwidth)
-        if latency_ms is not None and latency_ms < 0:
-            raise ClusterError(f"--latency {latency_ms}: expected milliseconds >= 0")
-        if scratch is not None and not scratch.startswith("/"):
-            raise ClusterError(f"--scratch-path {scratch!r}: expected an absolute path")
-        addresses, prefix_len = network.host_addresses(subnet, hosts)
-        folder = state_dir(name)
+        options = ClusterOptions(**options)
+        folder = state_dir(options.name)
         if (folder / "state.json").exists():
-            raise ClusterError(f"cluster {name} is already up (state in {folder}): run down first, or pick --name")
-        if orphaned_namespaces(netns_prefix(name)):
-            raise ClusterError(f"namespaces of a cluster {name} are left from before: run down --name {name}")
-        if slurm:
+            raise ClusterError(f"cluster {options.name} is already up (state in {folder}): "
+                               f"run down first, or pick another --name")
+        if orphaned_namespaces(netns_prefix(options.name)):
+            raise ClusterError(f"namespaces of a cluster {options.name} are left from before: "
+                               f"run down --name {options.name}")
+        if options.slurm:
             slurm_mode.install()
-        if ssh:
+        if options.ssh:
             ssh_mode.install()
         folder.mkdir(parents=True, exist_ok=True)
         for path in (folder.parent, folder):
             path.chmod(0o755)  # munged checks that its socket's folders are open to its clients
-        state = ClusterState(name=name, dir=str(folder), subnet=subnet, prefix_len=prefix_len,
-                             switch_netns=f"{netns_prefix(name)}switch", bridge=f"{name}-br", bandwidth=bandwidth,
-                             latency_ms=latency_ms, loopback_hostname=loopback_hostname, scratch_path=scratch,
-                             slurm=slurm, ssh=ssh)
+        _, prefix_len = network.host_addresses(options.subnet, options.hosts)
+        state = ClusterState(name=options.name, dir=str(folder), options=options, prefix_len=prefix_len,
+                             switch_netns=f"{netns_prefix(options.name)}switch", bridge=f"{options.name}-br")
         state.save()
         cluster = cls(state)
         try:
-            cluster._build([f"{prefix}{i}" for i in range(hosts)], addresses)
+            build(cluster)
         except BaseException as error:
             try:
                 cluster.down()
@@ -85,71 +72,18 @@ class VirtualCluster:
     def attach(cls, name: str = "vc") -> "VirtualCluster":
         return cls(ClusterState.load(check_name(name)))
 
-    def _build(self, names: list[str], addresses: list[str]) -> None:
-        state, folder = self.state, Path(self.state.dir)
-        for sub in ("log", "etc-hosts"):
-            (folder / sub).mkdir(exist_ok=True)
-        self._add_netns(state.switch_netns)
-        network.make_switch(state.switch_netns, state.bridge)
-        for index, (name, address) in enumerate(zip(names, addresses)):
-            host = Host(name=name, address=address, netns=f"{netns_prefix(state.name)}{name}",
-                        link=f"{state.name}-s{index}", hosts_file=str(folder / "etc-hosts" / name))
-            state.hosts.append(host)
-            host.netns_inode = self._add_netns(host.netns)
-            network.connect_host(state.switch_netns, state.bridge, host.link, host.netns, address, state.prefix_len)
-            state.save()
-            # Both ends of the link, so the host is shaped both ways; a packet between two hosts passes one
-            # host's eth0 and the other's switch port, so each end adds half of the one-way latency.
-            delay = state.latency_ms / 2 if state.latency_ms else None
-            for netns, dev in ((host.netns, network.HOST_LINK), (state.switch_netns, host.link)):
-                network.shape(netns, dev, state.bandwidth, delay)
-            Path(host.hosts_file).write_text(
-                host_setup.etc_hosts(names, addresses, name, state.loopback_hostname))
-            self._start_keeper(host)
-        if state.slurm:
-            slurm_mode.start(self)
-        if state.ssh:
-            ssh_mode.start(self)
-        state.ready = True
-        state.save()
-
-    def _add_netns(self, name: str) -> int:
-        self.state.netns.append(name)  # recorded before it exists, so down removes it however up ends
-        self.state.save()
-        sh("ip", "netns", "add", name, what=f"making namespace {name}")
-        inode = netns_inode(f"/run/netns/{name}")
-        self.state.netns_inodes.append(inode)
-        self.state.save()
-        return inode
-
-    def _start_keeper(self, host: Host) -> None:
-        log = Path(self.state.dir) / "log" / f"keeper.{host.name}.log"
-        process = host_setup.start_keeper(host.netns, log)
+    def adopt(self, process: subprocess.Popen) -> None:
+        """A process started for the cluster by this object, so down collects its exit (no zombie left)."""
         self._children[process.pid] = process
-        host.keeper = Proc.of(process.pid, "keeper", host.name, str(log))
-        self.state.save()
-        host_setup.wait_keeper(process, host.netns, log)
-        host.keeper = Proc.of(process.pid, "keeper", host.name, str(log))  # its start time is final now
-        self.state.save()
-        scratch = None
-        if self.state.scratch_path:
-            folder = Path(self.state.dir) / "scratch" / host.name
-            folder.mkdir(parents=True, exist_ok=True)
-            # The mount point must exist in the shared root filesystem; it is left there at down
-            # (an empty folder), since another cluster may have its hosts' scratch mounted on it.
-            Path(self.state.scratch_path).mkdir(parents=True, exist_ok=True)
-            host.scratch = str(folder)
-            scratch = (folder, self.state.scratch_path)
-        host_setup.configure(host.keeper, host.name, Path(host.hosts_file), scratch)
 
     def start_daemon(self, name: str, argv: list[str], host: str | None, env: dict | None = None) -> Proc:
         """A daemon in `host` (None: the root namespaces), recorded at once, its output in log/NAME[.HOST].out."""
-        log = Path(self.state.dir) / "log" / (f"{name}.{host}.out" if host else f"{name}.out")
+        log = self.dir / "log" / (f"{name}.{host}.out" if host else f"{name}.out")
         prefix = host_setup.enter(self.host(host).keeper, cwd=self.state.dir) if host else []
         with open(log, "w") as out:
             process = subprocess.Popen(prefix + argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                        env=env, start_new_session=True)
-        self._children[process.pid] = process
+        self.adopt(process)
         proc = Proc.of(process.pid, name, host, str(log))
         self.state.daemons.append(proc)
         self.state.save()
@@ -164,6 +98,10 @@ class VirtualCluster:
     @property
     def dir(self) -> Path:
         return Path(self.state.dir)
+
+    @property
+    def options(self) -> ClusterOptions:
+        return self.state.options
 
     @property
     def hosts(self) -> list[str]:
@@ -182,13 +120,17 @@ class VirtualCluster:
     def keepers(self) -> list[Proc]:
         return [host.keeper for host in self.state.hosts if host.keeper]
 
+    def processes(self) -> list[Proc]:
+        """Every live process inside the hosts (keepers, daemons, whatever was run there)."""
+        return processes_inside(self.state)
+
     @property
     def slurm(self) -> "slurm_mode.SlurmView | None":
-        return slurm_mode.SlurmView(self) if self.state.slurm else None
+        return slurm_mode.SlurmView(self) if self.options.slurm else None
 
     @property
     def ssh_wrapper(self) -> Path | None:
-        return ssh_mode.wrapper_path(self) if self.state.ssh else None
+        return ssh_mode.wrapper_path(self) if self.options.ssh else None
 
     # ---- using it ----
 
@@ -223,16 +165,11 @@ class VirtualCluster:
             time.sleep(0.1)
         return True
 
-    def processes(self) -> list[Proc]:
-        """Every live process inside the hosts (keepers, daemons, whatever was run there)."""
-        return processes_inside(self.state)
-
     def down(self) -> list[str]:
         """Remove everything this cluster made; returns what was removed, one line each."""
         done = take_down(self.state, reap=set(self._children))
         for process in self._children.values():
-            if process.returncode is None:
-                process.poll()
+            process.poll()  # collects the exit of a child that ended after take_down looked
         return done
 
     def __enter__(self) -> "VirtualCluster":
@@ -252,6 +189,6 @@ def down_by_name(name: str) -> list[str]:
         left = orphaned_namespaces(netns_prefix(name))
         if not left and not state_dir(name).exists():
             return []
-        state = ClusterState(name=name, dir=str(state_dir(name)), subnet="", prefix_len=0, switch_netns="",
+        state = ClusterState(name=name, dir=str(state_dir(name)), options=None, prefix_len=0, switch_netns="",
                              bridge="", netns=left)
     return take_down(state)

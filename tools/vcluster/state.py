@@ -7,22 +7,15 @@ anything else on the machine) never share one.
 """
 import json
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .options import ClusterOptions
 from .procs import Proc
 from .system import ClusterError
 
 STATE_ROOT = Path(os.environ.get("VCLUSTER_STATE_ROOT", "/run/zero-lab-vcluster"))
-NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,9}$")  # short enough for 15-character link names
 NETNS_PREFIX = "zlvc-"
-
-
-def check_name(name: str) -> str:
-    if not NAME_PATTERN.match(name):
-        raise ClusterError(f"--name {name!r}: expected a lowercase letter then up to 9 letters or digits")
-    return name
 
 
 def netns_prefix(cluster: str) -> str:
@@ -50,20 +43,14 @@ class Host:
 class ClusterState:
     name: str
     dir: str
-    subnet: str
+    options: ClusterOptions | None  # as up was given them (None: a record rebuilt from namespace names)
     prefix_len: int
     switch_netns: str
     bridge: str
-    bandwidth: str | None = None
-    latency_ms: float | None = None
-    loopback_hostname: bool = False
-    scratch_path: str | None = None
     hosts: list[Host] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)       # every namespace made (or about to be), in order
     netns_inodes: list[int] = field(default_factory=list)
     daemons: list[Proc] = field(default_factory=list)
-    slurm: bool = False
-    ssh: bool = False
     ready: bool = False                                   # `up` finished
 
     @property
@@ -99,4 +86,6 @@ class ClusterState:
         hosts = [Host(**{**host, "keeper": Proc(**host["keeper"]) if host.get("keeper") else None})
                  for host in raw.pop("hosts")]
         daemons = [Proc(**proc) for proc in raw.pop("daemons")]
-        return cls(**raw, hosts=hosts, daemons=daemons)
+        options = raw.pop("options")
+        options = ClusterOptions(**options) if options else None
+        return cls(**raw, options=options, hosts=hosts, daemons=daemons)
