@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tools"))
-from vcluster import ClusterError, VirtualCluster  # noqa: E402
+from vcluster import ClusterError, VirtualCluster, down_by_name  # noqa: E402
 from vcluster.procs import pids_in_netns  # noqa: E402
 from vcluster.state import netns_prefix, state_dir  # noqa: E402
 from vcluster.system import apt_install, has_tool, require_root_and_namespaces  # noqa: E402
@@ -103,6 +103,21 @@ def make_cluster():
     yield make
     for cluster in made:
         down_and_check(cluster)
+
+
+@pytest.fixture
+def cli_name():
+    """Cluster names for a test that drives the CLI; whatever it leaves is taken down afterwards, and checked."""
+    names = []
+
+    def make(tag: str) -> str:
+        names.append(cluster_name(tag))
+        return names[-1]
+
+    yield make
+    for name in names:
+        down_by_name(name)
+        assert our_namespaces(name) == [] and not state_dir(name).exists()
 
 
 def root_network() -> tuple[str, str, str]:
@@ -279,18 +294,19 @@ def test_loopback_hostname_and_scratch(make_cluster, tmp_path):
     assert list(scratch.iterdir()) == []  # outside the hosts it is the empty mount point
 
 
-def test_refuses_without_root():
+def test_refuses_without_root(cli_name):
+    name = cli_name("n")
     result = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", PYTHON, str(TOOL),
-                             "--name", cluster_name("n"), "up", "--hosts", "2"], capture_output=True, text=True)
+                             "--name", name, "up", "--hosts", "2"], capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         "error: virtual_cluster needs root to make and enter namespaces, links and mounts (running as uid 65534)"]
-    assert our_namespaces(cluster_name("n")) == []
+    assert our_namespaces(name) == []
 
 
-def test_failed_up_removes_what_it_made():
+def test_failed_up_removes_what_it_made(cli_name):
     """The scratch mount point cannot be made (under a file), after the switch and a host exist."""
-    name = cluster_name("f")
+    name = cli_name("f")
     result = cli("up", "--name", name, "--hosts", "2", "--scratch", "--scratch-path", "/etc/hostname/scratch")
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
@@ -322,9 +338,9 @@ def test_down_after_a_failing_test_removes_everything(tmp_path):
     assert_nothing_left(cluster.name, keepers, inodes)
 
 
-def test_up_interrupted_removes_what_it_made():
+def test_up_interrupted_removes_what_it_made(cli_name):
     """SIGTERM (as Ctrl-C) while up is making hosts: it takes them apart again and says so in one line."""
-    name = cluster_name("i")
+    name = cli_name("i")
     up = subprocess.Popen([PYTHON, str(TOOL), "up", "--name", name, "--hosts", "40"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
@@ -337,9 +353,9 @@ def test_up_interrupted_removes_what_it_made():
     assert our_namespaces(name) == [] and not state_dir(name).exists()
 
 
-def test_down_after_up_was_killed():
+def test_down_after_up_was_killed(cli_name):
     """`up` killed outright (SIGKILL: no clean-up of its own) while making hosts: down removes the rest."""
-    name = cluster_name("k")
+    name = cli_name("k")
     up = subprocess.Popen([PYTHON, str(TOOL), "up", "--name", name, "--hosts", "40"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
