@@ -8,7 +8,7 @@ from . import hosts as host_setup
 from . import network
 from . import slurm as slurm_mode
 from . import ssh as ssh_mode
-from .procs import Proc, netns_inode
+from .procs import Proc
 from .state import Host, netns_prefix
 from .system import sh
 
@@ -24,7 +24,7 @@ def build(cluster) -> None:
         host = Host(name=name, address=address, netns=f"{netns_prefix(state.name)}{name}",
                     link=f"{state.name}-s{index}", hosts_file=str(cluster.dir / "etc-hosts" / name))
         state.hosts.append(host)
-        host.netns_inode = add_netns(cluster, host.netns)
+        add_netns(cluster, host.netns)
         network.connect_host(state.switch_netns, state.bridge, host.link, host.netns, address, state.prefix_len)
         state.save()
         # Both ends of the link, so the host is shaped both ways; a packet between two hosts passes one
@@ -43,14 +43,10 @@ def build(cluster) -> None:
     state.save()
 
 
-def add_netns(cluster, name: str) -> int:
+def add_netns(cluster, name: str) -> None:
     cluster.state.netns.append(name)  # recorded before it exists, so down removes it however up ends
     cluster.state.save()
     sh("ip", "netns", "add", name, what=f"making namespace {name}")
-    inode = netns_inode(f"/run/netns/{name}")
-    cluster.state.netns_inodes.append(inode)
-    cluster.state.save()
-    return inode
 
 
 def start_keeper(cluster, host: Host) -> None:

@@ -3,8 +3,9 @@ network namespace, its hostname, and its /etc/hosts (a file of the state folder 
 
 Commands enter a host with `nsenter -t KEEPER --net --uts --mount`, which keeps /sys as it is
 (`ip netns exec` remounts it, and slurmd's cgroup set-up needs the real one). The mount namespace
-is a slave of the root one: the repo, the venv and /tmp stay shared, mounts made later outside still
-appear inside, and only what is bind-mounted per host differs.
+is a copy of the root one, made its slave: the repo, the venv and /tmp stay shared, only what is
+bind-mounted per host differs, and where the root mount is shared (as systemd makes it) mounts made
+outside later appear inside too.
 """
 import os
 import subprocess

@@ -35,7 +35,6 @@ class Host:
     link: str                 # the switch-side end of the host's veth pair (its inside end is eth0)
     hosts_file: str
     scratch: str | None = None
-    netns_inode: int | None = None
     keeper: Proc | None = None
 
 
@@ -49,7 +48,6 @@ class ClusterState:
     bridge: str
     hosts: list[Host] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)       # every namespace made (or about to be), in order
-    netns_inodes: list[int] = field(default_factory=list)
     daemons: list[Proc] = field(default_factory=list)
     ready: bool = False                                   # `up` finished
 

@@ -20,13 +20,13 @@ def _comm(pid: int) -> str:
 
 
 def namespace_inodes(state: ClusterState) -> set[int]:
-    """The cluster's network namespaces as recorded, and as they are now (for one made after the record)."""
-    inodes = set(state.netns_inodes)
-    for name in state.netns:
-        inode = netns_inode(f"/run/netns/{name}")
-        if inode is not None:
-            inodes.add(inode)
-    return inodes
+    """The cluster's network namespaces that exist now, found by their names.
+
+    Only by name: the inode of a namespace that is gone can be given to a new one of someone else's,
+    whose processes must never be taken for ours. (A namespace stays named while processes are in it,
+    since down deletes names only after every process inside has ended.)"""
+    inodes = {netns_inode(f"/run/netns/{name}") for name in state.netns}
+    return inodes - {None}
 
 
 def processes_inside(state: ClusterState) -> list[Proc]:
@@ -36,29 +36,33 @@ def processes_inside(state: ClusterState) -> list[Proc]:
 def take_down(state: ClusterState, reap: set[int] = frozenset()) -> list[str]:
     """Remove everything `state` records; returns one line per thing removed. Raises a ClusterError,
     after doing all the rest, when a process would not die or a namespace could not be deleted."""
-    done, stuck = [], []
+    done = []
     inside = processes_inside(state)
-    stuck += stop(inside, reap=reap)
+    outside = [proc for proc in state.daemons if proc.host is None and proc.alive()]
+    stuck = stop(inside, reap=reap) + stop(outside, reap=reap)
+    if stuck:  # keep the names and the record, so a later down finds them again
+        left = ", ".join(f"{proc.name} (pid {proc.pid})" for proc in stuck)
+        raise ClusterError(f"down could not end {left}; nothing else removed, state kept in {state.dir}")
     if inside:
         done.append(f"stopped {len(inside)} processes inside the hosts")
-    outside = [proc for proc in state.daemons if proc.host is None]
-    stuck += stop(outside, reap=reap)
-    done += [f"stopped {proc.name} (pid {proc.pid})" for proc in outside if proc not in stuck]
+    done += [f"stopped {proc.name} (pid {proc.pid})" for proc in outside]
     failed = []
     for name in reversed(state.netns):
         if Path(f"/run/netns/{name}").exists():
             result = sh("ip", "netns", "delete", name, what=f"deleting namespace {name}", check=False)
-            (failed if result.returncode else done).append(f"deleted namespace {name}")
-    if Path(state.dir).is_dir() and not stuck and not failed:
+            if result.returncode:
+                failed.append(name)
+            else:
+                done.append(f"deleted namespace {name}")
+    if failed:
+        raise ClusterError(f"down could not delete {', '.join(failed)}; state kept in {state.dir}")
+    if Path(state.dir).is_dir():
         shutil.rmtree(state.dir, ignore_errors=True)
         done.append(f"removed {state.dir}")
     try:
         STATE_ROOT.rmdir()  # only when no other cluster is left in it
     except OSError:
         pass
-    if stuck or failed:
-        left = [f"{proc.name} (pid {proc.pid})" for proc in stuck] + failed
-        raise ClusterError(f"down left behind {', '.join(left)}; state kept in {state.dir}")
     return done
 
 
