@@ -89,8 +89,8 @@ def write_conf(cluster, munge_socket: Path) -> Path:
 
 def start(cluster, timeout: float = 90) -> None:
     folder = folder_of(cluster)
-    for sub in ("state", "spool", "munge", "socket"):
-        (folder / sub).mkdir(parents=True)
+    for sub in ("state", "munge", "socket", *(f"spool/{host}" for host in cluster.hosts)):
+        (folder / sub).mkdir(parents=True)  # slurmd makes its spool too, but only after complaining
     (folder / "munge").chmod(0o700)   # munged refuses a key others could read
     (folder / "socket").chmod(0o755)  # and a socket folder its clients cannot enter
     folder.chmod(0o755)
