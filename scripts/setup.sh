@@ -158,4 +158,17 @@ if [[ ! -f /usr/include/libaio.h ]]; then
         echo "[setup] warning: no libaio headers; install libaio-dev to use NVMe offload (gpt_deepspeed_Z3_NVMe.sh)" >&2
     fi
 fi
+# DeepSpeed compiles its C++ ops at first use: on the CPU accelerator the CPU Adam (Z3_OL) and the async I/O
+# op (Z3_NVMe) take about 1 and 3 minutes on a 2-core machine. Built here once (cached in
+# ~/.cache/torch_extensions, or TORCH_EXTENSIONS_DIR), no run stalls compiling. Not with a GPU or from a
+# wheelhouse: a GPU machine builds its CUDA ops, against its toolkit, at their first use.
+if [[ -z "$WHEELHOUSE" ]] && ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "[setup] building DeepSpeed's CPU ops (cpu_adam, async_io, ...): minutes the first time, seconds after"
+    run env DS_ACCELERATOR=cpu PATH="$VENV_DIR/bin:$PATH" "$VENV_DIR/bin/python" -c '
+from deepspeed.accelerator import get_accelerator
+for name in ("ShareMemCommBuilder", "CPUAdamBuilder", "PinMemoryBuilder", "AsyncIOBuilder"):
+    builder = get_accelerator().create_op_builder(name)
+    if builder is not None and builder.is_compatible(verbose=False):
+        builder.load(verbose=False)'
+fi
 echo "[setup] done: activate with 'source $VENV_DIR/bin/activate'"
