@@ -5,6 +5,7 @@ import os
 import sys
 import time
 from dataclasses import replace
+from datetime import timedelta
 from functools import partial
 
 import torch
@@ -15,6 +16,7 @@ from megatron.core.parallel_state import ParallelState
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo, initialize_distributed, launcher_world_size, set_seed, silence_known_warnings
 from megatron.launch.flag_sources import name_sources
+from megatron.launch.lost_peer import Peers
 from megatron.startup import check_save_folder_is_shared, prepare_run
 from megatron.training import LoopState, resolve_schedule
 
@@ -30,8 +32,10 @@ def build_data_iterators(args: Args, dist_info: DistInfo, train_iters: int, iter
     from megatron.data.gpt_dataset import build_train_valid_test_datasets
 
     batch, log = args.training.global_batch_size, args.logging
-    # the test split is never evaluated during pretraining, so no test samples are asked for
-    wanted = (train_iters * batch, train_iters // log.eval_interval * log.eval_iters * batch, 0)
+    # a run resumed with another global batch (on fewer hosts, say) reads on from where the samples it
+    # consumed end; the test split is never evaluated during pretraining, so no test samples are asked for
+    train_samples = max(train_iters * batch, consumed_samples + (train_iters - iteration) * batch)
+    wanted = (train_samples, train_iters // log.eval_interval * log.eval_iters * batch, 0)
     train_ds, valid_ds, _ = build_train_valid_test_datasets(args.data.data_path, args.data.split, wanted,
                                                              args.model.seq_length, args.training.seed,
                                                              args.data.data_cache_path)
@@ -108,15 +112,16 @@ def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
     return engine, ds_config
 
 
-def report_error(err: ZeroLabError, argv: list[str]) -> None:
+def report_error(message: str, argv: list[str]) -> None:
     if int(os.environ.get("RANK", "0")) != 0:
         time.sleep(ERROR_GRACE_SECONDS)
     # a launch script's flag is named with the variable it came from (megatron/launch/flag_sources.py)
-    print(f"error: {name_sources(str(err), argv)}", file=sys.stderr, flush=True)
+    print(f"error: {name_sources(message, argv)}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str]) -> int:
     silence_known_warnings()
+    peers = None
     try:
         from deepspeed.accelerator import get_accelerator
         args = parse_args(argv, launcher_world_size(), get_accelerator().device_name())
@@ -124,11 +129,18 @@ def main(argv: list[str]) -> int:
         # before DeepSpeed starts: every collective of the run goes through the counter (docs/zero-tradeoff.md)
         comm = comm_counter.install()
         dist_info = initialize_distributed(args.parallel.distributed_timeout_minutes)
+        peers = Peers.gather(dist_info.address)  # who runs where: a lost host is then named
         check_save_folder_is_shared(args.checkpoint.save)  # every host's ranks must write into the same folder
         # the layout's process groups, built once; the data loader, the logging rank and DeepSpeed's mpu use them
-        pretrain(args, tokenizer, replace(dist_info, parallel=ParallelState.build(args.parallel.layout)), comm)
+        timeout = timedelta(minutes=args.parallel.distributed_timeout_minutes)
+        pretrain(args, tokenizer, replace(dist_info, parallel=ParallelState.build(args.parallel.layout, timeout)), comm)
     except ZeroLabError as err:
-        report_error(err, argv)
+        report_error(str(err), argv)
+        return 1
+    except Exception as err:  # a collective that failed because a host is gone is the user's to act on
+        if peers is None or not Peers.is_lost_peer(err):
+            raise
+        report_error(peers.describe(err, args.parallel.distributed_timeout_minutes), argv)
         return 1
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

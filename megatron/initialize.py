@@ -18,6 +18,7 @@ class DistInfo:
     world_size: int
     device: torch.device
     parallel: ParallelState | None = None  # the process groups of the run's layout, once they are built
+    address: str = ""  # this host's address on the interface its ranks use (megatron/launch/network.py)
 
     @property
     def on_cuda(self) -> bool:
@@ -54,7 +55,7 @@ def initialize_distributed(timeout_minutes: float) -> DistInfo:
 
     export_launcher_env()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    said = network.configure(os.environ, one_host=all_ranks_on_this_host())
+    said, address = network.configure(os.environ, one_host=all_ranks_on_this_host())
     if local_rank == 0:
         print(said, flush=True)  # one line per host: which interface and address its ranks use
     accelerator = get_accelerator()
@@ -66,7 +67,7 @@ def initialize_distributed(timeout_minutes: float) -> DistInfo:
     else:
         device = torch.device("cpu")
     return DistInfo(rank=torch.distributed.get_rank(), local_rank=local_rank,
-                    world_size=torch.distributed.get_world_size(), device=device)
+                    world_size=torch.distributed.get_world_size(), device=device, address=address)
 
 
 def set_seed(seed: int) -> None:

@@ -119,6 +119,25 @@ def parallel_layout_runs(dolly_data_dir, tmp_path_factory):
             for name, (ranks, flags) in PARALLEL_LAYOUTS.items()}
 
 
+@pytest.fixture(scope="session")
+def two_hosts():
+    """tools/virtual_cluster.py's cluster for the suite: two hosts (node0, node1) made of namespaces, each
+    mapping its own name to 127.0.1.1 as Debian and Ubuntu do, a per-host /scratch, a real Slurm (slurmctld on
+    node0, a slurmd on each) and sshd on each (for MPICH's mpiexec). Taken down at the end, also after failures;
+    without root the tests that need it skip with the tool's reason."""
+    sys.path.insert(0, str(REPO_ROOT / "tools"))
+    from vcluster import ClusterError, VirtualCluster
+    try:
+        cluster = VirtualCluster.up(hosts=2, name="zltest", loopback_hostname=True, scratch="/scratch", slurm=True,
+                                    ssh=True)
+    except ClusterError as err:
+        pytest.skip(f"no virtual cluster here: {err}")
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
 def driver_env(dolly_data_dir, runs_dir, **overrides):
     """The drivers' settings in the tests: tiny model, 2 CPU ranks, 2 epochs of 2 iterations."""
     return test_env(DATA_PATH=dolly_data_dir / "dolly_text_document", VOCAB_FILE=dolly_data_dir / "gpt2-vocab.json",

@@ -74,11 +74,13 @@ def test_resume_rule_resumes_an_intact_checkpoint_and_moves_everything_else_asid
     run.mkdir()
     (run / "train.log").write_text("an attempt that saved nothing\n")
     (run / "slurm-77.out").write_text("the job that is running now\n")
+    (run / "train.node1.log").write_text("host 1 of a torchrun run over two hosts, started before host 0\n")
     load, said = decide(str(run), fresh=False, environ={"SLURM_JOB_ID": "77"})
     archives = sorted(tmp_path.glob("gpt_tiny_Z1.old-*"))
     assert load is None and len(archives) == 1 and said.endswith(f"are now in {archives[0]}")
     assert [p.name for p in archives[0].iterdir()] == ["train.log"]
-    assert [p.name for p in run.iterdir()] == ["slurm-77.out"]  # the running job's own output stays
+    # what others write for the attempt now starting stays: the running job's output, a further host's log
+    assert sorted(p.name for p in run.iterdir()) == ["slurm-77.out", "train.node1.log"]
 
     committed(run / "checkpoints", "global_step4", {"model.pt": b"weights"}, iteration=4)
     (run / "train.log").write_text("attempt 1\n")

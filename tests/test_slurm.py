@@ -1,9 +1,10 @@
 """Slurm: megatron/launch/dist_env.py under srun, LAUNCHER=srun in the drivers, examples_zero/slurm/train.sbatch.
 
-The dry runs fake an allocation with SLURM_* variables (two nodes exist nowhere here). Everything else
-runs on a real one-node Slurm cluster (tests/slurm_cluster.py: Debian's munged, slurmctld and slurmd,
-installed when missing and started as root for this module), and compares against the same driver
-under torchrun. Without root those tests skip.
+The dry runs fake an allocation with SLURM_* variables. Everything else runs on a real Slurm cluster: the
+suite's two virtual hosts (conftest.two_hosts: tools/virtual_cluster.py with Debian's munged, slurmctld and
+slurmd, installed when missing, each host mapping its own name to 127.0.1.1), jobs submitted from node0, and
+compares against the same driver under torchrun. Jobs over both hosts: tests/test_multi_node.py. Without root
+those tests skip.
 """
 import os
 import re
@@ -19,7 +20,6 @@ from conftest import REPO_ROOT, driver_env
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.checkpointing import protocol
 from megatron.launch.dist_env import SLURM_PORT_BASE, DistEnvError, LauncherEnv, resolve_launcher_env
-from slurm_cluster import SlurmUnavailable, start_cluster
 
 SBATCH = REPO_ROOT / "examples_zero" / "slurm" / "train.sbatch"
 ITERATION_LOSS = re.compile(r"^ iteration +(\d+)/ +(\d+) \|.*\| lm loss: (\S+) \|", re.M)
@@ -166,14 +166,9 @@ def test_driver_with_srun_outside_an_allocation(tmp_path):
 # ---- a real one-node Slurm cluster ----
 
 @pytest.fixture(scope="module")
-def slurm():
-    try:
-        cluster = start_cluster()
-    except SlurmUnavailable as err:
-        pytest.skip(f"no Slurm cluster: {err}")
-    yield cluster
-    cluster.stop()
-    shutil.rmtree(cluster.root, ignore_errors=True)
+def slurm(two_hosts):
+    """The Slurm of the suite's virtual cluster (its client commands run in node0)."""
+    return two_hosts.slurm
 
 
 @pytest.mark.slow  # starts the cluster (and installs Slurm on a fresh machine)
@@ -205,8 +200,9 @@ def job_env(slurm, dolly_data_dir, runs_dir, **extra):
 
 
 def submit(slurm, env, *args) -> str:
-    result = subprocess.run(["sbatch", "--parsable", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                            timeout=60)
+    """sbatch from node0 (where slurmctld is), in the repository."""
+    result = slurm.cluster.run(slurm.host, ["sbatch", "--parsable", *args], cwd=REPO_ROOT, env=env,
+                               capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().split(";")[0]
 

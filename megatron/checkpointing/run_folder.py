@@ -10,7 +10,9 @@ the drivers examples_zero/slurm/train.sbatch) before it starts a run (docs/check
   one line saying which checkpoint is intact.
 
 A Slurm job's own output file in the run folder (`slurm-<SLURM_JOB_ID>.out`) is the job's, still being
-written: it stays where it is.
+written: it stays where it is. So do the files of a run's further hosts under torchrun (`train.node<k>.log`,
+`launcher.node<k>.log`, `command.node<k>.txt`): those hosts start on their own and may be writing them
+already when host 0 asks the rule.
 
     python -m megatron.checkpointing.run_folder RUN_DIR [--fresh] [--dry-run]
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -30,16 +33,19 @@ from megatron.errors import ZeroLabError
 CHECKPOINTS = "checkpoints"
 
 
-def _job_output(environ) -> str | None:
+_FURTHER_HOSTS_FILES = re.compile(r"^(?:(?:train|launcher)\.node\d+\.log|command\.node\d+\.txt)$")
+
+
+def _kept(name: str, environ) -> bool:
+    """Files of the attempt that is starting, written by others than this launch script."""
     job = environ.get("SLURM_JOB_ID")
-    return f"slurm-{job}.out" if job else None
+    return (job is not None and name == f"slurm-{job}.out") or _FURTHER_HOSTS_FILES.match(name) is not None
 
 
 def _run_files(run_dir: str, environ) -> list[str]:
     if not os.path.isdir(run_dir):
         return []
-    keep = _job_output(environ)
-    return sorted(name for name in os.listdir(run_dir) if name != keep)
+    return sorted(name for name in os.listdir(run_dir) if not _kept(name, environ))
 
 
 def _archive_name(run_dir: str) -> str:

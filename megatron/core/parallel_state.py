@@ -13,6 +13,8 @@ pipeline groups [0,4] [1,5] [2,6] [3,7]; model-parallel groups [0,1,4,5] [2,3,6,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
 
 import torch.distributed as dist
 
@@ -108,17 +110,19 @@ class ParallelState:
     model: _Group = field(repr=False)
 
     @classmethod
-    def build(cls, layout: ParallelLayout) -> "ParallelState":
+    def build(cls, layout: ParallelLayout, timeout: timedelta | None = None) -> "ParallelState":
         """Create every group of the layout. With torch.distributed initialized all ranks must
         call this (new_group is collective, even for groups a rank is not in); without it the
-        layout must be a single process and the groups are None (layers then run serially)."""
+        layout must be a single process and the groups are None (layers then run serially).
+        timeout: how long a collective of these groups may wait (torch's new groups do not take the
+        default group's: they would wait its 30-minute default for a lost rank)."""
         if dist.is_available() and dist.is_initialized():
             if dist.get_world_size() != layout.world_size:
                 raise ParallelLayoutError(
                     f"layout is for world size {layout.world_size} but torch.distributed has {dist.get_world_size()}"
                 )
             rank = dist.get_rank()
-            make_group = dist.new_group
+            make_group = partial(dist.new_group, timeout=timeout)
         elif layout.world_size == 1:
             rank = 0
             make_group = None

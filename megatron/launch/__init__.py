@@ -6,6 +6,9 @@
   the cause of a failure as the last line (`python -m megatron.launch.attempt`).
 - `launcher_output`: which output lines are a launcher's own, and what a failed launch died of.
 - `flag_sources`: error messages name the launch script's variable a flag came from.
+- `network`: the interface the ranks of a host use, the one that reaches the master.
+- `lost_peer`: a collective failed because a host is gone, said in one line naming it.
 
-Nothing is imported here; `attempt` and `launcher_output` need only the standard library.
+Nothing is imported here; what the launch scripts run before any rank (`attempt`, `launcher_output`,
+`flag_sources`) imports neither torch nor DeepSpeed.
 """

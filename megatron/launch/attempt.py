@@ -12,6 +12,9 @@ its launcher through this, in place of `tee`:
 - the ranks' `error:` lines are not shown as they come: when the launch fails, the last line printed is
   the one cause (`error: <cause> (launcher's report: RUN/launcher.log)`), once; the exit status is 1 when
   the cause is a rank's own `error:` line (bad input), else the launcher's;
+- a launcher that outlives its failed ranks (torchrun's agent waiting on a rendezvous store behind a cut link)
+  is stopped, with what it started, LINGER_SECONDS after a rank reported its failure, so that a lost host
+  ends the job on every host;
 - SIGTERM or SIGINT to the job's whole process group (a PBS walltime, Slurm's --signal, Ctrl-C) does not
   stop this process: the ranks' `--exit-signal-handler` saves and exits, the launcher ends, and this
   process reads their output to the end. When the ranks stopped on the signal with a checkpoint saved,
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import re
 import shlex
@@ -28,7 +32,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+
+import psutil
 
 from megatron.launch.launcher_output import LAUNCHER, OutputSorter, failure_cause
 
@@ -36,6 +43,9 @@ ATTEMPT_HEADER = "[zero-lab] attempt {number} started {time} UTC on {host}{note}
 _COMMAND_HEADER = re.compile(r"^# attempt (\d+) \|", re.M)
 _STOPPED = re.compile(r"^ exiting program after receiving (\w+) at iteration (\d+) \(checkpoint saved to .*\)$")
 _TAIL_LINES = 400  # of the ranks' output, kept to find the exception a rank died of
+# A launcher still running this long after a rank reported its failure is stopped: launchers end in seconds
+# after a rank fails (torchrun gives the other ranks 30 s), unless they wait on a host that is gone.
+LINGER_SECONDS = 45
 
 
 def next_attempt(command_file: str) -> int:
@@ -62,6 +72,9 @@ class Attempt:
         self.report_lines: list[str] = []
         self.stopped_on: str | None = None  # the signal the ranks saved and stopped on
         self.signalled: str | None = None  # the signal this process received
+        self.process: subprocess.Popen | None = None
+        self.watchdog: threading.Timer | None = None
+        self.stopped_lingering = False
 
     def record_command(self, command: list[str]) -> None:
         with open(self.command_file, "a") as handle:
@@ -82,6 +95,7 @@ class Attempt:
         self.tail.append(line)
         if line.startswith("error: "):
             self.first_error = self.first_error or line
+            self._watch_the_launcher()
             return  # shown once, as the cause, when the launch has failed
         stopped = _STOPPED.match(line)
         if stopped:
@@ -93,6 +107,30 @@ class Attempt:
         for owner, line in labelled:
             (self._launcher_line if owner == LAUNCHER else self._rank_line)(line)
 
+    def _watch_the_launcher(self) -> None:
+        if self.watchdog is None:
+            self.watchdog = threading.Timer(LINGER_SECONDS, self._stop_the_launcher)
+            self.watchdog.daemon = True
+            self.watchdog.start()
+
+    def _stop_the_launcher(self) -> None:
+        """The launcher and everything it started: SIGTERM, then SIGKILL to what is left 10 s later."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.stopped_lingering = True
+        try:
+            tree = [psutil.Process(self.process.pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for member in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.terminate()
+        _, alive = psutil.wait_procs(tree, timeout=10)
+        for member in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+
     def run(self, command: list[str]) -> int:
         def remember(signum, frame):
             self.signalled = signal.Signals(signum).name
@@ -101,14 +139,19 @@ class Attempt:
         self.record_command(command)
         sorter = OutputSorter()
         try:
-            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL)
+            process = self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                      stdin=subprocess.DEVNULL)
         except OSError as err:
             return self.fail(f"cannot start {command[0]} ({err.strerror})", 127)
         for raw in process.stdout:
             self.take(sorter.feed(raw.decode("utf-8", errors="replace").rstrip("\r\n")))
         self.take(sorter.flush())
         status = process.wait()
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+        if self.stopped_lingering:
+            print(f"[run] {self.launcher} was still running {LINGER_SECONDS} s after a rank failed: stopped it and "
+                  f"what it started (its report: {self.report_path})", flush=True)
         if status == 0:
             return 0
         if self.stopped_on is not None and self.signalled is not None:

@@ -30,6 +30,8 @@ _LAUNCHER_LINES = re.compile(
 _OPEN_MPI_RULE = re.compile(r"^-{60,}$")  # Open MPI frames each of its messages between two of these
 _LAUNCHER_FRAME = re.compile(r'File ".*(?:torch/distributed/(?:run\.py|elastic|launcher)|deepspeed/launcher)')
 _TRACEBACK = "Traceback (most recent call last):"
+# torchrun prefixes each line a rank prints on stderr after a failure with "[rankN]: "
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
 
 
 @dataclass
@@ -41,6 +43,7 @@ class OutputSorter:
     traceback: list = field(default_factory=list)
 
     def feed(self, line: str) -> list[tuple[str, str]]:
+        line = _RANK_PREFIX.sub("", line)
         if self.traceback:
             self.traceback.append(line)
             if line[:1].isspace() or line == _TRACEBACK:

@@ -93,15 +93,18 @@ def choose_interface(master: str, one_host: bool) -> InterfaceChoice:
                            f"through {name}")
 
 
-def configure(environ: MutableMapping[str, str], one_host: bool) -> str:
-    """Set the socket interface variables for MASTER_ADDR (unless the user set them); returns the line that
-    says, for this host, which interface and address its ranks use. one_host: every rank runs here."""
+def configure(environ: MutableMapping[str, str], one_host: bool) -> tuple[str, str]:
+    """Set the socket interface variables for MASTER_ADDR (unless the user set them). Returns the line that
+    says, for this host, which interface and address its ranks use, and that address. one_host: every rank
+    runs here."""
     host = socket.gethostname()
     given = {name: environ[name] for name in SOCKET_IFNAME_VARIABLES if environ.get(name)}
     if given:
         set_by_user = ", ".join(f"{name}={value}" for name, value in given.items())
-        return f"[zero-lab] network on {host}: {set_by_user} (set by the user)"
+        address = _interfaces().get(next(iter(given.values())), "")
+        return f"[zero-lab] network on {host}: {set_by_user} (set by the user)", address
     choice = choose_interface(environ.get("MASTER_ADDR", "localhost"), one_host)
     for name in SOCKET_IFNAME_VARIABLES:
         environ[name] = choice.interface
-    return (f"[zero-lab] network on {host}: the ranks use {choice.interface} ({choice.address}); {choice.why}")
+    return (f"[zero-lab] network on {host}: the ranks use {choice.interface} ({choice.address}); {choice.why}",
+            choice.address)

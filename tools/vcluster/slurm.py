@@ -21,7 +21,7 @@ TOOLS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontro
 SLURMCTLD_PORT, SLURMD_PORT = 6817, 6818
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
 
-# The settings of tests/slurm_cluster.py's one-node cluster; %n is the node's name, so each slurmd
+# Settings for a small test cluster (a requeued job starts again within ~20 s); %n is the node's name, so each slurmd
 # of this machine has its own spool, pid file and log.
 SLURM_CONF = """\
 ClusterName={cluster}
@@ -111,7 +111,7 @@ def start(cluster, timeout: float = 90) -> None:
 
 
 class SlurmView:
-    """What tests/slurm_cluster.py's SlurmCluster offers, for a virtual cluster: clients run in the first host."""
+    """The Slurm of a virtual cluster, for tests: its configuration, job states, logs; clients run in the first host."""
 
     def __init__(self, cluster):
         self.cluster = cluster
