@@ -16,12 +16,14 @@ from megatron.core.parallel_state import ParallelState
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo, initialize_distributed, launcher_world_size, set_seed, silence_known_warnings
 from megatron.launch.flag_sources import name_sources
+from megatron.launch.heartbeat import Heartbeat
 from megatron.launch.lost_peer import Peers
 from megatron.startup import check_save_folder_is_shared, prepare_run
 from megatron.training import LoopState, resolve_schedule
 
-# Launchers stop every rank as soon as one fails; a rank other than 0 waits this long before printing its
-# error, so that an error every rank hits is printed once, by rank 0, and one only it hits still shows.
+# Launchers stop every rank as soon as one fails; a rank other than 0 on rank 0's host waits this long before
+# printing its error, so that an error every rank hits is printed once, by rank 0, and one only it hits still
+# shows. Ranks on the other hosts print at once: their host's launcher would stop them before the wait ends.
 ERROR_GRACE_SECONDS = 10.0
 
 
@@ -113,7 +115,8 @@ def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
 
 
 def report_error(message: str, argv: list[str]) -> None:
-    if int(os.environ.get("RANK", "0")) != 0:
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if rank != 0 and rank == local_rank:  # ranks are placed host by host: rank == local rank on rank 0's host
         time.sleep(ERROR_GRACE_SECONDS)
     # a launch script's flag is named with the variable it came from (megatron/launch/flag_sources.py)
     print(f"error: {name_sources(message, argv)}", file=sys.stderr, flush=True)
@@ -131,9 +134,11 @@ def main(argv: list[str]) -> int:
         dist_info = initialize_distributed(args.parallel.distributed_timeout_minutes)
         peers = Peers.gather(dist_info.address)  # who runs where: a lost host is then named
         check_save_folder_is_shared(args.checkpoint.save)  # every host's ranks must write into the same folder
+        heartbeat = Heartbeat(peers).start()  # a silent host ends the job in a minute (megatron/launch/heartbeat.py)
         # the layout's process groups, built once; the data loader, the logging rank and DeepSpeed's mpu use them
         timeout = timedelta(minutes=args.parallel.distributed_timeout_minutes)
         pretrain(args, tokenizer, replace(dist_info, parallel=ParallelState.build(args.parallel.layout, timeout)), comm)
+        heartbeat.stop()
     except ZeroLabError as err:
         report_error(str(err), argv)
         return 1

@@ -1,6 +1,7 @@
 """Fixtures shared by the whole suite: paths, the real dolly sample, a prepared dataset."""
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -136,6 +137,26 @@ def two_hosts():
         yield cluster
     finally:
         cluster.down()
+
+
+# an iteration line's loss; not anchored at a line start: mpiexec may forward a rank's line behind another's
+ITERATION_LOSS = re.compile(r" iteration +(\d+)/ +\d+ \|.*?\| lm loss: (\S+) \|")
+
+
+def iteration_losses(text: str) -> dict[int, str]:
+    """{iteration: loss as printed}; compared as text, i.e. to the last printed digit."""
+    return {int(i): loss for i, loss in ITERATION_LOSS.findall(text)}
+
+
+@pytest.fixture(scope="session")
+def one_host_z1_losses(six_driver_runs):
+    """The Z1 driver on one host, 2 ranks under torchrun, with driver_env's settings (4 iterations): the
+    losses every multi-rank path of the same run must print."""
+    runs, result = six_driver_runs
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = iteration_losses((runs / "gpt_tiny_Z1" / "train.log").read_text())
+    assert sorted(losses) == [1, 2, 3, 4]
+    return losses
 
 
 def driver_env(dolly_data_dir, runs_dir, **overrides):

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from analysis.log_parser import parse_log
-from conftest import REPO_ROOT, free_port
+from conftest import REPO_ROOT, driver_env, free_port
 from conftest import test_env as subprocess_env
 from megatron.data.dataset_sidecar import (DataVocabularyError, check_data_against_model, read_sidecar,
                                            sidecar_path, staleness, tokenizer_record)
@@ -374,3 +374,26 @@ def test_diverged_run_is_summarized_as_diverged(tmp_path, dolly_data_dir):
     assert (row["status"], row["nan_iterations"], row["complete"]) == ("diverged at iteration 4", 2, False)
     assert f"| {row['label']} | diverged at iteration 4 |" in (tmp_path / "runs" / "summary.md").read_text()
     assert parse_log(run_dir / "train.log").diverged_at == 4
+
+
+@pytest.mark.slow
+def test_a_read_only_data_folder_puts_the_index_caches_in_the_run_folder(tmp_path, dolly_data_dir):
+    """A cluster's shared datasets are read-only: the Z1 driver, inside a private mount namespace where the
+    data folder is bind-mounted read-only, trains and writes the dataset index caches into its run folder."""
+    data = tmp_path / "data"
+    shutil.copytree(dolly_data_dir, data, ignore=shutil.ignore_patterns("*.npy"))
+    if shutil.which("unshare") is None or not read_only_mount_works(tmp_path / "data"):
+        pytest.skip("cannot mount a read-only folder here (needs unshare and mount privileges)")
+    env = {**driver_env(dolly_data_dir, tmp_path / "runs"), "DATA_PATH": str(data / "dolly_text_document")}
+    result = subprocess.run(["unshare", "--mount", "sh", "-c",
+                             f"mount --bind '{data}' '{data}' && mount -o remount,bind,ro '{data}' && "
+                             f"exec bash '{REPO_ROOT / 'examples_zero' / 'gpt_deepspeed_Z1.sh'}'"],
+                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "gpt_tiny_Z1"
+    cache = run_dir / "index-cache"
+    assert (f"note: {data} is not writable: the dataset index caches go to {cache} (--data-cache-path)"
+            in (run_dir / "train.log").read_text())
+    assert sorted(path.name.split("_indexmap_")[0] for path in cache.glob("*.npy")) == \
+        ["dolly_text_document_train"] * 3 + ["dolly_text_document_valid"] * 3  # doc, sample and shuffle index
+    assert not list(data.glob("*.npy"))

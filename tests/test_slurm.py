@@ -3,8 +3,7 @@
 The dry runs fake an allocation with SLURM_* variables. Everything else runs on a real Slurm cluster: the
 suite's two virtual hosts (conftest.two_hosts: tools/virtual_cluster.py with Debian's munged, slurmctld and
 slurmd, installed when missing, each host mapping its own name to 127.0.1.1), jobs submitted from node0, and
-compares against the same driver under torchrun. Jobs over both hosts: tests/test_multi_node.py. Without root
-those tests skip.
+compares against the same driver under torchrun on one host. Without root those tests skip.
 """
 import os
 import re
@@ -16,13 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, driver_env
+from conftest import REPO_ROOT, driver_env, iteration_losses
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.checkpointing import protocol
 from megatron.launch.dist_env import SLURM_PORT_BASE, DistEnvError, LauncherEnv, resolve_launcher_env
 
 SBATCH = REPO_ROOT / "examples_zero" / "slurm" / "train.sbatch"
-ITERATION_LOSS = re.compile(r"^ iteration +(\d+)/ +(\d+) \|.*\| lm loss: (\S+) \|", re.M)
 
 # A task srun started: what Slurm 22.05 sets for task 3 of an 8-task step over two nodes.
 SRUN_TASK = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_NTASKS": "8",
@@ -177,21 +175,6 @@ def test_dist_env_expands_node_lists_with_scontrol(slurm):
     assert resolve_launcher_env(environ).master_addr == "node09"
 
 
-def iteration_losses(text: str) -> dict[int, str]:
-    """{iteration: loss as printed}; the printed loss is compared as text, i.e. to the last digit."""
-    return {int(i): loss for i, _, loss in ITERATION_LOSS.findall(text)}
-
-
-@pytest.fixture(scope="module")
-def torchrun_losses(six_driver_runs):
-    """The Z1 driver under torchrun with driver_env's settings (conftest.six_driver_runs: 4 iterations)."""
-    runs, result = six_driver_runs
-    assert result.returncode == 0, result.stderr[-3000:]
-    losses = iteration_losses((runs / "gpt_tiny_Z1" / "train.log").read_text())
-    assert sorted(losses) == [1, 2, 3, 4]
-    return losses
-
-
 def job_env(slurm, dolly_data_dir, runs_dir, **extra):
     """The driver settings of the torchrun run, for a job: the port is left to dist_env (from the job id)."""
     env = slurm.env(driver_env(dolly_data_dir, runs_dir, **extra))
@@ -208,14 +191,41 @@ def submit(slurm, env, *args) -> str:
 
 
 @pytest.mark.slow
-def test_sbatch_wrap_of_a_driver_trains_like_torchrun(slurm, dolly_data_dir, torchrun_losses, tmp_path):
+def test_sbatch_wrap_of_a_driver_trains_like_torchrun(slurm, dolly_data_dir, one_host_z1_losses, tmp_path):
     """`sbatch -n 2 --wrap "LAUNCHER=srun bash examples_zero/gpt_deepspeed_Z1.sh"`."""
     job = submit(slurm, job_env(slurm, dolly_data_dir, tmp_path), "-n", "2", f"--output={tmp_path}/slurm-%j.out",
                  "--wrap", "LAUNCHER=srun bash examples_zero/gpt_deepspeed_Z1.sh")
     info = slurm.wait(job, timeout=300)
     output = (tmp_path / f"slurm-{job}.out").read_text()
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), output[-3000:]
-    assert iteration_losses(output) == torchrun_losses
+    assert iteration_losses(output) == one_host_z1_losses
+
+
+@pytest.mark.slow
+def test_jobs_over_two_nodes_train_like_one_host(slurm, dolly_data_dir, one_host_z1_losses, tmp_path):
+    """`sbatch -N 2 --wrap "LAUNCHER=srun bash examples_zero/gpt_deepspeed_Z1.sh"` and `EXPERIMENT=Z1 sbatch -N 2
+    examples_zero/slurm/train.sbatch`, one task per node, submitted together: each rank on its own host (whose
+    name maps to 127.0.1.1 there), the losses of the one-host run with the same global batch."""
+    wrapped, script = tmp_path / "wrap", tmp_path / "sbatch"
+    wrapped.mkdir(), script.mkdir()  # Slurm writes --output into an existing folder only
+    jobs = {
+        wrapped: submit(slurm, job_env(slurm, dolly_data_dir, wrapped), "-N", "2", "--ntasks-per-node", "1",
+                        f"--output={wrapped}/slurm-%j.out", "--wrap",
+                        "LAUNCHER=srun bash examples_zero/gpt_deepspeed_Z1.sh"),
+        script: submit(slurm, job_env(slurm, dolly_data_dir, script, EXPERIMENT="Z1"), "-N", "2",
+                       "--ntasks-per-node", "1", f"--output={script}/slurm-%j.out", str(SBATCH)),
+    }
+    for runs, job in jobs.items():
+        info = slurm.wait(job, timeout=400)
+        log = (runs / "gpt_tiny_Z1" / "train.log").read_text()
+        assert (info["JobState"], info["ExitCode"], info["NumNodes"]) == ("COMPLETED", "0:0", "2"), log[-3000:]
+        assert " > run info | zero stage: 1 | offload: none | model: tiny | world size: 2 |" in log
+        for host, address in (("node0", "10.250.0.1"), ("node1", "10.250.0.2")):
+            assert f"[zero-lab] network on {host}: the ranks use eth0 ({address})" in log
+        losses = iteration_losses(log)
+        assert sorted(losses) == sorted(one_host_z1_losses)
+        assert [float(losses[i]) for i in losses] == pytest.approx(
+            [float(one_host_z1_losses[i]) for i in losses], rel=1e-5)
 
 
 def wait_for_text(path: Path, pattern: str, timeout: float) -> None:
@@ -226,7 +236,7 @@ def wait_for_text(path: Path, pattern: str, timeout: float) -> None:
 
 
 @pytest.mark.slow
-def test_signalled_job_requeues_and_resumes_without_losing_a_step(slurm, dolly_data_dir, torchrun_losses,
+def test_signalled_job_requeues_and_resumes_without_losing_a_step(slurm, dolly_data_dir, one_host_z1_losses,
                                                                   tmp_path):
     """`EXPERIMENT=Z1 sbatch examples_zero/slurm/train.sbatch`, 2 tasks, and SIGTERM mid-run (what --signal
     sends before the time limit, and preemption): the ranks save and exit 0, the script requeues the job,
@@ -257,7 +267,7 @@ def test_signalled_job_requeues_and_resumes_without_losing_a_step(slurm, dolly_d
     assert sorted(iteration_losses(attempts[1])) == list(range(stop + 1, 5))
     assert f"[run] resuming from global_step{stop} in {run_dir / 'checkpoints'}" in attempts[1]
     # every step exactly once, loss for loss what the uninterrupted torchrun run printed
-    assert {**iteration_losses(attempts[0]), **iteration_losses(attempts[1])} == torchrun_losses
+    assert {**iteration_losses(attempts[0]), **iteration_losses(attempts[1])} == one_host_z1_losses
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step4"
 
 

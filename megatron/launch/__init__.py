@@ -8,6 +8,7 @@
 - `flag_sources`: error messages name the launch script's variable a flag came from.
 - `network`: the interface the ranks of a host use, the one that reaches the master.
 - `lost_peer`: a collective failed because a host is gone, said in one line naming it.
+- `heartbeat`: a host that falls silent (a cut link) ends the job within a minute.
 
 Nothing is imported here; what the launch scripts run before any rank (`attempt`, `launcher_output`,
 `flag_sources`) imports neither torch nor DeepSpeed.

@@ -51,15 +51,17 @@ class Peers:
             [peer for peer in self.peers if peer.rank != self.rank]
 
     def describe(self, error: BaseException, timeout_minutes: float) -> str:
-        """One line: which ranks (and hosts) this rank lost, and what to do."""
-        named = self._named(error)
+        """One line: which ranks (and hosts) a failed collective lost, and what to do."""
+        if "Timed out" in str(error):
+            how = f"no answer within --distributed-timeout-minutes {timeout_minutes:g}: its host is down or cut off"
+        else:
+            how = "its connection closed: its process or host is gone"
+        return self.lost(self._named(error), how)
+
+    def lost(self, named: list[Peer], how: str) -> str:
         hosts = sorted({peer.host for peer in named})
         ranks = ", ".join(str(peer.rank) for peer in named)
         where = ", ".join(f"{host} ({next(p.address for p in named if p.host == host)})" for host in hosts)
-        if "Timed out" in str(error):
-            how = (f"no answer within --distributed-timeout-minutes {timeout_minutes:g}: its host is down or cut off")
-        else:
-            how = "its connection closed: its process or host is gone"
         plural = "s" if len(named) > 1 else ""
         return (f"lost rank{plural} {ranks} on {where}: {how}; the last checkpoint resumes on the hosts left "
                 "with --universal-checkpoint (docs/multi-node.md)")

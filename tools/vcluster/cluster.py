@@ -19,7 +19,7 @@ from . import slurm as slurm_mode
 from . import ssh as ssh_mode
 from .build import build
 from .options import ClusterOptions, check_name
-from .procs import Proc, netns_inode, pids_in_netns
+from .procs import Proc, forks_of, netns_inode, pids_in_netns
 from .state import ClusterState, Host, netns_prefix, state_dir
 from .system import ClusterError, require_root_and_namespaces
 from .teardown import namespace_inodes, orphaned_namespaces, processes_inside, take_down
@@ -125,10 +125,13 @@ class VirtualCluster:
         return processes_inside(self.state)
 
     def pids_in(self, host: str | int) -> list[int]:
-        """Every live process inside `host` but its keeper and the cluster's daemons: what was run there."""
+        """Every live process inside `host` but its keeper, the cluster's daemons and their forks: what was run
+        there."""
         inode = netns_inode(f"/run/netns/{self.host(host).netns}")
         own = {proc.pid for proc in [*self.keepers(), *self.state.daemons]}
-        return [pid for pid in pids_in_netns({inode} - {None}) if pid not in own]
+        inside = pids_in_netns({inode} - {None})
+        own |= forks_of(own, inside)  # the daemons' own helpers (slurmctld's slurmscriptd)
+        return [pid for pid in inside if pid not in own]
 
     @property
     def slurm(self) -> "slurm_mode.SlurmView | None":

@@ -64,6 +64,32 @@ def pids_in_netns(inodes: set[int]) -> list[int]:
     return found
 
 
+def parent_pid(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields else None
+
+
+def executable(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+def forks_of(pids: set[int], candidates: list[int]) -> set[int]:
+    """The candidates that are copies of one of `pids` (a child with its parent's executable, as slurmctld's
+    slurmscriptd or sshd's per-connection process), through any number of such copies."""
+    forks = set(pids)
+    for pid in sorted(candidates):  # parents start before their children, so mostly have lower PIDs
+        chain, current = [], pid
+        while current not in forks and current not in (None, 0, 1) and len(chain) < 64:
+            chain.append(current)
+            current = parent_pid(current)
+        if current in forks and all(executable(p) == executable(parent_pid(p)) for p in chain):
+            forks.update(chain)
+    return forks - set(pids)
+
+
 def _signal(pid: int, start: int, sig: int) -> None:
     if start_time(pid) == start:
         try:
