@@ -164,7 +164,10 @@ fi
 # wheelhouse: a GPU machine builds its CUDA ops, against its toolkit, at their first use.
 if [[ -z "$WHEELHOUSE" ]] && ! command -v nvidia-smi >/dev/null 2>&1; then
     echo "[setup] building DeepSpeed's CPU ops (cpu_adam, async_io, ...): minutes the first time, seconds after"
-    run env DS_ACCELERATOR=cpu PATH="$VENV_DIR/bin:$PATH" "$VENV_DIR/bin/python" -c '
+    # the venv's ninja, by an absolute path: torch runs ninja inside the build folder, where a relative PATH
+    # entry finds nothing, and a build recorded by another ninja (Debian's) is rebuilt by the venv's at first use
+    venv_bin=$VENV_DIR/bin; [[ "$venv_bin" == /* ]] || venv_bin=$PWD/$venv_bin
+    run env DS_ACCELERATOR=cpu PATH="$venv_bin:$PATH" "$VENV_DIR/bin/python" -c '
 from deepspeed.accelerator import get_accelerator
 for name in ("ShareMemCommBuilder", "CPUAdamBuilder", "PinMemoryBuilder", "AsyncIOBuilder"):
     builder = get_accelerator().create_op_builder(name)

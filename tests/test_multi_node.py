@@ -40,7 +40,7 @@ class TwoHostRun:
     """The Z1 driver under torchrun on both hosts (NNODES=2, one rank each), output to files per host.
     Whatever is still running inside the hosts at the end is ended by PID."""
 
-    def __init__(self, cluster, env: dict, tmp_path: Path, *args: str):
+    def __init__(self, cluster, env: dict, tmp_path: Path, *args: str, ranks_per_host: int = 1):
         self.cluster, self.outputs = cluster, {host: tmp_path / f"{host}.out" for host in HOSTS}
         port = free_port()
         self.processes = {}
@@ -48,8 +48,8 @@ class TwoHostRun:
             with open(self.outputs[host], "w") as output:
                 self.processes[host] = cluster.popen(
                     host, ["bash", str(Z1), *args], cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT,
-                    env={**env, "NNODES": "2", "NODE_RANK": str(node_rank), "NGPUS": "1", "MASTER_ADDR": "node0",
-                         "MASTER_PORT": str(port)})
+                    env={**env, "NNODES": "2", "NODE_RANK": str(node_rank), "NGPUS": str(ranks_per_host),
+                         "MASTER_ADDR": "node0", "MASTER_PORT": str(port)})
 
     def wait(self, timeout: float) -> dict[str, float]:
         """{host: seconds until its driver ended}; fails after `timeout`."""
@@ -105,6 +105,21 @@ def test_torchrun_over_two_hosts_trains_like_one_host(two_host_runs, dolly_data_
     assert ("[zero-lab] network on node1: the ranks use eth0 (10.250.0.2); the route to the master node0 "
             "(10.250.0.1) leaves by it") in node1_log
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step4"
+
+
+def test_two_hosts_of_two_ranks_train_like_four_ranks_on_one_host(two_host_runs, dolly_data_dir, tmp_path):
+    """2 x 2: ranks 0-1 on node0, 2-3 on node1 (micro-batch 2, global batch 8), against 4 ranks on one host."""
+    one_host = subprocess.run(["bash", str(Z1)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                              env=driver_env(dolly_data_dir, tmp_path / "one", NGPUS=4, MICRO_BATCH=2))
+    assert one_host.returncode == 0, one_host.stdout[-3000:] + one_host.stderr[-3000:]
+    run = two_host_runs(driver_env(dolly_data_dir, tmp_path / "two", MICRO_BATCH=2), tmp_path, ranks_per_host=2)
+    run.wait(timeout=300)
+    assert run.returncodes() == {"node0": 0, "node1": 0}, run.tails()
+    log = (tmp_path / "two" / "gpt_tiny_Z1" / "train.log").read_text()
+    assert " > run info | zero stage: 1 | offload: none | model: tiny | world size: 4 | micro batch: 2 | " \
+           "global batch: 8 |" in log
+    want = iteration_losses((tmp_path / "one" / "gpt_tiny_Z1" / "train.log").read_text())
+    assert sorted(want) == [1, 2, 3, 4] and same_losses(iteration_losses(log), want), log[-3000:]
 
 
 def test_alcf_over_two_hosts_with_mpiexec_over_ssh(cluster, dolly_data_dir, one_host_z1_losses, tmp_path):
