@@ -110,13 +110,13 @@ def test_drivers_share_their_settings(driver_runs):
         flags = flags[flags.index(next(f for f in flags if f.endswith("pretrain_gpt.py"))) + 1:]
         # everything except the experiment's own ZeRO/offload flags and its run folder
         drop = {"--zero-stage", "--zero-offload-optimizer", "--zero-offload-params", "--run-dir", "--tensorboard-dir",
-                "--save", "--zero-nvme-path"}
+                "--save", "--load", "--zero-nvme-path"}
         kept, skip = [], False
         for flag in flags:
             if skip:
                 skip = False
             elif flag in drop:
-                skip = flag in ("--zero-stage", "--run-dir", "--tensorboard-dir", "--save", "--zero-nvme-path")
+                skip = flag in ("--zero-stage", "--run-dir", "--tensorboard-dir", "--save", "--load", "--zero-nvme-path")
             else:
                 kept.append(flag)
         return kept

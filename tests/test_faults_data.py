@@ -158,8 +158,11 @@ def driver_while_tokenizing(data, big_dolly, gpt2):
     .bin: (the driver process, its descendants then)."""
     env = subprocess_env(DATA_DIR=data, DOLLY_JSONL=big_dolly, VOCAB_FILE=gpt2.vocab_file, MERGE_FILE=gpt2.merge_file,
                          WORKERS=2)
+    # SIGINT as a terminal delivers it: a suite started in the background of a shell inherits it ignored,
+    # and a shell cannot trap a signal that was ignored when it started
     proc = subprocess.Popen(["bash", str(DRIVER)], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def tokenizing():
         family = psutil.Process(proc.pid).children(recursive=True)

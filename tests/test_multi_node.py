@@ -110,9 +110,9 @@ def test_torchrun_over_two_hosts_trains_like_one_host(two_host_runs, dolly_data_
 def test_two_hosts_of_two_ranks_train_like_four_ranks_on_one_host(two_host_runs, dolly_data_dir, tmp_path):
     """2 x 2: ranks 0-1 on node0, 2-3 on node1 (micro-batch 2, global batch 8), against 4 ranks on one host."""
     one_host = subprocess.run(["bash", str(Z1)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                              env=driver_env(dolly_data_dir, tmp_path / "one", NGPUS=4, MICRO_BATCH=2))
+                              env={**driver_env(dolly_data_dir, tmp_path / "one", NGPUS=4), "MICRO_BATCH": "2"})
     assert one_host.returncode == 0, one_host.stdout[-3000:] + one_host.stderr[-3000:]
-    run = two_host_runs(driver_env(dolly_data_dir, tmp_path / "two", MICRO_BATCH=2), tmp_path, ranks_per_host=2)
+    run = two_host_runs({**driver_env(dolly_data_dir, tmp_path / "two"), "MICRO_BATCH": "2"}, tmp_path, ranks_per_host=2)
     run.wait(timeout=300)
     assert run.returncodes() == {"node0": 0, "node1": 0}, run.tails()
     log = (tmp_path / "two" / "gpt_tiny_Z1" / "train.log").read_text()

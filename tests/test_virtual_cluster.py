@@ -6,10 +6,12 @@ namespaces, no state folder. All traffic goes between the namespaces made here, 
 exist only inside them. Without root (or without namespaces) every test skips with the tool's reason.
 """
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -295,9 +297,21 @@ def test_loopback_hostname_and_scratch(make_cluster, tmp_path):
 
 
 def test_refuses_without_root(cli_name):
+    """As nobody: the tool (standard library only) is copied where nobody may read it, since the checkout may
+    sit in a folder only root can enter (CI's clone in a mktemp folder), and run by the system's python."""
     name = cli_name("n")
-    result = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", PYTHON, str(TOOL),
-                             "--name", name, "up", "--hosts", "2"], capture_output=True, text=True)
+    readable = Path(tempfile.mkdtemp(prefix="zl-vcluster-", dir="/tmp"))
+    try:
+        shutil.copy(TOOL, readable / TOOL.name)
+        shutil.copytree(TOOL.parent / "vcluster", readable / "vcluster", ignore=shutil.ignore_patterns("__pycache__"))
+        for path in [readable, *readable.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        python = shutil.which("python3", path="/usr/bin:/bin") or PYTHON
+        result = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", python,
+                                 str(readable / TOOL.name), "--name", name, "up", "--hosts", "2"],
+                                capture_output=True, text=True)
+    finally:
+        shutil.rmtree(readable)
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         "error: virtual_cluster needs root to make and enter namespaces, links and mounts (running as uid 65534)"]
