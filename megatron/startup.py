@@ -45,8 +45,7 @@ def require_writable_folder(flag: str, path: str | None) -> None:
 def require_readable(flag: str, path: str) -> None:
     """An existing file can still be unreadable (permissions, a broken network mount)."""
     try:
-        with open(path, "rb"):
-            pass
+        open(path, "rb").close()
     except OSError as err:
         raise StartupError(f"{flag}: {path} cannot be read ({err.strerror})") from None
 

@@ -6,6 +6,7 @@ Every rank binds and advertises the address that routes to the master (megatron/
 the runs below give the one-host run's losses. The Slurm jobs over both hosts are in test_slurm.py.
 Without root these tests skip.
 """
+import contextlib
 import os
 import re
 import signal
@@ -74,10 +75,8 @@ class TwoHostRun:
     def end_what_is_left(self) -> None:
         for host in HOSTS:
             for pid in self.cluster.pids_in(host):
-                try:
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         for process in self.processes.values():
             process.wait(timeout=30)
 
