@@ -92,6 +92,25 @@ def test_resume_rule_resumes_an_intact_checkpoint_and_moves_everything_else_asid
     assert len(list(tmp_path.glob("gpt_tiny_Z1.old-*"))) == 2  # both earlier runs kept, apart
 
 
+def test_fresh_applies_to_a_slurm_jobs_first_start_only(tmp_path):
+    """sbatch gives every requeue the submitting environment, FRESH=1 included: a requeue resumes what the job
+    saved; the job's first start (SLURM_RESTART_COUNT 0 or unset) starts afresh."""
+    run = tmp_path / "gpt_tiny_Z1"
+    committed(run / "checkpoints", "global_step3", {"model.pt": b"weights"}, iteration=3)
+    (run / ".zero-lab.lock").write_text("pid 1 on node0\n")  # the lock of the launch asking: never moved
+    requeued = {"SLURM_JOB_ID": "88", "SLURM_RESTART_COUNT": "2"}
+    load, said = decide(str(run), fresh=True, environ=requeued)
+    assert load == str(run / "checkpoints")
+    assert said == (f"resuming from global_step3 in {run / 'checkpoints'}: FRESH=1 applies to the job's first start "
+                    "only, and this is requeue 2 of Slurm job 88")
+    assert not list(tmp_path.glob("gpt_tiny_Z1.old-*"))
+    load, said = decide(str(run), fresh=True, environ={"SLURM_JOB_ID": "88", "SLURM_RESTART_COUNT": "0"})
+    assert load is None and said.startswith("starting afresh (FRESH=1): the old files")
+    [archive] = tmp_path.glob("gpt_tiny_Z1.old-*")
+    assert (archive / "checkpoints" / "latest").is_file()
+    assert [p.name for p in run.iterdir()] == [".zero-lab.lock"]
+
+
 def test_resume_rule_refuses_a_broken_latest_in_one_line(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)

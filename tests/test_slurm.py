@@ -126,10 +126,13 @@ def test_dry_run_of_a_job_whose_run_folder_has_a_checkpoint_resumes(tmp_path):
     protocol.commit(str(checkpoints), "global_step4", {"iteration": 4})
     for restarts in ("1", "0"):
         result = dry_run(two_node_allocation(tmp_path, SLURM_RESTART_COUNT=restarts))
-        assert f" --load {checkpoints} " in srun_line(result) + " "
-        assert f"[run] resuming from global_step4 in {checkpoints}" in result.stderr
+        assert f"[run] resuming from global_step4 in {checkpoints} (FRESH=1 starts" in result.stderr
     fresh = dry_run(two_node_allocation(tmp_path, FRESH="1"))
     assert "[run] starting afresh (FRESH=1): would move the old files" in fresh.stderr
+    # sbatch hands FRESH=1 to every requeue too: there it resumes what the job saved
+    requeued = dry_run(two_node_allocation(tmp_path, FRESH="1", SLURM_RESTART_COUNT="1"))
+    assert (f"[run] resuming from global_step4 in {checkpoints}: FRESH=1 applies to the job's first start only, "
+            "and this is requeue 1 of Slurm job") in requeued.stderr
     assert (checkpoints / "latest").is_file()  # a dry run moves nothing
 
 
@@ -238,12 +241,18 @@ def wait_for_text(path: Path, pattern: str, timeout: float) -> None:
 @pytest.mark.slow
 def test_signalled_job_requeues_and_resumes_without_losing_a_step(slurm, dolly_data_dir, one_host_z1_losses,
                                                                   tmp_path):
-    """`EXPERIMENT=Z1 sbatch examples_zero/slurm/train.sbatch`, 2 tasks, and SIGTERM mid-run (what --signal
-    sends before the time limit, and preemption): the ranks save and exit 0, the script requeues the job,
-    the requeued job resumes from the checkpoint; iterations 1-6 each run once, with torchrun's losses."""
-    job = submit(slurm, job_env(slurm, dolly_data_dir, tmp_path, EXPERIMENT="Z1"),
-                 f"--output={tmp_path}/slurm-%j.out", str(SBATCH))
+    """`FRESH=1 EXPERIMENT=Z1 sbatch examples_zero/slurm/train.sbatch`, 2 tasks, over an earlier run's checkpoint,
+    and SIGTERM mid-run (what --signal sends before the time limit, and preemption): the first start puts the
+    earlier run aside, the ranks save and exit 0, the script requeues the job, and the requeued job (which sbatch
+    gives FRESH=1 again) resumes from the job's own checkpoint; iterations 1-4 each run once, with torchrun's
+    losses."""
     run_dir = tmp_path / "gpt_tiny_Z1"
+    earlier = run_dir / "checkpoints"
+    protocol.prepare_save(str(earlier), "global_step9")
+    (earlier / protocol.staging_tag("global_step9")).mkdir()
+    protocol.commit(str(earlier), "global_step9", {"iteration": 9})
+    job = submit(slurm, job_env(slurm, dolly_data_dir, tmp_path, EXPERIMENT="Z1", FRESH="1"),
+                 f"--output={tmp_path}/slurm-%j.out", str(SBATCH))
     wait_for_text(run_dir / "train.log", r"^ iteration +1/ +4 \|", timeout=300)
     slurm.command("scancel", "--signal=TERM", job)
     info = slurm.wait(job, timeout=400)
@@ -265,7 +274,11 @@ def test_signalled_job_requeues_and_resumes_without_losing_a_step(slurm, dolly_d
     assert len(attempts) == 2, output[-4000:]
     assert sorted(iteration_losses(attempts[0])) == list(range(1, stop + 1))
     assert sorted(iteration_losses(attempts[1])) == list(range(stop + 1, 5))
-    assert f"[run] resuming from global_step{stop} in {run_dir / 'checkpoints'}" in attempts[1]
+    assert "[run] starting afresh (FRESH=1): the old files of" in attempts[0]
+    [archive] = tmp_path.glob("gpt_tiny_Z1.old-*")
+    assert (archive / "checkpoints" / "latest").read_text().strip() == "global_step9"
+    assert (f"[run] resuming from global_step{stop} in {run_dir / 'checkpoints'}: FRESH=1 applies to the job's "
+            f"first start only, and this is requeue 1 of Slurm job {job}") in attempts[1]
     # every step exactly once, loss for loss what the uninterrupted torchrun run printed
     assert {**iteration_losses(attempts[0]), **iteration_losses(attempts[1])} == one_host_z1_losses
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step4"

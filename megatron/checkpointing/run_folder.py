@@ -4,7 +4,9 @@ the drivers examples_zero/slurm/train.sbatch) before it starts a run (docs/check
 - a run whose run folder holds an intact checkpoint (`<run>/checkpoints/latest` naming a complete one)
   resumes from it;
 - a fresh start is asked for explicitly (FRESH=1, `--fresh` here); the run folder's old files are then
-  moved, whole, to `<run>.old-<UTC time>/`, so the new run never mixes with them and nothing is lost;
+  moved, whole, to `<run>.old-<UTC time>/`, so the new run never mixes with them and nothing is lost.
+  It applies to a Slurm job's first start only: sbatch hands the submitting environment, FRESH=1 included, to
+  every requeue (SLURM_RESTART_COUNT > 0), which resumes the checkpoint the job itself saved;
 - a run folder with files but no checkpoint (an attempt that saved nothing) is moved aside the same way;
 - `latest` naming an incomplete checkpoint (edited by hand: saves never leave one) stops the launch with
   one line saying which checkpoint is intact.
@@ -34,12 +36,15 @@ CHECKPOINTS = "checkpoints"
 
 
 _FURTHER_HOSTS_FILES = re.compile(r"^(?:(?:train|launcher)\.node\d+\.log|command\.node\d+\.txt)$")
+# the launch lock (scripts/launch_common.sh), held by the launch asking the rule: never moved from under it
+LOCK_FILES = re.compile(r"^\.zero-lab(?:\.node\d+)?\.lock$")
 
 
 def _kept(name: str, environ) -> bool:
     """Files of the attempt that is starting, written by others than this launch script."""
     job = environ.get("SLURM_JOB_ID")
-    return (job is not None and name == f"slurm-{job}.out") or _FURTHER_HOSTS_FILES.match(name) is not None
+    return ((job is not None and name == f"slurm-{job}.out") or _FURTHER_HOSTS_FILES.match(name) is not None
+            or LOCK_FILES.match(name) is not None)
 
 
 def _run_files(run_dir: str, environ) -> list[str]:
@@ -66,16 +71,28 @@ def move_aside(run_dir: str, names: list[str]) -> str:
     return target
 
 
+def _slurm_requeue(environ) -> str:
+    """'requeue N of Slurm job J' when this is a requeued start of a Slurm job, else ''."""
+    restarts = environ.get("SLURM_RESTART_COUNT", "0")
+    if not restarts.isdigit() or int(restarts) == 0:
+        return ""
+    return f"requeue {restarts} of Slurm job {environ.get('SLURM_JOB_ID', '?')}"
+
+
 def decide(run_dir: str, fresh: bool, dry_run: bool = False, environ=os.environ) -> tuple[str | None, str]:
     """(the checkpoint folder to resume, or None for a fresh start; one line saying what was decided)."""
     checkpoints = os.path.join(run_dir, CHECKPOINTS)
     names = _run_files(run_dir, environ)
-    if not fresh and read_latest(checkpoints) is not None:
+    requeue = _slurm_requeue(environ) if fresh else ""
+    if (not fresh or requeue) and read_latest(checkpoints) is not None:
         try:
             tag = check_resumable(checkpoints)
         except CheckpointError as err:
             raise CheckpointError(f"{err}; or FRESH=1 to start the run afresh (its old files are kept in "
                                   f"{run_dir}.old-<time>)") from None
+        if requeue:
+            return checkpoints, (f"resuming from {tag} in {checkpoints}: FRESH=1 applies to the job's first start "
+                                 f"only, and this is {requeue}")
         return checkpoints, f"resuming from {tag} in {checkpoints} (FRESH=1 starts the run afresh instead)"
     if not names:
         return None, f"starting {run_dir} afresh"
