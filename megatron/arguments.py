@@ -14,9 +14,15 @@ import deepspeed
 import torch
 
 from megatron.core.parallel_state import ParallelLayout
-from megatron.deepspeed_json import MISSING, DeepSpeedJSONError, merge_flags, read_deepspeed_json
+from megatron.deepspeed_json import (
+    MISSING,
+    DeepSpeedJSONError,
+    merge_flags,
+    read_deepspeed_json,
+    refuse_unused_sections,
+)
 from megatron.errors import ZeroLabError
-from megatron.layout_check import batch_split
+from megatron.layout_check import BatchError, batch_split
 from megatron.model.config import GPTConfig, parallel_shape_problems
 from megatron.model.presets import MODEL_PRESETS
 from megatron.tokenizer import TokenizerConfig
@@ -239,8 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--train-iters", type=int, default=None)
     train.add_argument("--train-samples", type=int, default=None)
     train.add_argument("--train-epochs", type=float, default=None, help="zero-lab extra: passes over the train split")
-    train.add_argument("--micro-batch-size", type=int, required=True)
-    train.add_argument("--global-batch-size", type=int, default=None)
+    train.add_argument("--micro-batch-size", type=int, default=None,
+                       help="required unless the JSON gives train_micro_batch_size_per_gpu")
+    train.add_argument("--global-batch-size", type=int, default=None,
+                       help="default: the JSON's train_batch_size, else micro batch x the JSON's "
+                            "gradient_accumulation_steps (else 1) x data-parallel size")
     train.add_argument("--seed", type=int, default=1234)
     train.add_argument("--max-nan-iterations", type=int, default=10)
     train.add_argument("--exit-interval", type=int, default=None,
@@ -312,9 +321,48 @@ def _model_config(ns, params_dtype: torch.dtype) -> GPTConfig:
                      params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel)
 
 
-def _training_args(ns, layout: ParallelLayout, shared: dict) -> TrainingArgs:
-    global_batch, accumulation = batch_split(layout, shared["micro_batch_size"], _value(shared, "global_batch_size"))
-    return TrainingArgs(micro_batch_size=shared["micro_batch_size"], global_batch_size=global_batch,
+def _json_count(config: dict, key: str, path: str):
+    """A batch count the JSON gives (None when it does not); it must be an integer >= 1."""
+    value = config.get(key)
+    _require(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+             f"--deepspeed_config {path}: {key} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _batch_sizes(ns, layout: ParallelLayout, shared: dict, user_config: dict | None) -> tuple[int, int, int]:
+    """(micro batch, global batch, gradient accumulation steps) from the flags and the --deepspeed_config JSON, by
+    DeepSpeed's rule train_batch_size = micro batch x gradient_accumulation_steps x data-parallel size. A message
+    names each value by the flag that gave it, or else by its JSON key."""
+    path, config = ns.deepspeed_config, user_config or {}
+    for key in ("train_micro_batch_size_per_gpu", "train_batch_size"):
+        _json_count(config, key, path)
+    steps = _json_count(config, "gradient_accumulation_steps", path)  # no flag gives it
+    micro, global_batch = _value(shared, "micro_batch_size"), _value(shared, "global_batch_size")
+    _require(micro is not None, "--micro-batch-size is required (or train_micro_batch_size_per_gpu in "
+             + (f"--deepspeed_config {path})" if path else "a --deepspeed_config JSON)"))
+    micro_name = "--micro-batch-size" if ns.micro_batch_size is not None else "train_micro_batch_size_per_gpu"
+    global_name = "--global-batch-size" if ns.global_batch_size is not None else "train_batch_size"
+    _require(micro >= 1, f"--micro-batch-size must be >= 1, got {micro}")
+    dp = layout.data_parallel_size
+    if global_batch is None and steps is not None:
+        global_batch = micro * steps * dp
+    try:
+        global_batch, accumulation = batch_split(layout, micro, global_batch)
+    except BatchError as err:
+        if path is None or (micro_name, global_name) == ("--micro-batch-size", "--global-batch-size"):
+            raise
+        raise ConfigError(f"--deepspeed_config {path}: {global_name} {global_batch} is not divisible by {micro_name} "
+                          f"{micro} x data-parallel size {dp}") from err
+    if steps is not None and steps != accumulation:
+        raise ConfigError(f"--deepspeed_config {path}: {global_name} {global_batch} is not {micro_name} {micro} x "
+                          f"gradient_accumulation_steps {steps} x data-parallel size {dp} (= {micro * steps * dp}, "
+                          "DeepSpeed's rule): make them agree, or give only two of them")
+    return micro, global_batch, accumulation
+
+
+def _training_args(ns, layout: ParallelLayout, shared: dict, user_config: dict | None) -> TrainingArgs:
+    micro, global_batch, accumulation = _batch_sizes(ns, layout, shared, user_config)
+    return TrainingArgs(micro_batch_size=micro, global_batch_size=global_batch,
                         gradient_accumulation_steps=accumulation,
                         train_iters=ns.train_iters, train_samples=ns.train_samples, train_epochs=ns.train_epochs,
                         seed=ns.seed, max_nan_iterations=ns.max_nan_iterations,
@@ -332,6 +380,7 @@ def _shared_settings(ns) -> tuple[dict | None, dict]:
     and the JSON share), by megatron/deepspeed_json.py's one rule."""
     try:
         user = read_deepspeed_json(ns.deepspeed_config)
+        refuse_unused_sections(user, ns.deepspeed_config)
         merged, shared = merge_flags(user, vars(ns), ns.deepspeed_config)
     except DeepSpeedJSONError as err:
         raise ConfigError(str(err)) from None
@@ -396,7 +445,7 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
                                 lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,
                                 clip_grad=_value(shared, "clip_grad", 1.0), adam_beta1=ns.adam_beta1,
                                 adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps),
-        training=_training_args(ns, layout, shared),
+        training=_training_args(ns, layout, shared, user_config),
         data=DataArgs(data_path=ns.data_path or [], split=ns.split, data_cache_path=ns.data_cache_path,
                       tokenizer_type=ns.tokenizer_type,
                       vocab_file=ns.vocab_file, merge_file=ns.merge_file, tokenizer_model=ns.tokenizer_model,

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from megatron.arguments import Args, ConfigError
+from megatron.arguments import Args
 
 # DeepSpeed's defaults (5e8 elements per bucket) are larger than a whole GPT-2 125M model, so
 # the communication buffers would dominate and hide what ZeRO saves; size them from the model.
@@ -80,16 +80,21 @@ def _zero_section(args: Args, num_params: int, hidden_size: int, on_cuda: bool) 
     return zero
 
 
+def deepspeed_clipping(args: Args) -> float:
+    """The gradient_clipping DeepSpeed gets: --clip-grad (or the JSON's), except at stage 0 in fp32, where
+    DeepSpeed hands the step straight to our optimizer, which clips itself (so that the logged grad norm is
+    the pre-clip norm, as with ZeRO); there DeepSpeed's engine would clip a second time, so it gets 0."""
+    clip_in_optimizer = args.deepspeed.zero_stage == 0 and args.deepspeed.precision == "fp32"
+    return 0.0 if clip_in_optimizer else args.optimizer.clip_grad
+
+
 def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool) -> dict:
     ds, train = args.deepspeed, args.training
-    # At stage 0 in fp32 DeepSpeed hands the step straight to our optimizer, which clips itself
-    # (so that the logged grad norm is the pre-clip norm, as with ZeRO); DeepSpeed must not clip twice.
-    clip_in_optimizer = ds.zero_stage == 0 and ds.precision == "fp32"
     config = {
         "train_batch_size": train.global_batch_size,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.gradient_accumulation_steps,
-        "gradient_clipping": 0.0 if clip_in_optimizer else args.optimizer.clip_grad,
+        "gradient_clipping": deepspeed_clipping(args),
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
@@ -103,25 +108,22 @@ def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool
     return config
 
 
-def _complete_user_config(user: dict, args: Args, path: str) -> dict:
-    """The batch keys the user's JSON leaves out, filled in from the flags (the ones it gives agree with
-    them: megatron/deepspeed_json.py); gradient accumulation follows from the batch sizes and the layout."""
+def _complete_user_config(user: dict, args: Args) -> dict:
+    """The user's JSON (the flags merged in) with all three batch keys and the clipping the run uses: the batch
+    keys it gives agree with the flags and with each other (checked when the flags were parsed, by DeepSpeed's
+    rule), the others follow from them and the layout; its gradient_clipping is --clip-grad's default."""
     train = args.training
     config = dict(user)
-    steps = config.get("gradient_accumulation_steps")
-    if steps is not None and steps != train.gradient_accumulation_steps:
-        raise ConfigError(f"--deepspeed_config {path}: gradient_accumulation_steps is {steps} but --global-batch-size "
-                          f"{train.global_batch_size} / (--micro-batch-size {train.micro_batch_size} x data-parallel "
-                          f"size {args.parallel.data_parallel_size}) gives {train.gradient_accumulation_steps}")
     config.update(train_batch_size=train.global_batch_size, train_micro_batch_size_per_gpu=train.micro_batch_size,
-                  gradient_accumulation_steps=train.gradient_accumulation_steps)
+                  gradient_accumulation_steps=train.gradient_accumulation_steps,
+                  gradient_clipping=deepspeed_clipping(args))
     config.setdefault("zero_allow_untested_optimizer", True)
     return config
 
 
 def deepspeed_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool) -> dict:
     if args.deepspeed.user_config is not None:
-        config = _complete_user_config(args.deepspeed.user_config, args, args.deepspeed.deepspeed_config)
+        config = _complete_user_config(args.deepspeed.user_config, args)
     else:
         config = generate_config(args, num_params, hidden_size, on_cuda)
     if args.checkpoint.universal_checkpoint:  # DeepSpeed then loads the per-parameter files ds_to_universal wrote

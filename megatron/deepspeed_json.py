@@ -5,6 +5,10 @@ offload, bf16, fp16, the batch sizes, gradient clipping):
 - only the JSON gives it: the JSON's value is the run's;
 - only the flag gives it: the flag's value is written into the JSON the run uses;
 - both give it: they must agree, else the run is refused in one line naming the flag and the JSON key.
+
+The JSON's "optimizer" and "scheduler" sections are refused: the run passes its own AdamW and LR schedule,
+built from the flags, to deepspeed.initialize, so the JSON's would be ignored and the run would train with
+a learning rate other than the one the file asks for.
 """
 from __future__ import annotations
 
@@ -35,6 +39,34 @@ def read_deepspeed_json(path: str | None) -> dict:
     if not isinstance(config, dict):
         raise DeepSpeedJSONError(f"--deepspeed_config {path}: expected a JSON object, got {type(config).__name__}")
     return config
+
+
+# The JSON sections the flags replace: (the flags to use instead, the drivers' variables that set them).
+UNUSED_SECTIONS = {
+    "optimizer": ("zero-lab builds AdamW from --lr, --adam-beta1, --adam-beta2, --adam-eps, --weight-decay",
+                  "LR, ADAM_BETA1, ADAM_BETA2, WEIGHT_DECAY"),
+    "scheduler": ("zero-lab's LR schedule comes from --lr, --lr-decay-style, --lr-warmup-fraction/--lr-warmup-iters, "
+                  "--min-lr", "LR, LR_DECAY_STYLE, LR_WARMUP_FRACTION, MIN_LR"),
+}
+
+
+def _summary(section) -> str:
+    """E.g. "AdamW, lr 0.0003": the section's type and every parameter that is a learning rate."""
+    if not isinstance(section, dict):
+        return repr(section)
+    params = section.get("params") if isinstance(section.get("params"), dict) else {}
+    parts = [str(section.get("type", "no type"))]
+    parts += [f"{key} {value}" for key, value in params.items() if "lr" in key.lower()]
+    return ", ".join(parts)
+
+
+def refuse_unused_sections(config: dict, path: str) -> None:
+    """Refuse a JSON whose optimizer or scheduler would be silently replaced by the flags' (one line each)."""
+    for name, (instead, variables) in UNUSED_SECTIONS.items():
+        if name in config:
+            raise DeepSpeedJSONError(f'--deepspeed_config {path}: its "{name}" section ({_summary(config[name])}) is '
+                                     f"not used: {instead} (the drivers' {variables}): remove the section and set "
+                                     "those")
 
 
 def _get(config: dict, path: tuple[str, ...]):

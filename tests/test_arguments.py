@@ -228,9 +228,123 @@ def test_flags_are_merged_into_the_users_json_the_same_way_for_every_key(data_pr
     assert (args.deepspeed.offload, args.deepspeed.precision, args.training.global_batch_size) == \
         ("optimizer+params", "fp16", 16)
     user.write_text(json.dumps({"gradient_accumulation_steps": 3}))
-    with pytest.raises(ConfigError, match=r"gradient_accumulation_steps is 3 but --global-batch-size 16 / "):
-        deepspeed_config(parse_args(base(data_prefix, "--global-batch-size", "16", "--deepspeed_config", str(user)),
-                                    world_size=2), 1000, 64, on_cuda=False)
+    with pytest.raises(ConfigError, match=r"--global-batch-size 16 is not --micro-batch-size 2 x "
+                                          r"gradient_accumulation_steps 3 x data-parallel size 2 \(= 12, "):
+        parse_args(base(data_prefix, "--global-batch-size", "16", "--deepspeed_config", str(user)), world_size=2)
+
+
+def without_micro(prefix, *extra):
+    flags = base(prefix, *extra)
+    at = flags.index("--micro-batch-size")
+    return flags[:at] + flags[at + 2:]
+
+
+def write_json(tmp_path, config) -> str:
+    user = tmp_path / "ds.json"
+    user.write_text(json.dumps(config))
+    return str(user)
+
+
+def batches(args):
+    train = args.training
+    return train.micro_batch_size, train.global_batch_size, train.gradient_accumulation_steps
+
+
+def test_micro_batch_from_the_json_or_the_flag_and_one_line_without_either(data_prefix, tmp_path):
+    user = write_json(tmp_path, {"train_micro_batch_size_per_gpu": 4})
+    args = parse_args(without_micro(data_prefix, "--deepspeed_config", user), world_size=2)
+    assert batches(args) == (4, 8, 1)
+    config = deepspeed_config(args, 1000, 64, on_cuda=False)
+    assert (config["train_micro_batch_size_per_gpu"], config["train_batch_size"]) == (4, 8)
+    with pytest.raises(ConfigError) as err:
+        parse_args(without_micro(data_prefix), world_size=2)
+    assert str(err.value) == "--micro-batch-size is required (or train_micro_batch_size_per_gpu in a " \
+                             "--deepspeed_config JSON)"
+    user = write_json(tmp_path, {"zero_optimization": {"stage": 1}})
+    with pytest.raises(ConfigError) as err:
+        parse_args(without_micro(data_prefix, "--deepspeed_config", user), world_size=2)
+    assert str(err.value) == f"--micro-batch-size is required (or train_micro_batch_size_per_gpu in " \
+                             f"--deepspeed_config {user})"
+
+
+@pytest.mark.parametrize("json_config, with_micro_flag, expected", [
+    ({"train_batch_size": 16}, True, (2, 16, 4)),
+    ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4}, False, (4, 16, 2)),
+    ({"gradient_accumulation_steps": 3}, True, (2, 12, 3)),
+    ({"gradient_accumulation_steps": 3, "train_micro_batch_size_per_gpu": 4}, False, (4, 24, 3)),
+    ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, False,
+     (2, 16, 4)),
+    ({"train_batch_size": 16, "gradient_accumulation_steps": 4}, True, (2, 16, 4)),
+])
+def test_the_jsons_batch_keys_give_global_batch_and_accumulation(data_prefix, tmp_path, json_config,
+                                                                  with_micro_flag, expected):
+    """DeepSpeed's rule, train_batch_size = micro x gradient_accumulation_steps x data-parallel size, on 2 ranks."""
+    flags = base if with_micro_flag else without_micro
+    args = parse_args(flags(data_prefix, "--deepspeed_config", write_json(tmp_path, json_config)), world_size=2)
+    assert batches(args) == expected
+    config = deepspeed_config(args, 1000, 64, on_cuda=False)
+    assert (config["train_micro_batch_size_per_gpu"], config["train_batch_size"],
+            config["gradient_accumulation_steps"]) == expected
+
+
+@pytest.mark.parametrize("json_config, world, message", [
+    ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}, 2,
+     "train_batch_size 16 is not train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 3 x data-parallel "
+     "size 2 (= 12, DeepSpeed's rule): make them agree, or give only two of them"),
+    # agrees on 2 ranks, not on the 4 of this layout
+    ({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, 4,
+     "train_batch_size 16 is not train_micro_batch_size_per_gpu 2 x gradient_accumulation_steps 4 x data-parallel "
+     "size 4 (= 32, DeepSpeed's rule): make them agree, or give only two of them"),
+    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2}, 2,
+     "train_batch_size 10 is not divisible by train_micro_batch_size_per_gpu 2 x data-parallel size 2"),
+    ({"gradient_accumulation_steps": 0, "train_micro_batch_size_per_gpu": 2}, 2,
+     "gradient_accumulation_steps must be an integer >= 1, got 0"),
+    ({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2}, 2,
+     "train_batch_size must be an integer >= 1, got 'auto'"),
+])
+def test_batch_keys_that_contradict_each_other_or_the_layout_are_refused(data_prefix, tmp_path, json_config, world,
+                                                                         message):
+    user = write_json(tmp_path, json_config)
+    with pytest.raises(ConfigError) as err:
+        parse_args(without_micro(data_prefix, "--deepspeed_config", user), world_size=world)
+    assert str(err.value) == f"--deepspeed_config {user}: {message}"
+
+
+def test_the_jsons_gradient_clipping_when_no_clip_grad(data_prefix, tmp_path):
+    """It reaches the config DeepSpeed gets under ZeRO, and our own optimizer at stage 0 in fp32 (DeepSpeed then
+    gets 0, or it would clip a second time); a JSON without it gets --clip-grad's default, 1.0."""
+    import torch
+
+    from megatron.optimizer import build_optimizer
+    user = write_json(tmp_path, {"gradient_clipping": 0.3})
+    args = parse_args(base(data_prefix, "--zero-stage", "1", "--deepspeed_config", user), world_size=2)
+    assert args.optimizer.clip_grad == 0.3
+    assert deepspeed_config(args, 1000, 64, on_cuda=False)["gradient_clipping"] == 0.3
+    args = parse_args(base(data_prefix, "--deepspeed_config", user), world_size=1)
+    assert deepspeed_config(args, 1000, 64, on_cuda=False)["gradient_clipping"] == 0.0
+    assert build_optimizer(torch.nn.Linear(2, 2), args).clip_grad == 0.3
+    user = write_json(tmp_path, {"zero_optimization": {"stage": 2}})
+    args = parse_args(base(data_prefix, "--deepspeed_config", user), world_size=2)
+    assert args.optimizer.clip_grad == 1.0
+    assert deepspeed_config(args, 1000, 64, on_cuda=False)["gradient_clipping"] == 1.0
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"optimizer": {"type": "AdamW", "params": {"lr": 0.0003, "betas": [0.9, 0.95]}}},
+     '"optimizer" section (AdamW, lr 0.0003) is not used: zero-lab builds AdamW from --lr, --adam-beta1, '
+     "--adam-beta2, --adam-eps, --weight-decay (the drivers' LR, ADAM_BETA1, ADAM_BETA2, WEIGHT_DECAY): remove the "
+     "section and set those"),
+    ({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 0.001, "warmup_num_steps": 100}}},
+     '"scheduler" section (WarmupDecayLR, warmup_max_lr 0.001) is not used: zero-lab\'s LR schedule comes from '
+     "--lr, --lr-decay-style, --lr-warmup-fraction/--lr-warmup-iters, --min-lr (the drivers' LR, LR_DECAY_STYLE, "
+     "LR_WARMUP_FRACTION, MIN_LR): remove the section and set those"),
+])
+def test_the_jsons_optimizer_and_scheduler_sections_are_refused(data_prefix, tmp_path, section, message):
+    """deepspeed.initialize gets our optimizer and schedule, which win: the JSON's learning rate would be ignored."""
+    user = write_json(tmp_path, {"train_batch_size": 8, **section})
+    with pytest.raises(ConfigError) as err:
+        parse_args(base(data_prefix, "--deepspeed_config", user), world_size=2)
+    assert str(err.value) == f"--deepspeed_config {user}: its {message}"
 
 
 def test_errors_name_the_variable_a_launch_script_set():
