@@ -14,15 +14,8 @@ source "$ALCF_DIR/args.sh"
 
 # mpiexec needs a hostfile; without PBS_NODEFILE/HOSTFILE the run uses this host only.
 ALCF_HOSTFILE=${alcf_hostfile_in:-$RUN_DIR/hostfile}
-if [[ "${DRY_RUN:-0}" != 1 ]]; then
-    # One copy of a run per node: two would write the same checkpoints and logs. The lock is
-    # held by this shell and the ranks it starts, and released when they all exit. Not in
-    # $TMPDIR: PBS gives every job its own.
-    ALCF_LOCK="${LOCK_DIR:-/tmp}/zero-lab-${RUN_USER}-${RUN_NAME}.lock"
-    exec {ALCF_LOCK_FD}>"$ALCF_LOCK"
-    flock -n "$ALCF_LOCK_FD" \
-        || zl_die "run $RUN_NAME is already running on $(hostname) (lock $ALCF_LOCK is held)"
-fi
+# One launch per run folder, on every path (scripts/launch_common.sh): a second one is refused in one line.
+[[ "${DRY_RUN:-0}" == 1 ]] || zl_lock_run "$RUN_DIR"
 # The one resume rule (scripts/launch_common.sh): an intact checkpoint in the run folder is resumed;
 # FRESH=1 moves the run folder's old files aside and starts afresh. --load is passed always, as Megatron's
 # scripts do: pretrain_gpt.py resumes what the folder holds then (rank 0 reads it for every rank), or starts

@@ -93,8 +93,12 @@ echo "[examples_zero] $RUN_NAME -> $RUN_DIR"
 # A run folder holding an intact checkpoint resumes from it; FRESH=1 moves its old files aside and starts
 # afresh (scripts/launch_common.sh; on host 0 only). DRY_RUN=1: say what would happen, write and start nothing.
 RESUME_LOAD=""
-(( NODE_RANK > 0 )) || zl_resume_rule "$RUN_DIR"
-[[ "${DRY_RUN:-0}" == 1 ]] || mkdir -p "$RUN_DIR"
+if [[ "${DRY_RUN:-0}" != 1 ]]; then  # one launch per run folder (host k of a torchrun run: one per host)
+    if (( NODE_RANK > 0 )); then zl_lock_run "$RUN_DIR" ".zero-lab.node$NODE_RANK.lock"; else zl_lock_run "$RUN_DIR"; fi
+fi
+# Host k asks the same rule without acting on it (host 0 moves and converts; the folder is shared): both
+# hosts then pass the same --load, and only host 0 converts INIT_HF.
+if (( NODE_RANK > 0 )); then DRY_RUN=1 zl_resume_rule "$RUN_DIR"; else zl_resume_rule "$RUN_DIR"; fi
 # --load always, as Megatron's scripts pass it: pretrain_gpt.py resumes what <run>/checkpoints holds then
 # (rank 0 reads it for every rank), and starts afresh when it holds nothing
 resume_flags=(--load "$RUN_DIR/checkpoints")
@@ -106,8 +110,8 @@ init_flags=()
 if [[ -n "${INIT_HF:-}" && -z "$RESUME_LOAD" ]]; then
     resume_flags=()
     init_dir=$RUN_DIR/hf_init_$(basename "$INIT_HF")
-    [[ -f "$init_dir/latest" || "${DRY_RUN:-0}" == 1 ]] || "$PYTHON" "$REPO/tools/hf_to_checkpoint.py" --hf "$INIT_HF" --save "$init_dir" \
-        || exit 1
+    [[ -f "$init_dir/latest" || "${DRY_RUN:-0}" == 1 ]] || (( NODE_RANK > 0 )) \
+        || "$PYTHON" "$REPO/tools/hf_to_checkpoint.py" --hf "$INIT_HF" --save "$init_dir" || exit 1
     init_flags=(--max-position-embeddings "$hf_positions" --load "$init_dir" --finetune)
 fi
 [[ -n "${INIT_HF:-}" && -n "$RESUME_LOAD" ]] && init_flags=(--max-position-embeddings "$hf_positions")

@@ -2,6 +2,9 @@
 # ALCF/train-gpt3.sh source this file (never run it). It holds what they must do alike:
 #   zl_find_python REPO    PYTHON: the user's PYTHON, else REPO/.venv's python, else python3 on PATH; it must
 #                          import torch. Sets ZL_CUDA_GPUS (the GPUs torch sees); REPO goes first on PYTHONPATH.
+#   zl_lock_run RUN [NAME] one launch of a run at a time: takes RUN/NAME (default .zero-lab.lock) with flock, held
+#                          by this shell and, through exec, the attempt supervisor until the run ends; a second
+#                          launch of the same run ends in one line naming the run folder and who holds it
 #   zl_resume_rule RUN     RESUME_LOAD: the checkpoint folder to resume (--load), empty for a fresh start, by the
 #                          one resume rule (megatron/checkpointing/run_folder.py; FRESH=1 asks for a fresh start)
 #   zl_run_attempt RUN LOG LAUNCHER NOTE [--node NAME] CMD...
@@ -28,6 +31,20 @@ zl_find_python() {
         || zl_die "PYTHON=$PYTHON cannot import torch: run 'bash scripts/setup.sh' (it makes $repo/.venv), then" \
                   "'source $repo/.venv/bin/activate'; or set PYTHON to a Python that has torch"
     export PYTHON PYTHONPATH=$repo${PYTHONPATH:+:$PYTHONPATH}
+}
+
+zl_lock_run() {
+    local run_dir=$1 lock="$1/${2:-.zero-lab.lock}" holder
+    command -v flock >/dev/null 2>&1 || zl_die "flock not found on PATH: install util-linux (it locks the run folder)"
+    mkdir -p "$run_dir"
+    # <> opens without truncating: a refused launch must not erase who holds the lock
+    exec {ZL_LOCK_FD}<>"$lock" || zl_die "cannot open the run lock $lock"
+    if ! flock -n "$ZL_LOCK_FD"; then
+        holder=$(head -n 1 "$lock" 2>/dev/null || true)
+        zl_die "run folder $run_dir is in use by another launch (${holder:-holding $lock}): wait for it to end or" \
+               "stop it; a second launch would mix its checkpoints and logs with the first's"
+    fi
+    printf 'pid %s on %s since %s\n' "$$" "$(hostname)" "$(date -u '+%Y-%m-%d %H:%M:%S UTC')" > "$lock"
 }
 
 zl_resume_rule() {
