@@ -256,18 +256,49 @@ def test_output_layer_buffer():
                                                       tensor_parallel_size=2)) == 2 * 128 * 256 * (4 + 2)
 
 
-def test_memory_per_rank_adds_up():
+def _parameters_of_the_real_model(c: GPTConfig) -> int:
+    import torch
+
+    from megatron.model import GPTModel
+    torch.manual_seed(0)
+    return sum(p.numel() for p in GPTModel(c).parameters())
+
+
+# bytes per parameter of (params, grads, optimizer states): fp32 Adam keeps m and v (8); DeepSpeed's ZeRO optimizers
+# also clone an fp32 master partition (4) even from fp32 params (measured: tests/test_training.py); mixed
+# precision is the ZeRO paper's 2 + 2 + K, K = 12
+@pytest.mark.parametrize("precision, stage, per_param, partitioned", [
+    ("fp32", 0, 4 + 4 + 8, 1), ("fp32", 3, 4 + 4 + 4 + 8, 2), ("bf16", 3, 2 + 2 + 12, 2)])
+def test_memory_per_rank_by_hand(precision, stage, per_param, partitioned):
+    """memory_per_rank for 2 layers, hidden 64, 4 heads, seq 128, vocab 512, micro-batch 2, 2 ranks on CUDA,
+    every term written out. Model states: the real module's parameters times the bytes each keeps, over the
+    ranks at stage 3. Activations per layer, Korthikanti et al. 2022: 34 s b h bytes in 16-bit are 16 two-byte
+    tensors and 2 one-byte dropout masks, so 16 e + 2 for e-byte elements; fused attention keeps an fp32
+    log-sum-exp (4 a s b) instead of the a s^2 b probabilities; two LayerNorms keep an fp32 mean and 1/std
+    (16 s b). Outside the layers: int64 token and position ids (16 s b), the embedding's dropout mask (s b h);
+    the final LayerNorm's input (e s b h) and statistics (8 s b), the output layer's input (e s b h), int64
+    labels, a 1-byte flag and an fp32 sum per token (13 s b). The output layer's buffer: fp32 exps over
+    [b s, vocab], plus the 16-bit logits in bf16."""
     c = config()
-    run = TrainingSetup(world_size=2, micro_batch_size=2, zero_stage=3)
-    memory = memory_per_rank(c, run)
-    assert memory["model_states"] == zero_model_state_estimate(count_parameters(c), 3, 2, "fp32")["total"]
-    assert memory["total"] == memory["model_states"] + activation_bytes(c, run) + output_layer_buffer_bytes(c, run)
-    # full recomputation: the one layer recomputed at a time is part of the peak, not of the kept activations
-    recompute = TrainingSetup(world_size=2, micro_batch_size=2, zero_stage=3, activation_recompute=True)
-    memory = memory_per_rank(c, recompute)
-    assert memory["activations"] == activation_bytes(c, recompute)
-    assert memory["total"] - memory["model_states"] - memory["activations"] - memory["output_buffer"] == \
-        pytest.approx(_per_layer(c, world_size=2, micro_batch_size=2), abs=1)
+    n = _parameters_of_the_real_model(c)
+    assert n == 2 * (12 * 64 * 64 + 13 * 64) + (512 + 128) * 64 + 2 * 64 == 141_056
+    s, b, h, a, e = 128, 2, 64, 4, {"fp32": 4, "bf16": 2}[precision]
+    per_layer = (16 * e + 2) * s * b * h + 4 * a * s * b + 16 * s * b
+    outside = 16 * s * b + s * b * h + e * s * b * h + 8 * s * b + e * s * b * h + 13 * s * b
+    buffer = b * s * 512 * (4 + (2 if precision == "bf16" else 0))
+    model_states = per_param * n // partitioned
+    memory = memory_per_rank(c, TrainingSetup(world_size=2, micro_batch_size=b, precision=precision,
+                                              zero_stage=stage))
+    assert (memory["model_states"], memory["activations"], memory["output_buffer"]) == (
+        model_states, 2 * per_layer + outside, buffer)
+    assert memory["total"] == model_states + 2 * per_layer + outside + buffer
+    if precision == "fp32":
+        assert memory["total"] == {0: 5_117_184, 3: 4_270_848}[stage]  # the sums, for the record
+    # full recomputation keeps each layer's input (e s b h) and recomputes one layer at a time
+    recompute = memory_per_rank(c, TrainingSetup(world_size=2, micro_batch_size=b, precision=precision,
+                                                 zero_stage=stage, activation_recompute=True))
+    assert recompute["activations"] == 2 * e * s * b * h + outside
+    assert recompute["total"] == model_states + 2 * e * s * b * h + outside + per_layer + buffer
 
 
 def test_gradients_held_by_deepspeed():

@@ -84,9 +84,54 @@ def test_explicit_shape_equals_the_preset(capsys):
     assert plan_json(capsys, *EXAMPLE[2:], *shape)["plans"] == plan_json(capsys, *EXAMPLE)["plans"]
 
 
-def test_two_nodes_tensor_parallel_and_a_model_that_fits_nowhere(capsys):
-    data = plan_json(capsys, *EXAMPLE, "--nodes", "2", "--tp", "2")
-    assert len(data["plans"]) == 7 and data["choice"] is not None
+def test_two_nodes_tensor_parallel_by_hand(capsys):
+    """1.3B (24 layers, hidden 2048, 16 heads), seq 1024, micro-batch 4, bf16, 2 nodes x 8 GPUs, TP 2: DP 8, one
+    micro-batch per step. Every byte written out here."""
+    h, layers, s, b, a, dp = 2048, 24, 1024, 4, 16, 8
+    vocab = 50432  # GPT-2's 50257 padded to a multiple of 128 x TP 2
+    # one TP rank: half of each matrix (QKV, projection, MLP in and out) and of the column-parallel biases, the
+    # row-parallel biases and LayerNorms whole; half the word embedding, all the position embedding
+    matrices = [vocab // 2 * h, s * h] + [3 * h * h // 2, h * h // 2, 4 * h * h // 2, 4 * h * h // 2] * layers
+    vectors = [h, h, 3 * h // 2, h, h, h, 4 * h // 2, h] * layers + [h, h]
+    rank = sum(matrices) + sum(vectors)
+    assert (sum(matrices), sum(vectors), rank) == (657_719_296, 471_040, 658_190_336)
+    partition = rank // dp  # 82,273,792: ZeRO's share of one data-parallel rank
+    # stages 1 and 2 keep the whole gradient of each parameter that starts in rank 0's 1/8 of each group:
+    # matrices 82,214,912 -> the embeddings, layer 0 and layer 1's QKV (starting at 78,905,344);
+    # vectors 58,880 -> three layers' 8 vectors (19,456 each) and layer 3's first (starting at 58,368)
+    held = (vocab // 2 * h + s * h + 6 * h * h + 3 * h * h // 2) + (3 * 19_456 + h)
+    assert held == 85_257_216
+    model_states = {  # bf16: params 2, grads 2, optimizer states 12 bytes per parameter
+        "DP": 16 * rank, "Z1": 2 * rank + 2 * held + 12 * partition, "Z2": 2 * rank + 2 * held + 12 * partition,
+        "Z3": 16 * partition, "Z3 + optimizer offload": (2 + 2) * partition, "Z3 + full offload": 2 * partition,
+        "Z3 + NVMe offload": 2 * partition}
+    assert model_states["DP"] == 10_531_045_376 and model_states["Z1"] == 2_474_180_608
+    # Korthikanti et al. 2022 per layer with TP t: s b h (10 + 24 / t) bytes, fp32 log-sum-exp 4 a s b / t,
+    # fp32 LayerNorm statistics 16 s b; then ids (16 s b) and the embedding's dropout mask (s b h); the final
+    # LayerNorm's input and statistics (2 s b h + 8 s b), the output layer's input (2 s b h), labels (13 s b)
+    activations = layers * (s * b * h * (10 + 24 // 2) + 4 * a * s * b // 2 + 16 * s * b) \
+        + 16 * s * b + s * b * h + 2 * s * b * h + 8 * s * b + 2 * s * b * h + 13 * s * b
+    assert activations == 4_475_998_208
+    output_buffer = b * s * vocab // 2 * (4 + 2)  # fp32 exps and bf16 logits over this rank's half vocabulary
+    # sent per step: ZeRO (n-1)/n of the rank's 2-byte gradients/params twice (stage 3 three times), and two TP
+    # all-reduces' (t-1)/t x 2 of [b, s, h] per layer's attention and MLP, forward and backward, plus two
+    all_reduces = (4 * layers + 2) * 2 * (1 / 2) * b * s * h * 2
+    zero = 7 / 8 * 2 * rank
+
+    plans = {p["option"]: p for p in plan_json(capsys, *EXAMPLE, "--nodes", "2", "--tp", "2")["plans"]}
+    assert list(plans) == OPTIONS
+    for option, states in model_states.items():
+        plan = plans[option]
+        assert plan["model_states_gb"] * 2**30 == pytest.approx(states, rel=1e-12), option
+        assert plan["activations_gb"] * 2**30 == pytest.approx(activations, rel=1e-12), option
+        assert plan["output_buffer_gb"] * 2**30 == pytest.approx(output_buffer, rel=1e-12), option
+        assert plan["total_gb"] * 2**30 == pytest.approx(states + activations + output_buffer, rel=1e-12), option
+        sent = (3 if option.startswith("Z3") else 2) * zero + all_reduces
+        assert plan["traffic_gb"] * 2**30 == pytest.approx(sent, rel=1e-12), option
+        assert plan["fits"] == (states + activations + output_buffer <= 40 * 0.9 * 2**30)
+
+
+def test_a_model_that_fits_nowhere_and_pipeline_parallel_options(capsys):
     data = plan_json(capsys, "--model-size", "175B", "--seq-length", "2048", "--micro-batch-size", "1", "--gpus", "8",
                      "--gpu-memory", "40GB")
     assert data["choice"] is None and data["why"].startswith("nothing fits")
