@@ -5,7 +5,11 @@
 Prints, for the first --num-records validation records, the instruction (and context), the
 model's greedy response and the expected response, then the validation loss and perplexity
 (Megatron's validation line) and the time taken. --data-path and --split default to the
-ones the run trained with; --dolly-jsonl defaults to databricks-dolly-15k.jsonl next to the data.
+ones the run trained with. --dolly-jsonl defaults to the records the dataset was made from: the jsonl its
+sidecar (PREFIX.meta.json, megatron/data/dataset_sidecar.py) names as its source when that holds dolly
+records; when it is the text jsonl tools/process_databricks_gpt2.sh tokenizes, the dolly file that script
+takes (databricks-dolly-15k.jsonl next to the data, else the committed sample) whose texts it holds;
+without a sidecar, databricks-dolly-15k.jsonl next to the data.
 A record's document must be its training text (context, instruction, response joined by newlines),
 so records and documents are checked to match.
 """
@@ -16,9 +20,11 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
+from megatron.data.dataset_sidecar import read_sidecar, sidecar_path
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.errors import ZeroLabError
 from megatron.inference.evaluation import (
@@ -29,6 +35,10 @@ from megatron.inference.evaluation import (
 from megatron.inference.generation import SamplingConfig, generate
 from megatron.inference.loading import add_model_flags, load_model_and_tokenizer
 from megatron.training_log import validation_line
+
+
+# the dolly file tools/process_databricks_gpt2.sh falls back to when DATA_DIR has no databricks-dolly-15k.jsonl
+COMMITTED_SAMPLE = Path(__file__).resolve().parent.parent / "data" / "samples" / "dolly-sample.jsonl"
 
 
 class DollyEvalError(ZeroLabError, ValueError):
@@ -99,11 +109,52 @@ def show_records(args, model, tokenizer, indexed: MMapIndexedDataset, documents:
     return generated, seconds
 
 
+def training_texts(path: str) -> tuple[str, list[str]] | None:
+    """("dolly", the records' training texts) or ("text", a {"text": ...} jsonl's texts); None when the file
+    is neither (or unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            records = [json.loads(line) for line in handle if line.strip()]
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if records and all(isinstance(r, dict) and isinstance(r.get("text"), str) for r in records):
+        return "text", [r["text"] for r in records]
+    try:
+        parts = [record_parts(json.dumps(r), path) for r in records]
+    except DollyEvalError:
+        return None
+    return ("dolly", [p["prompt"] + p["response"] for p in parts]) if parts else None
+
+
 def default_jsonl(prefix: str) -> str:
-    candidate = os.path.join(os.path.dirname(prefix), "databricks-dolly-15k.jsonl")
-    if not os.path.isfile(candidate):
-        raise DollyEvalError(f"--dolly-jsonl is needed (no {candidate}): the dolly records the dataset was made from")
-    return candidate
+    """The dolly records the dataset was made from, when --dolly-jsonl is not given (the module's docstring);
+    says in one line which file it took from the sidecar, or fails in one line naming what it looked for."""
+    sidecar = sidecar_path(prefix)
+    source = ((read_sidecar(prefix) or {}).get("source") or {}).get("path")
+    conventional = os.path.join(os.path.dirname(prefix), "databricks-dolly-15k.jsonl")
+    kind, texts = (training_texts(source) if source else None) or (None, None)
+    if kind == "dolly":
+        print(f"--dolly-jsonl not given: using {source}, the source {sidecar} names", flush=True)
+        return source
+    candidates = [conventional, str(COMMITTED_SAMPLE)]
+    if kind == "text":
+        for candidate in candidates:
+            if os.path.isfile(candidate) and training_texts(candidate) == ("dolly", texts):
+                print(f"--dolly-jsonl not given: using {candidate}, whose records are the texts of {source}, the "
+                      f"source {sidecar} names", flush=True)
+                return candidate
+        raise DollyEvalError(f"--dolly-jsonl is needed: {sidecar} names {source}, a text jsonl, and neither "
+                             f"{' nor '.join(candidates)} holds the dolly records it was made from; give the dolly "
+                             "records the dataset was made from")
+    if os.path.isfile(conventional):  # no usable sidecar: the name tools/process_databricks_gpt2.sh gives
+        return conventional
+    if source is None:
+        found = f"no {sidecar} names a source (missing, or not describing this dataset)"
+    else:
+        what = "holds no dolly records" if os.path.exists(source) else "is missing"
+        found = f"{sidecar} names {source}, which {what}"
+    raise DollyEvalError(f"--dolly-jsonl is needed: {found}, and there is no {conventional}; give the dolly records "
+                         "the dataset was made from")
 
 
 def run(args: argparse.Namespace) -> None:
