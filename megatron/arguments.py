@@ -298,7 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
     zero.add_argument("--zero-nvme-path", default=None,
                       help="ZeRO-3 optimizer states and parameters offloaded to files in this folder (async I/O)")
     zero.add_argument("--run-dir", default=None, help="folder where the DeepSpeed JSON actually used is written")
-    return deepspeed.add_config_arguments(parser)
+    deepspeed.add_config_arguments(parser)
+    # every Megatron-DeepSpeed script passes --deepspeed; every zero-lab run uses DeepSpeed, so it changes nothing
+    next(action for action in parser._actions if "--deepspeed" in action.option_strings).help = (
+        "accepted and ignored: every run uses DeepSpeed (Megatron-DeepSpeed's scripts pass it)")
+    return parser
 
 
 def _model_config(ns, params_dtype: torch.dtype) -> GPTConfig:

@@ -1,6 +1,6 @@
 """Export a zero-lab checkpoint (any ZeRO stage, offload included) as a Hugging Face GPT-2 folder.
 
-    python tools/checkpoint_to_hf.py --load runs/ckpt/gpt_125M_Z3 --output hf/gpt_125M
+    python tools/checkpoint_to_hf.py --load runs/gpt_125M_Z3/checkpoints --output hf/gpt_125M
 
 The folder (config.json, model.safetensors, vocab.json, merges.txt) loads offline with
 transformers.GPT2LMHeadModel.from_pretrained / AutoTokenizer.from_pretrained. The padded

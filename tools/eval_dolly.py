@@ -1,6 +1,6 @@
 """Evaluate a checkpoint on the validation split of the dolly dataset it was trained on.
 
-    python tools/eval_dolly.py --load runs/ckpt/gpt_tiny_Z1 --num-records 5
+    python tools/eval_dolly.py --load runs/gpt_tiny_Z1/checkpoints --num-records 5
 
 Prints, for the first --num-records validation records, the instruction (and context), the
 model's greedy response and the expected response, then the validation loss and perplexity
