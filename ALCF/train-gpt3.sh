@@ -25,8 +25,8 @@ MEGATRON_ARGS+=(--load "$CHECKPOINT_DIR")
 if [[ "${DRY_RUN:-0}" != 1 ]]; then
     mkdir -p "$RUN_DIR/logs"
     [[ -n "$alcf_hostfile_in" ]] || printf '%s\n' "${HOSTS[@]}" > "$ALCF_HOSTFILE"
-    echo "$LOG_FILE" >> "${LOGFILES:-logfiles}"
+    echo "$LOG_FILE" >> "${LOGFILES:-$REPO_ROOT/logfiles}"
     echo "[train-gpt3] log: $LOG_FILE"
-    echo "[train-gpt3] follow it with: tail -f \$(tail -1 ${LOGFILES:-logfiles})"
+    echo "[train-gpt3] follow it with: tail -f \$(tail -1 ${LOGFILES:-$REPO_ROOT/logfiles})"
 fi
 source "$ALCF_DIR/launch.sh" "$@"

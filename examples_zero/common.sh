@@ -28,55 +28,43 @@ print(next((name for name, preset in MODEL_PRESETS.items() if preset == shape), 
     MODEL_SIZE=$hf_size
 fi
 
-precision_set=${PRECISION:+1}  # with DS_CONFIG, an unset PRECISION leaves the precision to the JSON
 # With a GPU: GPT-2 125M, seq 1024, bf16 on every visible GPU via the deepspeed launcher.
-# Without: the tiny preset on 2 CPU ranks via torchrun, fp32, a few minutes per driver.
+# Without: the tiny preset on 2 CPU ranks via torchrun, fp32, a few minutes per driver (scripts/defaults.sh).
 # LAUNCHER=srun (inside a Slurm allocation): one rank per task of the allocation, on all its nodes.
+zl_check "torchrun|deepspeed|mpiexec|srun" LAUNCHER
+zl_check int NGPUS NNODES MASTER_PORT
+zl_check count NODE_RANK
 [[ "${LAUNCHER:-}" == srun && -z "${NGPUS:-}" ]] && NGPUS=${SLURM_NTASKS:-}
 if (( ZL_CUDA_GPUS > 0 )); then
-    MODEL_SIZE=${MODEL_SIZE:-125M}; SEQ_LEN=${SEQ_LEN:-1024}
-    NGPUS=${NGPUS:-$ZL_CUDA_GPUS}
-    MICRO_BATCH=${MICRO_BATCH:-8}; PRECISION=${PRECISION:-bf16}; LAUNCHER=${LAUNCHER:-deepspeed}
-    [[ -n "${TRAIN_ITERS:-}" ]] || TRAIN_EPOCHS=${TRAIN_EPOCHS:-1}
+    ZL_ACCELERATOR=cuda; MODEL_SIZE=${MODEL_SIZE:-125M}; NGPUS=${NGPUS:-$ZL_CUDA_GPUS}; LAUNCHER=${LAUNCHER:-deepspeed}
 else
     export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
-    MODEL_SIZE=${MODEL_SIZE:-tiny}; SEQ_LEN=${SEQ_LEN:-128}; NGPUS=${NGPUS:-2}
-    MICRO_BATCH=${MICRO_BATCH:-4}; PRECISION=${PRECISION:-fp32}; LAUNCHER=${LAUNCHER:-torchrun}
-    [[ -n "${TRAIN_EPOCHS:-}" ]] || TRAIN_ITERS=${TRAIN_ITERS:-60}
+    ZL_ACCELERATOR=cpu; MODEL_SIZE=${MODEL_SIZE:-tiny}; NGPUS=${NGPUS:-2}; LAUNCHER=${LAUNCHER:-torchrun}
 fi
-case "$LAUNCHER" in
-    torchrun | deepspeed | mpiexec) ;;
-    srun) [[ -n "${SLURM_JOB_ID:-}" ]] \
-              || zl_die "LAUNCHER=srun: not inside a Slurm allocation (no SLURM_JOB_ID): use sbatch or salloc" ;;
-    *) zl_die "LAUNCHER=$LAUNCHER: expected torchrun, deepspeed, mpiexec or srun" ;;
-esac
+[[ "$LAUNCHER" != srun || -n "${SLURM_JOB_ID:-}" ]] \
+    || zl_die "LAUNCHER=srun: not inside a Slurm allocation (no SLURM_JOB_ID): use sbatch or salloc"
 
 # torchrun across hosts: the same driver on each host with NNODES, NODE_RANK (0 on the first) and MASTER_ADDR
 # (the first host), ranks meeting through torchrun's c10d rendezvous; NGPUS ranks on each host. Host 0 owns
 # the run folder (the resume rule, train.log, command.txt); host k writes train.nodek.log beside them.
 NNODES=${NNODES:-1}; NODE_RANK=${NODE_RANK:-0}
-[[ "$NNODES" =~ ^[1-9][0-9]*$ ]] || zl_die "NNODES=$NNODES: expected a positive integer"
-[[ "$NODE_RANK" =~ ^[0-9]+$ ]] && (( NODE_RANK < NNODES )) || zl_die "NODE_RANK=$NODE_RANK: expected 0 to NNODES-1 ($((NNODES - 1)))"
+(( NODE_RANK < NNODES )) || zl_die "NODE_RANK=$NODE_RANK: expected 0 to NNODES-1 ($((NNODES - 1)))"
 if (( NNODES > 1 )); then
     [[ "$LAUNCHER" == torchrun ]] || zl_die "NNODES=$NNODES: several hosts by NNODES take LAUNCHER=torchrun; srun and" \
                                              "mpiexec (ALCF/) start the ranks of every host themselves"
     [[ -n "${MASTER_ADDR:-}" ]] || zl_die "NNODES=$NNODES: set MASTER_ADDR to the first host (NODE_RANK 0), the same on every host"
 fi
-WORLD=$(( NGPUS * NNODES ))  # every rank of the job (srun's and mpiexec's NGPUS count them all; NNODES is 1 there)
-# One micro-batch per rank and step by default (with TP x PP > 1, TP x PP micro-batches per replica: the
-# same global batch, so layouts compare). Without gradient accumulation the stages send the ZeRO paper's
-# volumes per step (stages 0-2: 2x the parameters, stage 3: 3x); with it, stages 2 and 3 communicate at
-# every micro-batch (docs/zero-tradeoff.md). GLOBAL_BATCH=k x MICRO_BATCH x ranks accumulates k.
-GLOBAL_BATCH=${GLOBAL_BATCH:-$(( MICRO_BATCH * WORLD ))}
-source "$REPO/scripts/defaults.sh"  # data, vocabulary, split, optimizer and schedule: TRAINING_DEFAULT_FLAGS
-# Checkpoints go to the run folder: every SAVE_INTERVAL iterations, at the end, and on SIGTERM. Running a
-# driver again resumes its run folder's checkpoint; FRESH=1 starts afresh (the one resume rule, below).
-SAVE_INTERVAL=${SAVE_INTERVAL:-1000}
-LOG_INTERVAL=${LOG_INTERVAL:-5}; EVAL_INTERVAL=${EVAL_INTERVAL:-50}; EVAL_ITERS=${EVAL_ITERS:-5}
+ZL_WORLD=$(( NGPUS * NNODES ))  # every rank of the job (srun's and mpiexec's NGPUS count them all; NNODES is 1 there)
+ZL_MODEL_VARIABLE=MODEL_SIZE
+"$PYTHON" "$REPO/megatron/model/presets.py" "$MODEL_SIZE" >/dev/null 2>&1 \
+    || zl_die "MODEL_SIZE=$MODEL_SIZE: expected a preset ($("$PYTHON" -c 'from megatron.model.presets import MODEL_PRESETS
+print(", ".join(MODEL_PRESETS))'))"
+# What both launch paths share: sequence, batch (global = MICRO_BATCH x GAS x data-parallel size), length,
+# precision, TP/PP/SP, activation checkpointing, data, optimizer, intervals: TRAINING_DEFAULT_FLAGS. Without
+# gradient accumulation the stages send the ZeRO paper's volumes per step (stages 0-2: 2x the parameters,
+# stage 3: 3x); with it (GAS > 1), stages 2 and 3 communicate at every micro-batch (docs/zero-tradeoff.md).
+source "$REPO/scripts/defaults.sh"
 MASTER_PORT=${MASTER_PORT:-29500}
-# Model parallelism (Megatron's names or ALCF's): tensor TP/MPSIZE, pipeline PP/PPSIZE, SP=1 for
-# --sequence-parallel (needs TP > 1). Data-parallel size = NGPUS / (TP x PP); ZeRO shards over it.
-TP=${TP:-${MPSIZE:-1}}; PP=${PP:-${PPSIZE:-1}}; SP=${SP:-0}
 
 # The default dataset is made on first use; any other DATA_PATH is checked by pretrain_gpt.py.
 if [[ "${DRY_RUN:-0}" != 1 && "$DATA_PATH" == "$DATA_DIR/dolly_text_document" && ! ( -f "$DATA_PATH.bin" && -f "$DATA_PATH.idx" ) ]]; then
@@ -116,19 +104,9 @@ if [[ -n "${INIT_HF:-}" && -z "$RESUME_LOAD" ]]; then
 fi
 [[ -n "${INIT_HF:-}" && -n "$RESUME_LOAD" ]] && init_flags=(--max-position-embeddings "$hf_positions")
 
-precision_flags=()
-[[ "$PRECISION" == fp32 || ( -n "${DS_CONFIG:-}" && -z "$precision_set" ) ]] || precision_flags=("--$PRECISION")
 offload_flags=(); [[ "${OFFLOAD:-0}" == 1 ]] && offload_flags=(--zero-offload-optimizer --zero-offload-params)
 # OFFLOAD=nvme: ZeRO-Infinity, optimizer states and parameters in files under NVME_PATH (an NVMe drive's folder)
 [[ "${OFFLOAD:-0}" == nvme ]] && offload_flags=(--zero-nvme-path "${NVME_PATH:-$RUN_DIR/nvme}")
-parallel_flags=(--tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP")
-(( PP == 1 )) && parallel_flags+=(--no-pipeline-parallel)
-[[ "$SP" == 1 ]] && parallel_flags+=(--sequence-parallel)
-length_flags=(); if [[ -n "${TRAIN_ITERS:-}" ]]; then length_flags=(--train-iters "$TRAIN_ITERS");
-                 else length_flags=(--train-epochs "$TRAIN_EPOCHS"); fi
-# DS_CONFIG: a DeepSpeed JSON of the user's; the flags below are merged into it or refused when they
-# disagree with it (megatron/deepspeed_json.py)
-ds_config_flags=(); [[ -n "${DS_CONFIG:-}" ]] && ds_config_flags=(--deepspeed_config "$DS_CONFIG")
 case "$LAUNCHER" in
     torchrun)  launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NGPUS" --master_port "$MASTER_PORT")
                # several hosts: c10d rendezvous at MASTER_ADDR; host 0 holds the store (is_host: a host
@@ -148,21 +126,12 @@ case "$LAUNCHER" in
                launch=(mpiexec -n "$NGPUS" "$PYTHON") ;;
 esac
 
-cmd=("${launch[@]}" "$REPO/pretrain_gpt.py"
-     --model-size "$MODEL_SIZE" --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
-     --micro-batch-size "$MICRO_BATCH" --global-batch-size "$GLOBAL_BATCH" "${length_flags[@]}"
-     "${TRAINING_DEFAULT_FLAGS[@]}"
-     --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
-     --zero-stage "$ZERO_STAGE" "${offload_flags[@]}" "${precision_flags[@]}" "${parallel_flags[@]}"
-     "${ds_config_flags[@]}" --save "$RUN_DIR/checkpoints" --save-interval "$SAVE_INTERVAL"
+cmd=("${launch[@]}" "$REPO/pretrain_gpt.py" "${TRAINING_DEFAULT_FLAGS[@]}"
+     --zero-stage "$ZERO_STAGE" "${offload_flags[@]}" --save "$RUN_DIR/checkpoints"
      "${init_flags[@]}" "${resume_flags[@]}" --tensorboard-dir "$RUN_DIR/tensorboard" --run-dir "$RUN_DIR"
      --exit-signal-handler "$@")  # SIGTERM (preemption): save this iteration, exit 0 (docs/checkpoints.md)
 # an error about one of these flags names the variable it came from (megatron/launch/flag_sources.py)
-export ZERO_LAB_FLAG_SOURCES="--model-size=MODEL_SIZE --seq-length=SEQ_LEN --micro-batch-size=MICRO_BATCH
-    --global-batch-size=GLOBAL_BATCH --tensor-model-parallel-size=TP --pipeline-model-parallel-size=PP
-    --sequence-parallel=SP --deepspeed_config=DS_CONFIG --zero-nvme-path=NVME_PATH --train-iters=TRAIN_ITERS
-    --train-epochs=TRAIN_EPOCHS --save-interval=SAVE_INTERVAL --log-interval=LOG_INTERVAL
-    --eval-interval=EVAL_INTERVAL --eval-iters=EVAL_ITERS $TRAINING_DEFAULT_SOURCES"
+export ZERO_LAB_FLAG_SOURCES="--zero-nvme-path=NVME_PATH $TRAINING_DEFAULT_SOURCES"
 
 if [[ "${DRY_RUN:-0}" == 1 ]]; then echo "[examples_zero] DRY_RUN=1, not starting: $(printf '%q ' "${cmd[@]}")"; exit 0; fi
 note="fresh start"; [[ -n "$RESUME_LOAD" ]] && note="resuming from $RESUME_LOAD"

@@ -2,6 +2,9 @@
 # ALCF/train-gpt3.sh source this file (never run it). It holds what they must do alike:
 #   zl_find_python REPO    PYTHON: the user's PYTHON, else REPO/.venv's python, else python3 on PATH; it must
 #                          import torch. Sets ZL_CUDA_GPUS (the GPUs torch sees); REPO goes first on PYTHONPATH.
+#   zl_check KIND VAR...   each VAR that is set (not empty) must be of KIND, else one line naming it, its value and
+#                          what is expected: int (> 0), count (>= 0), number (>= 0), fraction (0 to 1), flag (0 or
+#                          1), or the choices themselves, "a|b|c"
 #   zl_lock_run RUN [NAME] one launch of a run at a time: takes RUN/NAME (default .zero-lab.lock) with flock, held
 #                          by this shell and, through exec, the attempt supervisor until the run ends; a second
 #                          launch of the same run ends in one line naming the run folder and who holds it
@@ -33,6 +36,23 @@ zl_find_python() {
     export PYTHON PYTHONPATH=$repo${PYTHONPATH:+:$PYTHONPATH}
 }
 
+zl_check() {
+    local kind=$1 var pattern expected; shift
+    case "$kind" in
+        int) pattern='^[1-9][0-9]*$' expected="a positive integer" ;;
+        count) pattern='^[0-9]+$' expected="an integer >= 0" ;;
+        number) pattern='^([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?$' expected="a number >= 0" ;;
+        fraction) pattern='^([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?$' expected="a number from 0 to 1" ;;
+        flag) pattern='^[01]$' expected="0 or 1" ;;
+        *) pattern="^($kind)\$" expected="one of ${kind//|/, }" ;;
+    esac
+    for var in "$@"; do
+        [[ -n "${!var:-}" ]] || continue
+        [[ "${!var}" =~ $pattern ]] && { [[ "$kind" != fraction ]] || awk -v v="${!var}" 'BEGIN { exit !(v <= 1) }'; } \
+            || zl_die "$var=${!var}: expected $expected"
+    done
+}
+
 zl_lock_run() {
     local run_dir=$1 lock="$1/${2:-.zero-lab.lock}" holder
     command -v flock >/dev/null 2>&1 || zl_die "flock not found on PATH: install util-linux (it locks the run folder)"
@@ -48,7 +68,6 @@ zl_lock_run() {
 }
 
 zl_resume_rule() {
-    [[ "${FRESH:-0}" =~ ^[01]$ ]] || zl_die "FRESH=$FRESH: expected 0 or 1 (1: start the run afresh)"
     local flags=()
     [[ "${FRESH:-0}" == 1 ]] && flags+=(--fresh)
     [[ "${DRY_RUN:-0}" == 1 ]] && flags+=(--dry-run)

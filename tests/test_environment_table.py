@@ -3,8 +3,10 @@ cannot drift from the scripts. A variable a script reads from its caller appears
 (`${NAME:-...}`, `${NAME:+...}`, `${NAME-...}`, `${NAME+...}`); the scripts' own variables are lower-case or
 set before they are read."""
 import re
+import subprocess
 
 from conftest import REPO_ROOT
+from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 
 SCRIPTS = [*sorted((REPO_ROOT / "examples_zero").glob("*.sh")), REPO_ROOT / "examples_zero" / "slurm" / "train.sbatch",
            *sorted((REPO_ROOT / "ALCF").glob("*.sh")), REPO_ROOT / "scripts" / "defaults.sh",
@@ -22,10 +24,74 @@ def table_variables() -> set[str]:
     return names
 
 
+# scripts/launch_common.sh's zl_check and scripts/defaults.sh's zl_alias/zl_given read the variables they name
+NAMED_TO_A_READER = re.compile(r"\bzl_(?:check|alias|given) ([^\n;)]*)")
+
+
+def read_by_name(text: str) -> set[str]:
+    code = re.sub(r"(?m)(^|\s)#.*$", "", text)  # comments name the readers' arguments in capitals too
+    return {word for args in NAMED_TO_A_READER.findall(code) for word in re.findall(r"\b[A-Z][A-Z0-9_]+\b", args)}
+
+
 def test_every_variable_the_scripts_read_is_in_the_table():
     text = "\n".join(path.read_text() for path in SCRIPTS)
-    read = set(READ_FROM_CALLER.findall(text))
+    read = set(READ_FROM_CALLER.findall(text)) | read_by_name(text)
     documented = table_variables()
     assert sorted(read - documented) == [], "read by the scripts, missing from docs/environment.md"
-    referenced = set(ANY_REFERENCE.findall(text))
+    referenced = set(ANY_REFERENCE.findall(text)) | read_by_name(text)
     assert sorted(documented - referenced) == [], "in docs/environment.md, read by no script"
+
+
+# The variables whose default is a flag value both launch paths pass, by the flag it becomes.
+FLAG_OF = {"SEQ_LEN": "--seq-length", "MICRO_BATCH": "--micro-batch-size", "TRAIN_ITERS": "--train-iters",
+           "TP": "--tensor-model-parallel-size", "PP": "--pipeline-model-parallel-size", "SPLIT": "--split",
+           "LR_DECAY_STYLE": "--lr-decay-style", "LR_WARMUP_FRACTION": "--lr-warmup-fraction",
+           "ADAM_BETA1": "--adam-beta1", "ADAM_BETA2": "--adam-beta2", "WEIGHT_DECAY": "--weight-decay",
+           "CLIP_GRAD": "--clip-grad", "SEED": "--seed", "LOG_INTERVAL": "--log-interval",
+           "EVAL_INTERVAL": "--eval-interval", "EVAL_ITERS": "--eval-iters", "SAVE_INTERVAL": "--save-interval",
+           "DISTRIBUTED_TIMEOUT_MINUTES": "--distributed-timeout-minutes"}
+
+
+def documented_cpu_defaults() -> dict[str, str]:
+    """NAME -> the default docs/environment.md gives it without a GPU (`X CPU / Y GPU` -> X; a row naming
+    several variables gives one default each, comma-separated)."""
+    defaults = {}
+    for line in (REPO_ROOT / "docs" / "environment.md").read_text().splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) < 4:
+            continue
+        names = re.findall(r"`([A-Z][A-Z0-9_]*)`", cells[0])
+        default = cells[2].replace("`", "").split(" / ")[0].removesuffix(" CPU")
+        values = [default] if len(names) == 1 else default.split(", ")
+        defaults.update(zip(names, values))
+    return defaults
+
+
+def printed_flags(script: str, **env) -> dict[str, str]:
+    environment = subprocess_env(DRY_RUN=1, CUDA_VISIBLE_DEVICES="", **env)
+    for name in FLAG_OF:
+        environment.pop(name, None)
+    result = subprocess.run(["bash", str(REPO_ROOT / script)], cwd=REPO_ROOT, env=environment, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stdout.splitlines() if "/pretrain_gpt.py " in line]
+    words = line.split("/pretrain_gpt.py ", 1)[1].replace("\\,", ",").split()
+    return {word: words[i + 1] for i, word in enumerate(words[:-1]) if word.startswith("--")}
+
+
+def test_the_documented_defaults_are_what_both_paths_pass(tmp_path):
+    """Each default docs/environment.md states for a flag-making variable is the value the drivers and ALCF/
+    pass when the variable is not set (on CPU ranks)."""
+    documented = documented_cpu_defaults()
+    for script, env in (("examples_zero/gpt_deepspeed_Z1.sh", dict(RUNS_DIR=tmp_path)),
+                        ("ALCF/train-gpt3.sh", dict(OUTPUT_ROOT=tmp_path))):
+        flags = printed_flags(script, **env)
+        passed = {name: flags[flag] for name, flag in FLAG_OF.items()}
+        for name, value in passed.items():
+            expected = documented[name]
+            if re.fullmatch(r"[0-9.eE+-]+", value):
+                assert float(value) == float(expected), (script, name, value, expected)
+            else:
+                assert value == expected, (script, name, value, expected)

@@ -132,3 +132,186 @@ def test_host_k_does_not_convert_init_hf(tmp_path):
     finally:
         os.killpg(host1.pid, signal.SIGKILL)
         host1.wait(timeout=30)
+
+
+# ---- every variable checked once, the same defaults and precedence on both paths ----
+
+def pretrain_flags(line: str) -> dict[str, str]:
+    """The pretrain_gpt.py flags of a printed command line, flag -> value ('' for a switch)."""
+    words = line.split("/pretrain_gpt.py ", 1)[1].split()
+    flags, index = {}, 0
+    while index < len(words):
+        flag, value = words[index], ""
+        if index + 1 < len(words) and not words[index + 1].startswith("--"):
+            value = words[index + 1]
+            index += 1
+        flags[flag] = value.replace("\\,", ",")
+        index += 1
+    return flags
+
+
+def driver_flags(tmp_path, **env) -> dict[str, str]:
+    result = run(DRIVER, DRY_RUN=1, RUNS_DIR=tmp_path, **env)
+    assert result.returncode == 0, result.stderr
+    return pretrain_flags(command_line(result))
+
+
+def alcf_flags(tmp_path, **env) -> dict[str, str]:
+    result = run(ALCF, DRY_RUN=1, OUTPUT_ROOT=tmp_path, CUDA_VISIBLE_DEVICES="", **env)
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("[launch] ") and "pretrain_gpt.py" in line]
+    return pretrain_flags(line)
+
+
+# what a run is: everything but where its files go and the path's own switches
+PATH_FLAGS = {"--save", "--load", "--tensorboard-dir", "--run-dir", "--exit-signal-handler", "--deepspeed",
+              "--zero-stage"}
+
+
+def training(flags: dict[str, str]) -> dict[str, str]:
+    return {flag: value for flag, value in flags.items() if flag not in PATH_FLAGS}
+
+
+@pytest.mark.parametrize("settings", [
+    {},  # the defaults: tiny on 2 CPU ranks, seq 128, micro 4, 60 iterations, fp32, GPT-3's 125M learning rate
+    pytest.param(dict(TP=2, GAS=2, SP=1, USE_ACTIVATION_CHECKPOINTING=1, PRECISION="bf16", TRAIN_EPOCHS=1,
+                      MICRO_BATCH=2), marks=pytest.mark.slow),
+    pytest.param(dict(MPSIZE=2, DTYPE="bf16", SEQ_LEN=64, GLOBAL_BATCH=8, LR="1e-3", TRAIN_ITERS=7,
+                      DATA_SPLIT="90,8,2"), marks=pytest.mark.slow),
+])
+def test_the_drivers_and_alcf_train_the_same_run_from_the_same_settings(tmp_path, settings):
+    """One set of defaults and one precedence (scripts/defaults.sh): the same variables give the same
+    pretrain_gpt.py flags through examples_zero/ and ALCF/, whichever of the two names (TP or MPSIZE, PRECISION
+    or DTYPE, SPLIT or DATA_SPLIT) they are given by."""
+    driver = training(driver_flags(tmp_path / "d", **settings))
+    alcf = training(alcf_flags(tmp_path / "a", MODEL_SIZE_KEY="GPT_TINY", **settings))
+    assert driver == alcf
+    if not settings:
+        assert {flag: driver[flag] for flag in ("--model-size", "--seq-length", "--micro-batch-size",
+                                                "--global-batch-size", "--train-iters", "--lr", "--min-lr")} == {
+            "--model-size": "tiny", "--seq-length": "128", "--micro-batch-size": "4", "--global-batch-size": "8",
+            "--train-iters": "60", "--lr": "6.0e-4", "--min-lr": "6.00e-05"}
+        assert not {"--bf16", "--sequence-parallel", "--checkpoint-activations", "--train-epochs"} & set(driver)
+    elif "GAS" in settings:  # Megatron's rule: 2 x 2 accumulated x 1 data-parallel rank (TP 2 of 2 ranks)
+        assert (driver["--global-batch-size"], driver["--train-epochs"]) == ("4", "1")
+        assert {"--bf16", "--sequence-parallel", "--checkpoint-activations"} <= set(driver)
+    else:
+        assert (driver["--tensor-model-parallel-size"], driver["--split"], driver["--lr"]) == ("2", "90,8,2", "1e-3")
+
+
+@pytest.mark.slow
+def test_the_learning_rate_follows_the_model_size_as_in_the_gpt3_paper(tmp_path):
+    """GPT-3 (Brown et al. 2020, Table 2.1): 6.0e-4 at 125M, 2.0e-4 at 1.3B, 1.0e-4 at 13B, 0.6e-4 at 175B;
+    decayed to a tenth."""
+    for size, key, lr, min_lr in (("125M", "GPT125M", "6.0e-4", "6.00e-05"), ("1.3B", "GPT1_3B", "2.0e-4", "2.00e-05"),
+                                  ("13B", "GPT13B", "1.0e-4", "1.00e-05"), ("175B", "GPT175B", "0.6e-4", "6.00e-06")):
+        driver = driver_flags(tmp_path, MODEL_SIZE=size, NGPUS=1)
+        alcf = alcf_flags(tmp_path, MODEL_SIZE_KEY=key, NGPU_PER_HOST=1)
+        assert (driver["--lr"], driver["--min-lr"]) == (alcf["--lr"], alcf["--min-lr"]) == (lr, min_lr)
+
+
+# the fast tier takes the cases of the issue that asked for the checks; the slow one every case
+FIRST_SETTINGS = [
+    (dict(MICRO_BATCH="two"), "MICRO_BATCH=two: expected a positive integer"),
+    (dict(SEQ_LEN="abc"), "SEQ_LEN=abc: expected a positive integer"),
+    (dict(PRECISION="bfloat16"), "PRECISION=bfloat16: expected one of fp32, bf16, fp16"),
+    (dict(PRECISION="fp16"), "PRECISION=fp16: DeepSpeed's CPU accelerator has no fp16; expected fp32 or bf16 "
+                             "without a GPU"),
+]
+BAD_SETTINGS = [*FIRST_SETTINGS, *(pytest.param(*case, marks=pytest.mark.slow) for case in [
+    (dict(GAS="0"), "GAS=0: expected a positive integer"),
+    (dict(TRAIN_EPOCHS="one"), "TRAIN_EPOCHS=one: expected a number >= 0"),
+    (dict(DTYPE="half"), "DTYPE=half: expected one of fp32, bf16, fp16"),
+    (dict(PRECISION="bf16", DTYPE="fp32"), "PRECISION=bf16 and DTYPE=fp32 name the same setting: set one of them"),
+    (dict(TP="2", MPSIZE="1"), "TP=2 and MPSIZE=1 name the same setting: set one of them"),
+    (dict(TRAIN_ITERS="3", TRAIN_EPOCHS="1"), "TRAIN_ITERS=3 and TRAIN_EPOCHS=1 both set the run's length: set "
+                                              "one of them"),
+    (dict(LR="fast"), "LR=fast: expected a number >= 0"),
+    (dict(ADAM_BETA2="1.5"), "ADAM_BETA2=1.5: expected a number from 0 to 1"),
+    (dict(LR_DECAY_STYLE="cos"), "LR_DECAY_STYLE=cos: expected one of cosine, linear, constant"),
+    (dict(USE_ACTIVATION_CHECKPOINTING="yes"), "USE_ACTIVATION_CHECKPOINTING=yes: expected 0 or 1"),
+    (dict(SP="on"), "SP=on: expected 0 or 1"),
+    (dict(SPLIT="90/8/2"), "SPLIT=90/8/2: expected up to three comma-separated weights, e.g. 969,30,1"),
+    (dict(SEED="-1"), "SEED=-1: expected an integer >= 0"),
+    (dict(DISTRIBUTED_TIMEOUT_MINUTES="ten"), "DISTRIBUTED_TIMEOUT_MINUTES=ten: expected a number >= 0"),
+    (dict(DS_CONFIG="/nonexistent/ds.json"), "DS_CONFIG=/nonexistent/ds.json: no such file (expected a DeepSpeed "
+                                             "JSON)"),
+    (dict(FRESH="yes"), "FRESH=yes: expected 0 or 1"),
+    (dict(DRY_RUN="2"), "DRY_RUN=2: expected 0 or 1"),
+])]
+
+
+@pytest.mark.parametrize("script", [DRIVER, ALCF], ids=["driver", "alcf"])
+@pytest.mark.parametrize("settings, message", BAD_SETTINGS)
+def test_a_bad_variable_is_named_with_its_value_and_what_is_expected(tmp_path, script, settings, message):
+    settings = {"DRY_RUN": 0 if "FRESH" in settings else 1, **settings}  # FRESH: a real launch, refused
+    result = run(script, RUNS_DIR=tmp_path, OUTPUT_ROOT=tmp_path,
+                 CUDA_VISIBLE_DEVICES="", MODEL_SIZE_KEY="GPT_TINY", **settings)
+    assert (result.returncode, result.stderr) == (1, f"error: {message}\n")
+    assert not any(tmp_path.iterdir())  # refused before anything is written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings, message", [
+    (dict(NGPUS="two"), "NGPUS=two: expected a positive integer"),
+    (dict(LAUNCHER="mpirun"), "LAUNCHER=mpirun: expected one of torchrun, deepspeed, mpiexec, srun"),
+    (dict(MODEL_SIZE="7B"), "MODEL_SIZE=7B: expected a preset (tiny, 125M, 355M, 760M, 774M, 1.3B, 1.5B, 2.7B, "
+                            "6.7B, 13B, 25B, 175B)"),
+    (dict(MASTER_PORT="http"), "MASTER_PORT=http: expected a positive integer"),
+    (dict(NNODES="2", NODE_RANK="x"), "NODE_RANK=x: expected an integer >= 0"),
+])
+def test_a_bad_driver_variable_is_named(tmp_path, settings, message):
+    result = run(DRIVER, DRY_RUN=1, RUNS_DIR=tmp_path, **settings)
+    assert (result.returncode, result.stderr) == (1, f"error: {message}\n")
+
+
+def test_a_users_deepspeed_json_gives_what_no_variable_sets(tmp_path):
+    """A DeepSpeed JSON written as Megatron-DeepSpeed's examples write them: its batch sizes and clipping stand
+    when MICRO_BATCH, GLOBAL_BATCH, GAS and CLIP_GRAD are not set (no flag of ours contradicts them); a variable
+    that is set is passed, and pretrain_gpt.py checks it against the JSON; PRECISION=fp32 against a JSON in bf16
+    is refused in one line."""
+    user = tmp_path / "ds_config.json"
+    user.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                                "gradient_clipping": 0.5, "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 1}}))
+    for flags in (driver_flags(tmp_path, DS_CONFIG=user), alcf_flags(tmp_path, DS_CONFIG=user, MODEL_SIZE_KEY="GPT_TINY")):
+        assert not {"--micro-batch-size", "--global-batch-size", "--clip-grad", "--bf16"} & set(flags)
+        assert flags["--deepspeed_config"] == str(user)
+    given = driver_flags(tmp_path, DS_CONFIG=user, MICRO_BATCH=2, CLIP_GRAD=0.5)
+    assert (given["--micro-batch-size"], given["--clip-grad"]) == ("2", "0.5") and "--global-batch-size" not in given
+    for script in (DRIVER, ALCF):
+        fp32 = run(script, DRY_RUN=1, RUNS_DIR=tmp_path, OUTPUT_ROOT=tmp_path, CUDA_VISIBLE_DEVICES="",
+                   MODEL_SIZE_KEY="GPT_TINY", DS_CONFIG=user, PRECISION="fp32")
+        assert (fp32.returncode, fp32.stderr) == (1, f"error: PRECISION=fp32 disagrees with bf16.enabled true in "
+                                                     f"DS_CONFIG={user}: drop one of them or make them agree\n")
+    no_micro = tmp_path / "no_micro.json"
+    no_micro.write_text(json.dumps({"gradient_accumulation_steps": 2}))
+    flags = driver_flags(tmp_path, DS_CONFIG=no_micro)
+    assert flags["--micro-batch-size"] == "4" and "--global-batch-size" not in flags and flags["--clip-grad"] == "1.0"
+    gas = run(DRIVER, DRY_RUN=1, RUNS_DIR=tmp_path, DS_CONFIG=user, GAS=2)
+    assert (gas.returncode, gas.stderr) == (1, f"error: GAS=2: DS_CONFIG={user} gives the micro batch, so set "
+                                               "gradient_accumulation_steps there (or MICRO_BATCH here too)\n")
+
+
+@pytest.mark.slow
+def test_a_run_trains_with_the_batch_and_clipping_of_a_users_json(tmp_path, dolly_data_dir):
+    """The Z1 driver with only DS_CONFIG set among the batch variables: the JSON's 16 = 2 x 4 x 2 ranks and its
+    clipping are what DeepSpeed gets (<run>/ds_config.json) and what the run says it trains with."""
+    from conftest import driver_env
+
+    user = tmp_path / "ds_config.json"
+    user.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                                "gradient_accumulation_steps": 4, "gradient_clipping": 0.5,
+                                "zero_optimization": {"stage": 1}}))
+    env = driver_env(dolly_data_dir, tmp_path / "runs", DS_CONFIG=user, TRAIN_ITERS=2)
+    for name in ("MICRO_BATCH", "TRAIN_EPOCHS"):
+        env.pop(name)
+    result = subprocess.run(["bash", str(DRIVER)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "gpt_tiny_Z1"
+    used = json.loads((run_dir / "ds_config.json").read_text())
+    assert (used["train_batch_size"], used["train_micro_batch_size_per_gpu"], used["gradient_accumulation_steps"],
+            used["gradient_clipping"]) == (16, 2, 4, 0.5)
+    log = (run_dir / "train.log").read_text()
+    assert " > run info | zero stage: 1 | offload: none | model: tiny | world size: 2 | micro batch: 2 | " \
+           "global batch: 16 |" in log
