@@ -312,7 +312,7 @@ def test_real_run_through_mpiexec(tmp_path, dolly_data_dir):
     result = run_script(tmp_path, gpus=False, **settings)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
-    run_name = "gpt_SP_actCkpt_GPT_TINY_z1_seqlen64_mp1_pp1_sp1_nl2_hs128_gb4_mb2"
+    run_name = "gpt_GPT_TINY_z1_seqlen64_mp1_pp1_sp1_nl2_hs128_gb4_mb2"
     run_dir = tmp_path / "outputs" / run_name
     log = Path((tmp_path / "logfiles").read_text().splitlines()[-1])
     assert log.parent == run_dir / "logs" and log.is_file()
