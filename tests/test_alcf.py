@@ -20,7 +20,7 @@ import torch
 from conftest import REPO_ROOT
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.launch.dist_env import DistEnvError, LauncherEnv, export_launcher_env, resolve_launcher_env
-from test_presets import PUBLISHED, SHAPE_BUGS
+from test_presets import PUBLISHED
 
 TRAIN = REPO_ROOT / "ALCF" / "train-gpt3.sh"
 SUBMIT = REPO_ROOT / "ALCF" / "submit-pbs.sh"
@@ -375,8 +375,7 @@ def test_a_failed_run_through_mpiexec_ends_with_its_cause(tmp_path):
 ALCF_KEYS = {"GPT_TINY": "tiny", "GPT125M": "125M", "GPT350M": "355M", "GPT760M": "760M", "GPT774M": "774M",
              "GPT1_3B": "1.3B", "GPT1_5B": "1.5B", "GPT2_7B": "2.7B", "GPT6_7B": "6.7B", "GPT13B": "13B",
              "GPT25B": "25B", "GPT175B": "175B"}
-PUBLISHED_KEYS = [pytest.param(key, marks=pytest.mark.xfail(strict=True, reason=SHAPE_BUGS[preset]))
-                  if preset in SHAPE_BUGS else key for key, preset in ALCF_KEYS.items() if preset in PUBLISHED]
+PUBLISHED_KEYS = [key for key, preset in ALCF_KEYS.items() if preset in PUBLISHED]
 
 
 @functools.cache

@@ -6,8 +6,8 @@ MODEL_SIZE_KEY, tools/zero_plan.py and the Hugging Face conversion all read it).
 import sys
 
 # (num_layers, hidden_size, num_attention_heads). GPT-2: 125M/355M/774M/1.5B (the 1.5B is GPT-2 XL,
-# 25 heads of 64). GPT-3 paper family: 760M, 1.3B, 2.7B, 6.7B, plus the 13B/25B/175B shapes the ALCF
-# Megatron-DeepSpeed scripts use (their 13B has 64 heads of 80). "tiny" is for CPU runs.
+# 25 heads of 64). GPT-3 paper family (Table 2.1): 760M, 1.3B, 2.7B, 6.7B, 13B (40 heads of 128), 175B; 25B is
+# the ALCF Megatron-DeepSpeed scripts' (ALCF/model.sh: 64 layers, hidden 5760, 64 heads). "tiny" is for CPU runs.
 MODEL_PRESETS: dict[str, dict[str, int]] = {
     "tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=4),
     "125M": dict(num_layers=12, hidden_size=768, num_attention_heads=12),
@@ -18,8 +18,8 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
     "1.5B": dict(num_layers=48, hidden_size=1600, num_attention_heads=25),
     "2.7B": dict(num_layers=32, hidden_size=2560, num_attention_heads=32),
     "6.7B": dict(num_layers=32, hidden_size=4096, num_attention_heads=32),
-    "13B": dict(num_layers=40, hidden_size=5120, num_attention_heads=64),
-    "25B": dict(num_layers=64, hidden_size=6144, num_attention_heads=64),
+    "13B": dict(num_layers=40, hidden_size=5120, num_attention_heads=40),
+    "25B": dict(num_layers=64, hidden_size=5760, num_attention_heads=64),
     "175B": dict(num_layers=96, hidden_size=12288, num_attention_heads=96),
 }
 
