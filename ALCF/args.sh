@@ -35,7 +35,8 @@ if [[ -z "${RUN_NAME:-}" ]]; then
     [[ "$SP" == 1 ]] && RUN_NAME="SP_${RUN_NAME}"  # Megatron's sequence parallelism is on
     RUN_NAME="gpt_${RUN_NAME}"
 fi
-RUN_DIR=$(realpath -m "${OUTPUT_ROOT:-$REPO_ROOT/outputs}/$RUN_NAME")  # like runs/: in the repository, wherever it is run from
+# like runs/: in the repository, wherever the script is run from
+RUN_DIR=$(realpath -m "${OUTPUT_ROOT:-$REPO_ROOT/outputs}/$RUN_NAME")
 RUN_USER=${USER:-$(id -un)}
 LOG_FILE="$RUN_DIR/logs/${RUN_USER}-$(hostname)-nhosts${NHOSTS}-ngpu${NGPUS}-$(date +%Y-%m-%d-%H%M%S).log"
 CHECKPOINT_DIR="$RUN_DIR/checkpoints"

@@ -3,7 +3,8 @@
 # The shapes live only in megatron/model/presets.py (MODEL_PRESETS); this file only maps ALCF's key names.
 
 # the drivers' defaults: the tiny preset on CPU ranks, GPT-2 125M on GPUs
-if [[ "$ACCELERATOR" == cuda ]]; then MODEL_SIZE_KEY=${MODEL_SIZE_KEY:-GPT125M}; else MODEL_SIZE_KEY=${MODEL_SIZE_KEY:-GPT_TINY}; fi
+if [[ "$ACCELERATOR" == cuda ]]; then MODEL_SIZE_KEY=${MODEL_SIZE_KEY:-GPT125M}
+else MODEL_SIZE_KEY=${MODEL_SIZE_KEY:-GPT_TINY}; fi
 declare -A ALCF_MODELS=(
     [GPT_TINY]=tiny [GPT125M]=125M [GPT350M]=355M [GPT760M]=760M [GPT774M]=774M [GPT1_3B]=1.3B
     [GPT1_5B]=1.5B [GPT2_7B]=2.7B [GPT6_7B]=6.7B [GPT13B]=13B [GPT25B]=25B [GPT175B]=175B

@@ -57,8 +57,8 @@ fi
 ZL_WORLD=$(( NGPUS * NNODES ))  # every rank of the job (srun's and mpiexec's NGPUS count them all; NNODES is 1 there)
 ZL_MODEL_VARIABLE=MODEL_SIZE
 "$PYTHON" "$REPO/megatron/model/presets.py" "$MODEL_SIZE" >/dev/null 2>&1 \
-    || zl_die "MODEL_SIZE=$MODEL_SIZE: expected a preset ($("$PYTHON" -c 'from megatron.model.presets import MODEL_PRESETS
-print(", ".join(MODEL_PRESETS))'))"
+    || zl_die "MODEL_SIZE=$MODEL_SIZE: expected a preset ($("$PYTHON" -c 'import megatron.model.presets as p
+print(", ".join(p.MODEL_PRESETS))'))"
 # What both launch paths share: sequence, batch (global = MICRO_BATCH x GAS x data-parallel size), length,
 # precision, TP/PP/SP, activation checkpointing, data, optimizer, intervals: TRAINING_DEFAULT_FLAGS. Without
 # gradient accumulation the stages send the ZeRO paper's volumes per step (stages 0-2: 2x the parameters,

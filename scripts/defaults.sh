@@ -29,7 +29,9 @@ done
 # -- 2. one name or the other (Megatron's and ALCF's names for the same setting): both given must agree; a
 # message about the flag names the one given, else the path's own (zl_alcf_names=1: ALCF's, the second)
 zl_given() {
-    if [[ -n "${!1:-}" ]]; then echo "$1"; elif [[ -n "${!2:-}" || -n "${zl_alcf_names:-}" ]]; then echo "$2"; else echo "$1"; fi
+    if [[ -n "${!1:-}" ]]; then echo "$1"
+    elif [[ -n "${!2:-}" || -n "${zl_alcf_names:-}" ]]; then echo "$2"
+    else echo "$1"; fi
 }
 zl_tp_name=$(zl_given TP MPSIZE) zl_pp_name=$(zl_given PP PPSIZE) zl_precision_name=$(zl_given PRECISION DTYPE)
 zl_split_name=$(zl_given SPLIT DATA_SPLIT) zl_warmup_name=$(zl_given LR_WARMUP_FRACTION LR_WARMUP_FRAC)
@@ -78,8 +80,9 @@ zl_json_gives() { [[ " $zl_json_keys " == *" $1 "* ]]; }
 # fp32 has no flag of its own: a JSON that turns on bf16 or fp16 would win over PRECISION=fp32 silently
 if [[ -n "$precision_set" && "$PRECISION" == fp32 ]]; then
     for zl_key in bf16.enabled fp16.enabled; do
-        ! zl_json_gives "$zl_key" || zl_die "$zl_precision_name=fp32 disagrees with $zl_key true in DS_CONFIG=$DS_CONFIG:" \
-            "drop one of them or make them agree"
+        ! zl_json_gives "$zl_key" \
+            || zl_die "$zl_precision_name=fp32 disagrees with $zl_key true in DS_CONFIG=$DS_CONFIG: drop one of them" \
+                      "or make them agree"
     done
 fi
 if [[ -n "${GAS:-}" && -z "${MICRO_BATCH:-}" ]] && zl_json_gives train_micro_batch_size_per_gpu; then
@@ -143,7 +146,8 @@ fi
 
 # -- 4. the flags
 read -r -a DATA_PATH_WORDS <<< "$DATA_PATH"
-length_flags=(--train-epochs "${TRAIN_EPOCHS:-}"); [[ -n "${TRAIN_ITERS:-}" ]] && length_flags=(--train-iters "$TRAIN_ITERS")
+length_flags=(--train-epochs "${TRAIN_EPOCHS:-}")
+[[ -n "${TRAIN_ITERS:-}" ]] && length_flags=(--train-iters "$TRAIN_ITERS")
 precision_flags=()
 [[ "$PRECISION" == fp32 || ( -n "${DS_CONFIG:-}" && -z "$precision_set" ) ]] || precision_flags=("--$PRECISION")
 parallel_flags=(--tensor-model-parallel-size "$TP" --pipeline-model-parallel-size "$PP")

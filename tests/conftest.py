@@ -3,9 +3,12 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -70,6 +73,35 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} after {timeout} s"
+        time.sleep(0.2)
+
+
+@contextmanager
+def waiting_driver_launch(tmp_path):
+    """A real launch of the Z1 driver that holds its run folder (runs/gpt_tiny_Z1 under tmp_path): host 0 of a
+    two-host torchrun run whose host 1 never comes, so its launcher waits in the rendezvous. Yields (process,
+    runs folder, run folder) once it holds the lock and started its attempt; stops its process group after."""
+    runs = tmp_path / "runs"
+    run_dir = runs / "gpt_tiny_Z1"
+    env = test_env(RUNS_DIR=runs, NNODES=2, NODE_RANK=0, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(),
+                   DATA_PATH=tmp_path / "no_data_needed_before_the_ranks_meet")
+    first = subprocess.Popen(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], cwd=REPO_ROOT,
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        lock = run_dir / ".zero-lab.lock"
+        wait_for(lambda: lock.exists() and lock.read_text().startswith(f"pid {first.pid} "), 60,
+                 "the first launch took no lock")
+        wait_for(lambda: (run_dir / "command.txt").exists(), 60, "the first launch started no attempt")
+        yield first, runs, run_dir
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

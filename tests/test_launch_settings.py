@@ -4,12 +4,11 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, free_port
+from conftest import REPO_ROOT, free_port, wait_for, waiting_driver_launch
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.checkpointing import protocol
 
@@ -37,32 +36,10 @@ def committed_checkpoint(checkpoints: Path, tag: str) -> None:
     protocol.commit(str(checkpoints), tag, {"iteration": int(tag.removeprefix("global_step"))})
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} after {timeout} s"
-        time.sleep(0.2)
-
-
 @pytest.fixture
 def waiting_launch(tmp_path):
-    """A real first launch of the Z1 driver that holds its run folder: host 0 of a two-host torchrun run whose
-    host 1 never comes, so its launcher waits in the rendezvous. Stopped (its process group) at the end."""
-    runs = tmp_path / "runs"
-    run_dir = runs / "gpt_tiny_Z1"
-    env = subprocess_env(RUNS_DIR=runs, NNODES=2, NODE_RANK=0, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(),
-                         DATA_PATH=tmp_path / "no_data_needed_before_the_ranks_meet")
-    first = subprocess.Popen(["bash", str(DRIVER)], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        lock = run_dir / ".zero-lab.lock"
-        wait_for(lambda: lock.exists() and lock.read_text().startswith(f"pid {first.pid} "), 60,
-                 "the first launch took no lock")
-        wait_for(lambda: (run_dir / "command.txt").exists(), 60, "the first launch started no attempt")
-        yield first, runs, run_dir
-    finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(timeout=30)
+    with waiting_driver_launch(tmp_path) as launch:
+        yield launch
 
 
 @pytest.mark.slow
@@ -274,7 +251,8 @@ def test_a_users_deepspeed_json_gives_what_no_variable_sets(tmp_path):
     user.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
                                 "gradient_clipping": 0.5, "bf16": {"enabled": True},
                                 "zero_optimization": {"stage": 1}}))
-    for flags in (driver_flags(tmp_path, DS_CONFIG=user), alcf_flags(tmp_path, DS_CONFIG=user, MODEL_SIZE_KEY="GPT_TINY")):
+    for flags in (driver_flags(tmp_path, DS_CONFIG=user),
+                  alcf_flags(tmp_path, DS_CONFIG=user, MODEL_SIZE_KEY="GPT_TINY")):
         assert not {"--micro-batch-size", "--global-batch-size", "--clip-grad", "--bf16"} & set(flags)
         assert flags["--deepspeed_config"] == str(user)
     given = driver_flags(tmp_path, DS_CONFIG=user, MICRO_BATCH=2, CLIP_GRAD=0.5)

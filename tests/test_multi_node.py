@@ -127,7 +127,8 @@ def test_alcf_over_two_hosts_with_mpiexec_over_ssh(cluster, dolly_data_dir, one_
     (tmp_path / "nodefile").write_text("node0\nnode1\n")
     env = subprocess_env(
         PBS_NODEFILE=tmp_path / "nodefile", NGPU_PER_HOST=1, CUDA_VISIBLE_DEVICES="", USER="tester",
-        OUTPUT_ROOT=tmp_path / "outputs", LOGFILES=tmp_path / "logfiles", MPIEXEC_EXTRA_ARGS=f"-launcher ssh -launcher-exec {cluster.ssh_wrapper}",
+        OUTPUT_ROOT=tmp_path / "outputs", LOGFILES=tmp_path / "logfiles",
+        MPIEXEC_EXTRA_ARGS=f"-launcher ssh -launcher-exec {cluster.ssh_wrapper}",
         DATA_DIR=dolly_data_dir, MODEL_SIZE_KEY="GPT_TINY", SEQ_LEN=64, MICRO_BATCH=4, TRAIN_EPOCHS=2, LR="1e-3",
         MIN_LR="6e-5", SPLIT="2,97,1", EVAL_INTERVAL=2, EVAL_ITERS=1, LOG_INTERVAL=1, USE_ACTIVATION_CHECKPOINTING=0,
         SP_TYPE="none", ZERO_STAGE=1)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, driver_env, iteration_losses
+from conftest import REPO_ROOT, driver_env, iteration_losses, waiting_driver_launch
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.checkpointing import protocol
 from megatron.launch.dist_env import SLURM_PORT_BASE, DistEnvError, LauncherEnv, resolve_launcher_env
@@ -318,3 +318,20 @@ def test_a_failed_run_under_srun_ends_with_its_cause(slurm, tmp_path):
     assert output.splitlines()[-1] == cause
     assert [line for line in output.splitlines() if "error" in line] == [cause] and "Traceback" not in output
     assert "srun: error: " in report.read_text()
+
+
+@pytest.mark.slow
+def test_a_job_of_a_run_that_is_running_is_refused(slurm, tmp_path):
+    """Two launches of one run: a driver running it and `FRESH=1 EXPERIMENT=Z1 sbatch train.sbatch` of the same
+    run folder. The job ends at once with the lock's one line, naming the run folder and the process that holds
+    it, and moves none of the live run's files."""
+    with waiting_driver_launch(tmp_path) as (first, runs, run_dir):
+        before = sorted(p.name for p in run_dir.iterdir())
+        env = slurm.env(subprocess_env(RUNS_DIR=runs, EXPERIMENT="Z1", FRESH=1))
+        job = submit(slurm, env, f"--output={tmp_path}/slurm-%j.out", str(SBATCH))
+        info = slurm.wait(job, timeout=300)
+        output = (run_dir / f"slurm-{job}.out").read_text()
+        assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("FAILED", "1:0", "0"), output
+        assert f"error: run folder {run_dir} is in use by another launch (pid {first.pid} on " in output
+        assert set(before) <= {p.name for p in run_dir.iterdir()} and not list(runs.glob("gpt_tiny_Z1.old-*"))
+        assert first.poll() is None
