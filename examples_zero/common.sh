@@ -32,7 +32,7 @@ fi
 # Without: the tiny preset on 2 CPU ranks via torchrun, fp32, a few minutes per driver (scripts/defaults.sh).
 # LAUNCHER=srun (inside a Slurm allocation): one rank per task of the allocation, on all its nodes.
 zl_check "torchrun|deepspeed|mpiexec|srun" LAUNCHER
-zl_check int NGPUS NNODES MASTER_PORT
+zl_check int NGPUS NNODES
 zl_check count NODE_RANK
 [[ "${LAUNCHER:-}" == srun && -z "${NGPUS:-}" ]] && NGPUS=${SLURM_NTASKS:-}
 if (( ZL_CUDA_GPUS > 0 )); then

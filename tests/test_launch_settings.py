@@ -215,6 +215,8 @@ BAD_SETTINGS = [*FIRST_SETTINGS, *(pytest.param(*case, marks=pytest.mark.slow) f
                                              "JSON)"),
     (dict(FRESH="yes"), "FRESH=yes: expected 0 or 1"),
     (dict(DRY_RUN="2"), "DRY_RUN=2: expected 0 or 1"),
+    (dict(MASTER_PORT="http"), "MASTER_PORT=http: expected a positive integer"),
+    (dict(OMP_NUM_THREADS="all"), "OMP_NUM_THREADS=all: expected a positive integer"),
 ])]
 
 
@@ -234,7 +236,6 @@ def test_a_bad_variable_is_named_with_its_value_and_what_is_expected(tmp_path, s
     (dict(LAUNCHER="mpirun"), "LAUNCHER=mpirun: expected one of torchrun, deepspeed, mpiexec, srun"),
     (dict(MODEL_SIZE="7B"), "MODEL_SIZE=7B: expected a preset (tiny, 125M, 355M, 760M, 774M, 1.3B, 1.5B, 2.7B, "
                             "6.7B, 13B, 25B, 175B)"),
-    (dict(MASTER_PORT="http"), "MASTER_PORT=http: expected a positive integer"),
     (dict(NNODES="2", NODE_RANK="x"), "NODE_RANK=x: expected an integer >= 0"),
 ])
 def test_a_bad_driver_variable_is_named(tmp_path, settings, message):
