@@ -43,6 +43,17 @@ else
 fi
 [[ "$LAUNCHER" != srun || -n "${SLURM_JOB_ID:-}" ]] \
     || zl_die "LAUNCHER=srun: not inside a Slurm allocation (no SLURM_JOB_ID): use sbatch or salloc"
+# CUDA_VISIBLE_DEVICES=4,5 under the deepspeed launcher: its --num_gpus would re-export 0..N-1 (GPUs 0 and 1);
+# --include names the GPUs themselves, the first NGPUS of those visible
+ds_include=""
+if [[ "$LAUNCHER" == deepspeed && -n "${CUDA_VISIBLE_DEVICES:-}" ]]; then
+    [[ "$CUDA_VISIBLE_DEVICES" =~ ^[0-9]+(,[0-9]+)*$ ]] || zl_die "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES: the" \
+        "deepspeed launcher takes GPU indices (e.g. 4,5); use LAUNCHER=torchrun, which keeps it as it is"
+    IFS=, read -r -a visible_gpus <<< "$CUDA_VISIBLE_DEVICES"
+    (( NGPUS <= ${#visible_gpus[@]} )) || zl_die "NGPUS=$NGPUS: more than the ${#visible_gpus[@]} GPUs" \
+        "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES makes visible"
+    ds_include=localhost:$(IFS=,; echo "${visible_gpus[*]:0:NGPUS}")
+fi
 
 # torchrun across hosts: the same driver on each host with NNODES, NODE_RANK (0 on the first) and MASTER_ADDR
 # (the first host), ranks meeting through torchrun's c10d rendezvous; NGPUS ranks on each host. Host 0 owns
@@ -114,7 +125,9 @@ case "$LAUNCHER" in
                (( NNODES == 1 )) || launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NGPUS"
                    --nnodes "$NNODES" --node_rank "$NODE_RANK" --rdzv_backend c10d --rdzv_id "$RUN_NAME"
                    --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_conf "is_host=$(( NODE_RANK == 0 ))") ;;
-    deepspeed) launch=("$PYTHON" -m deepspeed.launcher.runner --num_gpus "$NGPUS" --master_port "$MASTER_PORT") ;;
+    deepspeed) launch=("$PYTHON" -m deepspeed.launcher.runner --num_gpus "$NGPUS" --master_port "$MASTER_PORT")
+               [[ -z "$ds_include" ]] \
+                   || launch=("$PYTHON" -m deepspeed.launcher.runner --include "$ds_include" --master_port "$MASTER_PORT") ;;
     # Each task finds its rank and the rendezvous in SLURM_* (megatron/launch/dist_env.py); one OpenMP
     # thread per CPU of the task, as torchrun's one per rank when tasks get no --cpus-per-task.
     srun)      export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}

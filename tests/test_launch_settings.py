@@ -294,3 +294,21 @@ def test_a_run_trains_with_the_batch_and_clipping_of_a_users_json(tmp_path, doll
     log = (run_dir / "train.log").read_text()
     assert " > run info | zero stage: 1 | offload: none | model: tiny | world size: 2 | micro batch: 2 | " \
            "global batch: 16 |" in log
+
+
+def test_the_deepspeed_launcher_trains_on_the_visible_gpus(tmp_path):
+    """CUDA_VISIBLE_DEVICES=4,5,6 with NGPUS=2: the runner gets --include localhost:4,5 (its --num_gpus 2 would
+    re-export GPUs 0 and 1); a GPU named by UUID, or more ranks than visible GPUs, is refused in one line."""
+    result = run(DRIVER, DRY_RUN=1, RUNS_DIR=tmp_path, LAUNCHER="deepspeed", CUDA_VISIBLE_DEVICES="4,5,6", NGPUS=2)
+    line = command_line(result).replace("\\,", ",")
+    assert " -m deepspeed.launcher.runner --include localhost:4,5 --master_port " in line and "--num_gpus" not in line
+    plain = command_line(run(DRIVER, DRY_RUN=1, RUNS_DIR=tmp_path, LAUNCHER="deepspeed", CUDA_VISIBLE_DEVICES=None,
+                             NGPUS=2))
+    assert " -m deepspeed.launcher.runner --num_gpus 2 --master_port " in plain
+    for visible, ranks, message in (
+            ("GPU-3f2a", 1, "CUDA_VISIBLE_DEVICES=GPU-3f2a: the deepspeed launcher takes GPU indices (e.g. 4,5); use "
+                            "LAUNCHER=torchrun, which keeps it as it is"),
+            ("4", 2, "NGPUS=2: more than the 1 GPUs CUDA_VISIBLE_DEVICES=4 makes visible")):
+        refused = run(DRIVER, DRY_RUN=1, RUNS_DIR=tmp_path, LAUNCHER="deepspeed", CUDA_VISIBLE_DEVICES=visible,
+                      NGPUS=ranks)
+        assert (refused.returncode, refused.stderr) == (1, f"error: {message}\n")
