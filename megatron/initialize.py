@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from megatron.core.parallel_state import ParallelState
+from megatron.errors import ZeroLabError
 
 
 @dataclass(frozen=True)
@@ -42,30 +43,55 @@ def launcher_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+class DeviceError(ZeroLabError):
+    """This rank sees no CUDA device to bind to; the message says what CUDA_VISIBLE_DEVICES held."""
+
+
+def cuda_device_index(local_rank: int, device_count: int, visible: str | None = None) -> int:
+    """The CUDA device this rank uses, as an index among the devices it sees.
+
+    A launcher that shows every rank all of its host's GPUs (torchrun, mpiexec) leaves local rank i on GPU i.
+    A site that gives each rank its own GPU (srun --gpus-per-task=1 or --gpu-bind, ALCF's affinity script
+    setting CUDA_VISIBLE_DEVICES per rank) shows each rank one device, index 0, whatever its local rank:
+    local_rank % device_count is right for both, and for k GPUs per rank too. `visible` is
+    CUDA_VISIBLE_DEVICES, named in the error when this rank sees none."""
+    if device_count < 1:
+        shown = "unset" if visible is None else repr(visible)
+        raise DeviceError(f"local rank {local_rank} sees no CUDA device (CUDA_VISIBLE_DEVICES is {shown}): "
+                          "the launcher or the site's binding gave this rank no GPU")
+    return local_rank % device_count
+
+
+def bind_device(device_name: str, local_rank: int) -> torch.device:
+    """This rank's device, made current: done before the process group exists, so that NCCL's communicator
+    and the later torch.cuda calls are on this rank's GPU. (DeepSpeed's engine sets the device again, to
+    LOCAL_RANK unless deepspeed.initialize gets args with device_rank: the caller passes this index.)"""
+    if device_name != "cuda":
+        return torch.device("cpu")
+    index = cuda_device_index(local_rank, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
 def initialize_distributed(timeout_minutes: float) -> DistInfo:
     """Fill RANK/WORLD_SIZE/... from whichever launcher ran us (torchrun, deepspeed, mpiexec, srun), pick the
-    network interface that reaches the master (megatron/launch/network.py), then let DeepSpeed create the
-    default group: nccl on CUDA, gloo on the CPU accelerator. A collective that waits longer than
-    timeout_minutes (a lost host) raises instead of hanging."""
+    network interface that reaches the master (megatron/launch/network.py), bind this rank's GPU
+    (bind_device), then let DeepSpeed create the default group: nccl on CUDA, gloo on the CPU accelerator.
+    A collective that waits longer than timeout_minutes (a lost host) raises instead of hanging."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
     from megatron.launch import network
     from megatron.launch.dist_env import all_ranks_on_this_host, export_launcher_env
 
-    export_launcher_env()
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_rank = export_launcher_env().local_rank
     said, address = network.configure(os.environ, one_host=all_ranks_on_this_host())
     if local_rank == 0:
         print(said, flush=True)  # one line per host: which interface and address its ranks use
-    accelerator = get_accelerator()
-    backend = "nccl" if accelerator.device_name() == "cuda" else "gloo"
+    device_name = get_accelerator().device_name()
+    device = bind_device(device_name, local_rank)  # before the group: Megatron's order
+    backend = "nccl" if device_name == "cuda" else "gloo"
     deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timedelta(minutes=timeout_minutes))
-    if accelerator.device_name() == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
     return DistInfo(rank=torch.distributed.get_rank(), local_rank=local_rank,
                     world_size=torch.distributed.get_world_size(), device=device, address=address)
 

@@ -11,6 +11,10 @@ launcher set them; mpiexec does not, it sets its own variables instead:
   set): a batch script or salloc shell has SLURM_PROCID=0 and the allocation's SLURM_NTASKS too,
   and a process started there directly is one process, not rank 0 of a job that never starts.
 
+A task srun starts through PMI (`srun --mpi=pmi2`: PMI_RANK and PMI_SIZE, no PMI_LOCAL_RANK) or with
+RANK/WORLD_SIZE exported by a wrapper has no local rank of its launcher's own: SLURM_LOCALID, srun's
+task index on its node, is its local rank then (only in a job step, as above).
+
 Under PBS every rank sees the same $PBS_NODEFILE, so its first host is an address all
 ranks agree on without talking to each other first. Under srun that host is the first of the
 step's node list (task 0 runs there), and the port comes from the job id, so two jobs sharing
@@ -63,7 +67,16 @@ def _int_var(environ: Mapping[str, str], name: str) -> int:
     return number
 
 
+def _local_rank_names(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, ...]:
+    """Where this process's local rank may be read, in order: its launcher's own variables, then srun's
+    SLURM_LOCALID in a Slurm job step (a task srun started, whatever else set its rank)."""
+    if "SLURM_STEP_ID" in environ and "SLURM_LOCALID" not in names:
+        return (*names, "SLURM_LOCALID")
+    return names
+
+
 def _local_rank(environ: Mapping[str, str], names: tuple[str, ...], rank: int, world_size: int) -> int:
+    names = _local_rank_names(environ, names)
     for name in names:
         if name in environ:
             return _int_var(environ, name)
