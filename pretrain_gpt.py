@@ -45,7 +45,8 @@ def build_data_iterators(args: Args, dist_info: DistInfo, train_iters: int, iter
     # tensor- and pipeline-parallel ranks of one replica read the same data
     data_group = dist_info.parallel.data
     loaders = [build_pretraining_data_loader(ds, consumed, args.training.micro_batch_size, data_group.rank,
-                                             data_group.size)
+                                             data_group.size, num_workers=args.data.num_workers,
+                                             pin_memory=dist_info.on_cuda)
                for ds, consumed in ((train_ds, consumed_samples), (valid_ds, valid_consumed))]
     return [None if loader is None else iter(loader) for loader in loaders]
 

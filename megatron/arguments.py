@@ -126,9 +126,11 @@ class DataArgs(TokenizerConfig):
     # Megatron's --data-path cache folder for the index arrays; None: next to the data, or, where the data's
     # folder is read-only, the one megatron/startup.py picks
     data_cache_path: str | None = None
+    num_workers: int = 2  # data-loader worker processes per rank (Megatron's --num-workers)
 
     def __post_init__(self):
         _require(bool(self.data_path), "--data-path is required (a dataset prefix, or weight prefix ...)")
+        _require(self.num_workers >= 0, f"--num-workers must be >= 0, got {self.num_workers}")
         if len(self.data_path) > 1:
             _require(len(self.data_path) % 2 == 0,
                      f"--data-path: a blend is 'weight prefix weight prefix ...', got {len(self.data_path)} words")
@@ -269,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--data-cache-path", default=None,
                       help="folder for the dataset index caches (default: next to the data; a read-only data folder: "
                            "<--run-dir>/index-cache)")
+    data.add_argument("--num-workers", type=int, default=2,
+                      help="data-loader worker processes per rank (0: load on the training thread)")
     data.add_argument("--tokenizer-type", default="GPT2BPETokenizer")
     data.add_argument("--vocab-file", default=None)
     data.add_argument("--merge-file", default=None)
@@ -451,6 +455,7 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
                                 adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps),
         training=_training_args(ns, layout, shared, user_config),
         data=DataArgs(data_path=ns.data_path or [], split=ns.split, data_cache_path=ns.data_cache_path,
+                      num_workers=ns.num_workers,
                       tokenizer_type=ns.tokenizer_type,
                       vocab_file=ns.vocab_file, merge_file=ns.merge_file, tokenizer_model=ns.tokenizer_model,
                       vocab_size=ns.vocab_size, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,

@@ -2,8 +2,10 @@
 
 A scheduler preempting or ending a job (Slurm, PBS) sends SIGTERM, then SIGKILL after a grace period.
 The handler only sets a flag, since a signal can arrive in the middle of a collective or a write; the
-training loop asks `stop_requested` after each step, and the ranks agree through an all-reduce
-(a scheduler may signal some ranks before others), so all of them save the same iteration and exit 0.
+training loop asks `stop_requested` every min(--log-interval, 10) steps (megatron/training.py's
+EXIT_SIGNAL_POLL_STEPS: the question is a collective and a host sync, too costly after every step), and
+the ranks agree through an all-reduce (a scheduler may signal some ranks before others), so all of them
+save the same iteration and exit 0.
 """
 import signal
 

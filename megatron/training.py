@@ -32,11 +32,19 @@ class Schedule:
     samples_per_epoch: int
 
 
+# --exit-signal-handler: the ranks agree on the SIGTERM flag (a collective and a host sync) every
+# min(--log-interval, this) iterations, not after every step (docs/checkpoints.md)
+EXIT_SIGNAL_POLL_STEPS = 10
+
+
 @dataclass
 class StepResult:
-    loss: float
+    # the step's mean loss over its micro-batches: a tensor still on the device, averaged over the
+    # data-parallel ranks only when the loop reads it (at logging: no host sync per step), or a
+    # float a step function already read (the pipeline engine's)
+    loss: torch.Tensor | float
     skipped: bool
-    nan: bool
+    nan: bool  # known without reading the loss (a skipped step outside fp16); a non-finite loss is added when read
     grad_norm: float | None
     # probed steps only: the most gradient bytes held after a backward, and the activations one
     # micro-batch's forward kept for its backward (None: not measured)
@@ -52,6 +60,7 @@ class LoopState:
     nan_iterations: int = 0
     nan_in_a_row: int = 0
     last_saved_iteration: int | None = None
+    pending_losses: list = field(default_factory=list)  # (loss, nan) of the steps since the losses were last read
     interval_losses: list = field(default_factory=list)
     interval_seconds: float = 0.0
     interval_iterations: int = 0
@@ -90,10 +99,21 @@ def masked_mean_loss(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> t
 
 def data_parallel_mean(value: torch.Tensor, dist_info: DistInfo) -> float:
     """Mean over the data-parallel replicas (the tensor-parallel ranks of one replica hold the same value)."""
+    return data_parallel_means([value], dist_info)[0]
+
+
+def data_parallel_means(values: list, dist_info: DistInfo) -> list[float]:
+    """data_parallel_mean of each tensor (floats are taken as already averaged), in one collective and one
+    host sync for all of them."""
     group = dist_info.parallel.data
-    reduced = value.detach().clone().float()
-    dist.all_reduce(reduced, group=group.handle)
-    return reduced.item() / group.size
+    tensors = [i for i, value in enumerate(values) if isinstance(value, torch.Tensor)]
+    means = [float(value) if i not in tensors else 0.0 for i, value in enumerate(values)]
+    if tensors:
+        reduced = torch.stack([values[i].detach().float().reshape(()) for i in tensors])
+        dist.all_reduce(reduced, group=group.handle)
+        for i, total in zip(tensors, reduced.tolist()):
+            means[i] = total / group.size
+    return means
 
 
 def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int, probe_memory=False) -> StepResult:
@@ -115,11 +135,10 @@ def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
         if probe_memory:
             grad_bytes = max(grad_bytes, memory.grad_bytes(engine))
         engine.step()
-    mean_loss = data_parallel_mean(torch.stack(losses).mean(), dist_info)
     skipped = not engine.was_step_applied()
     # fp16 overflow skips are loss-scale housekeeping; anywhere else a skipped step means inf/nan grads
-    nan = not math.isfinite(mean_loss) or (skipped and args.deepspeed.precision != "fp16")
-    return StepResult(loss=mean_loss, skipped=skipped, nan=nan, grad_norm=engine.get_global_grad_norm(),
+    nan = skipped and args.deepspeed.precision != "fp16"
+    return StepResult(loss=torch.stack(losses).mean(), skipped=skipped, nan=nan, grad_norm=engine.get_global_grad_norm(),
                       grad_bytes=grad_bytes, activation_bytes=activations)
 
 
@@ -233,60 +252,100 @@ def _synchronize(dist_info: DistInfo):
         torch.cuda.synchronize()
 
 
+class _StepClock:
+    """The seconds the training steps take. It waits for the device only when started or stopped, which
+    the loop does around its bookkeeping (logging, evaluation, saving, ...), so the steps in between are
+    queued back to back without a host sync; the bookkeeping's own time is not counted."""
+
+    def __init__(self, dist_info: DistInfo):
+        self.dist_info, self.started = dist_info, 0.0
+
+    def start(self) -> "_StepClock":
+        _synchronize(self.dist_info)
+        self.started = time.time()
+        return self
+
+    def stop(self) -> float:
+        _synchronize(self.dist_info)
+        return time.time() - self.started
+
+
 def _record_step(state: LoopState, result: StepResult, args: Args):
     state.iteration += 1
+    state.interval_iterations += 1
     state.consumed_samples += args.training.global_batch_size
     state.skipped_iterations += int(result.skipped)
-    state.nan_iterations += int(result.nan)
-    state.nan_in_a_row = state.nan_in_a_row + 1 if result.nan else 0
-    state.interval_losses.append(result.loss)
-    state.epoch_losses.append(result.loss)
-    if state.nan_in_a_row >= args.training.max_nan_iterations:
-        raise TrainingError(f"stopping at iteration {state.iteration}: {state.nan_in_a_row} iterations in a row "
-                            f"had a non-finite loss or gradient (--max-nan-iterations "
-                            f"{args.training.max_nan_iterations})")
+    state.pending_losses.append((result.loss, result.nan))
+
+
+def _read_losses(state: LoopState, args: Args, dist_info: DistInfo):
+    """Read the losses of the steps since the last read (one collective, one host sync) and count their NaN
+    iterations in order: --max-nan-iterations stops the run naming the iteration that reached it."""
+    if not state.pending_losses:
+        return
+    first = state.iteration - len(state.pending_losses) + 1
+    values = data_parallel_means([loss for loss, _ in state.pending_losses], dist_info)
+    flags = [nan for _, nan in state.pending_losses]
+    state.pending_losses = []
+    for iteration, loss, nan in zip(range(first, state.iteration + 1), values, flags):
+        nan = nan or not math.isfinite(loss)
+        state.nan_iterations += int(nan)
+        state.nan_in_a_row = state.nan_in_a_row + 1 if nan else 0
+        state.interval_losses.append(loss)
+        state.epoch_losses.append(loss)
+        if state.nan_in_a_row >= args.training.max_nan_iterations:
+            raise TrainingError(f"stopping at iteration {iteration}: {state.nan_in_a_row} iterations in a row "
+                                f"had a non-finite loss or gradient (--max-nan-iterations "
+                                f"{args.training.max_nan_iterations})")
 
 
 def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInfo, reporter: Reporter,
           eod: int, state: LoopState, step_fn=train_step, evaluate_fn=evaluate) -> LoopState:
     """Run from state.iteration to the end of the schedule; returns the final state.
     step_fn/evaluate_fn: this file's, or megatron.pipeline_training's for the pipeline engine."""
-    schedule, log = reporter.schedule, args.logging
+    schedule, log, ckpt, exit_interval = reporter.schedule, args.logging, args.checkpoint, args.training.exit_interval
     first_step = True
     exit_signal = ExitSignalHandler() if args.training.exit_signal_handler else None
+    poll_every = min(log.log_interval, EXIT_SIGNAL_POLL_STEPS)
+    clock = _StepClock(dist_info).start()
     while state.iteration < schedule.train_iters:
-        _synchronize(dist_info)
-        start = time.time()
         with reporter.counting():
             result = step_fn(engine, train_iterator, args, dist_info, eod, probe_memory=first_step)
-        _synchronize(dist_info)
-        state.interval_seconds += time.time() - start
-        state.interval_iterations += 1
         _record_step(state, result, args)
+        it = state.iteration
+        logging = it % log.log_interval == 0 or it == schedule.train_iters
+        evaluating = valid_iterator is not None and log.eval_iters > 0 and it % log.eval_interval == 0
+        epoch_end = it % schedule.iters_per_epoch == 0
+        saving = bool(ckpt.save and ckpt.save_interval and it % ckpt.save_interval == 0)
+        polling = exit_signal is not None and it % poll_every == 0
+        if not (first_step or logging or evaluating or epoch_end or saving or polling or
+                (exit_interval and it % exit_interval == 0)):
+            continue  # nothing to read: the next step is queued without waiting for this one
+        state.interval_seconds += clock.stop()
+        _read_losses(state, args, dist_info)
         if first_step:
             reporter.model_state(engine, result)
             first_step = False
-        if state.iteration % log.log_interval == 0 or state.iteration == schedule.train_iters:
+        if logging:
             reporter.iteration(state, engine)
             state.interval_losses, state.interval_seconds, state.interval_iterations = [], 0.0, 0
-        if valid_iterator is not None and log.eval_iters > 0 and state.iteration % log.eval_interval == 0:
-            reporter.validation(state.iteration, evaluate_fn(engine, valid_iterator, args, dist_info, eod))
-        if state.iteration % schedule.iters_per_epoch == 0:
+        if evaluating:
+            reporter.validation(it, evaluate_fn(engine, valid_iterator, args, dist_info, eod))
+        if epoch_end:
             reporter.epoch(state)
             state.epoch_losses, state.epoch_start = [], time.time()
-        ckpt, exit_interval = args.checkpoint, args.training.exit_interval
-        if ckpt.save and ckpt.save_interval and state.iteration % ckpt.save_interval == 0:
+        if saving:
             save(engine, args, state, dist_info)
-        if exit_signal is not None and exit_signal.stop_requested(dist_info.device):
+        if polling and exit_signal.stop_requested(dist_info.device):
             if ckpt.save:
                 save(engine, args, state, dist_info)
             saved = f"checkpoint saved to {ckpt.save}" if ckpt.save else "nothing saved: no --save"
-            reporter.print_line(f" exiting program after receiving {exit_signal.name} at iteration "
-                                f"{state.iteration} ({saved})")
+            reporter.print_line(f" exiting program after receiving {exit_signal.name} at iteration {it} ({saved})")
             break
-        if exit_interval and state.iteration % exit_interval == 0:
-            reporter.print_line(f" exiting program at iteration {state.iteration} (--exit-interval {exit_interval})")
+        if exit_interval and it % exit_interval == 0:
+            reporter.print_line(f" exiting program at iteration {it} (--exit-interval {exit_interval})")
             break
+        clock.start()
     return state
 
 

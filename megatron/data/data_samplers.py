@@ -6,6 +6,7 @@ global batch (micro batches of all ranks and all accumulation steps) is therefor
 run of sample ids whatever the data-parallel size, and resuming from consumed_samples
 continues exactly where a run stopped.
 """
+import signal
 from collections.abc import Iterator
 
 import torch
@@ -50,14 +51,24 @@ def collate_samples(samples: list[dict]) -> dict[str, torch.Tensor]:
     return {"text": torch.stack([torch.as_tensor(sample["text"], dtype=torch.int64) for sample in samples])}
 
 
+def _ignore_sigterm(worker_id: int) -> None:
+    # A SIGTERM to the job's process group (PBS at walltime, Slurm) reaches the loader's workers too; one
+    # that died of it would make the rank raise at its next batch instead of saving (--exit-signal-handler).
+    # The rank ends its workers itself when it exits, and a worker whose rank is gone exits on its own.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def build_pretraining_data_loader(dataset, consumed_samples: int, micro_batch_size: int,
                                   data_parallel_rank: int, data_parallel_size: int,
-                                  num_workers: int = 0) -> DataLoader | None:
+                                  num_workers: int = 0, pin_memory: bool = False) -> DataLoader | None:
     """Batches {"text": LongTensor [micro_batch_size, seq_length + 1]} for this rank, or None
-    without a dataset (a split with no samples requested)."""
+    without a dataset (a split with no samples requested). num_workers > 0 (--num-workers) reads the
+    samples in that many worker processes, ahead of the step and in the sampler's order; pin_memory
+    (on CUDA) lets the batch's copy to the GPU run without blocking the host."""
     if dataset is None:
         return None
     sampler = MegatronPretrainingSampler(len(dataset), consumed_samples, micro_batch_size,
                                          data_parallel_rank, data_parallel_size)
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                      collate_fn=collate_samples, persistent_workers=num_workers > 0)
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
+                      collate_fn=collate_samples, persistent_workers=num_workers > 0,
+                      worker_init_fn=_ignore_sigterm if num_workers > 0 else None)

@@ -6,6 +6,8 @@ the attention and MLP is [batch, seq / tp, hidden] on each rank.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,6 +42,9 @@ class ParallelAttention(nn.Module):
         self.config = config
         self.rng_tracker = rng_tracker
         self.local_heads = config.num_attention_heads // group_size(tp_group)
+        # Only split heads need the per-rank generator. With all heads on one rank the default generator
+        # serves, and the generator swap (a graph break under --compile, in every layer) is skipped.
+        self.per_rank_dropout = group_size(tp_group) > 1 or config.sequence_parallel
         self.query_key_value = ColumnParallelLinear(
             config.hidden_size, 3 * config.hidden_size, group=tp_group,
             init_method=init_method_normal(config.init_method_std), params_dtype=config.params_dtype,
@@ -64,8 +69,8 @@ class ParallelAttention(nn.Module):
             # aligns the triangle top-left, which is only right without a cached prefix)
             mask = torch.ones(seq, past + seq, dtype=torch.bool, device=x.device).tril(diagonal=past)
         dropout = self.config.attention_dropout if self.training else 0.0
-        # Heads differ per TP rank, so their dropout draws from the per-rank generator.
-        with self.rng_tracker.fork(x.device):
+        # Heads differ per TP rank, so their dropout draws from the per-rank generator (none to draw: no swap).
+        with self.rng_tracker.fork(x.device) if self.per_rank_dropout and dropout > 0 else contextlib.nullcontext():
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                                      is_causal=mask is None)
         context = context.transpose(1, 2).reshape(batch, seq, self.local_heads * self.config.head_dim)
