@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--eval-interval", type=int, default=1000)
     log.add_argument("--eval-iters", type=int, default=10)
     log.add_argument("--tensorboard-dir", default=None)
-    log.add_argument("--save", default=None)
+    log.add_argument("--save", default=None, help="checkpoint folder; an empty string saves nothing, as no --save")
     log.add_argument("--load", default=None)
     log.add_argument("--save-interval", type=int, default=None)
     log.add_argument("--finetune", action="store_true")
@@ -462,7 +462,9 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
                       tensor_model_parallel_size=ns.tensor_model_parallel_size),
         logging=LoggingArgs(log_interval=ns.log_interval, eval_interval=ns.eval_interval,
                             eval_iters=ns.eval_iters, tensorboard_dir=ns.tensorboard_dir),
-        checkpoint=CheckpointArgs(save=ns.save, load=ns.load, save_interval=ns.save_interval,
+        # --save '' (bench/gpu_suite.sh after a driver's own --save) means no checkpoints, as Megatron's `if
+        # args.save:` reads it; kept as '' it would reach os.makedirs('') on one rank while the others wait
+        checkpoint=CheckpointArgs(save=ns.save or None, load=ns.load, save_interval=ns.save_interval,
                                   finetune=ns.finetune, trust_checkpoint=ns.trust_checkpoint,
                                   universal_checkpoint=ns.universal_checkpoint),
         deepspeed=deepspeed_args,
