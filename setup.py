@@ -20,7 +20,8 @@ setup(
     python_requires=">=3.10",
     install_requires=[
         # scripts/setup.sh installs torch first (2.13.0: the CPU build on the project machines,
-        # a CUDA build on a GPU machine) or keeps a GPU image's own; 2.11 to 2.13 are supported.
+        # a CUDA build on a GPU machine) or keeps a GPU image's own; 2.11 to 2.13 are supported (2.13's
+        # all_gather_single/reduce_scatter_single have a fallback in megatron/core/tensor_parallel/mappings.py).
         "torch>=2.11,<2.14",
         "deepspeed==0.19.8",
         "numpy==2.4.6",

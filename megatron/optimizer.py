@@ -1,5 +1,8 @@
 """Optimizer and learning-rate schedule handed to deepspeed.initialize."""
 import math
+import os
+import re
+import subprocess
 
 import torch
 
@@ -12,15 +15,52 @@ class OptimizerBuildError(ZeroLabError, RuntimeError):
     """The optimizer's compiled op cannot be built on this machine."""
 
 
-def check_cpu_adam_buildable(accelerator: str, cuda_home: str | None) -> None:
+def nvcc_version_text(cuda_home: str | None) -> str | None:
+    """What `<cuda_home>/bin/nvcc --version` prints (torch's and DeepSpeed's builds run that nvcc), else None."""
+    if cuda_home is None:
+        return None
+    try:
+        return subprocess.run([os.path.join(cuda_home, "bin", "nvcc"), "--version"], capture_output=True,
+                              text=True, timeout=60).stdout
+    except OSError:
+        return None
+
+
+def cuda_versions_match(nvcc: str, torch_cuda: str) -> bool:
+    """DeepSpeed's rule for building an op (op_builder's assert_no_cuda_mismatch): nvcc's CUDA X.Y equals
+    torch's, or both are in the versions its table marks compatible within one major (10.x to 12.x; 13.x has
+    no entry, so 13.1 and 13.0 differ)."""
+    from deepspeed.ops.op_builder.builder import cuda_minor_mismatch_ok
+
+    nvcc, torch_cuda = ".".join(nvcc.split(".")[:2]), ".".join(torch_cuda.split(".")[:2])
+    family = cuda_minor_mismatch_ok.get(int(nvcc.split(".")[0]), [])
+    return nvcc == torch_cuda or (nvcc in family and torch_cuda in family)
+
+
+def check_cpu_adam_buildable(accelerator: str, cuda_home: str | None, torch_cuda: str | None,
+                             nvcc_version: str | None) -> None:
     """DeepSpeed compiles its CPU Adam at first use; for the CUDA accelerator that build links
-    CUDA's curand and headers, so it needs the CUDA toolkit (torch finds it as CUDA_HOME). Without
-    one DeepSpeed fails deep in the build with a traceback; this says what is missing instead."""
-    if accelerator == "cuda" and cuda_home is None:
+    CUDA's curand and headers, so it needs the CUDA toolkit (torch finds it as CUDA_HOME), and
+    DeepSpeed refuses an nvcc of another CUDA than torch's (cuda_versions_match; DS_SKIP_CUDA_CHECK=1
+    overrides, as in DeepSpeed). torch_cuda: torch.version.cuda; nvcc_version: what `nvcc --version`
+    printed, None if it did not run. Without this DeepSpeed fails deep in the build with a traceback;
+    this says what is missing instead."""
+    if accelerator != "cuda":
+        return
+    if cuda_home is None:
         raise OptimizerBuildError(
             "--zero-offload-optimizer on CUDA needs DeepSpeed's cpu_adam op, which compiles at first use against "
             f"the CUDA toolkit: none found (no CUDA_HOME, no nvcc on PATH); install the toolkit for CUDA "
-            f"{torch.version.cuda} and set CUDA_HOME, or train without offload (not the Z3_OL driver)")
+            f"{torch_cuda} and set CUDA_HOME, or train without offload (not the Z3_OL driver)")
+    release = re.search(r"release (\d+\.\d+)", nvcc_version or "")
+    if (torch_cuda and release and not cuda_versions_match(release[1], torch_cuda)
+            and os.environ.get("DS_SKIP_CUDA_CHECK", "0") != "1"):
+        raise OptimizerBuildError(
+            f"--zero-offload-optimizer on CUDA needs DeepSpeed's cpu_adam op, compiled at first use by "
+            f"{os.path.join(cuda_home, 'bin', 'nvcc')}: that nvcc is CUDA {release[1]} but torch was built for "
+            f"CUDA {torch_cuda}, and DeepSpeed builds only with a matching CUDA; install the CUDA {torch_cuda} "
+            f"toolkit and set CUDA_HOME to it, or the torch build that matches this nvcc (scripts/setup.sh picks it; "
+            "docs/gpu.md)")
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -73,7 +113,9 @@ def build_optimizer(model: torch.nn.Module, args: Args, state=None) -> torch.opt
         from deepspeed.accelerator import get_accelerator
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         from torch.utils.cpp_extension import CUDA_HOME
-        check_cpu_adam_buildable(get_accelerator().device_name(), CUDA_HOME)
+        accelerator = get_accelerator().device_name()
+        check_cpu_adam_buildable(accelerator, CUDA_HOME, torch.version.cuda,
+                                 nvcc_version_text(CUDA_HOME) if accelerator == "cuda" else None)
         return DeepSpeedCPUAdam(groups, adamw_mode=True, **kwargs)
     if args.deepspeed.zero_stage == 0 and args.deepspeed.precision == "fp32":
         split = state is not None and state.get_model_parallel_world_size() > 1

@@ -4,9 +4,11 @@
 # again: every step is skipped when already done.
 #
 # torch: without an NVIDIA GPU, torch==TORCH_VERSION as pip finds it (the CPU build on the project
-# machines). With one (nvidia-smi answers), the CUDA build for the newest CUDA the driver runs, from
-# PyTorch's index (TORCH_INDEX_URL overrides), unless PYTHON already imports a CUDA torch: that one
-# is kept, and the new .venv sees PYTHON's packages. zero-lab runs on torch 2.11 to 2.13.
+# machines). With one (nvidia-smi answers), the CUDA build for the newest CUDA the driver runs that
+# matches the CUDA toolkit's nvcc, when there is one (DeepSpeed builds its CPU Adam for offload with
+# that nvcc and refuses another CUDA), from PyTorch's index (TORCH_INDEX_URL overrides), unless PYTHON
+# already imports a CUDA torch: that one is kept, and the new .venv sees PYTHON's packages. Either way
+# one warning line says when offload would find no matching nvcc. zero-lab runs on torch 2.11 to 2.13.
 # WHEELHOUSE=DIR: install from DIR only (made by scripts/wheelhouse.sh), never from the network;
 # the torch found in .venv or PYTHON is kept, whatever its build, since DIR holds none.
 # SETUP_DRY_RUN=1: print every command a real run would run, and change nothing.
@@ -16,7 +18,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV_DIR=${VENV_DIR:-.venv}
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
-TORCH_MIN=2.11 TORCH_BELOW=2.14  # the torch releases zero-lab runs on (setup.py says the same)
+TORCH_MIN=2.11 TORCH_BELOW=2.14  # the torch releases zero-lab runs on (setup.py and docs/gpu.md say the same)
 TORCH_CUDA_BUILDS="13.0 12.8 12.6"  # CUDA versions PyTorch's index has torch 2.13 wheels for
 WHEELHOUSE=${WHEELHOUSE:-}
 DRY_RUN=${SETUP_DRY_RUN:-0}
@@ -29,8 +31,36 @@ version_at_least() { [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" =
 # "<version> <cuda version or cpu>" of the torch that Python $1 imports; fails when it has none.
 torch_of() { "$1" -c 'import torch; print(torch.__version__, torch.version.cuda or "cpu")' 2>/dev/null; }
 
-# The pip arguments that install torch here: the CUDA wheels for the newest CUDA the driver runs
-# (the "CUDA Version" in nvidia-smi's header), else torch==TORCH_VERSION as pip finds it.
+# X.Y of the CUDA toolkit's nvcc, found as torch's extension builds find it (CUDA_HOME or CUDA_PATH, else
+# nvcc on PATH, else /usr/local/cuda); empty when there is none.
+nvcc_release() {
+    local nvcc=/usr/local/cuda/bin/nvcc home=${CUDA_HOME:-${CUDA_PATH:-}}
+    if [[ -n "$home" ]]; then nvcc=$home/bin/nvcc
+    elif command -v nvcc >/dev/null 2>&1; then nvcc=$(command -v nvcc); fi
+    [[ -x "$nvcc" ]] || return 0
+    "$nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n 1
+}
+
+# DeepSpeed (op_builder's assert_no_cuda_mismatch) builds an op only with nvcc's CUDA equal to torch's, or
+# both within 10.x, 11.x or 12.x; 13.x minors must be equal.
+cuda_matches() {
+    [[ "$1" == "$2" ]] || { [[ "${1%%.*}" == "${2%%.*}" ]] && (( ${1%%.*} <= 12 )); }
+}
+
+# One warning line when the offload driver's CPU Adam could not be built for torch's CUDA $1.
+warn_offload_nvcc() {
+    local torch_cuda=$1 nvcc=$2
+    if [[ -z "$nvcc" ]]; then
+        echo "[setup] warning: no CUDA toolkit (nvcc) found: offload (the Z3_OL driver) compiles DeepSpeed's CPU" \
+             "Adam with nvcc and needs the CUDA $torch_cuda toolkit, as CUDA_HOME or nvcc on PATH" >&2
+    elif ! cuda_matches "$nvcc" "$torch_cuda"; then
+        echo "[setup] warning: nvcc is CUDA $nvcc but torch is built for CUDA $torch_cuda: offload (the Z3_OL" \
+             "driver) compiles DeepSpeed's CPU Adam with nvcc and needs the CUDA $torch_cuda toolkit as CUDA_HOME" >&2
+    fi
+}
+
+# The pip arguments that install torch here: the CUDA wheels for the newest CUDA the driver runs (the
+# "CUDA Version" in nvidia-smi's header) that nvcc matches, else torch==TORCH_VERSION as pip finds it.
 torch_install_args() {
     if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
         echo "torch==$TORCH_VERSION --index-url $TORCH_INDEX_URL"; return
@@ -38,7 +68,7 @@ torch_install_args() {
     if ! command -v nvidia-smi >/dev/null 2>&1; then
         echo "torch==$TORCH_VERSION"; return
     fi
-    local report driver build
+    local report driver build nvcc chosen=""
     if ! report=$(nvidia-smi 2>&1); then
         echo "[setup] warning: nvidia-smi failed ($(head -n 1 <<< "$report")): installing torch without CUDA" >&2
         echo "torch==$TORCH_VERSION"; return
@@ -46,13 +76,17 @@ torch_install_args() {
     driver=$(sed -n 's/.*CUDA Version: *\([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' <<< "$report" | head -n 1)
     [[ -n "$driver" ]] \
         || die "nvidia-smi prints no 'CUDA Version': set TORCH_INDEX_URL to the PyTorch index for your CUDA"
+    nvcc=$(nvcc_release)
     for build in $TORCH_CUDA_BUILDS; do
-        if version_at_least "$driver" "$build"; then
-            echo "torch==$TORCH_VERSION --index-url https://download.pytorch.org/whl/cu${build/./}"; return
-        fi
+        version_at_least "$driver" "$build" || continue
+        [[ -n "$chosen" ]] || chosen=$build  # the newest the driver runs, when nvcc matches none
+        if [[ -n "$nvcc" ]] && cuda_matches "$nvcc" "$build"; then chosen=$build; break; fi
     done
-    die "the NVIDIA driver runs CUDA $driver, older than every CUDA build of torch $TORCH_VERSION" \
-        "(${TORCH_CUDA_BUILDS// /, }): update the driver, or set TORCH_INDEX_URL"
+    [[ -n "$chosen" ]] \
+        || die "the NVIDIA driver runs CUDA $driver, older than every CUDA build of torch $TORCH_VERSION" \
+               "(${TORCH_CUDA_BUILDS// /, }): update the driver, or set TORCH_INDEX_URL"
+    warn_offload_nvcc "$chosen" "$nvcc"
+    echo "torch==$TORCH_VERSION --index-url https://download.pytorch.org/whl/cu${chosen/./}"
 }
 
 # Debian's and Ubuntu's Python without python3-venv has no ensurepip, so `-m venv` fails after
@@ -109,6 +143,7 @@ if [[ -n "$torch_found" ]]; then
         || die "torch $version found, but zero-lab needs torch >= $TORCH_MIN, < $TORCH_BELOW:" \
                "install one of those (a CUDA build on a GPU machine) or use a fresh VENV_DIR and PYTHON"
     [[ -x "$VENV_DIR/bin/python" ]] && echo "[setup] torch ${torch_found% *} (${torch_found#* }) is already installed"
+    [[ "${torch_found#* }" == cpu ]] || warn_offload_nvcc "${torch_found#* }" "$(nvcc_release)"
 elif [[ -n "$WHEELHOUSE" ]]; then
     die "WHEELHOUSE=$WHEELHOUSE: neither $VENV_DIR nor PYTHON=$PYTHON imports torch, and a wheelhouse holds none:" \
         "install torch >= $TORCH_MIN, < $TORCH_BELOW first (the CUDA build on a GPU machine)"

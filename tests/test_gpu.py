@@ -1,6 +1,7 @@
 """On CUDA only (skipped without a GPU): a short driver run in bf16 whose memory lines come from the
-CUDA allocator, the allocator peak reset per logging interval, and our attention on a flash or cuDNN
-SDPA kernel. docs/gpu.md says how a GPU session runs these."""
+CUDA allocator, the allocator peak reset per logging interval, our attention on a flash or cuDNN
+SDPA kernel, and a CUDA toolkit that can build the offload driver's CPU Adam. docs/gpu.md says how a
+GPU session runs these."""
 import json
 import re
 import subprocess
@@ -73,3 +74,13 @@ def test_attention_runs_on_a_flash_or_cudnn_sdpa_kernel_in_bf16():
                        max_position_embeddings=512, params_dtype=torch.bfloat16)
     kernels = attention_kernels(config, SimpleNamespace(micro_batch_size=2, seq_length=512), torch.device("cuda"))
     assert kernels and all(kernel.split()[0] in ("flash", "cuDNN") for kernel in kernels), kernels
+
+
+def test_this_machine_can_build_the_offload_drivers_cpu_adam():
+    """Z3_OL compiles DeepSpeed's CPU Adam with the CUDA toolkit's nvcc, which must match torch's CUDA: the
+    start-up check's verdict here, before the suite's Z3_OL runs find out (docs/gpu.md)."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    from megatron.optimizer import check_cpu_adam_buildable, nvcc_version_text
+
+    check_cpu_adam_buildable("cuda", CUDA_HOME, torch.version.cuda, nvcc_version_text(CUDA_HOME))

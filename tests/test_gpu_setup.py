@@ -274,14 +274,98 @@ def test_gpu_suite_report_says_what_did_not_run(tmp_path):
 def test_offload_on_cuda_without_the_cuda_toolkit_is_one_line_naming_it():
     from megatron.optimizer import OptimizerBuildError, check_cpu_adam_buildable
 
-    check_cpu_adam_buildable("cpu", None)  # the CPU accelerator's build needs no toolkit
-    check_cpu_adam_buildable("cuda", "/usr/local/cuda")
+    check_cpu_adam_buildable("cpu", None, None, None)  # the CPU accelerator's build needs no toolkit
+    check_cpu_adam_buildable("cuda", "/usr/local/cuda", "13.0", nvcc_output("13.0"))
     with pytest.raises(OptimizerBuildError) as error:
-        check_cpu_adam_buildable("cuda", None)
+        check_cpu_adam_buildable("cuda", None, "13.0", None)
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith("--zero-offload-optimizer on CUDA needs DeepSpeed's cpu_adam op")
-    assert "install the toolkit for CUDA" in message and "set CUDA_HOME" in message
+    assert "install the toolkit for CUDA 13.0" in message and "set CUDA_HOME" in message
+
+
+def nvcc_output(release: str) -> str:
+    """`nvcc --version` as CUDA 13.0's prints it (this machine's /usr/local/cuda-13.0), at another release."""
+    return ("nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2025 NVIDIA Corporation\n"
+            "Built on Wed_Aug_20_01:58:59_PM_PDT_2025\n"
+            f"Cuda compilation tools, release {release}, V{release}.88\nBuild cuda_{release}.r{release}/compiler.36424714_0\n")
+
+
+@pytest.mark.parametrize("nvcc, torch_cuda, refused", [
+    ("13.0", "13.0", False), ("12.4", "12.8", False), ("12.9", "12.6", False),  # DeepSpeed accepts 12.x with 12.y
+    ("12.8", "13.0", True), ("13.0", "12.8", True), ("11.8", "12.6", True),
+    ("13.1", "13.0", True),  # DeepSpeed 0.19.8's table has no 13.x: minors must match
+])
+def test_offload_refuses_an_nvcc_of_another_cuda_than_torch_in_one_line(nvcc, torch_cuda, refused):
+    from megatron.optimizer import OptimizerBuildError, check_cpu_adam_buildable
+
+    if not refused:
+        check_cpu_adam_buildable("cuda", "/opt/cuda", torch_cuda, nvcc_output(nvcc))
+        return
+    with pytest.raises(OptimizerBuildError) as error:
+        check_cpu_adam_buildable("cuda", "/opt/cuda", torch_cuda, nvcc_output(nvcc))
+    assert str(error.value) == (
+        "--zero-offload-optimizer on CUDA needs DeepSpeed's cpu_adam op, compiled at first use by /opt/cuda/bin/nvcc: "
+        f"that nvcc is CUDA {nvcc} but torch was built for CUDA {torch_cuda}, and DeepSpeed builds only with a "
+        f"matching CUDA; install the CUDA {torch_cuda} toolkit and set CUDA_HOME to it, or the torch build that "
+        "matches this nvcc (scripts/setup.sh picks it; docs/gpu.md)")
+
+
+def test_offload_check_reads_nvcc_of_cuda_home_and_agrees_with_deepspeed(tmp_path, monkeypatch):
+    from deepspeed.ops.op_builder import builder
+
+    from megatron.optimizer import OptimizerBuildError, check_cpu_adam_buildable, nvcc_version_text
+
+    fake_nvcc(tmp_path / "cuda" / "bin", "12.8")
+    text = nvcc_version_text(str(tmp_path / "cuda"))
+    assert "release 12.8, V12.8.88" in text
+    assert nvcc_version_text(str(tmp_path / "nowhere")) is None
+    with pytest.raises(OptimizerBuildError):
+        check_cpu_adam_buildable("cuda", str(tmp_path / "cuda"), "13.0", text)
+    monkeypatch.setenv("DS_SKIP_CUDA_CHECK", "1")  # DeepSpeed's own override is honoured
+    check_cpu_adam_buildable("cuda", str(tmp_path / "cuda"), "13.0", text)
+    # DeepSpeed's own check, with its nvcc and torch's CUDA played by these versions, refuses the same pairs
+    monkeypatch.delenv("DS_SKIP_CUDA_CHECK")
+    for nvcc, torch_cuda, refused in (("12.8", "13.0", True), ("13.1", "13.0", True), ("12.4", "12.8", False)):
+        monkeypatch.setattr(builder, "installed_cuda_version", lambda name="", v=nvcc: tuple(map(int, v.split("."))))
+        monkeypatch.setattr(builder.torch.version, "cuda", torch_cuda)
+        if refused:
+            with pytest.raises(builder.CUDAMismatchException):
+                builder.assert_no_cuda_mismatch()
+        else:
+            assert builder.assert_no_cuda_mismatch()
+
+
+def fake_nvcc(folder: Path, release: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    tool = folder / "nvcc"
+    tool.write_text(f"#!/bin/sh\ncat <<'EOF'\n{nvcc_output(release)}EOF\n")
+    tool.chmod(0o755)
+    return folder
+
+
+@pytest.mark.parametrize("driver_cuda, nvcc, index, warning", [
+    ("13.0", "12.8", "cu128", None),  # the toolkit's major, not the driver's newest: CPU Adam builds
+    ("13.0", "13.0", "cu130", None),
+    ("12.9", "12.4", "cu128", None),  # DeepSpeed builds with any 12.x for a 12.y torch
+    ("13.0", "11.8", "cu130", "[setup] warning: nvcc is CUDA 11.8 but torch is built for CUDA 13.0: offload (the "
+                              "Z3_OL driver) compiles DeepSpeed's CPU Adam with nvcc and needs the CUDA 13.0 toolkit "
+                              "as CUDA_HOME"),
+    ("13.0", None, "cu130", "[setup] warning: no CUDA toolkit (nvcc) found: offload (the Z3_OL driver) compiles "
+                            "DeepSpeed's CPU Adam with nvcc and needs the CUDA 13.0 toolkit, as CUDA_HOME or nvcc "
+                            "on PATH"),
+])
+def test_setup_picks_the_cuda_build_that_nvcc_matches(tmp_path, driver_cuda, nvcc, index, warning):
+    bin_dir = fake_nvidia_smi(tmp_path / "bin", NVIDIA_SMI_HEADER.format(cuda=driver_cuda))
+    if nvcc is None:  # CUDA_HOME names where torch looks first: a folder without nvcc
+        result = dry_setup(tmp_path, bin_dir, CUDA_HOME=tmp_path / "no-toolkit")
+    else:  # nvcc on PATH, as torch finds it without CUDA_HOME
+        fake_nvcc(bin_dir, nvcc)
+        environment_without_cuda_home = {"CUDA_HOME": "", "CUDA_PATH": ""}
+        result = dry_setup(tmp_path, bin_dir, **environment_without_cuda_home)
+    assert result.returncode == 0, result.stderr
+    assert f"[setup] pip_install torch==2.13.0 --index-url https://download.pytorch.org/whl/{index}\n" in result.stdout
+    assert [line for line in result.stderr.splitlines() if "nvcc" in line] == ([warning] if warning else [])
 
 
 def python_without_ensurepip(folder: Path) -> Path:

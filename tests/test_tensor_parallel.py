@@ -184,6 +184,33 @@ def test_sequence_parallel_gather_and_reduce_scatter():
     run_ranks(_check_sequence_parallel_mappings)
 
 
+def _check_mappings_on_torch_before_2_13(rank, world):
+    """torch 2.11 and 2.12 (which setup.py accepts) have no all_gather_single / reduce_scatter_single: played
+    here by deleting them from torch.distributed in this rank's process (distributed_c10d keeps its own, which
+    2.13's all_gather_into_tensor calls). The traffic counter still counts each collective once, by its name."""
+    import warnings
+
+    from megatron import comm_counter
+
+    for name in ("all_gather_single", "reduce_scatter_single"):
+        delattr(dist, name)
+    counter = comm_counter.install()
+    try:
+        with counter.counting(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # 2.13 deprecates the older names
+            _check_sequence_parallel_mappings(rank, world)
+    finally:
+        comm_counter.uninstall()
+    # forward gather + its backward reduce-scatter, forward reduce-scatter + its backward gather
+    assert counter.calls == {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}, counter.calls
+    assert counter.sent["all_gather"] == counter.sent["reduce_scatter"] == 2 * (24 * 4 / 2)  # 24 fp32, half sent
+
+
+@pytest.mark.slow
+def test_sequence_parallel_mappings_without_the_torch_2_13_collectives():
+    run_ranks(_check_mappings_on_torch_before_2_13)
+
+
 def _check_rng_tracker(rank, world):
     torch.manual_seed(SEED)
     tracker = model_parallel_tracker(SEED, tensor_parallel_rank=rank)

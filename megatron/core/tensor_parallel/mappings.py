@@ -30,6 +30,19 @@ def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
+def _all_gather_into(out: torch.Tensor, x: torch.Tensor, group) -> None:
+    # torch 2.13 adds all_gather_single and deprecates all_gather_into_tensor; 2.11 and 2.12 have only the
+    # latter. Looked up at each call, so the traffic counter's wrapper (megatron/comm_counter.py) is the one used.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, x, group=group)
+
+
+def _reduce_scatter_into(out: torch.Tensor, x: torch.Tensor, group) -> None:
+    # as _all_gather_into: reduce_scatter_single from torch 2.13, reduce_scatter_tensor before
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    reduce_scatter(out, x, group=group)
+
+
 def _split(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     """This rank's equal slice of `x` along `dim`."""
     world = group_size(group)
@@ -48,7 +61,7 @@ def _gather(x: torch.Tensor, dim: int, group) -> torch.Tensor:
     # The collective concatenates along dim 0; move the wanted dim there and back.
     moved = x.movedim(dim, 0).contiguous()
     out = moved.new_empty((world * moved.size(0),) + tuple(moved.shape[1:]))
-    dist.all_gather_single(out, moved, group=group)
+    _all_gather_into(out, moved, group)
     return out.movedim(0, dim).contiguous()
 
 
@@ -61,7 +74,7 @@ def _reduce_scatter(x: torch.Tensor, dim: int, group) -> torch.Tensor:
         raise ValueError(f"dimension {dim} of size {x.size(dim)} does not split over {world} ranks")
     moved = x.movedim(dim, 0).contiguous()
     out = moved.new_empty((moved.size(0) // world,) + tuple(moved.shape[1:]))
-    dist.reduce_scatter_single(out, moved, group=group)
+    _reduce_scatter_into(out, moved, group)
     return out.movedim(0, dim).contiguous()
 
 
