@@ -30,7 +30,7 @@ ERROR_GRACE_SECONDS = 10.0
 def build_data_iterators(args: Args, dist_info: DistInfo, train_iters: int, iteration: int, consumed_samples: int):
     """Train and validation iterators positioned where a run at `iteration` left them (as Megatron does,
     the validation stream continues across evaluations, so a resumed run sees the same validation batches)."""
-    from megatron.data.data_samplers import build_pretraining_data_loader
+    from megatron.data.data_samplers import build_pretraining_data_loader, loader_workers
     from megatron.data.gpt_dataset import build_train_valid_test_datasets
 
     batch, log = args.training.global_batch_size, args.logging
@@ -44,9 +44,9 @@ def build_data_iterators(args: Args, dist_info: DistInfo, train_iters: int, iter
     valid_consumed = iteration // log.eval_interval * log.eval_iters * batch
     # tensor- and pipeline-parallel ranks of one replica read the same data
     data_group = dist_info.parallel.data
+    workers = loader_workers(args.data.num_workers, dist_info.on_cuda)
     loaders = [build_pretraining_data_loader(ds, consumed, args.training.micro_batch_size, data_group.rank,
-                                             data_group.size, num_workers=args.data.num_workers,
-                                             pin_memory=dist_info.on_cuda)
+                                             data_group.size, num_workers=workers, pin_memory=dist_info.on_cuda)
                for ds, consumed in ((train_ds, consumed_samples), (valid_ds, valid_consumed))]
     return [None if loader is None else iter(loader) for loader in loaders]
 

@@ -126,11 +126,14 @@ class DataArgs(TokenizerConfig):
     # Megatron's --data-path cache folder for the index arrays; None: next to the data, or, where the data's
     # folder is read-only, the one megatron/startup.py picks
     data_cache_path: str | None = None
-    num_workers: int = 2  # data-loader worker processes per rank (Megatron's --num-workers)
+    # data-loader worker processes per rank (Megatron's --num-workers); None: 2 on CUDA, 0 on CPU ranks, where
+    # the workers compete with the ranks for the cores (bench/results/cpu-2core.md, bench_host_work.py)
+    num_workers: int | None = None
 
     def __post_init__(self):
         _require(bool(self.data_path), "--data-path is required (a dataset prefix, or weight prefix ...)")
-        _require(self.num_workers >= 0, f"--num-workers must be >= 0, got {self.num_workers}")
+        _require(self.num_workers is None or self.num_workers >= 0,
+                 f"--num-workers must be >= 0, got {self.num_workers}")
         if len(self.data_path) > 1:
             _require(len(self.data_path) % 2 == 0,
                      f"--data-path: a blend is 'weight prefix weight prefix ...', got {len(self.data_path)} words")
@@ -271,8 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--data-cache-path", default=None,
                       help="folder for the dataset index caches (default: next to the data; a read-only data folder: "
                            "<--run-dir>/index-cache)")
-    data.add_argument("--num-workers", type=int, default=2,
-                      help="data-loader worker processes per rank (0: load on the training thread)")
+    data.add_argument("--num-workers", type=int, default=None,
+                      help="data-loader worker processes per rank (0: load on the training thread); default 2 on "
+                           "CUDA, 0 on CPU ranks")
     data.add_argument("--tokenizer-type", default="GPT2BPETokenizer")
     data.add_argument("--vocab-file", default=None)
     data.add_argument("--merge-file", default=None)

@@ -15,7 +15,7 @@ import megatron.training as training
 from conftest import REPO_ROOT, free_port
 from megatron.arguments import parse_args
 from megatron.core.parallel_state import ParallelLayout, ParallelState
-from megatron.data.data_samplers import build_pretraining_data_loader
+from megatron.data.data_samplers import build_pretraining_data_loader, loader_workers
 from megatron.exit_signal import ExitSignalHandler
 from megatron.initialize import DistInfo
 from megatron.model import MODEL_PRESETS, GPTConfig, GPTModel
@@ -240,7 +240,9 @@ def test_a_sigterm_to_the_process_group_leaves_the_loader_working():
 
 
 def test_num_workers_flag(monkeypatch):
-    assert flags().data.num_workers == 2  # Megatron's default
+    assert flags().data.num_workers is None  # 2 on CUDA (Megatron's default), 0 on CPU ranks
+    assert (loader_workers(None, on_cuda=True), loader_workers(None, on_cuda=False)) == (2, 0)
+    assert loader_workers(flags("--num-workers", "3").data.num_workers, on_cuda=False) == 3
     assert flags("--num-workers", "0").data.num_workers == 0
     with pytest.raises(ValueError, match="--num-workers must be >= 0, got -1"):
         flags("--num-workers", "-1")

@@ -58,6 +58,14 @@ def _ignore_sigterm(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def loader_workers(num_workers: int | None, on_cuda: bool) -> int:
+    """--num-workers, else 2 on CUDA (Megatron's default: batches are read while the GPU computes) and 0 on CPU
+    ranks, where workers compete with the ranks for the cores (bench/bench_host_work.py)."""
+    if num_workers is not None:
+        return num_workers
+    return 2 if on_cuda else 0
+
+
 def build_pretraining_data_loader(dataset, consumed_samples: int, micro_batch_size: int,
                                   data_parallel_rank: int, data_parallel_size: int,
                                   num_workers: int = 0, pin_memory: bool = False) -> DataLoader | None:
