@@ -103,6 +103,11 @@ def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool
                  "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
         "zero_optimization": _zero_section(args, num_params, hidden_size, on_cuda),
     }
+    if ds.bf16 and ds.zero_stage >= 1:
+        # sum the micro-batches' gradients in fp32, as Megatron-DeepSpeed's bf16 configs do (by default DeepSpeed
+        # sums them in bf16). Stage 1 then runs DeepSpeed's bf16 optimizer, with an fp32 buffer of every gradient;
+        # DeepSpeed 0.19.8 refuses fp32 accumulation at stage 0 ("unsupported mix"), which accumulates in bf16.
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
     if args.deepspeed.nvme_path is not None:
         config["aio"] = dict(AIO)
     return config

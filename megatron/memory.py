@@ -73,12 +73,17 @@ class MemoryTracker:
 # The private DeepSpeed (0.19.8) attributes read below, by optimizer class: the fp32 master partitions and the
 # gradient buffers ZeRO keeps. Were DeepSpeed to rename one, a silent getattr default would drop it from the
 # measurement; instead a missing one raises (tests/test_training.py and the driver runs cover every class).
+# FP16_UnfusedOptimizer is stage 0 in bf16 (or fp16) without a pipeline: whole fp32 copies, one list per group.
 _FP32_MASTER = {"DeepSpeedZeroOptimizer": "single_partition_of_fp32_groups",
                 "DeepSpeedZeroOptimizer_Stage3": "fp32_partitioned_groups_flat",
-                "BF16_Optimizer": "fp32_groups_flat_partition"}
-# Stages 1-2 accumulate the gradients of their partition's parameters in all_grad_tensors between micro-batches.
+                "BF16_Optimizer": "fp32_groups_flat_partition",
+                "FP16_UnfusedOptimizer": "fp32_groups"}
+# Stages 1-2 accumulate the gradients of their partition's parameters in all_grad_tensors between micro-batches;
+# the bf16 optimizer (stage 1 in bf16, whose gradients accumulate in fp32) keeps every gradient in a flat buffer
+# of the accumulation dtype next to the bf16 ones.
 _GRADIENT_BUFFERS = {"DeepSpeedZeroOptimizer": ("averaged_gradients", "all_grad_tensors"),
-                     "DeepSpeedZeroOptimizer_Stage3": ("averaged_gradients", "grad_partitions_flat_buffer")}
+                     "DeepSpeedZeroOptimizer_Stage3": ("averaged_gradients", "grad_partitions_flat_buffer"),
+                     "BF16_Optimizer": ("fp32_groups_gradients_flat",)}
 
 
 class DeepSpeedInternalsError(RuntimeError):
@@ -121,23 +126,30 @@ def grad_bytes(engine) -> int:
         buffers = _private(optimizer, name)
         if isinstance(buffers, dict):  # parameter group -> list of gradients (or None)
             tensors.extend(t for grads in buffers.values() for t in grads or [])
+        elif isinstance(buffers, list):  # one flat buffer per parameter group
+            tensors.extend(buffers)
         elif buffers is not None:
             tensors.append(buffers)
     return unique_storage_bytes(tensors)
 
 
 def optimizer_bytes(engine) -> int:
-    """Optimizer states plus the fp32 master partitions ZeRO (or the bf16 optimizer) keeps next to them, and
+    """Optimizer states plus the fp32 master partitions ZeRO (or the bf16 and stage-0 16-bit optimizers) keeps next to them, and
     those partitions' gradients where they exist between steps (with the optimizer offloaded)."""
     optimizer = _deepspeed_optimizer(engine)
     inner = optimizer.optimizer if optimizer is not None else engine.optimizer
     inner = getattr(inner, "optimizer", inner)  # the fp16 wrapper at stage 0
     tensors = [value for state in inner.state.values() for value in state.values()]
     if optimizer is not None:
-        masters = [t for t in _private(optimizer, _FP32_MASTER[type(optimizer).__name__]) or []
+        masters = _private(optimizer, _FP32_MASTER[type(optimizer).__name__]) or []
+        # FP16_UnfusedOptimizer keeps a list of fp32 copies per parameter group
+        masters = [t for entry in masters for t in (entry if isinstance(entry, list) else [entry])
                    if isinstance(t, torch.Tensor)]
-        # the master partitions' fp32 gradients: kept next to them when the optimizer is offloaded
-        tensors.extend(masters + [t.grad for t in masters if t.grad is not None])
+        tensors.extend(masters)
+        # the master partitions' fp32 gradients: kept next to them when the optimizer is offloaded; the bf16
+        # optimizer's are views of its gradient buffer, which grad_bytes counts
+        if type(optimizer).__name__ != "BF16_Optimizer":
+            tensors.extend(t.grad for t in masters if t.grad is not None)
     return unique_storage_bytes(tensors)
 
 

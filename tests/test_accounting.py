@@ -266,9 +266,10 @@ def _parameters_of_the_real_model(c: GPTConfig) -> int:
 
 # bytes per parameter of (params, grads, optimizer states): fp32 Adam keeps m and v (8); DeepSpeed's ZeRO optimizers
 # also clone an fp32 master partition (4) even from fp32 params (measured: tests/test_training.py); mixed
-# precision is the ZeRO paper's 2 + 2 + K, K = 12
+# precision is the ZeRO paper's 2 + 2 + K, K = 12, but at stage 3 the gradients accumulate in fp32 (4; measured:
+# tests/test_gpu_numerics.py)
 @pytest.mark.parametrize("precision, stage, per_param, partitioned", [
-    ("fp32", 0, 4 + 4 + 8, 1), ("fp32", 3, 4 + 4 + 4 + 8, 2), ("bf16", 3, 2 + 2 + 12, 2)])
+    ("fp32", 0, 4 + 4 + 8, 1), ("fp32", 3, 4 + 4 + 4 + 8, 2), ("bf16", 0, 2 + 2 + 12, 1), ("bf16", 3, 2 + 4 + 12, 2)])
 def test_memory_per_rank_by_hand(precision, stage, per_param, partitioned):
     """memory_per_rank for 2 layers, hidden 64, 4 heads, seq 128, vocab 512, micro-batch 2, 2 ranks on CUDA,
     every term written out. Model states: the real module's parameters times the bytes each keeps, over the

@@ -10,9 +10,11 @@ from megatron import memory
 
 def _deepspeed_class(name):
     from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
-    return {cls.__name__: cls for cls in (BF16_Optimizer, DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3)}[name]
+    return {cls.__name__: cls for cls in (BF16_Optimizer, DeepSpeedZeroOptimizer, DeepSpeedZeroOptimizer_Stage3,
+                                          FP16_UnfusedOptimizer)}[name]
 
 
 def _assigned_attributes(cls) -> set[str]:

@@ -76,14 +76,16 @@ def flops_per_iteration(config: GPTConfig, global_batch_size: int, activation_re
 
 def zero_model_state_estimate(num_params: int, zero_stage: int, dp_size: int, precision: str,
                               offload_optimizer: bool = False, offload_param: bool = False,
-                              gradient_elements: int | None = None) -> dict[str, int]:
+                              gradient_elements: int | None = None,
+                              gradient_bytes: int | None = None) -> dict[str, int]:
     """Accelerator bytes per rank for params, grads and optimizer states under ZeRO.
 
     Stage 1 partitions optimizer states over the dp_size ranks, stage 2 also gradients,
     stage 3 also parameters; a partition is ceil(num_params / dp_size) elements (DeepSpeed
     pads to equal partitions). Offloaded states live in host memory and count 0 here.
     gradient_elements: the gradients a rank really keeps (gradient_elements_held: DeepSpeed keeps more
-    than the paper's partition at stages 1 and 2); by default the paper's.
+    than the paper's partition at stages 1 and 2); by default the paper's. gradient_bytes: the bytes each of
+    them takes (gradient_bytes_per_element: fp32 accumulation); by default the paper's 16-bit.
     """
     if precision not in _BYTES_PER_PARAM:
         raise AccountingError(f"precision must be one of {sorted(_BYTES_PER_PARAM)}, got {precision!r}")
@@ -102,7 +104,7 @@ def zero_model_state_estimate(num_params: int, zero_stage: int, dp_size: int, pr
     params = (partition if zero_stage >= 3 else num_params) * param_bytes
     if gradient_elements is None:
         gradient_elements = partition if zero_stage >= 2 else num_params
-    grads = gradient_elements * grad_bytes
+    grads = gradient_elements * (grad_bytes if gradient_bytes is None else gradient_bytes)
     optim = (partition if zero_stage >= 1 else num_params) * optim_bytes
     if offload_optimizer:
         optim = 0
@@ -264,16 +266,32 @@ def gradient_elements_held(config: GPTConfig, setup: TrainingSetup, stage: int =
     flattened and cut into dp equal partitions), so a partition that falls inside a large parameter (the
     word embedding) holds all of it; stage 1 reduces only at the last micro-batch, so with accumulation it
     holds every gradient until then; with the optimizer offloaded they keep none (the host does); stage 3
-    holds its flat partition."""
+    holds its flat partition. In bf16 the gradients accumulate in fp32 (gradient_bytes_per_element): stage 1's
+    bf16 optimizer keeps every gradient, stage 2 an fp32 buffer of exactly its partition of each group."""
     sizes = parameter_groups_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
     every, dp = sum(map(sum, sizes)), setup.data_parallel_size
     if setup.offload_optimizer and setup.zero_stage in (1, 2):
         return 0  # each reduced bucket goes straight to the host's fp32 gradient partition
-    if setup.zero_stage == 0 or (setup.zero_stage == 1 and setup.gradient_accumulation_steps > 1):
+    if setup.zero_stage == 0 or (setup.zero_stage == 1 and (setup.gradient_accumulation_steps > 1
+                                                           or setup.precision == "bf16")):
         return every
     if setup.zero_stage == 3:
         return math.ceil(every / dp)
+    if setup.precision == "bf16":
+        return sum(math.ceil(sum(group) / dp) for group in sizes)
     return sum(_whole_parameters_of_first_partition(group, dp) for group in sizes)
+
+
+def gradient_bytes_per_element(setup: TrainingSetup) -> int:
+    """Bytes a held gradient element takes. In bf16 at stages 1-3 DeepSpeed accumulates the micro-batches'
+    gradients in fp32 (megatron/deepspeed_config.py asks for it; DeepSpeed 0.19.8 refuses it at stage 0): stages
+    2 and 3 keep an fp32 partition, stage 1 (DeepSpeed's bf16 optimizer) an fp32 buffer of every gradient beside
+    the bf16 gradients, 6 bytes each. Otherwise the gradients are in the parameters' dtype."""
+    if setup.precision != "bf16" or setup.zero_stage == 0:
+        return setup.element_bytes
+    if setup.zero_stage == 1 and not setup.offload_optimizer:
+        return 2 + 4
+    return 4
 
 
 def _dropout_mask_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
@@ -360,9 +378,10 @@ def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> 
     the optimizer offloaded the fp32 gradient partition it steps with."""
     on_rank = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
     args = (on_rank, setup.zero_stage, setup.data_parallel_size, setup.precision)
-    grads = gradient_elements_held(config, setup, stage)
-    states = zero_model_state_estimate(*args, setup.offload_optimizer, setup.offload_params, gradient_elements=grads)
-    offloaded = zero_model_state_estimate(*args, gradient_elements=grads)["total"] - states["total"]
+    held = dict(gradient_elements=gradient_elements_held(config, setup, stage),
+                gradient_bytes=gradient_bytes_per_element(setup))
+    states = zero_model_state_estimate(*args, setup.offload_optimizer, setup.offload_params, **held)
+    offloaded = zero_model_state_estimate(*args, **held)["total"] - states["total"]
     if setup.offload_optimizer:  # the optimizer steps on the host: an fp32 copy of the gradient partition there
         offloaded += math.ceil(on_rank / setup.data_parallel_size) * 4
     activations = activation_bytes(config, setup, stage)

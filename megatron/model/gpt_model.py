@@ -22,6 +22,7 @@ from megatron.core.tensor_parallel import (
     scatter_to_sequence_parallel_region,
     vocab_parallel_lm_loss,
 )
+from megatron.core.tensor_parallel.layers import fp32_cpu_init
 from megatron.core.tensor_parallel.mappings import group_rank, group_size
 from megatron.core.tensor_parallel.random import RNGStatesTracker
 from megatron.model.config import GPTConfig, check_parallel_shape
@@ -35,7 +36,7 @@ def build_embeddings(config: GPTConfig, tp_group) -> tuple[VocabParallelEmbeddin
     words = VocabParallelEmbedding(config.padded_vocab_size, config.hidden_size, group=tp_group,
                                    init_method=init, params_dtype=config.params_dtype)
     # _weight skips nn.Embedding's own N(0, 1) draw, so construction uses the RNG exactly once.
-    positions = init(torch.empty(config.max_position_embeddings, config.hidden_size, dtype=torch.float32))
+    positions = fp32_cpu_init((config.max_position_embeddings, config.hidden_size), init)
     return words, nn.Embedding(config.max_position_embeddings, config.hidden_size,
                                _weight=positions.to(config.params_dtype))
 

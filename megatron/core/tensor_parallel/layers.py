@@ -49,15 +49,25 @@ def divide(numerator: int, denominator: int, what: str) -> int:
     return numerator // denominator
 
 
+def fp32_cpu_init(shape: tuple[int, ...], init_method: InitMethod) -> torch.Tensor:
+    """Initial values drawn in fp32 on the CPU generator, whatever device and dtype new tensors get.
+    Under deepspeed.zero.Init torch.empty returns ZeRO's dtype on its device (bf16 on the GPU, drawn by the
+    GPU's generator), so ZeRO-3 would start from other weights than the other stages; the explicit device
+    keeps the draw on the CPU and .to() undoes the dtype (Megatron's _initialize_affine_weight_cpu)."""
+    master = torch.empty(shape, dtype=torch.float32, device="cpu").to(torch.float32)
+    init_method(master)
+    return master
+
+
 def _sharded_weight(
     full_shape: tuple[int, int], partition_dim: int, group, init_method: InitMethod, params_dtype: torch.dtype
 ) -> nn.Parameter:
-    """Initialise the full fp32 master weight, keep this rank's slice along `partition_dim`."""
-    master = torch.empty(full_shape, dtype=torch.float32)
-    init_method(master)
-    shard = master.chunk(group_size(group), dim=partition_dim)[group_rank(group)]
-    # a copy: a row slice is a contiguous view that would keep the whole master matrix alive
-    weight = nn.Parameter(shard.to(params_dtype).clone(memory_format=torch.contiguous_format))
+    """Initialise the full fp32 master weight, copy this rank's slice along `partition_dim` into the parameter
+    (created where and as zero.Init wants it, if it is on)."""
+    shard = fp32_cpu_init(full_shape, init_method).chunk(group_size(group), dim=partition_dim)[group_rank(group)]
+    weight = nn.Parameter(torch.empty(shard.shape, dtype=params_dtype))
+    with torch.no_grad():
+        weight.copy_(shard)
     mark_tensor_parallel(weight, partition_dim, parallel=group_size(group) > 1)
     return weight
 
