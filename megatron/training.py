@@ -7,6 +7,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -356,6 +357,13 @@ def save(engine, args: Args, state: LoopState, dist_info: DistInfo) -> None:
         state.last_saved_iteration = state.iteration
 
 
+def engine_device_args(dist_info: DistInfo) -> SimpleNamespace | None:
+    """What deepspeed.initialize takes as `args` to use the rank's GPU: its engine sets the device again, to
+    LOCAL_RANK unless args.device_rank says otherwise, which breaks sites that give each rank its own GPU
+    (every rank sees index 0: megatron/initialize.py)."""
+    return SimpleNamespace(device_rank=dist_info.device.index) if dist_info.on_cuda else None
+
+
 def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int):
     """Build the model (partitioned at creation under ZeRO-3), optimizer, schedule and DeepSpeed engine.
     dist_info.parallel is DeepSpeed's mpu (ZeRO partitions over data-parallel ranks only) except for a
@@ -380,8 +388,8 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
         model = model_builder().to(dist_info.device)
     optimizer = build_optimizer(model, args, state)
     schedule = LRSchedule(optimizer, args.optimizer, train_iters)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule, config=config,
-                                           mpu=mpu, dist_init_required=False)
+    engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
+                                           lr_scheduler=schedule, config=config, mpu=mpu, dist_init_required=False)
     if args.training.compile:
         engine.compile()
     return engine, config

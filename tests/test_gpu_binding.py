@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron.initialize import DeviceError, cuda_device_index
+from megatron.initialize import DeviceError, DistInfo, cuda_device_index
 from megatron.launch.dist_env import DistEnvError, LauncherEnv, resolve_launcher_env
 from megatron.launch.lost_peer import Peer, Peers, first_line
 
@@ -212,3 +212,15 @@ def test_the_heartbeats_line_is_unchanged():
     assert PEERS.lost([PEERS.peers[1]], "no heartbeat for 60 s: its host is down or cut off") == (
         "lost rank 1 on node1 (10.250.0.2): no heartbeat for 60 s: its host is down or cut off; the last "
         "checkpoint resumes on the hosts left with --universal-checkpoint (docs/multi-node.md)")
+
+
+def test_deepspeeds_engine_is_given_the_ranks_gpu():
+    """DeepSpeed's engine sets the device again, to LOCAL_RANK unless `args.device_rank` says otherwise: on a site
+    that gives each rank its own GPU, local rank 3 sees its GPU as index 0 and the engine must be told so."""
+    from megatron.training import engine_device_args
+
+    own_gpu = DistInfo(rank=3, local_rank=3, world_size=4, device=torch.device("cuda", 0))
+    assert engine_device_args(own_gpu).device_rank == 0
+    all_gpus = DistInfo(rank=3, local_rank=3, world_size=4, device=torch.device("cuda", 3))
+    assert engine_device_args(all_gpus).device_rank == 3
+    assert engine_device_args(DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))) is None
