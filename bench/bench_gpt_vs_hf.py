@@ -216,9 +216,10 @@ def main(argv) -> int:
                 seconds[name] += measure(name, args, opts, dist_info, config)
             tokens_per_step = args.training.global_batch_size * opts.seq_length
             ours, hf = (tokens_per_step / float(np.median(seconds[name])) for name in ("ours", "hf"))
-            flops = accounting.flops_per_iteration(config, args.training.global_batch_size, False)
+            flops = accounting.model_flops_per_iteration(config, args.training.global_batch_size)
             tflops = flops / (tokens_per_step / ours) / dist_info.world_size / 1e12
-            peak = accounting.peak_bf16_tflops(torch.cuda.get_device_name() if dist_info.on_cuda else None)
+            peak = accounting.peak_tflops(torch.cuda.get_device_name() if dist_info.on_cuda else None,
+                                          args.deepspeed.precision, torch.backends.cuda.matmul.allow_tf32)
             rows.append(dict(stage=int(stage), ours_tokens_per_s=ours, hf_tokens_per_s=hf, ratio=ours / hf,
                              ours_tflops_per_rank=tflops, ours_mfu=None if peak is None else tflops / peak))
     kernels = attention_kernels(config, opts, dist_info.device)

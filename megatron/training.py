@@ -19,7 +19,7 @@ from megatron.exit_signal import ExitSignalHandler
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
 from megatron.training_log import (IterationStats, TensorBoardWriter, comm_line, epoch_line, iteration_line,
-                                   memory_line, model_state_line, run_info_line, validation_line)
+                                   memory_line, model_state_line, peak_line, run_info_line, validation_line)
 
 
 class TrainingError(ZeroLabError, RuntimeError):
@@ -161,7 +161,8 @@ class Reporter:
     args: Args
     dist_info: DistInfo
     schedule: Schedule
-    flops_per_iteration: float
+    model_flops: float  # per iteration, no recomputation: TFLOPs and MFU (docs/log-lines.md)
+    hardware_flops: float  # per iteration, recomputed forwards included: HFU
     peak_tflops: float | None
     model_state_estimate: dict
     tracker: memory.MemoryTracker
@@ -182,7 +183,7 @@ class Reporter:
         seconds = state.interval_seconds / max(1, state.interval_iterations)
         batch, seq = args.training.global_batch_size, args.model.seq_length
         finite = [loss for loss in state.interval_losses if math.isfinite(loss)]
-        tflops = self.flops_per_iteration / seconds / world / 1e12
+        tflops = self.model_flops / seconds / world / 1e12
         grad_norm = engine.get_global_grad_norm()
         stats = IterationStats(
             iteration=state.iteration, train_iters=self.schedule.train_iters,
@@ -195,9 +196,12 @@ class Reporter:
             samples_per_second=batch / seconds, tokens_per_gpu_per_second=batch * seq / seconds / world,
             tflops=tflops)
         self.print_line(iteration_line(stats))
-        mfu = None if self.peak_tflops is None else 100.0 * tflops / self.peak_tflops
+        mfu = hfu = None
+        if self.peak_tflops is not None:
+            mfu = 100.0 * tflops / self.peak_tflops
+            hfu = mfu * self.hardware_flops / self.model_flops
         device = "cuda" if self.dist_info.on_cuda else "cpu"
-        self.print_line(memory_line(self.dist_info.rank, device, state.iteration, self.tracker.sample(), mfu))
+        self.print_line(memory_line(self.dist_info.rank, device, state.iteration, self.tracker.sample(), mfu, hfu))
         if self.comm is not None:
             now = self.comm.snapshot()
             sent = comm_counter.since(now, self.comm_before, state.interval_iterations)
@@ -408,11 +412,14 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
     setup = training_setup(args, dist_info)
     estimate = accounting.memory_per_rank(model_config, setup, last_stage)
     device_name = torch.cuda.get_device_name(dist_info.device) if dist_info.on_cuda else get_accelerator().device_name()
+    # fp32 matmuls run on the TF32 tensor cores only where torch allows it (off unless a user turns it on)
+    tf32 = dist_info.on_cuda and torch.backends.cuda.matmul.allow_tf32
+    peak = accounting.peak_tflops(device_name, ds.precision, tf32)
     reporter = Reporter(
         args=args, dist_info=dist_info, schedule=schedule,
-        flops_per_iteration=accounting.flops_per_iteration(model_config, args.training.global_batch_size,
-                                                           args.model.recompute_activations),
-        peak_tflops=accounting.peak_bf16_tflops(device_name), model_state_estimate=estimate,
+        model_flops=accounting.model_flops_per_iteration(model_config, args.training.global_batch_size),
+        hardware_flops=accounting.hardware_flops_per_iteration(model_config, args.training.global_batch_size),
+        peak_tflops=peak, model_state_estimate=estimate,
         tracker=memory.MemoryTracker(on_cuda=dist_info.on_cuda),
         tensorboard=TensorBoardWriter(args.logging.tensorboard_dir)
         if args.logging.tensorboard_dir and dist_info.rank == log_rank else None, log_rank=log_rank,
@@ -421,6 +428,8 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
     reporter.print_line(run_info_line(ds.zero_stage, ds.offload, args.model_name, dist_info.world_size,
                                   args.training.micro_batch_size, args.training.global_batch_size,
                                   args.model.seq_length, schedule.samples_per_epoch))
+    reporter.print_line(peak_line(device_name, accounting.accelerator_part(device_name),
+                                  accounting.matmul_precision(ds.precision, tf32), peak))
     return reporter
 
 

@@ -44,10 +44,13 @@ def iteration_line(s: IterationStats) -> str:
             f" TFLOPs: {s.tflops:.2f} |")
 
 
-def memory_line(rank: int, device: str, iteration: int, mem: dict, mfu_percent: float | None) -> str:
+def memory_line(rank: int, device: str, iteration: int, mem: dict, mfu_percent: float | None,
+                hfu_percent: float | None = None) -> str:
     """docs/log-lines.md's regexes expect ", MemAllocated=" (DeepSpeed's own spelling), hence the
-    device field in front of it."""
+    device field in front of it. HFU follows MFU here, not in the iteration line, whose fields are upstream's."""
     mfu = "" if mfu_percent is None else f", MFU={mfu_percent:.2f}%"
+    if hfu_percent is not None:
+        mfu += f", HFU={hfu_percent:.2f}%"
     return (f"[Rank {rank}] memory at iteration {iteration:8d} | device={device}, "
             f"MemAllocated={mem['allocated'] / GB:.2f}GB, "
             f"MaxMemAllocated={mem['max_allocated'] / GB:.2f}GB, HostRSS={mem['rss'] / GB:.2f}GB, "
@@ -93,6 +96,14 @@ def validation_line(iteration: int, loss: float) -> str:
 def epoch_line(epoch: int, iteration: int, consumed_samples: int, seconds: float, loss: float) -> str:
     return (f" epoch {epoch:4d} done | iteration {iteration:8d} | consumed samples: {consumed_samples:12d} | "
             f"epoch time (s): {seconds:.3f} | lm loss: {loss:.6E} |")
+
+
+def peak_line(device_name: str, part: str | None, matmul_precision: str, peak_tflops: float | None) -> str:
+    """Once at start-up: the peak MFU and HFU are over, or why they are not printed."""
+    if peak_tflops is None:
+        what = "no part known" if part is None else f"{part}, no {matmul_precision} peak known"
+        return f" > MFU and HFU not reported: {device_name!r} ({what}; megatron/model/accounting.py PEAK_TFLOPS)"
+    return f" > MFU and HFU over the dense {matmul_precision} peak of {part} ({device_name}): {peak_tflops:g} TFLOPs"
 
 
 def run_info_line(zero_stage: int, offload: str, model: str, world_size: int, micro_batch: int,

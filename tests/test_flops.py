@@ -1,0 +1,122 @@
+"""Model and hardware FLOPs against torch's own count of the real model, and the accelerator peaks."""
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from megatron.model import GPTConfig, GPTModel
+from megatron.model.accounting import (
+    AccountingError,
+    accelerator_part,
+    hardware_flops_per_iteration,
+    matmul_precision,
+    model_flops_per_iteration,
+    peak_tflops,
+)
+from megatron.training_log import memory_line, peak_line
+
+
+def config(layers, hidden, heads, seq, vocab, ffn=None, recompute=False):
+    return GPTConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads, seq_length=seq,
+                     max_position_embeddings=seq, padded_vocab_size=vocab, ffn_hidden_size=ffn,
+                     recompute_activations=recompute)
+
+
+def counted_flops(c: GPTConfig, batch: int) -> int:
+    """What FlopCounterMode counts for one forward and backward of GPTModel on the CPU.
+
+    It counts matmuls (mm, addmm, bmm: 2 m n k each, a bias add not counted) and the fused attention
+    kernels of CUDA, but not the CPU's flash-attention kernel; the math backend runs attention as two bmm,
+    Q K^T and softmax(.) V over the whole s x s square, which it then counts. Softmax, LayerNorm, GELU,
+    dropout and the embedding lookups are not matmuls: neither count includes them. With recomputation
+    the backward re-runs each layer's forward, and the counter counts that too."""
+    torch.manual_seed(0)
+    model = GPTModel(c).train()
+    tokens = torch.randint(0, c.padded_vocab_size, (batch, c.seq_length))
+    positions = torch.arange(c.seq_length).expand(batch, c.seq_length)
+    counter = FlopCounterMode(display=False)
+    with sdpa_kernel(SDPBackend.MATH), counter:
+        model(tokens, positions, tokens).sum().backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("layers, hidden, heads, seq, vocab, ffn, batch", [
+    (2, 64, 4, 32, 256, None, 2),  # FFN 4h
+    (3, 48, 3, 24, 200, 100, 3),  # --ffn-hidden-size 100, not 4h
+    (1, 32, 2, 64, 128, 48, 1),  # s > h: attention products outweigh the dense layers
+    (2, 40, 5, 16, 320, 256, 2),  # FFN wider than 4h, vocabulary larger than the rest
+])
+@pytest.mark.parametrize("recompute", [False, True])
+def test_flops_match_the_counted_model(layers, hidden, heads, seq, vocab, ffn, batch, recompute):
+    c = config(layers, hidden, heads, seq, vocab, ffn, recompute)
+    counted = counted_flops(c, batch)
+    # Both count the same matmuls, so they agree exactly; the tolerance only absorbs float rounding.
+    assert hardware_flops_per_iteration(c, batch) == pytest.approx(counted, rel=1e-9)
+    if not recompute:
+        assert model_flops_per_iteration(c, batch) == pytest.approx(counted, rel=1e-9)
+
+
+def test_recomputation_adds_one_forward_of_the_layers_not_of_the_logit_layer():
+    plain, recomputed = config(2, 64, 4, 32, 256), config(2, 64, 4, 32, 256, recompute=True)
+    assert model_flops_per_iteration(recomputed, 4) == model_flops_per_iteration(plain, 4)
+    layer_forward = 2 * 4 * 32 * 64 * (4 * 64 + 2 * 256) + 4 * 4 * 32 * 32 * 64
+    assert hardware_flops_per_iteration(recomputed, 4) - hardware_flops_per_iteration(plain, 4) == 2 * layer_forward
+    assert hardware_flops_per_iteration(plain, 4) == model_flops_per_iteration(plain, 4)
+
+
+def test_gpt2_125m_closed_form():
+    # f = 4h: 72 B s L h^2 (1 + s/(6h) + V/(12 L h)); the logit layer is 6 B s h V (forward 2, backward 4).
+    # The old 72 B s L h^2 (1 + s/(6h) + V/(16 L h)) is 6.8% below it at this shape.
+    b, s, layers, h, v = 32, 1024, 12, 768, 50304
+    c = config(layers, h, 12, s, v)
+    exact = 72 * b * s * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
+    assert model_flops_per_iteration(c, b) == pytest.approx(exact, rel=1e-12)
+    old = 72 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+    assert 1 - old / exact == pytest.approx(0.068, abs=0.001)
+
+
+@pytest.mark.parametrize("name, part, precision, tf32, peak", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", "bf16", False, 989.5),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", "fp32", False, 67.0),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", "fp32", True, 494.5),
+    ("NVIDIA H100 PCIe", "H100 PCIe", "bf16", False, 756.5),
+    ("NVIDIA H100 NVL", "H100 NVL", "fp16", False, 835.5),
+    ("NVIDIA H200", "H200 SXM", "bf16", False, 989.5),
+    ("NVIDIA H200 NVL", "H200 NVL", "bf16", False, 835.5),
+    ("NVIDIA GH200 480GB", "GH200", "bf16", False, 990.0),
+    ("Tesla V100-SXM2-32GB", "V100 SXM2", "fp16", False, 125.0),
+    ("Tesla V100-SXM2-32GB", "V100 SXM2", "bf16", False, None),  # no bf16 tensor cores
+    ("Tesla V100-SXM2-32GB", "V100 SXM2", "fp32", True, 15.7),  # no TF32 either: fp32 runs in fp32
+    ("Tesla V100-PCIE-16GB", "V100 PCIe", "fp16", False, 112.0),
+    ("NVIDIA A100-SXM4-80GB", "A100", "bf16", False, 312.0),
+    ("NVIDIA A100-PCIE-40GB", "A100", "fp32", False, 19.5),
+    ("NVIDIA A100-PCIE-40GB", "A100", "fp32", True, 156.0),
+    ("NVIDIA A10", "A10", "bf16", False, 125.0),
+    ("NVIDIA A40", "A40", "bf16", False, 149.7),
+    ("NVIDIA L40S", "L40S", "bf16", False, 362.05),
+    ("AMD Instinct MI300X", "MI300X", "bf16", False, 1307.4),
+    ("NVIDIA A10G", None, "bf16", False, None),  # not the A10: unknown rather than guessed
+    ("NVIDIA RTX A4000", None, "bf16", False, None),
+    ("cpu", None, "fp32", False, None),
+    (None, None, "bf16", False, None),
+])
+def test_peaks_per_part_and_precision(name, part, precision, tf32, peak):
+    assert accelerator_part(name) == part
+    assert peak_tflops(name, precision, tf32) == peak
+
+
+def test_precision_names():
+    assert matmul_precision("fp32", tf32_matmuls=True) == "tf32"
+    assert matmul_precision("bf16", tf32_matmuls=True) == "bf16"
+    with pytest.raises(AccountingError, match="precision"):
+        matmul_precision("fp8", False)
+
+
+def test_log_lines_carry_mfu_then_hfu_and_say_when_the_peak_is_unknown():
+    mem = dict(allocated=0, max_allocated=0, rss=0, max_rss=0)
+    assert memory_line(0, "cuda", 10, mem, 40.0, 53.33).endswith(", MFU=40.00%, HFU=53.33% |")
+    assert "MFU" not in memory_line(0, "cpu", 10, mem, None, None)
+    assert peak_line("cpu", None, "fp32", None) == (
+        " > MFU and HFU not reported: 'cpu' (no part known; megatron/model/accounting.py PEAK_TFLOPS)")
+    assert "no bf16 peak known" in peak_line("Tesla V100-SXM2-32GB", "V100 SXM2", "bf16", None)
+    assert "dense tf32 peak of A100" in peak_line("NVIDIA A100-SXM4-80GB", "A100", "tf32", 156.0)
