@@ -64,7 +64,10 @@ class IterationRecord:
     samples_per_second: float | None = None
     tgs: float | None = None
     tflops: float | None = None
-    attempt: int = 0  # which attempt of the run printed it (0: the log has no attempt header before it)
+    attempt: int = 0  # which start of training printed it: ParsedLog.starts' index
+    # iterations the interval ending here spans (the last logged iteration of the same start to this one);
+    # None for the first interval after a resume, whose start (the checkpoint's iteration) the log does not say
+    interval_iterations: int | None = None
 
 
 @dataclass
@@ -79,6 +82,7 @@ class MemoryRecord:
     host_rss_gb: float | None = None
     max_host_rss_gb: float | None = None
     mfu_pct: float | None = None
+    attempt: int = 0  # ParsedLog.starts' index
 
 
 @dataclass
@@ -91,6 +95,7 @@ class CommRecord:
     total_mb: float
     bytes_per_param: float
     predicted_mb: float
+    attempt: int = 0  # ParsedLog.starts' index
 
 
 @dataclass
@@ -107,6 +112,7 @@ class EpochRecord:
     consumed_samples: int | None
     epoch_time_s: float | None
     lm_loss: float | None
+    attempt: int = 0  # ParsedLog.starts' index
 
 
 @dataclass
@@ -127,6 +133,7 @@ class AttemptRecord:
 
     number: int
     started: str
+    resumed: bool = False  # "resuming from <checkpoint folder>", not "fresh start"
 
 
 @dataclass
@@ -147,6 +154,17 @@ class ParsedLog:
     exited_early: str | None = None  # why: "--exit-interval" or the signal's name
     exited_at: int | None = None  # the iteration the exit line names, when it names one
     attempts: list[AttemptRecord] = field(default_factory=list)
+    # One entry per start of training, True when it resumed from a checkpoint: each attempt header
+    # starts one, and so does an iteration number going back within an attempt (upstream logs have
+    # no headers: a resume appended to the same log shows only that way). Index 0 is the text before
+    # any header, taken as a fresh start. Records carry the index of the start that printed them.
+    starts: list[bool] = field(default_factory=lambda: [False])
+    restarts_detected: int = 0  # starts found from iteration numbers going back
+    _last_iteration: tuple[int, int] | None = None  # (iteration, its interval) last logged in this start
+
+    @property
+    def start(self) -> int:
+        return len(self.starts) - 1
 
     @property
     def has_training_lines(self) -> bool:
@@ -246,16 +264,40 @@ def _parse_run_info(seg: str) -> dict[str, str]:
     return info
 
 
+def _new_start(log: ParsedLog, resumed: bool) -> None:
+    # how the run ended is what its latest start says
+    log.starts.append(resumed)
+    log._last_iteration = None
+    log.saw_end_marker, log.diverged_at, log.exited_early, log.exited_at = False, None, None, None
+
+
+def _add_iteration(log: ParsedLog, record: IterationRecord) -> None:
+    last = log._last_iteration
+    if last is not None and record.iteration < last[0]:
+        log.restarts_detected += 1  # a resume without a header: the iteration numbers went back
+        _new_start(log, resumed=True)
+        last = None
+    if last is None:  # the first interval of a start: from iteration 0 only when it started fresh
+        record.interval_iterations = None if log.starts[-1] else record.iteration
+    elif record.iteration == last[0]:  # the same iteration printed again (another rank)
+        record.interval_iterations = last[1]
+    else:
+        record.interval_iterations = record.iteration - last[0]
+    record.attempt = log.start
+    log._last_iteration = (record.iteration, record.interval_iterations)
+    log.iterations.append(record)
+
+
 def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
     if kind == "iteration":
-        record = _parse_iteration(seg, int(match["it"]), int(match["total"]))
-        record.attempt = len(log.attempts)
-        log.iterations.append(record)
+        _add_iteration(log, _parse_iteration(seg, int(match["it"]), int(match["total"])))
     elif kind == "memory":
         log.memory.append(_parse_memory(seg, "zero-lab", int(match["mit"]), int(match["mrank"])))
+        log.memory[-1].attempt = log.start
     elif kind == "comm":
         record = _parse_comm(seg)
         if record is not None:
+            record.attempt = log.start
             log.comm.append(record)
     elif kind == "megatron_memory":
         log.memory.append(_parse_megatron_memory(seg, int(match["git"]), int(match["grank"])))
@@ -276,6 +318,7 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
             consumed_samples=_int(r"consumed samples:\s*(\d+)", seg),
             epoch_time_s=_float(r"epoch time \(s\):\s*(\d+\.\d+)", seg),
             lm_loss=_float(LM_LOSS_RE, seg),
+            attempt=log.start,
         ))
     elif kind == "model_state":
         log.model_state = _parse_model_state(seg)
@@ -290,9 +333,9 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
         iteration = match["eit"] or match["sigit"]
         log.exited_at = int(iteration) if iteration else None
     elif kind == "attempt":
-        # how the run ended is what its latest attempt says
-        log.attempts.append(AttemptRecord(int(match["anum"]), match["atime"]))
-        log.saw_end_marker, log.diverged_at, log.exited_early, log.exited_at = False, None, None, None
+        resumed = "resuming from" in seg
+        log.attempts.append(AttemptRecord(int(match["anum"]), match["atime"], resumed))
+        _new_start(log, resumed)
 
 
 def parse_line(log: ParsedLog, line: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from statistics import fmean
 
-from analysis.log_parser import IterationRecord, MemoryRecord, ParsedLog
+from analysis.log_parser import EpochRecord, IterationRecord, MemoryRecord, ParsedLog
 from analysis.run_metadata import RunMetadata
 
 # Our per-rank memory line carries host memory too, so it wins when present; upstream logs
@@ -21,7 +21,7 @@ class RunSummary:
     complete: bool
     incomplete_reason: str
     status: str  # finished, diverged at iteration N, stopped early at iteration N, INCOMPLETE
-    attempts: int  # launches of the run joined here (a resumed run has several); 1 for a log without headers
+    attempts: int  # launches of the run joined here: attempt headers, else resumes seen as iterations going back
     nan_iterations: int | None
     zero_stage: int | None
     offload: str | None
@@ -39,9 +39,10 @@ class RunSummary:
     samples_per_s_mean: float | None
     tflops_mean: float | None
     mfu_mean_pct: float | None
-    epochs_done: int
-    epoch_time_s: float | None
-    epoch_time_source: str
+    epochs_done: int  # distinct epochs ended, each counted once however many attempts printed it
+    epoch_time_s: float | None  # mean over the epochs one attempt ran whole
+    epoch_time_source: str  # measured, estimated, or "" when neither
+    partial_epochs: list[int]  # epochs only logged by an attempt that resumed inside them (times not used)
     mem_alloc_mean_gb: float | None
     mem_alloc_max_gb: float | None
     max_mem_alloc_peak_gb: float | None
@@ -89,6 +90,28 @@ def unique_iterations(log: ParsedLog) -> list[IterationRecord]:
     return sorted(by_iteration.values(), key=lambda r: r.iteration)
 
 
+def _weighted_mean(pairs) -> float | None:
+    """sum(value * weight) / sum(weight) over the pairs whose value is known."""
+    pairs = [(v, w) for v, w in pairs if v is not None and w]
+    total = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / total if total else None
+
+
+def interval_weights(kept: list[IterationRecord], all_records: list[IterationRecord]) -> dict[int, tuple[int, float]]:
+    """(iterations, milliseconds) each kept interval spans, by iteration. A logged rate is the interval's
+    mean, so a mean over intervals weighted by their time is the work over the time (tokens over seconds);
+    ms/iter is weighted by iterations. The first interval after a resume starts at the checkpoint, which
+    the log does not name: it is taken to be as long as the run's most common interval (it is warm-up,
+    left out unless --skip-first 0)."""
+    known = [r.interval_iterations for r in all_records if r.interval_iterations]
+    typical = max(set(known), key=known.count) if known else 1
+    weights = {}
+    for r in kept:
+        n = r.interval_iterations or min(typical, r.iteration)
+        weights[r.iteration] = (n, n * r.elapsed_ms)
+    return weights
+
+
 def steady_state(records: list[IterationRecord], skip_first: int) -> list[IterationRecord]:
     """Drop the first `skip_first` logged intervals of each attempt (every start warms up again),
     always keeping at least one interval."""
@@ -107,14 +130,14 @@ def _tokens_per_iteration(record: IterationRecord, meta: RunMetadata) -> int | N
     return batch * meta.seq_length if batch and meta.seq_length else None
 
 
-def collective_tokens_per_s(kept: list[IterationRecord], meta: RunMetadata) -> float | None:
-    """All ranks together: tgs * world size when both are known, else tokens per iteration / time."""
-    tgs = _mean(r.tgs for r in kept)
+def collective_tokens_per_s(kept: list[IterationRecord], weights: dict, meta: RunMetadata) -> float | None:
+    """All ranks together: tgs (over time) * world size when both are known, else tokens / time."""
+    tgs = _weighted_mean((r.tgs, weights[r.iteration][1]) for r in kept)
     if tgs is not None and meta.world_size:
         return tgs * meta.world_size
-    rates = [tpi * 1000.0 / r.elapsed_ms for r in kept
-             if (tpi := _tokens_per_iteration(r, meta)) and r.elapsed_ms]
-    return fmean(rates) if rates else None
+    timed = [(n * tpi, ms) for r in kept if (tpi := _tokens_per_iteration(r, meta)) and r.elapsed_ms
+             for n, ms in [weights[r.iteration]]]
+    return sum(t for t, _ in timed) * 1000.0 / sum(ms for _, ms in timed) if timed else None
 
 
 def _memory_samples(log: ParsedLog) -> tuple[str, list[MemoryRecord]]:
@@ -176,8 +199,25 @@ def run_status(log: ParsedLog, records: list[IterationRecord]) -> tuple[str, str
     return ("INCOMPLETE", reason) if reason else ("finished", "")
 
 
-def _epoch_time(log: ParsedLog, meta: RunMetadata, ms_per_iter: float | None) -> tuple[float | None, str]:
-    measured = _mean(e.epoch_time_s for e in log.epochs)
+def epochs_once(log: ParsedLog) -> list[tuple[EpochRecord, bool]]:
+    """(the epoch's line, whether it is partial) per epoch, in order. The training times an epoch from
+    its process's start or the previous epoch's end, so a line is whole when its start began fresh or
+    printed the epoch before; a resumed start's first epoch line times only part of the epoch, and a
+    resume from before an epoch's end prints that epoch again. A whole line wins, else the last."""
+    chosen: dict[int, tuple[EpochRecord, bool]] = {}
+    previous: EpochRecord | None = None
+    for e in log.epochs:
+        same_start = previous is not None and previous.attempt == e.attempt
+        whole = same_start or not log.starts[e.attempt]
+        if e.epoch not in chosen or whole or chosen[e.epoch][1]:
+            chosen[e.epoch] = (e, not whole)
+        previous = e
+    return [chosen[k] for k in sorted(chosen)]
+
+
+def _epoch_time(epochs: list[tuple[EpochRecord, bool]], meta: RunMetadata,
+                ms_per_iter: float | None) -> tuple[float | None, str]:
+    measured = _mean(e.epoch_time_s for e, partial in epochs if not partial)
     if measured is not None:
         return measured, "measured"
     # Runs shorter than an epoch: iterations per epoch times the steady-state iteration time.
@@ -194,13 +234,19 @@ def _model_state(log: ParsedLog) -> tuple[float | None, float | None]:
     return measured, state.estimate.get("total")
 
 
-def _traffic(log: ParsedLog, kept_iterations: set[int]) -> dict:
-    """Bytes sent over the steady-state intervals, like throughput: the first step gathers some
-    parameters more often (ZeRO-3 records its fetch order then)."""
-    comm = [c for c in log.comm if c.iteration in kept_iterations] or log.comm
+def _traffic(log: ParsedLog, kept: dict[tuple[int, int], int]) -> dict:
+    """Bytes sent per iteration over the steady-state intervals, like throughput (the first step gathers
+    some parameters more often: ZeRO-3 records its fetch order then), each interval weighted by its
+    iterations. `kept`: (iteration, start) of the kept iteration lines -> iterations in the interval."""
+    comm = [(c, kept[key]) for c in log.comm if (key := (c.iteration, c.attempt)) in kept]
+    comm = comm or [(c, 1) for c in log.comm]
     measured, estimate = (log.model_state.measured, log.model_state.estimate) if log.model_state else ({}, {})
-    return dict(traffic_mb=_mean(c.total_mb for c in comm), traffic_predicted_mb=_mean(c.predicted_mb for c in comm),
-                traffic_bytes_per_param=_mean(c.bytes_per_param for c in comm),
+
+    def mean(name):
+        return _weighted_mean((getattr(c, name), n) for c, n in comm)
+
+    return dict(traffic_mb=mean("total_mb"), traffic_predicted_mb=mean("predicted_mb"),
+                traffic_bytes_per_param=mean("bytes_per_param"),
                 offloaded_gb=measured.get("offloaded"), offloaded_estimate_gb=estimate.get("offloaded"),
                 activations_gb=measured.get("activations"), activations_estimate_gb=estimate.get("activations"),
                 output_buffer_estimate_gb=estimate.get("output_buffer"))
@@ -209,10 +255,19 @@ def _traffic(log: ParsedLog, kept_iterations: set[int]) -> dict:
 def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) -> RunSummary:
     records = unique_iterations(log)
     kept = steady_state(records, skip_first)
-    kept_iterations = {r.iteration for r in kept}
+    # every steady-state mean uses these intervals and weights, and the memory/comm lines the same
+    # start printed with them (an iteration run again after a resume was printed by two starts)
+    weights = interval_weights(kept, log.iterations)
+    by_key = {(r.iteration, r.attempt): r for r in kept}
     source, memory = _memory_samples(log)
-    ms_per_iter = _mean(r.elapsed_ms for r in kept)
-    epoch_time, epoch_source = _epoch_time(log, meta, ms_per_iter)
+    ms_per_iter = _weighted_mean((r.elapsed_ms, weights[r.iteration][0]) for r in kept)
+
+    def over_time(values):
+        return _weighted_mean((v, weights[r.iteration][1]) for r, v in values)
+
+    mfu = over_time((by_key[key], m.mfu_pct) for m in memory if (key := (m.iteration, m.attempt)) in by_key)
+    epochs = epochs_once(log)
+    epoch_time, epoch_source = _epoch_time(epochs, meta, ms_per_iter)
     measured_state, estimate = _model_state(log)
     losses = [r.lm_loss for r in records if r.lm_loss is not None]
     validations = [v for v in log.validations if v.lm_loss is not None]
@@ -224,7 +279,8 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         complete=status == "finished",
         incomplete_reason=reason,
         status=status,
-        attempts=max(1, len(log.attempts)),
+        # starts[0] is the text before any header: a start of its own only in a log without headers
+        attempts=max(1, len(log.starts) - (1 if log.attempts else 0)),
         nan_iterations=records[-1].nan_iterations if records else None,
         zero_stage=meta.zero_stage,
         offload=meta.offload,
@@ -236,15 +292,16 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         last_iteration=records[-1].iteration if records else None,
         train_iters=records[-1].train_iters if records else None,
         intervals_used=len(kept),
-        tgs_mean=_mean(r.tgs for r in kept),
-        tokens_per_s=collective_tokens_per_s(kept, meta),
+        tgs_mean=over_time((r, r.tgs) for r in kept),
+        tokens_per_s=collective_tokens_per_s(kept, weights, meta),
         ms_per_iter_mean=ms_per_iter,
-        samples_per_s_mean=_mean(r.samples_per_second for r in kept),
-        tflops_mean=_mean(r.tflops for r in kept),
-        mfu_mean_pct=_mean(m.mfu_pct for m in memory if m.iteration in kept_iterations),
-        epochs_done=len(log.epochs),
+        samples_per_s_mean=over_time((r, r.samples_per_second) for r in kept),
+        tflops_mean=over_time((r, r.tflops) for r in kept),
+        mfu_mean_pct=mfu,
+        epochs_done=len(epochs),
         epoch_time_s=epoch_time,
         epoch_time_source=epoch_source,
+        partial_epochs=[e.epoch for e, partial in epochs if partial],
         mem_alloc_mean_gb=_mean(m.allocated_gb for m in memory),
         mem_alloc_max_gb=_max(m.allocated_gb for m in memory),
         max_mem_alloc_peak_gb=_max(m.max_allocated_gb for m in memory),
@@ -255,10 +312,10 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         zero_estimate_gb=estimate,
         loss_first=losses[0] if losses else None,
         loss_last=losses[-1] if losses else None,
-        epoch_losses=[e.lm_loss for e in log.epochs if e.lm_loss is not None],
+        epoch_losses=[e.lm_loss for e, _ in epochs if e.lm_loss is not None],
         val_loss_last=validations[-1].lm_loss if validations else None,
         val_ppl_last=validations[-1].ppl if validations else None,
         loss_curve=[(tokens, r.lm_loss) for r in records
                     if r.lm_loss is not None and (tokens := _consumed_tokens(r, meta)) is not None],
-        **_traffic(log, kept_iterations),
+        **_traffic(log, {key: weights[r.iteration][0] for key, r in by_key.items()}),
     )

@@ -231,14 +231,17 @@ def test_summary_numbers_equal_hand_computed_means(summary):
     _, _, rows = summary
     z1 = rows["ours/gpt_tiny_Z1"]
     # Fixture iterations 1..6; the default --skip-first 2 leaves iterations 3..6 for throughput.
-    tgs = [2560.000, 2048.000, 2275.556, 2438.095]
+    # One iteration per interval; rates are work over time: 4 iterations of 16 x 128 tokens (1024 per
+    # rank of 2) in 400 + 500 + 450 + 420 = 1770 ms.
     ms = [400.0, 500.0, 450.0, 420.0]
-    assert number(z1, "tgs_mean") == pytest.approx(fmean(tgs))
-    assert number(z1, "tokens_per_s") == pytest.approx(fmean(tgs) * 2)  # world size 2
+    assert number(z1, "tgs_mean") == pytest.approx(4 * 1024 / 1.770, rel=1e-6)  # 2314.12
+    assert number(z1, "tokens_per_s") == pytest.approx(4 * 1024 / 1.770 * 2, rel=1e-6)  # world size 2
     assert number(z1, "ms_per_iter_mean") == pytest.approx(fmean(ms))
-    assert number(z1, "samples_per_s_mean") == pytest.approx(fmean([40.000, 32.000, 35.556, 38.095]))
-    assert number(z1, "tflops_mean") == pytest.approx(fmean([0.06, 0.05, 0.05, 0.06]))
-    assert number(z1, "mfu_mean_pct") == pytest.approx(fmean([0.06, 0.05, 0.05, 0.06]))
+    assert number(z1, "samples_per_s_mean") == pytest.approx(4 * 16 / 1.770, rel=1e-5)
+    # TFLOPs and MFU as logged (0.06, 0.05, 0.05, 0.06), weighted by each interval's time
+    over_time = (0.06 * 400 + 0.05 * 500 + 0.05 * 450 + 0.06 * 420) / 1770
+    assert number(z1, "tflops_mean") == pytest.approx(over_time)
+    assert number(z1, "mfu_mean_pct") == pytest.approx(over_time)
     assert int(z1["intervals_used"]) == 4
     # Memory: every logging step of both ranks (rank 0 then rank 1 values per iteration).
     allocated = [0.10, 0.11, 0.12, 0.12, 0.12, 0.13, 0.12, 0.13, 0.12, 0.13, 0.12, 0.13]
@@ -264,7 +267,7 @@ def test_upstream_run_numbers_and_metadata(summary):
     (up,) = [row for name, row in rows.items() if name.startswith("upstream/ds_stage2")]
     # Megatron's argument dump: world size 24, ZeRO 2; throughput from iterations 3 and 4.
     assert (up["label"], up["world_size"], up["seq_length"], up["global_batch"]) == ("Z2", "24", "4096", "96")
-    assert number(up, "tokens_per_s") == pytest.approx(fmean([835.918, 844.537]) * 24)
+    assert number(up, "tokens_per_s") == pytest.approx((835.918 * 19600 + 844.537 * 19400) / 39000 * 24)
     assert number(up, "ms_per_iter_mean") == pytest.approx(fmean([19600.0, 19400.0]))
     assert number(up, "loss_last") == 0.7654321 and number(up, "val_loss_last") == 0.7123456
     # report_memory (MB) after iteration 1 plus DeepSpeed's lines at steps 2..4
@@ -490,3 +493,112 @@ def test_summary_of_the_six_real_driver_runs(six_driver_runs):
         assert re.search(row, section, re.M), label
     assert "![Memory per rank against traffic per iteration](zero_tradeoff.png)" in section
     assert mpimg.imread(runs / "zero_tradeoff.png").shape[0] > 100
+
+
+# ---- means after a resume, and means of rates over uneven intervals ---------------------------------------
+
+def _our_lines(attempt, iteration, ms, comm_mb):
+    """One logging step of the printing rank exactly as megatron/training_log.py writes it: world size 2,
+    global batch 8 x 64 tokens (256 tokens per rank per iteration), 0.5 TFLOP per rank per iteration,
+    a 100 TFLOPs peak (MFU % = TFLOPs), comm_mb MB sent per iteration."""
+    from megatron.training_log import IterationStats, comm_line, iteration_line, memory_line
+    seconds = ms / 1000.0
+    stats = IterationStats(
+        iteration=iteration, train_iters=16, consumed_samples=8 * iteration, consumed_tokens=512 * iteration,
+        elapsed_ms=ms, learning_rate=1e-4, global_batch_size=8, lm_loss=10.0 - iteration / 10, loss_scale=1.0,
+        grad_norm=None, skipped_iterations=0, nan_iterations=0, samples_per_second=8 / seconds,
+        tokens_per_gpu_per_second=256 / seconds, tflops=0.5 / seconds)
+    mem = {"allocated": 2**30, "max_allocated": 2**30, "rss": 2**30, "max_rss": 2**30}
+    return [iteration_line(stats), memory_line(0, "cuda", iteration, mem, 100.0 * (0.5 / seconds) / 100.0),
+            comm_line(0, iteration, {"reduce_scatter": comm_mb * 2**20}, 10**6, 10 * 2**20)]
+
+
+def _epoch(epoch, iteration, seconds):
+    from megatron.training_log import epoch_line
+    return epoch_line(epoch, iteration, 8 * iteration, seconds, 9.0)
+
+
+RUN_INFO = (" > run info | zero stage: 1 | offload: none | model: tiny | world size: 2 | micro batch: 4 | "
+            "global batch: 8 | seq length: 64 | train samples per epoch: 32 |")
+# 4 iterations per epoch, logged every 2. Attempt 1 saved at 7 and died at 11; attempt 2 resumed from 7,
+# so it ran iterations 8 and 10 again (attempt 1's lines for them stay in the log) and printed epoch 2's
+# line again, timing only iteration 8 of it.
+ATTEMPT_1 = ["[zero-lab] attempt 1 started 2026-11-23 20:00:00 UTC on node01: fresh start", RUN_INFO,
+             *_our_lines(1, 2, 1000.0, 12.0), *_our_lines(1, 4, 500.0, 10.0), _epoch(1, 4, 2.5),
+             *_our_lines(1, 6, 500.0, 10.0), *_our_lines(1, 8, 400.0, 10.0), _epoch(2, 8, 2.0),
+             *_our_lines(1, 10, 400.0, 40.0)]
+ATTEMPT_2 = ["[zero-lab] attempt 2 started 2026-11-23 21:00:00 UTC on node01: resuming from runs/r/checkpoints",
+             RUN_INFO, *_our_lines(2, 8, 1000.0, 12.0), _epoch(2, 8, 1.1),
+             *_our_lines(2, 10, 250.0, 16.0), *_our_lines(2, 12, 250.0, 10.0), _epoch(3, 12, 1.2),
+             *_our_lines(2, 14, 500.0, 10.0), *_our_lines(2, 16, 500.0, 10.0), _epoch(4, 16, 2.2),
+             "[after training is done] datetime: 2026-11-23 21:10:00"]
+
+
+def _summary(lines, skip_first, meta=None):
+    from analysis.run_metadata import from_run_info
+    from analysis.run_summary import summarize_run
+    log = parsed(*lines)
+    return summarize_run(log, meta or from_run_info(log.run_info), "run", skip_first)
+
+
+def test_summary_of_a_resumed_run_counts_each_iteration_and_epoch_once():
+    s = _summary(ATTEMPT_1 + ATTEMPT_2, skip_first=1)
+    assert (s.attempts, s.status, s.last_iteration) == (2, "finished", 16)
+    # Last print wins: 2, 4, 6 from attempt 1; 8..16 from attempt 2. One warm-up interval per attempt
+    # out (attempt 1's 2, attempt 2's 8): kept 4, 6 (500 ms), 10, 12 (250 ms), 14, 16 (500 ms), 2
+    # iterations each: 12 iterations in 2 x (500 + 500 + 250 + 250 + 500 + 500) = 5000 ms.
+    assert s.intervals_used == 6
+    assert s.ms_per_iter_mean == pytest.approx(5000 / 12)  # 416.7
+    assert s.tgs_mean == pytest.approx(12 * 256 / 5.0)  # 614.4 tokens/s per rank
+    assert s.tokens_per_s == pytest.approx(12 * 512 / 5.0)  # 1228.8
+    assert s.samples_per_s_mean == pytest.approx(12 * 8 / 5.0)  # 19.2
+    assert s.tflops_mean == pytest.approx(12 * 0.5 / 5.0)  # 1.2
+    # MFU from the memory lines of the kept prints only (attempt 1's line at iteration 10 said 1.25%):
+    # the kept TFLOPs over the 100 TFLOPs peak
+    assert s.mfu_mean_pct == pytest.approx(1.2)
+    # Traffic: 10 MB per iteration except attempt 2's iteration 10 (16 MB); attempt 1's 40 MB at 10 is
+    # not the kept print. Equal intervals: (10 + 10 + 16 + 10 + 10 + 10) / 6.
+    assert s.traffic_mb == pytest.approx(66 / 6)
+    assert s.traffic_predicted_mb == pytest.approx(10.0)
+    # Epochs 1..4 once each; epoch 2's whole line (attempt 1, 2.0 s) beats attempt 2's partial one (1.1 s).
+    assert (s.epochs_done, s.partial_epochs, s.epoch_time_source) == (4, [], "measured")
+    assert s.epoch_time_s == pytest.approx((2.5 + 2.0 + 1.2 + 2.2) / 4)  # 1.975
+    assert len(s.epoch_losses) == 4
+
+
+def test_an_epoch_only_a_resumed_attempt_logged_is_partial():
+    # attempt 1 died at 7 (before epoch 2's end), so epoch 2's only line times iterations 8 only
+    s = _summary(ATTEMPT_1[:-8] + ATTEMPT_2, skip_first=1)
+    assert (s.epochs_done, s.partial_epochs) == (4, [2])
+    assert s.epoch_time_s == pytest.approx((2.5 + 1.2 + 2.2) / 3)  # the whole epochs 1, 3, 4
+
+
+def _upstream_iteration(iteration, ms):
+    """UPSTREAM_ITERATION's format (Megatron-DeepSpeed): global batch 8 x 64 tokens on 2 ranks."""
+    seconds = ms / 1000.0
+    return (f" iteration {iteration:8d}/{45:8d} | consumed samples: {8 * iteration:12d} | consumed tokens: "
+            f"{512 * iteration:12d} | elapsed time per iteration (ms): {ms:.1f} | learning rate: 2.407E-04 | "
+            f"global batch size:     8 | lm loss: 6.543210E-01 | loss scale: 1.0 | actual seqlen:    64 | "
+            f"number of skipped iterations:   0 | number of nan iterations:   0 | samples per second: "
+            f"{8 / seconds:.3f} | tokens per gpu per second(tgs): {256 / seconds:.3f} | TFLOPs: 1.00 |")
+
+
+def test_uneven_and_partial_intervals_and_an_upstream_resume():
+    from analysis.run_metadata import RunMetadata
+    # An upstream log (no attempt headers), logging every 10 of 45 iterations. The first launch logged
+    # 10..40 and died; the second resumed from the checkpoint at 20: its iteration 30 goes back, which
+    # starts a second attempt, whose first interval (3000 ms) is warm-up like the first launch's 10.
+    lines = [_upstream_iteration(10, 2000.0), _upstream_iteration(20, 800.0), _upstream_iteration(30, 1200.0),
+             _upstream_iteration(40, 800.0),
+             _upstream_iteration(30, 3000.0), _upstream_iteration(40, 1200.0), _upstream_iteration(45, 800.0),
+             "[after training is done] datetime: 2024-03-07 16:00:00"]
+    s = _summary(lines, skip_first=1, meta=RunMetadata(world_size=2, global_batch=8, seq_length=64))
+    assert (s.attempts, s.status, s.intervals_used) == (2, "finished", 3)
+    # Kept: 20 (10 iterations of 800 ms), 40 of the second launch (10 of 1200 ms), 45 (5 of 800 ms):
+    # 25 iterations x 256 tokens per rank in 8000 + 12000 + 4000 = 24000 ms.
+    assert s.ms_per_iter_mean == pytest.approx(24000 / 25)  # 960
+    assert s.tgs_mean == pytest.approx(25 * 256 / 24.0, rel=1e-5)  # 266.67; logged 320.0, 213.333, 320.0
+    assert s.tokens_per_s == pytest.approx(25 * 512 / 24.0, rel=1e-5)  # 533.33
+    assert s.samples_per_s_mean == pytest.approx(25 * 8 / 24.0, rel=1e-4)  # 8.333
+    # The mean of the logged rates would read (320 + 213.333 + 320) / 3 = 284.4, 6.7% high; the two
+    # full intervals alone (800 and 1200 ms) (320 + 213.333) / 2 = 266.7 against 20 x 256 / 20 s = 256, +4.2%.
