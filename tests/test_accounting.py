@@ -150,6 +150,22 @@ def test_traffic_with_gradient_accumulation():
     assert totals == {0: 2.0, 1: 2.0, 2: 5.0, 3: 12.0}
 
 
+def test_bf16_stage_1_all_reduces_then_all_gathers():
+    """bf16 at stage 1 runs DeepSpeed's bf16 optimizer (the gradients accumulate in fp32): an all-reduce of every
+    gradient, cast to bf16, then an all-gather of the updated bf16 parameters, once per step whatever the
+    accumulation (measured: tests/test_bf16_traffic.py). With the optimizer offloaded DeepSpeed keeps its ZeRO-1
+    optimizer, and stage 2 reduces in bf16 as before."""
+    c, fp32 = traffic(1)
+    share = 0.5 * count_parameters(c) * 2  # (n-1)/n of the bf16 model, per pass
+    for accumulation in (1, 4):
+        assert traffic(1, accumulation=accumulation, precision="bf16")[1] == dict(
+            fp32, all_reduce=2 * share, reduce_scatter=0.0, all_gather=share)
+    assert traffic(1, precision="bf16", offload_optimizer=True)[1] == dict(fp32, reduce_scatter=share,
+                                                                           all_gather=share)
+    assert traffic(2, precision="bf16")[1] == dict(fp32, reduce_scatter=share, all_gather=share)
+    assert traffic(1, precision="fp16")[1] == traffic(2, precision="fp16")[1]
+
+
 def test_traffic_in_16_bit_halves():
     assert sum(traffic(3, precision="bf16")[1].values()) == pytest.approx(sum(traffic(3)[1].values()) / 2)
 

@@ -24,10 +24,11 @@ def test_readme_example_prints_every_option_and_a_pick(capsys):
     assert out.startswith("1.3B: 1.31B parameters, seq 1024, micro batch 4, 8 GPUs (TP=1, PP=1), bf16\n")
     rows = [line for line in out.splitlines() if line.startswith(("DP ", "Z"))]
     assert [re.split(r"\s{2,}", row)[0] for row in rows] == OPTIONS
-    # without gradient accumulation DP, Z1 and Z2 send the same, so the pick leaves the most memory free;
-    # Z1 and Z2 then keep the same gradients (DeepSpeed reduces stage 1's at the only backward of a step)
-    assert out.rstrip().endswith("(Z2 needs as much and sends as much; DP sends as little but leaves less memory free)")
-    assert "\npick: Z1: fits (" in out
+    # bf16 (the default): DP and Z2 send the least, 2 Psi x 2 bytes x 7/8; Z1 runs DeepSpeed's bf16 optimizer,
+    # which all-reduces the gradients and all-gathers the parameters (3 Psi x 2 x 7/8) and keeps an fp32 buffer
+    # of every gradient; of DP and Z2 the pick leaves the most memory free
+    assert out.rstrip().endswith("(DP sends as little but leaves less memory free)")
+    assert "\npick: Z2: fits (12.5 GB per GPU) and sends 4.28 GB per GPU per step, the least" in out
 
 
 def parameter_count(layers: int, hidden: int, vocab: int, positions: int) -> int:
@@ -43,7 +44,8 @@ PAPER_TABLE_1 = {"DP": 120.0, "P_os": 31.4, "P_os+g": 16.6, "P_os+g+p": 1.88}
 
 
 def test_model_states_are_the_zero_papers_table_1(capsys):
-    """A 7.46B GPT (36 layers, hidden 4096) on 64 GPUs, scaled to the paper's 7.5B. Stage 1 equals the paper's
+    """A 7.46B GPT (36 layers, hidden 4096) on 64 GPUs, scaled to the paper's 7.5B, in fp16 as the paper's
+    mixed precision (2-byte gradients; bf16's, accumulated in fp32, below). Stage 1 equals the paper's
     P_os when it accumulates gradients over micro-batches (it then holds every gradient); with one micro-batch
     per step DeepSpeed 0.19.8 reduces stage 1's gradients at the step's only backward and keeps just the
     partition's, as stage 2 does: both then need P_os+g (measured on the CPU runs, docs/zero-tradeoff.md).
@@ -54,8 +56,8 @@ def test_model_states_are_the_zero_papers_table_1(capsys):
     scale = 7.5e9 / parameter_count(36, 4096, 50304, 1024)
     assert 0.99 < scale < 1.01
 
-    def model_states_gb(*extra):  # per GPU, in the paper's GB, for 7.5B parameters
-        plans = plan_json(capsys, *shape, *extra)["plans"]
+    def model_states_gb(*extra, precision="fp16"):  # per GPU, in the paper's GB, for 7.5B parameters
+        plans = plan_json(capsys, *shape, "--precision", precision, *extra)["plans"]
         return {p["option"]: p["model_states_gb"] * 2**30 / 1e9 * scale for p in plans}
 
     one_micro_batch, accumulating = model_states_gb(), model_states_gb("--global-batch-size", "128")
@@ -65,18 +67,34 @@ def test_model_states_are_the_zero_papers_table_1(capsys):
     assert one_micro_batch["Z2"] == pytest.approx(PAPER_TABLE_1["P_os+g"], rel=0.02)
     assert one_micro_batch["Z2"] > PAPER_TABLE_1["P_os+g"]
     assert one_micro_batch["Z3"] == pytest.approx(PAPER_TABLE_1["P_os+g+p"], rel=0.01)
+    # bf16 with fp32 accumulation, Psi = 7.5e9, N = 64, K = 12: stage 0 accumulates in bf16, 16 Psi = 120 GB;
+    # stage 1's bf16 optimizer keeps every gradient in bf16 and fp32, 2 Psi + (2 + 4) Psi + 12 Psi / N
+    # = 15 + 45 + 1.406 = 61.41 GB, with or without accumulation; stage 2 an fp32 partition of each group,
+    # 2 Psi + 4 Psi / N + 12 Psi / N = 15 + 0.469 + 1.406 = 16.875 GB; stage 3 (2 + 4 + 12) Psi / N = 2.109 GB
+    bf16 = model_states_gb(precision="bf16")
+    assert bf16["DP"] == pytest.approx(120.0, rel=0.005)
+    assert bf16["Z1"] == pytest.approx(61.41, rel=0.001)
+    assert model_states_gb("--global-batch-size", "128", precision="bf16")["Z1"] == bf16["Z1"]
+    assert bf16["Z2"] == pytest.approx(16.875, rel=0.001)
+    assert bf16["Z3"] == pytest.approx(2.109, rel=0.001)
 
 
 def test_zero_traffic_ratios_and_offload(capsys):
-    """The ZeRO paper's communication: stage 3 sends 1.5x what stages 0-2 send; offload moves states out."""
-    data = plan_json(capsys, *EXAMPLE)
-    plans = {p["option"]: p for p in data["plans"]}
+    """The ZeRO paper's communication: stage 3 sends 1.5x what stages 0-2 send (fp16, the paper's precision);
+    in bf16 stage 1's bf16 optimizer sends 1.5x too (all-reduce and all-gather); offload moves states out."""
+    plans = {p["option"]: p for p in plan_json(capsys, *EXAMPLE, "--precision", "fp16")["plans"]}
     assert plans["Z3"]["traffic_gb"] == pytest.approx(1.5 * plans["Z1"]["traffic_gb"])
-    assert plans["DP"]["traffic_gb"] == pytest.approx(plans["Z1"]["traffic_gb"])
+    assert plans["DP"]["traffic_gb"] == pytest.approx(plans["Z1"]["traffic_gb"]) == plans["Z2"]["traffic_gb"]
     assert plans["DP"]["model_states_gb"] > plans["Z1"]["model_states_gb"] == plans["Z2"]["model_states_gb"] \
         > plans["Z3"]["model_states_gb"] > plans["Z3 + optimizer offload"]["model_states_gb"]
+    data = plan_json(capsys, *EXAMPLE)
+    plans = {p["option"]: p for p in data["plans"]}
+    assert plans["Z1"]["traffic_gb"] == pytest.approx(1.5 * plans["DP"]["traffic_gb"]) == plans["Z3"]["traffic_gb"]
+    assert plans["DP"]["traffic_gb"] == plans["Z2"]["traffic_gb"]
+    assert plans["DP"]["model_states_gb"] > plans["Z1"]["model_states_gb"] > plans["Z2"]["model_states_gb"] \
+        > plans["Z3"]["model_states_gb"] > plans["Z3 + optimizer offload"]["model_states_gb"]
     assert plans["Z3 + full offload"]["pcie_gb"] > plans["Z3 + optimizer offload"]["pcie_gb"] > 0
-    assert data["choice"] == "Z1"
+    assert data["choice"] == "Z2"
 
 
 def test_explicit_shape_equals_the_preset(capsys):
@@ -96,16 +114,19 @@ def test_two_nodes_tensor_parallel_by_hand(capsys):
     rank = sum(matrices) + sum(vectors)
     assert (sum(matrices), sum(vectors), rank) == (657_719_296, 471_040, 658_190_336)
     partition = rank // dp  # 82,273,792: ZeRO's share of one data-parallel rank
-    # stages 1 and 2 keep the whole gradient of each parameter that starts in rank 0's 1/8 of each group:
-    # matrices 82,214,912 -> the embeddings, layer 0 and layer 1's QKV (starting at 78,905,344);
-    # vectors 58,880 -> three layers' 8 vectors (19,456 each) and layer 3's first (starting at 58,368)
-    held = (vocab // 2 * h + s * h + 6 * h * h + 3 * h * h // 2) + (3 * 19_456 + h)
-    assert held == 85_257_216
-    model_states = {  # bf16: params 2, grads 2, optimizer states 12 bytes per parameter
-        "DP": 16 * rank, "Z1": 2 * rank + 2 * held + 12 * partition, "Z2": 2 * rank + 2 * held + 12 * partition,
-        "Z3": 16 * partition, "Z3 + optimizer offload": (2 + 2) * partition, "Z3 + full offload": 2 * partition,
-        "Z3 + NVMe offload": 2 * partition}
-    assert model_states["DP"] == 10_531_045_376 and model_states["Z1"] == 2_474_180_608
+    # bf16: params 2 and optimizer states 12 bytes per parameter; the gradients accumulate in bf16 at stage 0
+    # (2 bytes, every one), in fp32 at stages 1-3: stage 1's bf16 optimizer keeps every gradient in bf16 and in
+    # an fp32 buffer (2 + 4), stage 2 an fp32 buffer of exactly its 1/8 of each group (matrices 657,719,296 / 8
+    # = 82,214,912, vectors 471,040 / 8 = 58,880: the partition), stage 3 its fp32 gradient partition (4), with
+    # the optimizer offloaded too; offload moves the optimizer states, then the parameters, off the GPU
+    assert 657_719_296 // 8 + 471_040 // 8 == partition
+    model_states = {
+        "DP": (2 + 2 + 12) * rank, "Z1": 2 * rank + (2 + 4) * rank + 12 * partition,
+        "Z2": 2 * rank + 4 * partition + 12 * partition, "Z3": (2 + 4 + 12) * partition,
+        "Z3 + optimizer offload": (2 + 4) * partition, "Z3 + full offload": 4 * partition,
+        "Z3 + NVMe offload": 4 * partition}
+    assert model_states["DP"] == 10_531_045_376 and model_states["Z1"] == 6_252_808_192
+    assert model_states["Z2"] == 2_632_761_344 and model_states["Z3"] == 1_480_928_256
     # Korthikanti et al. 2022 per layer with TP t: s b h (10 + 24 / t) bytes, fp32 log-sum-exp 4 a s b / t,
     # fp32 LayerNorm statistics 16 s b; then ids (16 s b) and the embedding's dropout mask (s b h); the final
     # LayerNorm's input and statistics (2 s b h + 8 s b), the output layer's input (2 s b h), labels (13 s b)
@@ -113,8 +134,10 @@ def test_two_nodes_tensor_parallel_by_hand(capsys):
         + 16 * s * b + s * b * h + 2 * s * b * h + 8 * s * b + 2 * s * b * h + 13 * s * b
     assert activations == 4_475_998_208
     output_buffer = b * s * vocab // 2 * (4 + 2)  # fp32 exps and bf16 logits over this rank's half vocabulary
-    # sent per step: ZeRO (n-1)/n of the rank's 2-byte gradients/params twice (stage 3 three times), and two TP
-    # all-reduces' (t-1)/t x 2 of [b, s, h] per layer's attention and MLP, forward and backward, plus two
+    # sent per step: ZeRO (n-1)/n of the rank's 2-byte gradients/params twice: DP's all-reduce, Z2's reduce and
+    # all-gather; three times: Z3's two gathers and a reduce, and Z1's bf16 optimizer, which all-reduces the
+    # gradients (cast to bf16) and all-gathers the parameters; and two TP all-reduces' (t-1)/t x 2 of [b, s, h]
+    # per layer's attention and MLP, forward and backward, plus two
     all_reduces = (4 * layers + 2) * 2 * (1 / 2) * b * s * h * 2
     zero = 7 / 8 * 2 * rank
 
@@ -126,7 +149,7 @@ def test_two_nodes_tensor_parallel_by_hand(capsys):
         assert plan["activations_gb"] * 2**30 == pytest.approx(activations, rel=1e-12), option
         assert plan["output_buffer_gb"] * 2**30 == pytest.approx(output_buffer, rel=1e-12), option
         assert plan["total_gb"] * 2**30 == pytest.approx(states + activations + output_buffer, rel=1e-12), option
-        sent = (3 if option.startswith("Z3") else 2) * zero + all_reduces
+        sent = (3 if option.startswith(("Z1", "Z3")) else 2) * zero + all_reduces
         assert plan["traffic_gb"] * 2**30 == pytest.approx(sent, rel=1e-12), option
         assert plan["fits"] == (states + activations + output_buffer <= 40 * 0.9 * 2**30)
 

@@ -115,9 +115,10 @@ def plan(config: GPTConfig, ns: argparse.Namespace) -> list[Plan]:
 
 def choose(plans: list[Plan]) -> tuple[Plan | None, str]:
     """The option that fits with the least data moved per step (sent, plus PCIe and NVMe for offload);
-    among those that move as little (DP, Z1 and Z2 without gradient accumulation), the one that leaves
-    the most memory free, room for a larger micro-batch, the lower stage where two need as much (without
-    accumulation DeepSpeed's stage 1 keeps the gradients stage 2 does)."""
+    among those that move as little (DP, Z1 and Z2 without gradient accumulation; in bf16 DP and Z2, as
+    stage 1's bf16 optimizer sends 1.5x), the one that leaves the most memory free, room for a larger
+    micro-batch, the lower stage where two need as much (without accumulation DeepSpeed's fp32 and fp16
+    stage 1 keeps the gradients stage 2 does)."""
     fitting = [p for p in plans if p.fits]
     if not fitting:
         return None, ("nothing fits: raise --tp or --pp, lower --micro-batch-size, add --recompute, "

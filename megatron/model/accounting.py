@@ -257,10 +257,14 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
 
     Data parallelism over the rank's P parameters (the ZeRO paper's volumes, in the gradient dtype,
     times (n-1)/n for n data-parallel ranks): stage 0 all-reduces the gradients once per step (2P);
-    stage 1 reduces each gradient partition to its owner and all-gathers the updated parameters (P + P);
-    stage 2 keeps only its gradient partition, so it reduces at every micro-batch (g P + P with g
-    micro-batches per step); stage 3 gathers each parameter for the forward and again for the backward
-    and reduce-scatters the gradients, at every micro-batch (3 g P). Tensor parallelism adds four
+    stage 1 reduces each gradient partition to its owner and all-gathers the updated parameters (P + P),
+    except under DeepSpeed's bf16 optimizer (runs_bf16_optimizer), which all-reduces the whole fp32
+    gradient buffer, cast to bf16 (DeepSpeed's communication dtype), then all-gathers the updated bf16
+    parameters (2P + P; measured on 2 CPU ranks, tests/test_bf16_traffic.py); stage 2 keeps only its
+    gradient partition, so it reduces at every micro-batch (g P + P with g micro-batches per step; in
+    bf16 its reductions stay bf16, measured, though it keeps an fp32 gradient partition); stage 3
+    gathers each parameter for the forward and again for the backward and reduce-scatters the
+    gradients, at every micro-batch (3 g P). Tensor parallelism adds four
     all-reduces of a [micro batch, seq, hidden] activation per layer and micro-batch, and one each for
     the embedding's output and the output layer's input (reduce-scatters and all-gathers of the same
     volume under sequence parallelism); pipeline parallelism sends one such activation
@@ -273,6 +277,9 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
     share = _ring_share(dp) * size
     if setup.zero_stage == 0:
         traffic["all_reduce"] += 2 * share
+    elif runs_bf16_optimizer(setup):
+        traffic["all_reduce"] += 2 * share
+        traffic["all_gather"] += share
     elif setup.zero_stage == 1:
         traffic["reduce_scatter"] += share
         traffic["all_gather"] += share
@@ -359,6 +366,13 @@ def gradient_elements_held(config: GPTConfig, setup: TrainingSetup, stage: int =
     return sum(_whole_parameters_of_first_partition(group, dp) for group in sizes)
 
 
+def runs_bf16_optimizer(setup: TrainingSetup) -> bool:
+    """Whether DeepSpeed 0.19.8 steps with its BF16_Optimizer instead of the ZeRO-1 one: bf16 parameters with
+    gradients accumulated in fp32 (megatron/deepspeed_config.py asks for it in bf16 at stages 1-3) at stage 1
+    without offload (engine._do_optimizer_sanity_check)."""
+    return setup.precision == "bf16" and setup.zero_stage == 1 and not setup.offload_optimizer
+
+
 def gradient_bytes_per_element(setup: TrainingSetup) -> int:
     """Bytes a held gradient element takes. In bf16 at stages 1-3 DeepSpeed accumulates the micro-batches'
     gradients in fp32 (megatron/deepspeed_config.py asks for it; DeepSpeed 0.19.8 refuses it at stage 0): stages
@@ -366,7 +380,7 @@ def gradient_bytes_per_element(setup: TrainingSetup) -> int:
     the bf16 gradients, 6 bytes each. Otherwise the gradients are in the parameters' dtype."""
     if setup.precision != "bf16" or setup.zero_stage == 0:
         return setup.element_bytes
-    if setup.zero_stage == 1 and not setup.offload_optimizer:
+    if runs_bf16_optimizer(setup):
         return 2 + 4
     return 4
 
