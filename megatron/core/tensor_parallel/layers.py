@@ -54,6 +54,8 @@ def fp32_cpu_init(shape: tuple[int, ...], init_method: InitMethod) -> torch.Tens
     Under deepspeed.zero.Init torch.empty returns ZeRO's dtype on its device (bf16 on the GPU, drawn by the
     GPU's generator), so ZeRO-3 would start from other weights than the other stages; the explicit device
     keeps the draw on the CPU and .to() undoes the dtype (Megatron's _initialize_affine_weight_cpu)."""
+    if torch.empty(0).is_meta:  # a model built on the meta device (shapes and counts only) draws nothing
+        return torch.empty(shape, dtype=torch.float32)
     master = torch.empty(shape, dtype=torch.float32, device="cpu").to(torch.float32)
     init_method(master)
     return master
