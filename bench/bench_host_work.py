@@ -6,13 +6,13 @@ over a GPT dataset on disk, --exit-signal-handler and logging every --log-interv
   before: the data loaded on the training thread (--num-workers 0), the loss all-reduced and read with
           .item() after every step, a device synchronize before and after every step, the exit flag
           all-reduced and read after every step (the old step and poll replayed around the same loop);
-  ours:   2 loader workers, the losses read once per log interval, synchronize only around the bookkeeping
-          iterations, the exit flag read every min(--log-interval, 10) steps.
+  ours:   the default loader workers (2 on CUDA, 0 on CPU ranks; --ours-workers N), the losses read once
+          per log interval, synchronize only around the bookkeeping iterations, the exit flag read every
+          min(--log-interval, 10) steps.
 
 Runs go ours, before, before, ours (machine-load drift favours neither); printed per side: seconds per
-iteration (median of its two runs), milliseconds the loop waited for a batch (median over the steps after the first; the first
-batch, which waits for the workers to start, apart), and the
-host reads (.item()/.tolist() by megatron/ code, exit polls) per step. On CPU a synchronize is free and a
+iteration (median of its two runs), milliseconds the loop waited for a batch (median over the steps after
+the first; the first batch, which waits for the workers to start, apart), and the host reads (.item()/.tolist() by megatron/ code, exit polls) per step. On CPU a synchronize is free and a
 read waits for nothing, so there the difference is the loader wait and the collectives; on a GPU each
 read and synchronize also drains the queue of launched kernels.
 
@@ -52,6 +52,8 @@ def options(argv):
     parser.add_argument("--log-interval", type=int, default=10)
     parser.add_argument("--seq-length", type=int, default=128)
     parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--ours-workers", type=int, default=None,
+                        help="--num-workers of our side (default: pretrain_gpt.py's, 2 on CUDA and 0 on CPU ranks)")
     parser.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
     return parser.parse_args(argv)
 
@@ -128,7 +130,9 @@ def one_run(side: str, opts, prefix: str, dist_info) -> dict:
             "--micro-batch-size", str(opts.micro_batch_size), "--global-batch-size", str(opts.micro_batch_size * world),
             "--train-iters", str(opts.iters), "--log-interval", str(opts.log_interval), "--eval-iters", "0",
             "--zero-stage", "1", "--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--vocab-size",
-            str(VOCAB), "--lr", "1e-4", "--exit-signal-handler", "--num-workers", "0" if side == "before" else "2"]
+            str(VOCAB), "--lr", "1e-4", "--exit-signal-handler"]
+    if side == "before" or opts.ours_workers is not None:
+        argv += ["--num-workers", "0" if side == "before" else str(opts.ours_workers)]
     args, _ = prepare_run(parse_args(argv, world, get_accelerator().device_name()), verbose=False)
     set_seed(1234)
     engine, ds_config = training.setup_engine(lambda: GPTModel(args.model), accounting.count_parameters(args.model),
@@ -193,7 +197,8 @@ def main(argv) -> int:
         for side in ("before", "ours"):
             r = runs[side]
             print(f"| {side} | {statistics.median(x['seconds'] for x in r):.4f} | "
-                  f"{statistics.median(x['wait_ms'] for x in r):.2f} | {statistics.median(x['first_ms'] for x in r):.1f} | "
+                  f"{statistics.median(x['wait_ms'] for x in r):.2f} | "
+                  f"{statistics.median(x['first_ms'] for x in r):.1f} | "
                   f"{r[0]['reads']:.2f} | {r[0]['polls']:.2f} |")
         before = statistics.median(x["seconds"] for x in runs["before"])
         ours = statistics.median(x["seconds"] for x in runs["ours"])
