@@ -90,14 +90,14 @@ class Reporter:
         return contextlib.nullcontext()
 
     def model_state(self, engine, probed):
-        pass
+        """The tests read the iteration records only."""
 
     def iteration(self, state, engine):
         self.logged.append((state.iteration, list(state.interval_losses), state.interval_iterations,
                             state.nan_iterations))
 
     def epoch(self, state):
-        pass
+        """The tests read the iteration records only."""
 
     def print_line(self, line):
         self.lines.append(line)
