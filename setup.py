@@ -36,7 +36,7 @@ setup(
         "transformers==5.23.0",
         "tensorboard==2.21.0",
     ],
-    extras_require={"test": ["pytest==9.2.0"]},
+    extras_require={"test": ["pytest==9.2.0", "pytest-timeout==2.4.0"]},
     ext_modules=[helpers_extension],
     cmdclass={"build_ext": build_ext},
 )

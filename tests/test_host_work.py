@@ -4,6 +4,7 @@ reads in worker processes, and at TP=1 attention dropout does not swap generator
 the graph of every layer under --compile)."""
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -227,16 +228,46 @@ def test_loader_workers_pinning_and_order():
     assert [b["text"][:, 0].tolist() for b in loader] == [b["text"][:, 0].tolist() for b in serial]
 
 
-def test_a_sigterm_to_the_process_group_leaves_the_loader_working():
+def test_a_sigterm_from_the_scheduler_leaves_the_loader_working():
     """PBS and Slurm signal every process of the job: a loader worker killed by it would make the rank raise
-    at its next batch instead of saving (--exit-signal-handler)."""
+    at its next batch instead of saving (--exit-signal-handler). The signal comes from another process, as the
+    scheduler's does, right after the workers started."""
     batches = iter(build_pretraining_data_loader(Samples(), 0, 2, 0, 1, num_workers=2))
-    first = next(batches)
     for worker in batches._workers:
-        os.kill(worker.pid, signal.SIGTERM)
-    rest = list(batches)
+        subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)
+    first, rest = next(batches), list(batches)
     assert first["text"][:, 0].tolist() == [0, 1] and len(rest) == 31
     assert rest[-1]["text"][:, 0].tolist() == [62, 63]
+
+
+FAILING_RANK = """
+import torch
+from megatron.data.data_samplers import build_pretraining_data_loader
+
+class Samples(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        return {"text": torch.full((9,), index)}
+
+batches = iter(build_pretraining_data_loader(Samples(), 0, 2, 0, 1, num_workers=2))
+next(batches)
+print("workers", *(worker.pid for worker in batches._workers), flush=True)
+raise RuntimeError("the rank fails with its loader's workers running")
+"""
+
+
+def test_a_rank_that_fails_with_loader_workers_exits(tmp_path):
+    """Python's exit terminates and joins the rank's daemonic children: workers that ignored that SIGTERM
+    would hang the failed rank forever (and so the job)."""
+    script = tmp_path / "failing_rank.py"
+    script.write_text(FAILING_RANK)
+    done = subprocess.run([sys.executable, str(script)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "RuntimeError: the rank fails with its loader's workers running" in done.stderr
+    workers = [int(pid) for pid in done.stdout.split()[1:]]
+    assert len(workers) == 2 and not any(Path(f"/proc/{pid}").exists() for pid in workers)
 
 
 def test_num_workers_flag(monkeypatch):

@@ -6,7 +6,9 @@ global batch (micro batches of all ranks and all accumulation steps) is therefor
 run of sample ids whatever the data-parallel size, and resuming from consumed_samples
 continues exactly where a run stopped.
 """
+import os
 import signal
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -51,11 +53,34 @@ def collate_samples(samples: list[dict]) -> dict[str, torch.Tensor]:
     return {"text": torch.stack([torch.as_tensor(sample["text"], dtype=torch.int64) for sample in samples])}
 
 
-def _ignore_sigterm(worker_id: int) -> None:
-    # A SIGTERM to the job's process group (PBS at walltime, Slurm) reaches the loader's workers too; one
-    # that died of it would make the rank raise at its next batch instead of saving (--exit-signal-handler).
-    # The rank ends its workers itself when it exits, and a worker whose rank is gone exits on its own.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def _end_only_at_the_ranks_sigterm(worker_id: int) -> None:
+    # A SIGTERM to the whole job (PBS at walltime, Slurm) reaches the loader's workers too; one that died of it
+    # would make the rank raise at its next batch instead of saving (--exit-signal-handler). So a worker ends
+    # at a SIGTERM from its own rank only: the rank's exit (Python's multiprocessing terminates and then joins
+    # its daemonic children) and torch's shutdown send that one, and a worker ignoring it would hang the rank's
+    # exit forever. The worker starts with SIGTERM blocked (_SigtermBlockingLoader), so a signal sent before
+    # this ran waits here too; a worker whose rank was killed exits on its own (torch's watchdog).
+    rank_pid = os.getppid()
+
+    def wait_for_the_ranks_sigterm() -> None:
+        while signal.sigwaitinfo({signal.SIGTERM}).si_pid != rank_pid:
+            pass
+        os._exit(0)
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=wait_for_the_ranks_sigterm, name="sigterm-from-rank", daemon=True).start()
+
+
+class _SigtermBlockingLoader(DataLoader):
+    """Starts its workers with SIGTERM blocked (a worker inherits the mask), so none can die of one in the
+    moment before its worker_init_fn runs; a SIGTERM to the rank meanwhile is delivered once they started."""
+
+    def __iter__(self):
+        blocked_before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            return super().__iter__()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked_before)
 
 
 def loader_workers(num_workers: int | None, on_cuda: bool) -> int:
@@ -77,6 +102,8 @@ def build_pretraining_data_loader(dataset, consumed_samples: int, micro_batch_si
         return None
     sampler = MegatronPretrainingSampler(len(dataset), consumed_samples, micro_batch_size,
                                          data_parallel_rank, data_parallel_size)
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
-                      collate_fn=collate_samples, persistent_workers=num_workers > 0,
-                      worker_init_fn=_ignore_sigterm if num_workers > 0 else None)
+    if num_workers == 0:
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_samples, pin_memory=pin_memory)
+    return _SigtermBlockingLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
+                                  collate_fn=collate_samples, persistent_workers=True,
+                                  worker_init_fn=_end_only_at_the_ranks_sigterm)
