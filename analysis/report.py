@@ -139,7 +139,7 @@ def tradeoff_section(summaries: list[RunSummary], plot: str | None) -> str:
     base = min(runs, key=lambda s: (s.zero_stage if s.zero_stage is not None else 9, s.offload != "none"))
     lines = ["## ZeRO trade-off\n",
              "What each rank holds in model states (params, grads, optimizer states) against what it sends per "
-             "iteration, measured by the run beside megatron/model/accounting.py's prediction "
+             "iteration, measured by the run beside megatron/model/accounting/'s prediction "
              f"(docs/zero-tradeoff.md); ratios are to {base.label}'s measurements. Offloaded states (host memory, "
              "or this rank's NVMe files) are apart from the model states; on CPU ranks host memory is the "
              "accelerator's, so they are told apart by where DeepSpeed keeps them. Activations are what one "

@@ -170,7 +170,7 @@ class Reporter:
     log_rank: int = 0  # the rank that prints: tensor rank 0, data-parallel rank 0 of the last pipeline stage
     # bytes sent through collectives during training steps (docs/zero-tradeoff.md); None: not counted
     comm: comm_counter.CommCounter | None = None
-    predicted_traffic: float = 0.0  # bytes per iteration, megatron/model/accounting.py
+    predicted_traffic: float = 0.0  # bytes per iteration, megatron/model/accounting/
     num_params: int = 1
     comm_before: dict = field(default_factory=dict)
 
@@ -434,7 +434,7 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
 
 
 def training_setup(args: Args, dist_info: DistInfo):
-    """What megatron/model/accounting.py's traffic and memory estimates need from the parsed flags."""
+    """What megatron/model/accounting/'s traffic and memory estimates need from the parsed flags."""
     from megatron.model import accounting
 
     ds, par, train = args.deepspeed, args.parallel, args.training

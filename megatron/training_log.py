@@ -75,7 +75,7 @@ def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: i
 
 def comm_line(rank: int, iteration: int, sent_per_iteration: dict, num_params: int, predicted: float) -> str:
     """Bytes this rank sent per iteration through each kind of collective (megatron/comm_counter.py),
-    their total per model parameter, and the total megatron/model/accounting.py predicts
+    their total per model parameter, and the total megatron/model/accounting/ predicts
     (docs/zero-tradeoff.md defines "sent")."""
     total = sum(sent_per_iteration.values())
     kinds = " | ".join(f"{kind}={sent / MB:.3f}MB" for kind, sent in sent_per_iteration.items())
@@ -102,7 +102,7 @@ def peak_line(device_name: str, part: str | None, matmul_precision: str, peak_tf
     """Once at start-up: the peak MFU and HFU are over, or why they are not printed."""
     if peak_tflops is None:
         what = "no part known" if part is None else f"{part}, no {matmul_precision} peak known"
-        return f" > MFU and HFU not reported: {device_name!r} ({what}; megatron/model/accounting.py PEAK_TFLOPS)"
+        return f" > MFU and HFU not reported: {device_name!r} ({what}; megatron/model/accounting/flops.py PEAK_TFLOPS)"
     return f" > MFU and HFU over the dense {matmul_precision} peak of {part} ({device_name}): {peak_tflops:g} TFLOPs"
 
 

@@ -1,6 +1,6 @@
 """What a GPU run computes differently from the CPU ranks, checked where the CPU can reach the mechanism: ZeRO-3's
 initial weights under deepspeed.zero.Init, fp32 gradient accumulation in bf16, and the bf16 model-state memory
-(stage 0's fp32 master copies) measured on a real one-rank DeepSpeed engine against megatron/model/accounting.py."""
+(stage 0's fp32 master copies) measured on a real one-rank DeepSpeed engine against megatron/model/accounting/."""
 import dataclasses
 import json
 

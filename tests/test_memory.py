@@ -40,7 +40,7 @@ def test_a_missing_attribute_raises_naming_it():
     ("fp32", False, 0.1), ("bf16", False, 0.1), ("fp32", True, 0.1), ("fp32", False, 0.0), ("bf16", False, 0.0)])
 def test_saved_activations_of_a_real_forward_are_the_prediction(dtype, recompute, dropout):
     """saved_activation_bytes around one training forward of the real model on CPU (every tensor autograd
-    keeps, weights aside) against megatron/model/accounting.py's CPU activations, within 1%: with dropout SDPA's
+    keeps, weights aside) against megatron/model/accounting/'s CPU activations, within 1%: with dropout SDPA's
     math kernel, without it the CPU flash kernel."""
     import torch
 

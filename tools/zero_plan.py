@@ -6,7 +6,7 @@
 For plain data parallelism, ZeRO 1, 2, 3 and stage 3 with the optimizer, then everything, offloaded to
 host memory (and to NVMe), it prints the predicted memory per GPU (model states, activations, the
 output-layer buffer), the bytes each GPU sends per step, what offload moves over PCIe, whether it fits,
-and which option to pick. The numbers come from megatron/model/accounting.py, the same functions whose
+and which option to pick. The numbers come from megatron/model/accounting/, the same functions whose
 predictions the training runs print beside their measurements (docs/zero-tradeoff.md).
 """
 

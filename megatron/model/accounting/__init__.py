@@ -1,0 +1,33 @@
+"""What a run should take, predicted before it starts: parameters, FLOPs, memory and traffic per rank.
+
+The one place these numbers come from: the training log, tools/zero_plan.py and the analysis all call here,
+one module per quantity.
+"""
+from megatron.model.accounting.flops import (
+    PEAK_TFLOPS,
+    accelerator_part,
+    hardware_flops_per_iteration,
+    matmul_precision,
+    model_flops_per_iteration,
+    peak_tflops,
+)
+from megatron.model.accounting.memory import (
+    activation_bytes,
+    gradient_bytes_per_element,
+    gradient_elements_held,
+    memory_per_rank,
+    output_layer_buffer_bytes,
+    runs_bf16_optimizer,
+    zero_model_state_estimate,
+)
+from megatron.model.accounting.parameters import count_parameters, parameter_groups_on_rank, parameters_on_rank
+from megatron.model.accounting.traffic import TRAFFIC_KINDS, offload_transfer_per_step, zero_traffic_per_step
+from megatron.model.accounting.training_setup import PRECISIONS, AccountingError, TrainingSetup
+
+__all__ = [
+    "PEAK_TFLOPS", "PRECISIONS", "TRAFFIC_KINDS", "AccountingError", "TrainingSetup", "accelerator_part",
+    "activation_bytes", "count_parameters", "gradient_bytes_per_element", "gradient_elements_held",
+    "hardware_flops_per_iteration", "matmul_precision", "memory_per_rank", "model_flops_per_iteration",
+    "offload_transfer_per_step", "output_layer_buffer_bytes", "parameter_groups_on_rank", "parameters_on_rank",
+    "peak_tflops", "runs_bf16_optimizer", "zero_model_state_estimate", "zero_traffic_per_step",
+]

@@ -1,0 +1,210 @@
+"""Bytes a rank holds: ZeRO model states (as DeepSpeed 0.19.8 keeps them), activations, the output buffer."""
+from __future__ import annotations
+
+import math
+
+from megatron.model.accounting.parameters import parameter_groups_on_rank, parameters_on_rank
+from megatron.model.accounting.training_setup import AccountingError, TrainingSetup
+from megatron.model.config import GPTConfig
+
+# ZeRO paper (Rajbhandari et al. 2020), bytes per parameter for (params, grads, optimizer
+# states). Mixed precision: 16-bit params and grads, K=12 for fp32 master copy + Adam m + v.
+# Pure fp32: at stage 0 our optimizer steps the params themselves, so Adam adds only m + v; DeepSpeed's
+# ZeRO optimizers (stages 1-3) clone their fp32 master partition even from fp32 params, 4 more bytes
+# (stage 3 means to reuse the partition when dtype and device match, but compares a torch.device with
+# a device name, which is never equal, in DeepSpeed 0.19.8: measured in tests/test_training.py).
+_BYTES_PER_PARAM: dict[str, tuple[int, int, int]] = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
+_FP32_ZERO_MASTER = 4
+
+
+
+def zero_model_state_estimate(num_params: int, zero_stage: int, dp_size: int, precision: str,
+                              offload_optimizer: bool = False, offload_param: bool = False,
+                              gradient_elements: int | None = None,
+                              gradient_bytes: int | None = None) -> dict[str, int]:
+    """Accelerator bytes per rank for params, grads and optimizer states under ZeRO.
+
+    Stage 1 partitions optimizer states over the dp_size ranks, stage 2 also gradients,
+    stage 3 also parameters; a partition is ceil(num_params / dp_size) elements (DeepSpeed
+    pads to equal partitions). Offloaded states live in host memory and count 0 here.
+    gradient_elements: the gradients a rank really keeps (gradient_elements_held: DeepSpeed keeps more
+    than the paper's partition at stages 1 and 2); by default the paper's. gradient_bytes: the bytes each of
+    them takes (gradient_bytes_per_element: fp32 accumulation); by default the paper's 16-bit.
+    """
+    if precision not in _BYTES_PER_PARAM:
+        raise AccountingError(f"precision must be one of {sorted(_BYTES_PER_PARAM)}, got {precision!r}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise AccountingError(f"--zero-stage must be 0, 1, 2 or 3, got {zero_stage}")
+    if dp_size < 1:
+        raise AccountingError(f"data-parallel size must be >= 1, got {dp_size}")
+    if offload_optimizer and zero_stage == 0:
+        raise AccountingError("optimizer offload needs --zero-stage 1, 2 or 3")
+    if offload_param and zero_stage != 3:
+        raise AccountingError("parameter offload needs --zero-stage 3")
+    param_bytes, grad_bytes, optim_bytes = _BYTES_PER_PARAM[precision]
+    if precision == "fp32" and zero_stage >= 1:
+        optim_bytes += _FP32_ZERO_MASTER
+    partition = math.ceil(num_params / dp_size)
+    params = (partition if zero_stage >= 3 else num_params) * param_bytes
+    if gradient_elements is None:
+        gradient_elements = partition if zero_stage >= 2 else num_params
+    grads = gradient_elements * (grad_bytes if gradient_bytes is None else gradient_bytes)
+    optim = (partition if zero_stage >= 1 else num_params) * optim_bytes
+    if offload_optimizer:
+        optim = 0
+    if offload_param:
+        params = 0
+    return dict(params=params, grads=grads, optim=optim, total=params + grads + optim)
+
+
+def _whole_parameters_of_first_partition(sizes: list[int], dp_size: int) -> int:
+    """Elements of the parameters that start inside data-parallel rank 0's partition of one flattened group."""
+    partition = math.ceil(sum(sizes) / dp_size)
+    held = start = 0
+    for size in sizes:
+        if start >= partition:
+            break
+        held, start = held + size, start + size
+    return held
+
+
+def gradient_elements_held(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
+    """Gradient elements the logging rank (data-parallel rank 0) holds at its peak in a step, as DeepSpeed
+    0.19.8 keeps them (measured by megatron/memory.py; docs/zero-tradeoff.md). Stage 0 keeps every gradient;
+    stages 1 and 2 reduce each bucket to its owner and drop the gradients of the parameters outside their
+    partition, but keep the whole gradient of every parameter that starts inside it (each optimizer group is
+    flattened and cut into dp equal partitions), so a partition that falls inside a large parameter (the
+    word embedding) holds all of it; stage 1 reduces only at the last micro-batch, so with accumulation it
+    holds every gradient until then; with the optimizer offloaded they keep none (the host does); stage 3
+    holds its flat partition. In bf16 the gradients accumulate in fp32 (gradient_bytes_per_element): stage 1's
+    bf16 optimizer keeps every gradient, stage 2 an fp32 buffer of exactly its partition of each group."""
+    sizes = parameter_groups_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
+    every, dp = sum(map(sum, sizes)), setup.data_parallel_size
+    if setup.offload_optimizer and setup.zero_stage in (1, 2):
+        return 0  # each reduced bucket goes straight to the host's fp32 gradient partition
+    if setup.zero_stage == 0 or (setup.zero_stage == 1 and (setup.gradient_accumulation_steps > 1
+                                                           or setup.precision == "bf16")):
+        return every
+    if setup.zero_stage == 3:
+        return math.ceil(every / dp)
+    if setup.precision == "bf16":
+        return sum(math.ceil(sum(group) / dp) for group in sizes)
+    return sum(_whole_parameters_of_first_partition(group, dp) for group in sizes)
+
+
+def runs_bf16_optimizer(setup: TrainingSetup) -> bool:
+    """Whether DeepSpeed 0.19.8 steps with its BF16_Optimizer instead of the ZeRO-1 one: bf16 parameters with
+    gradients accumulated in fp32 (megatron/deepspeed_config.py asks for it in bf16 at stages 1-3) at stage 1
+    without offload (engine._do_optimizer_sanity_check)."""
+    return setup.precision == "bf16" and setup.zero_stage == 1 and not setup.offload_optimizer
+
+
+def gradient_bytes_per_element(setup: TrainingSetup) -> int:
+    """Bytes a held gradient element takes. In bf16 at stages 1-3 DeepSpeed accumulates the micro-batches'
+    gradients in fp32 (megatron/deepspeed_config.py asks for it; DeepSpeed 0.19.8 refuses it at stage 0): stages
+    2 and 3 keep an fp32 partition, stage 1 (DeepSpeed's bf16 optimizer) an fp32 buffer of every gradient beside
+    the bf16 gradients, 6 bytes each. Otherwise the gradients are in the parameters' dtype."""
+    if setup.precision != "bf16" or setup.zero_stage == 0:
+        return setup.element_bytes
+    if runs_bf16_optimizer(setup):
+        return 2 + 4
+    return 4
+
+
+def _dropout_mask_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
+    """Bytes per element of a residual dropout mask: none without dropout; the input's dtype on CPU,
+    1 byte (bool) on CUDA."""
+    if config.hidden_dropout == 0:
+        return 0
+    return setup.element_bytes if setup.device == "cpu" else 1
+
+
+def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
+    """What one transformer layer keeps for the backward of one micro-batch (see activation_bytes)."""
+    s, b, h, a = config.seq_length, setup.micro_batch_size, config.hidden_size, config.num_attention_heads
+    e, tp, on_cpu = setup.element_bytes, setup.tensor_parallel_size, setup.device == "cpu"
+    sequence_split = tp if setup.sequence_parallel else 1
+    if on_cpu and config.attention_dropout > 0:
+        # SDPA's math kernel (CPU attention with dropout) computes in fp32 whatever the input dtype: fp32
+        # copies of q, k, v and the softmax output, its dropout mask and the dropped probabilities (a s^2 b)
+        attention_inputs, attention = 3 * 4, a * s * s * b * 3 * 4 / tp
+    else:
+        # a fused kernel (CUDA, or CPU without attention dropout) keeps q, k, v (views of the QKV output), its
+        # output (laid out so that it is the output projection's input, counted below) and an fp32 log-sum-exp
+        attention_inputs, attention = 3 * e, 4 * a * s * b / tp
+    mask = _dropout_mask_bytes(config, setup)
+    norm_statistics = e if on_cpu else 4  # LayerNorm's mean and 1/std: the input's dtype on CPU, fp32 on CUDA
+    # split over TP: the attention inputs, the attention output projection's input (e), the MLP's GeLU
+    # input and output (8e)
+    split = s * b * h * (attention_inputs + 9 * e) / tp
+    # whole on every TP rank: the QKV and MLP inputs (the LayerNorms' outputs; under sequence parallelism
+    # the column-parallel layers keep the gathered input, not their slice)
+    whole = s * b * h * 2 * e
+    # replicated unless sequence parallel: both LayerNorms' inputs, the two residual dropout masks, both
+    # LayerNorms' mean and 1/std per token
+    replicated = (s * b * h * (2 * e + 2 * mask) + 2 * 2 * norm_statistics * s * b) / sequence_split
+    return split + whole + replicated + attention
+
+
+def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
+    """Bytes autograd keeps from the forward for the backward on one rank of pipeline `stage` (what
+    megatron/memory.py's saved_activation_bytes measures), for this model's kernels; the per-layer terms
+    follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
+    s b h (34 + 5 a s / h) in 16-bit with 1-byte masks and unfused attention. On CPU SDPA's math kernel
+    keeps the a s^2 b attention probabilities when there is attention dropout; a fused kernel (CUDA, or
+    CPU without attention dropout) keeps only a log-sum-exp. Without dropout no masks are kept.
+    Outside the layers: the token and position ids and the embedding's dropout mask on the first stage;
+    the final LayerNorm's input and statistics, the output layer's input, the labels and the loss's
+    per-token sums on the last. Full recomputation keeps each layer's input instead of its activations
+    (memory_per_rank adds the one layer recomputed at a time). Under 1F1B the first stage holds pp
+    micro-batches in flight, the last one."""
+    s, b, h = config.seq_length, setup.micro_batch_size, config.hidden_size
+    e, on_cpu = setup.element_bytes, setup.device == "cpu"
+    sequence_split = setup.tensor_parallel_size if setup.sequence_parallel else 1
+    layers = config.num_layers // setup.pipeline_parallel_size
+    if setup.activation_recompute:
+        per_micro = layers * s * b * h * e / sequence_split
+    else:
+        per_micro = layers * _layer_activation_bytes(config, setup)
+    if stage == 0:  # int64 token and position ids, the embedding's dropout mask
+        per_micro += 2 * 8 * s * b + s * b * h * _dropout_mask_bytes(config, setup) / sequence_split
+    if stage == setup.pipeline_parallel_size - 1:
+        # final LayerNorm input (e) and statistics; the output layer's input (e, gathered under sequence
+        # parallelism); int64 labels, a 1-byte "label outside this vocabulary slice" flag and an fp32 sum of
+        # exponentials per token
+        norm_statistics = 2 * (e if on_cpu else 4)
+        per_micro += (s * b * h * e + norm_statistics * s * b) / sequence_split + s * b * h * e + s * b * (8 + 1 + 4)
+    in_flight = min(setup.pipeline_parallel_size - stage, setup.gradient_accumulation_steps)
+    return int(per_micro * max(1, in_flight))
+
+
+def output_layer_buffer_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
+    """The [micro batch x seq, vocab / tp] buffer of the fused output-layer loss on the last stage
+    (megatron/core/tensor_parallel/cross_entropy.py): fp32 exps that become the logits' gradient,
+    plus the 16-bit logits (then their 16-bit gradient, in the same reused buffer) in bf16/fp16."""
+    vocab_slice = config.padded_vocab_size // setup.tensor_parallel_size
+    rows_by_vocab = setup.micro_batch_size * config.seq_length * vocab_slice
+    return rows_by_vocab * (4 + (setup.element_bytes if setup.element_bytes != 4 else 0))
+
+
+def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> dict[str, int]:
+    """Accelerator bytes one rank of pipeline `stage` needs: ZeRO model states (params, grads as DeepSpeed
+    keeps them, optimizer states and their total; offloaded ones count 0), activations, the output-layer
+    buffer (last stage only) and their total (the peak, with the one layer recomputed at a time under
+    full recomputation); and the bytes offloaded to host memory or NVMe: the offloaded states, and with
+    the optimizer offloaded the fp32 gradient partition it steps with."""
+    on_rank = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
+    args = (on_rank, setup.zero_stage, setup.data_parallel_size, setup.precision)
+    held = dict(gradient_elements=gradient_elements_held(config, setup, stage),
+                gradient_bytes=gradient_bytes_per_element(setup))
+    states = zero_model_state_estimate(*args, setup.offload_optimizer, setup.offload_params, **held)
+    offloaded = zero_model_state_estimate(*args, **held)["total"] - states["total"]
+    if setup.offload_optimizer:  # the optimizer steps on the host: an fp32 copy of the gradient partition there
+        offloaded += math.ceil(on_rank / setup.data_parallel_size) * 4
+    activations = activation_bytes(config, setup, stage)
+    recomputed = int(_layer_activation_bytes(config, setup)) if setup.activation_recompute else 0
+    buffer = output_layer_buffer_bytes(config, setup) if stage == setup.pipeline_parallel_size - 1 else 0
+    return dict(params=states["params"], grads=states["grads"], optim=states["optim"], model_states=states["total"],
+                activations=activations, output_buffer=buffer,
+                total=states["total"] + activations + recomputed + buffer,
+                offloaded=offloaded)

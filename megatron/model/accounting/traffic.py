@@ -1,0 +1,98 @@
+"""Bytes a rank sends through collectives, and moves to and from the host and NVMe, per step."""
+from __future__ import annotations
+
+import math
+
+from megatron.model.accounting.memory import runs_bf16_optimizer, zero_model_state_estimate
+from megatron.model.accounting.parameters import parameters_on_rank
+from megatron.model.accounting.training_setup import TrainingSetup
+from megatron.model.config import GPTConfig
+
+TRAFFIC_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p")  # as megatron/comm_counter.py
+
+
+
+
+def _ring_share(group_size: int) -> float:
+    """What each of n ranks sends, per byte of the whole buffer, in a reduce-scatter or all-gather."""
+    return (group_size - 1) / group_size
+
+
+def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> dict[str, float]:
+    """Bytes one rank of pipeline `stage` sends per optimizer step, per kind of collective, with
+    megatron/comm_counter.py's definition of "sent" (docs/zero-tradeoff.md).
+
+    Data parallelism over the rank's P parameters (the ZeRO paper's volumes, in the gradient dtype,
+    times (n-1)/n for n data-parallel ranks): stage 0 all-reduces the gradients once per step (2P);
+    stage 1 reduces each gradient partition to its owner and all-gathers the updated parameters (P + P),
+    except under DeepSpeed's bf16 optimizer (runs_bf16_optimizer), which all-reduces the whole fp32
+    gradient buffer, cast to bf16 (DeepSpeed's communication dtype), then all-gathers the updated bf16
+    parameters (2P + P; measured on 2 CPU ranks, tests/test_bf16_traffic.py); stage 2 keeps only its
+    gradient partition, so it reduces at every micro-batch (g P + P with g micro-batches per step; in
+    bf16 its reductions stay bf16, measured, though it keeps an fp32 gradient partition); stage 3
+    gathers each parameter for the forward and again for the backward and reduce-scatters the
+    gradients, at every micro-batch (3 g P). Tensor parallelism adds four
+    all-reduces of a [micro batch, seq, hidden] activation per layer and micro-batch, and one each for
+    the embedding's output and the output layer's input (reduce-scatters and all-gathers of the same
+    volume under sequence parallelism); pipeline parallelism sends one such activation
+    forward and one gradient back per micro-batch, and all-reduces the tied word embedding's gradient
+    between the first and last stage."""
+    traffic = dict.fromkeys(TRAFFIC_KINDS, 0.0)
+    tp, pp, dp, g = (setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.data_parallel_size,
+                     setup.gradient_accumulation_steps)
+    size = parameters_on_rank(config, tp, pp, stage) * setup.element_bytes
+    share = _ring_share(dp) * size
+    if setup.zero_stage == 0:
+        traffic["all_reduce"] += 2 * share
+    elif runs_bf16_optimizer(setup):
+        traffic["all_reduce"] += 2 * share
+        traffic["all_gather"] += share
+    elif setup.zero_stage == 1:
+        traffic["reduce_scatter"] += share
+        traffic["all_gather"] += share
+    elif setup.zero_stage == 2:
+        traffic["reduce_scatter"] += g * share
+        traffic["all_gather"] += share
+    else:
+        traffic["reduce_scatter"] += g * share
+        traffic["all_gather"] += 2 * g * share
+    activation = setup.micro_batch_size * config.seq_length * config.hidden_size * setup.element_bytes
+    if tp > 1:
+        # 4 per layer, the embedding's output on the first stage, the output layer's input on the last
+        all_reduces = 4 * (config.num_layers // pp) + (stage == 0) + (stage == pp - 1)
+        per_step = all_reduces * g * 2 * _ring_share(tp) * activation
+        if setup.sequence_parallel:
+            traffic["reduce_scatter"] += per_step / 2
+            traffic["all_gather"] += per_step / 2
+        else:
+            traffic["all_reduce"] += per_step
+    if pp > 1:
+        traffic["p2p"] += g * activation / (tp if setup.sequence_parallel else 1) * ((stage > 0) + (stage < pp - 1))
+        if stage in (0, pp - 1):
+            traffic["all_reduce"] += 2 * _ring_share(2) * config.padded_vocab_size // tp * config.hidden_size \
+                * setup.element_bytes
+    return traffic
+
+
+def offload_transfer_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> dict[str, float]:
+    """Bytes one rank of pipeline `stage` moves per step between accelerator and host ("pcie") and
+    between host and NVMe ("nvme") when ZeRO offloads: with the optimizer offloaded, each gradient
+    reduction (once per step at stage 1, every micro-batch at 2 and 3) lands in host memory and the
+    updated parameter partition comes back; with the parameters offloaded, every gather (forward and
+    backward of each micro-batch) reads the partition from the host. On NVMe the optimizer states are
+    read and written once per step and parameter partitions read at every gather and written once."""
+    partition = math.ceil(parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size,
+                                             stage) / setup.data_parallel_size)
+    e, g = setup.element_bytes, setup.gradient_accumulation_steps
+    reductions = 1 if setup.zero_stage <= 1 else g
+    pcie = nvme = 0.0
+    if setup.offload_optimizer:
+        pcie += (reductions + 1) * partition * e
+    if setup.offload_params:
+        pcie += 2 * g * partition * e
+    if setup.offload_device == "nvme":
+        states = zero_model_state_estimate(partition * setup.data_parallel_size, setup.zero_stage,
+                                           setup.data_parallel_size, setup.precision)
+        nvme += 2 * states["optim"] if setup.offload_optimizer else 0
+        nvme += (2 * g + 1) * partition * e if setup.offload_params else 0
+    return dict(pcie=pcie, nvme=nvme)

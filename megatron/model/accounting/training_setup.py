@@ -1,0 +1,58 @@
+"""What the estimates need to know about a run besides the model's shape, and their error."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.errors import ZeroLabError
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+# Bytes of one element of params, grads and activations in each precision.
+_ELEMENT_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+class AccountingError(ZeroLabError, ValueError):
+    """A layout the estimates cannot describe; the message names the flag."""
+
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """Everything besides the model shape that the traffic and memory estimates depend on."""
+    world_size: int
+    micro_batch_size: int
+    gradient_accumulation_steps: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    sequence_parallel: bool = False
+    precision: str = "fp32"
+    zero_stage: int = 0
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    offload_device: str = "cpu"  # where offloaded states live: "cpu" or "nvme" (ZeRO-Infinity)
+    activation_recompute: bool = False
+    # "cuda": fused attention (SDPA's flash or memory-efficient kernel), 1-byte dropout masks; "cpu": SDPA's
+    # math kernel with attention dropout (it keeps the attention probabilities), its flash kernel without,
+    # masks in the activations' dtype
+    device: str = "cuda"
+
+    def __post_init__(self):
+        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
+        if min(self.world_size, self.micro_batch_size, self.gradient_accumulation_steps, model_parallel) < 1:
+            raise AccountingError("world size, micro batch, gradient accumulation, TP and PP must all be >= 1")
+        if self.world_size % model_parallel:
+            raise AccountingError(f"{self.world_size} ranks do not divide into TP={self.tensor_parallel_size} x "
+                                  f"PP={self.pipeline_parallel_size}")
+        if self.precision not in _ELEMENT_BYTES:
+            raise AccountingError(f"precision must be one of {sorted(_ELEMENT_BYTES)}, got {self.precision!r}")
+        if self.device not in ("cuda", "cpu"):
+            raise AccountingError(f"device must be cuda or cpu, got {self.device!r}")
+        if self.offload_device not in ("cpu", "nvme"):
+            raise AccountingError(f"offload device must be cpu or nvme, got {self.offload_device!r}")
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world_size // (self.tensor_parallel_size * self.pipeline_parallel_size)
+
+    @property
+    def element_bytes(self) -> int:
+        return _ELEMENT_BYTES[self.precision]
