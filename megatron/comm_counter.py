@@ -14,12 +14,18 @@ receive. megatron/model/accounting/traffic.py predicts traffic with the same def
 
 One op can call another (send calls isend, all_gather_into_tensor calls all_gather_single): only
 the outermost counted call counts, so nothing is counted twice.
+
+The counter also times what the rank spends blocked in collectives, per kind: the call itself, and for
+an asynchronous op (async_op=True) its wait(). On CPU ranks that is host time; on CUDA, where a call
+returns once the op is queued, it is the compute stream's stall, timed with CUDA events read at the next
+logging interval (the training loop synchronises there anyway).
 """
 from __future__ import annotations
 
 import contextlib
 import inspect
 import sys
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -75,10 +81,14 @@ def bytes_sent(spec: _OpSpec, buffer_bytes: int, group_size: int) -> float:
 
 @dataclass
 class CommCounter:
-    """Cumulative bytes this rank sent, per kind, while counting is on (see `counting`)."""
+    """Cumulative bytes this rank sent, and seconds it was blocked, per kind, while counting is on
+    (see `counting`)."""
     sent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
     calls: dict[str, int] = field(default_factory=dict)  # per torch.distributed function name
     active: bool = False
+    on_cuda: bool = False  # time with CUDA events on the current stream instead of the host clock
+    _seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
+    _pending_events: list = field(default_factory=list)  # (kind, start, end) CUDA events not yet read
     _depth: int = 0
     _group_sizes: dict = field(default_factory=dict)
 
@@ -94,6 +104,15 @@ class CommCounter:
     def snapshot(self) -> dict[str, float]:
         return dict(self.sent)
 
+    def seconds(self) -> dict[str, float]:
+        """Seconds blocked per kind so far. On CUDA this reads the recorded events: call it after the
+        device was synchronised, or it waits for them."""
+        for kind, start, end in self._pending_events:
+            end.synchronize()
+            self._seconds[kind] += start.elapsed_time(end) / 1000.0
+        self._pending_events.clear()
+        return dict(self._seconds)
+
     def group_size(self, group) -> int:
         size = self._group_sizes.get(group)
         if size is None:
@@ -103,6 +122,39 @@ class CommCounter:
     def record(self, name: str, spec: _OpSpec, buffer_bytes: int, group) -> None:
         self.sent[spec.kind] += bytes_sent(spec, buffer_bytes, self.group_size(group))
         self.calls[name] = self.calls.get(name, 0) + 1
+
+    def clock(self):
+        """A start mark for `blocked`: the host clock, or a CUDA event recorded on the current stream."""
+        if not self.on_cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def blocked(self, kind: str, start) -> None:
+        """Add the time from `start` (a `clock()` mark) to now to `kind`."""
+        if not self.on_cuda:
+            self._seconds[kind] += time.perf_counter() - start
+            return
+        self._pending_events.append((kind, start, self.clock()))
+
+
+class _TimedWork:
+    """An asynchronous op's handle whose wait() adds the time it blocks to the counter; everything else
+    is the handle's own."""
+
+    def __init__(self, work, counter: CommCounter, kind: str):
+        self._work, self._counter, self._kind = work, counter, kind
+
+    def wait(self, *args, **kwargs):
+        start = self._counter.clock()
+        try:
+            return self._work.wait(*args, **kwargs)
+        finally:
+            self._counter.blocked(self._kind, start)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
 
 
 def since(now: dict[str, float], before: dict[str, float], iterations: int) -> dict[str, float]:
@@ -122,10 +174,13 @@ def wrap(original, spec: _OpSpec, counter: CommCounter):
         group = args[group_pos] if len(args) > group_pos else kwargs.get("group")
         counter.record(name, spec, tensor_bytes(value), group)
         counter._depth += 1
+        start = counter.clock()
         try:
-            return original(*args, **kwargs)
+            work = original(*args, **kwargs)
         finally:
             counter._depth -= 1
+            counter.blocked(spec.kind, start)
+        return work if work is None else _TimedWork(work, counter, spec.kind)
 
     # not __wrapped__: torch's own decorators set that, and uninstall must not unwrap them
     counted.zero_lab_original = original

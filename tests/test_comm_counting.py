@@ -80,6 +80,39 @@ def _check_through_deepspeed(rank, world):
         comm_counter.uninstall()
 
 
+def _check_blocked_time(rank, world):
+    """The time a rank waits in a collective is added to its kind: in the call, and for an asynchronous op
+    in its wait(). Rank 1 joins each op DELAY late, so rank 0 is blocked at least that long in it."""
+    import time
+    delay = 0.3
+    counter = comm_counter.install()
+    try:
+        with counter.counting():
+            if rank == 1:
+                time.sleep(delay)
+            dist.all_reduce(torch.ones(N))
+            dist.barrier()  # not counted: starts the next op together
+            if rank == 1:
+                time.sleep(delay)
+            work = dist.all_gather_into_tensor(torch.empty(2 * N), torch.ones(N), async_op=True)
+            work.wait()
+            assert work.is_completed()  # the rest of the handle is torch's
+        seconds = counter.seconds()
+        if rank == 0:
+            assert seconds["all_reduce"] >= delay * 0.9 and seconds["all_gather"] >= delay * 0.9, seconds
+        assert seconds["reduce_scatter"] == seconds["broadcast"] == seconds["p2p"] == 0.0
+        before = counter.seconds()
+        dist.all_reduce(torch.ones(N))  # outside counting(): no time added
+        assert counter.seconds() == before
+    finally:
+        comm_counter.uninstall()
+
+
+@pytest.mark.slow
+def test_time_blocked_in_collectives_is_counted_per_kind():
+    run_ranks(_check_blocked_time)
+
+
 @pytest.mark.slow
 def test_every_collective_form_counted_once():
     run_ranks(_check_every_form)
