@@ -19,6 +19,8 @@ LM_LOSS_RE = re.compile(r"lm loss: (\d+\.\d+E[+-]\d+)")
 # zero-lab's comm line: bytes sent per iteration, measured, and the prediction (docs/zero-tradeoff.md)
 COMM_RE = re.compile(r"comm at iteration +(\d+) \|.* total=(\d+\.\d+)MB \| bytes/param=(\d+\.\d+) \| "
                      r"predicted=(\d+\.\d+)MB \|")
+# zero-lab's time line: ms per iteration by part, measured and predicted; the parts are name=value pairs
+TIME_RE = re.compile(r"time at iteration +(\d+) \| measured: (.*?) \| predicted: (.*?) \|")
 
 # megatron/launch/attempt.py's header of each attempt of a run (a resumed run appends another)
 _ATTEMPT_HEADER = r"\[zero-lab\] attempt (?P<anum>\d+) started (?P<atime>\S+ \S+) UTC"
@@ -31,6 +33,7 @@ _RECORD_START_RE = re.compile(
     r"(?P<iteration>\biteration\s+(?P<it>\d+)\s*/\s*(?P<total>\d+)\s*\|)"
     r"|(?P<memory>\[Rank (?P<mrank>\d+)\] memory at iteration\s+(?P<mit>\d+)\s*\|)"
     r"|(?P<comm>\[Rank \d+\] comm at iteration\s+\d+\s*\|)"
+    r"|(?P<time>\[Rank \d+\] time at iteration\s+\d+\s*\|)"
     r"|(?P<megatron_memory>\[Rank (?P<grank>\d+)\] \(after (?P<git>\d+) iterations\) memory \(MB\))"
     r"|(?P<deepspeed>(?:epoch=\d+/micro_step=\d+/global_step=(?P<dsit>\d+),\s*)?RunningAvgSamplesPerSec=)"
     r"|(?P<validation>validation loss at (?:iteration\s+(?P<vit>\d+)|the end of training[^|]*?)\s*\|)"
@@ -99,6 +102,17 @@ class CommRecord:
 
 
 @dataclass
+class TimeRecord:
+    """Milliseconds per iteration in a logging interval by part, measured (compute, communication, offload,
+    total) and predicted (the same and overlap), each read by name: pairs added later are kept too."""
+
+    iteration: int
+    measured_ms: dict[str, float]
+    predicted_ms: dict[str, float]
+    attempt: int = 0  # ParsedLog.starts' index
+
+
+@dataclass
 class ValidationRecord:
     iteration: int | None  # None: the end-of-training evaluation
     lm_loss: float | None
@@ -143,6 +157,7 @@ class ParsedLog:
     iterations: list[IterationRecord] = field(default_factory=list)
     memory: list[MemoryRecord] = field(default_factory=list)
     comm: list[CommRecord] = field(default_factory=list)
+    times: list[TimeRecord] = field(default_factory=list)
     validations: list[ValidationRecord] = field(default_factory=list)
     epochs: list[EpochRecord] = field(default_factory=list)
     model_state: ModelStateRecord | None = None
@@ -228,7 +243,8 @@ def _parse_megatron_memory(seg: str, iteration: int, rank: int) -> MemoryRecord:
 
 
 def _key_values(text: str) -> dict[str, float]:
-    return {k: float(v) for k, v in re.findall(r"(\w+)=(\d+(?:\.\d+)?)", text)}
+    # signed: a measured compute time is the step's total less the rest, which rounding can take below 0
+    return {k: float(v) for k, v in re.findall(r"(\w+)=(-?\d+(?:\.\d+)?)", text)}
 
 
 def _parse_model_state(seg: str) -> ModelStateRecord:
@@ -253,6 +269,14 @@ def _parse_comm(seg: str) -> CommRecord | None:
     kinds = {k: float(v) for k, v in re.findall(r" (\w+)=(\d+\.\d+)MB \|", seg) if k not in ("total", "predicted")}
     return CommRecord(iteration=int(match.group(1)), by_kind_mb=kinds, total_mb=float(match.group(2)),
                       bytes_per_param=float(match.group(3)), predicted_mb=float(match.group(4)))
+
+
+def _parse_time(seg: str) -> TimeRecord | None:
+    match = TIME_RE.search(seg)
+    if match is None:  # cut off before its predicted part ended
+        return None
+    return TimeRecord(iteration=int(match.group(1)), measured_ms=_key_values(match.group(2)),
+                      predicted_ms=_key_values(match.group(3)))
 
 
 def _parse_run_info(seg: str) -> dict[str, str]:
@@ -299,6 +323,11 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
         if record is not None:
             record.attempt = log.start
             log.comm.append(record)
+    elif kind == "time":
+        record = _parse_time(seg)
+        if record is not None:
+            record.attempt = log.start
+            log.times.append(record)
     elif kind == "megatron_memory":
         log.memory.append(_parse_megatron_memory(seg, int(match["git"]), int(match["grank"])))
     elif kind == "deepspeed":

@@ -59,6 +59,8 @@ MARKDOWN_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
     ("MaxMemAllocated peak (GB)", lambda s: _num(2)(s.max_mem_alloc_peak_gb)),
     ("sent MB/iter measured/predicted", lambda s: "/".join(
         _num(2)(v) for v in (s.traffic_mb, s.traffic_predicted_mb)) if s.traffic_mb is not None else ""),
+    ("ms/iter measured/predicted", lambda s: "/".join(
+        _num(1)(v) for v in (s.time_total_ms, s.time_total_predicted_ms)) if s.time_total_ms is not None else ""),
     ("model states measured/ZeRO estimate (GB)", lambda s: "/".join(
         _num(4)(v) for v in (s.model_state_measured_gb, s.zero_estimate_gb)) if s.zero_estimate_gb is not None else ""),
     ("host RSS mean/peak (GB)", lambda s: "/".join(
@@ -82,8 +84,9 @@ def markdown_table(summaries: list[RunSummary]) -> str:
 
 def notes(summaries: list[RunSummary], skipped: list[str], skip_first: int) -> str:
     lines = [
-        f"Throughput, ms/iter, TFLOPs and MFU are means over logged intervals after the first {skip_first} "
-        "of each attempt (warm-up; a resumed run is one run of several attempts, every iteration counted once); "
+        "Throughput, both ms/iter columns, TFLOPs, MFU and MB sent are means over logged intervals after "
+        f"the first {skip_first} of each attempt (warm-up; a resumed run is one run of several attempts, every "
+        "iteration counted once); "
         "memory and loss use every logged step. Memory is per rank, GB = 2**30 bytes. "
         "`~` marks an epoch time estimated from iteration time (the run did not finish an epoch).",
     ]
@@ -130,15 +133,14 @@ def _pair(measured: float | None, predicted: float | None, digits: int) -> str:
     return "" if measured is None and predicted is None else f"{_num(digits)(measured)}/{_num(digits)(predicted)}"
 
 
-def tradeoff_section(summaries: list[RunSummary], plot: str | None) -> str:
+def _memory_and_traffic(summaries: list[RunSummary], plot: str | None) -> list[str]:
     """Memory per rank against traffic per step for the runs that logged both, measured beside predicted,
-    each relative to the lowest ZeRO stage among them (docs/zero-tradeoff.md); "" when none did."""
+    each relative to the lowest ZeRO stage among them (docs/zero-tradeoff.md); [] when none did."""
     runs = [s for s in summaries if s.traffic_mb is not None and s.model_state_measured_gb is not None]
     if not runs:
-        return ""
+        return []
     base = min(runs, key=lambda s: (s.zero_stage if s.zero_stage is not None else 9, s.offload != "none"))
-    lines = ["## ZeRO trade-off\n",
-             "What each rank holds in model states (params, grads, optimizer states) against what it sends per "
+    lines = ["What each rank holds in model states (params, grads, optimizer states) against what it sends per "
              "iteration, measured by the run beside megatron/model/accounting/'s prediction "
              f"(docs/zero-tradeoff.md); ratios are to {base.label}'s measurements. Offloaded states (host memory, "
              "or this rank's NVMe files) are apart from the model states; on CPU ranks host memory is the "
@@ -158,7 +160,38 @@ def tradeoff_section(summaries: list[RunSummary], plot: str | None) -> str:
                      f"{_ratio(s.traffic_mb, base.traffic_mb)} |")
     if plot:
         lines.append(f"\n![Memory per rank against traffic per iteration]({plot})")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _time_split(summaries: list[RunSummary]) -> list[str]:
+    """Each run's ms per iteration split into compute, communication and offload, measured beside predicted,
+    for the runs that logged time lines; [] when none did."""
+    runs = [s for s in summaries if s.time_total_ms is not None]
+    if not runs:
+        return []
+    lines = ["\n### Time per iteration: compute, communication, offload\n",
+             "Milliseconds per iteration over the same steady-state intervals as ms/iter, measured by the run "
+             "(`communication`: blocked in collectives; `offload`: the offloaded optimizer's step; `compute`: the "
+             "rest) beside megatron/model/accounting/step_time.py's prediction, whose `overlap` is the "
+             "communication it expects hidden behind compute (total = compute + communication + offload - "
+             "overlap; docs/log-lines.md, the time line).\n",
+             "| run | compute measured/predicted (ms) | communication measured/predicted (ms) | "
+             "offload measured/predicted (ms) | overlap predicted (ms) | total measured/predicted (ms) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for s in runs:
+        lines.append(f"| {s.label} | {_pair(s.time_compute_ms, s.time_compute_predicted_ms, 1)} | "
+                     f"{_pair(s.time_communication_ms, s.time_communication_predicted_ms, 1)} | "
+                     f"{_pair(s.time_offload_ms, s.time_offload_predicted_ms, 1)} | "
+                     f"{_num(1)(s.time_overlap_predicted_ms)} | "
+                     f"{_pair(s.time_total_ms, s.time_total_predicted_ms, 1)} |")
+    return lines
+
+
+def tradeoff_section(summaries: list[RunSummary], plot: str | None) -> str:
+    """report.md's "ZeRO trade-off": memory against traffic, then time per iteration by part, each measured
+    beside predicted for the runs that logged them; "" when no run logged either."""
+    parts = _memory_and_traffic(summaries, plot) + _time_split(summaries)
+    return "\n".join(["## ZeRO trade-off\n"] + parts) + "\n" if parts else ""
 
 
 def report_markdown(table: str, note_text: str, plots: list[tuple[str, str]], tradeoff: str = "") -> str:

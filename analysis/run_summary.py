@@ -69,6 +69,17 @@ class RunSummary:
     activations_gb: float | None = None
     activations_estimate_gb: float | None = None
     output_buffer_estimate_gb: float | None = None
+    # ms per iteration by part from the time line (docs/log-lines.md), measured beside predicted, over the
+    # same steady-state intervals as ms/iter; None for logs without time lines (upstream's)
+    time_compute_ms: float | None = None
+    time_communication_ms: float | None = None
+    time_offload_ms: float | None = None
+    time_total_ms: float | None = None
+    time_compute_predicted_ms: float | None = None
+    time_communication_predicted_ms: float | None = None
+    time_offload_predicted_ms: float | None = None
+    time_overlap_predicted_ms: float | None = None
+    time_total_predicted_ms: float | None = None
 
 
 def _mean(values) -> float | None:
@@ -234,12 +245,19 @@ def _model_state(log: ParsedLog) -> tuple[float | None, float | None]:
     return measured, state.estimate.get("total")
 
 
+def kept_interval_lines(lines: list, kept: dict[tuple[int, int], int]) -> list[tuple]:
+    """(line, its interval's iterations) for the per-interval lines (comm, time) printed with the kept
+    iteration lines; every line, weighing one, when none was. `kept`: (iteration, start) of the kept
+    iteration lines -> iterations in the interval."""
+    chosen = [(line, kept[key]) for line in lines if (key := (line.iteration, line.attempt)) in kept]
+    return chosen or [(line, 1) for line in lines]
+
+
 def _traffic(log: ParsedLog, kept: dict[tuple[int, int], int]) -> dict:
     """Bytes sent per iteration over the steady-state intervals, like throughput (the first step gathers
     some parameters more often: ZeRO-3 records its fetch order then), each interval weighted by its
-    iterations. `kept`: (iteration, start) of the kept iteration lines -> iterations in the interval."""
-    comm = [(c, kept[key]) for c in log.comm if (key := (c.iteration, c.attempt)) in kept]
-    comm = comm or [(c, 1) for c in log.comm]
+    iterations."""
+    comm = kept_interval_lines(log.comm, kept)
     measured, estimate = (log.model_state.measured, log.model_state.estimate) if log.model_state else ({}, {})
 
     def mean(name):
@@ -250,6 +268,17 @@ def _traffic(log: ParsedLog, kept: dict[tuple[int, int], int]) -> dict:
                 offloaded_gb=measured.get("offloaded"), offloaded_estimate_gb=estimate.get("offloaded"),
                 activations_gb=measured.get("activations"), activations_estimate_gb=estimate.get("activations"),
                 output_buffer_estimate_gb=estimate.get("output_buffer"))
+
+
+def _step_time(log: ParsedLog, kept: dict[tuple[int, int], int]) -> dict:
+    """ms per iteration by part over the steady-state intervals, weighted by iterations like ms/iter:
+    time_<part>_ms measured, time_<part>_predicted_ms predicted (overlap is only predicted)."""
+    times = kept_interval_lines(log.times, kept)
+    measured = {f"time_{part}_ms": _weighted_mean((t.measured_ms.get(part), n) for t, n in times)
+                for part in ("compute", "communication", "offload", "total")}
+    predicted = {f"time_{part}_predicted_ms": _weighted_mean((t.predicted_ms.get(part), n) for t, n in times)
+                 for part in ("compute", "communication", "offload", "overlap", "total")}
+    return measured | predicted
 
 
 def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) -> RunSummary:
@@ -265,7 +294,11 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
     def over_time(values):
         return _weighted_mean((v, weights[r.iteration][1]) for r, v in values)
 
-    mfu = over_time((by_key[key], m.mfu_pct) for m in memory if (key := (m.iteration, m.attempt)) in by_key)
+    def over_memory_lines(name):  # MFU: the memory lines printed with the kept iteration lines
+        return over_time((by_key[key], getattr(m, name)) for m in memory
+                         if (key := (m.iteration, m.attempt)) in by_key)
+
+    kept_intervals = {key: weights[r.iteration][0] for key, r in by_key.items()}
     epochs = epochs_once(log)
     epoch_time, epoch_source = _epoch_time(epochs, meta, ms_per_iter)
     measured_state, estimate = _model_state(log)
@@ -297,7 +330,7 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         ms_per_iter_mean=ms_per_iter,
         samples_per_s_mean=over_time((r, r.samples_per_second) for r in kept),
         tflops_mean=over_time((r, r.tflops) for r in kept),
-        mfu_mean_pct=mfu,
+        mfu_mean_pct=over_memory_lines("mfu_pct"),
         epochs_done=len(epochs),
         epoch_time_s=epoch_time,
         epoch_time_source=epoch_source,
@@ -317,5 +350,6 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         val_ppl_last=validations[-1].ppl if validations else None,
         loss_curve=[(tokens, r.lm_loss) for r in records
                     if r.lm_loss is not None and (tokens := _consumed_tokens(r, meta)) is not None],
-        **_traffic(log, {key: weights[r.iteration][0] for key, r in by_key.items()}),
+        **_traffic(log, kept_intervals),
+        **_step_time(log, kept_intervals),
     )

@@ -28,9 +28,10 @@ attempt logs of one folder, ALCF's <run>/logs/, are one run), one run folder, or
 resumed run is one run of several attempts (the "[zero-lab] attempt N started" lines). Per run it reads the iteration lines (consumed samples and
 tokens, elapsed time per iteration, lm loss, tgs, TFLOPs), memory lines (zero-lab's
 "memory at iteration" line, Megatron's report_memory, DeepSpeed's MemAllocated lines),
-epoch-end, validation, ZeRO-estimate and run-info lines; run metadata comes from that run info
-line, ds_config.json, command.txt, env.json and Megatron's argument dump, else the folder name
-(gpt_tiny_Z3_OL, ALCF's ..._z1_seqlen1024_..._gb1_mb1). Timestamps, rank prefixes, ANSI colours
+epoch-end, validation, ZeRO-estimate, comm (MB sent) and time (ms per iteration by part) lines,
+and run-info lines; run metadata comes from that run info line, ds_config.json, command.txt,
+env.json and Megatron's argument dump, else the folder name (gpt_tiny_Z3_OL, ALCF's
+..._z1_seqlen1024_..._gb1_mb1). Timestamps, rank prefixes, ANSI colours
 and interleaved ranks are tolerated. Each run gets a status: "diverged at iteration N" (the
 training stopped on NaN/Inf losses, or they lasted to the last logged iteration), "stopped early
 at iteration N" (--exit-interval or a signal), INCOMPLETE (a log cut off mid-line, or one that
@@ -43,9 +44,11 @@ iterations, ZeRO stage, offload,
 model, ranks, batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
 ms/iteration, time per epoch, mean/max MemAllocated and peak MaxMemAllocated per rank in GB
 (2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, first/last/per-epoch lm
-loss, last validation loss, MB sent per iteration measured and predicted), PNG plots (throughput, epoch time,
-accelerator memory, host memory, loss vs consumed tokens, the ZeRO trade-off: model-state memory
-against traffic) and report.md showing the table, a "ZeRO trade-off" section and the plots.
+loss, last validation loss, MB sent and ms per iteration measured and predicted), PNG plots
+(throughput, epoch time, accelerator memory, host memory, loss vs consumed tokens, the ZeRO
+trade-off: model-state memory against traffic) and report.md showing the table, a "ZeRO trade-off"
+section (with each run's compute, communication and offload time, measured beside predicted) and
+the plots.
 Exit status: 0 when at least one run was summarized, 1 when none was (or PATH is missing),
 2 for bad command-line flags.
 """

@@ -184,6 +184,30 @@ def test_comm_lines_and_the_zero_tradeoff_section(tmp_path):
     assert tradeoff_section([summarize_run(parsed(OUR_ITERATION), RunMetadata(), "x", 2)], None) == ""
 
 
+# docs/log-lines.md's time line, printed right after the comm line
+TIME_LINE = ("[Rank 0] time at iteration       10 | measured: compute=123.4ms communication=45.6ms offload=0.0ms "
+             "total=169.0ms | predicted: compute=120.1ms communication=50.2ms offload=0.0ms overlap=0.0ms "
+             "total=170.3ms |")
+
+
+def test_time_lines_read_by_name():
+    """Each part read by name: a pair added later is kept, a line cut before its predicted part ends is dropped,
+    a time line glued to the comm line is still found, and a compute time rounded below zero keeps its sign."""
+    assert log_parser.TIME_RE.pattern in (REPO_ROOT / "docs" / "log-lines.md").read_text()
+    log = parsed(TIME_LINE,
+                 _comm(12, 78.302) + TIME_LINE.replace("at iteration       10", "at iteration       12")
+                 .replace("offload=0.0ms total=169.0ms", "offload=0.0ms recompute=12.5ms total=169.0ms"),
+                 TIME_LINE.replace("10", "14").replace("compute=123.4ms", "compute=-0.1ms"),
+                 TIME_LINE.replace("10", "16")[:150])
+    assert [t.iteration for t in log.times] == [10, 12, 14] and [c.iteration for c in log.comm] == [12]
+    first, glued, negative = log.times
+    assert first.measured_ms == {"compute": 123.4, "communication": 45.6, "offload": 0.0, "total": 169.0}
+    assert first.predicted_ms == {"compute": 120.1, "communication": 50.2, "offload": 0.0, "overlap": 0.0,
+                                  "total": 170.3}
+    assert glued.measured_ms["recompute"] == 12.5 and glued.measured_ms["total"] == 169.0
+    assert negative.measured_ms["compute"] == -0.1
+
+
 def test_elapsed_seconds_and_bigscience_rank_prefix_are_read():
     (record,) = parsed("[default7]: iteration       10/     100 | consumed samples:           10 | "
                        "elapsed time per iteration (s): 2.40 | lm loss: 1.012345E+01 |").iterations
@@ -262,6 +286,54 @@ def test_summary_numbers_equal_hand_computed_means(summary):
     assert (z1["world_size"], z1["micro_batch"], z1["global_batch"], z1["seq_length"]) == ("2", "4", "16", "128")
 
 
+def test_time_per_iteration_of_a_resumed_run_with_time_lines(summary):
+    """ours/gpt_tiny_Z3: a CUDA run logging every 2 of 19 iterations, a time line after each comm line. Attempt
+    1 logged 2..14 and died; attempt 2 resumed from the checkpoint at 8 and logged 10..18 and 19 again."""
+    out, _, rows = summary
+    z3 = rows["ours/gpt_tiny_Z3"]
+    assert (z3["attempts"], z3["status"], z3["intervals_used"]) == ("2", "finished", "6")
+    # Each iteration's last print, the first 2 intervals of each attempt out: attempt 1's 6 and 8, attempt 2's
+    # 14, 16, 18 (2 iterations each) and 19 (1); attempt 1's own 10, 12, 14 (14: 700 ms, 300 of them
+    # communicating) are not counted. (iterations, measured compute, communication) in ms; total = their sum:
+    kept = [(2, 380.0, 120.0), (2, 390.0, 130.0), (2, 375.0, 125.0), (2, 372.0, 118.0), (2, 383.0, 127.0),
+            (1, 390.0, 140.0)]
+    assert number(z3, "time_compute_ms") == pytest.approx(sum(n * c for n, c, _ in kept) / 11)  # 4190 / 11
+    assert number(z3, "time_communication_ms") == pytest.approx(sum(n * c for n, _, c in kept) / 11)  # 1380 / 11
+    assert number(z3, "time_total_ms") == pytest.approx(5570 / 11)  # 506.4
+    assert number(z3, "time_total_ms") == pytest.approx(number(z3, "ms_per_iter_mean"))
+    assert number(z3, "time_offload_ms") == 0.0
+    # Predicted: 360 + 150 = 510 ms in attempt 1 (4 kept iterations), 365 + 146 = 511 ms in attempt 2 (7)
+    assert number(z3, "time_compute_predicted_ms") == pytest.approx((4 * 360 + 7 * 365) / 11)  # 363.2
+    assert number(z3, "time_communication_predicted_ms") == pytest.approx((4 * 150 + 7 * 146) / 11)  # 147.5
+    assert number(z3, "time_total_predicted_ms") == pytest.approx((4 * 510 + 7 * 511) / 11)  # 510.6
+    assert number(z3, "time_overlap_predicted_ms") == 0.0
+    # the traffic over the same intervals: attempt 1's 90.604 MB at 14 is not the kept print
+    assert number(z3, "traffic_mb") == 78.302
+    # MFU from the kept prints' memory lines, over time (ms x iterations)
+    weights = [1000, 1040, 1000, 980, 1020, 530]
+    mfu = [0.75, 0.72, 0.75, 0.76, 0.73, 0.70]
+    assert number(z3, "mfu_mean_pct") == pytest.approx(sum(m * w for m, w in zip(mfu, weights)) / 5570)  # 0.738
+    # epoch 1 once: attempt 1's whole line (7.2 s) beats attempt 2's partial one (4.1 s)
+    assert (z3["epochs_done"], z3["epoch_time_s"], z3["partial_epochs"]) == ("1", "7.2", "")
+
+    table = (out / "summary.md").read_text()
+    header = [cell.strip() for cell in table.splitlines()[0].strip("|").split("|")]
+    column = header.index("ms/iter measured/predicted")
+    assert header[column - 1] == "sent MB/iter measured/predicted"
+    cells = {line.split(" | ")[0].lstrip("| "): [c.strip() for c in line.strip("|").split("|")]
+             for line in table.splitlines()[2:] if line.startswith("| Z")}
+    assert cells["Z3"][column - 1:column + 1] == ["78.30/78.32", "506.4/510.6"]
+    # no time lines (upstream Megatron-DeepSpeed, and our run without them): the empty placeholder
+    for label in ("Z2", "Z1 GPT1_3B", "Z1 tiny", "Z3+offload"):
+        assert cells[label][column] == "", label
+    report = (out / "report.md").read_text()
+    split = report[report.index("### Time per iteration: compute, communication, offload"):]
+    assert ("| run | compute measured/predicted (ms) | communication measured/predicted (ms) | "
+            "offload measured/predicted (ms) | overlap predicted (ms) | total measured/predicted (ms) |") in split
+    assert "| Z3 | 380.9/363.2 | 125.5/147.5 | 0.0/0.0 | 0.0 | 506.4/510.6 |" in split
+    assert split.count("\n| Z") == 1  # only the run that logged time lines
+
+
 def test_upstream_run_numbers_and_metadata(summary):
     _, _, rows = summary
     (up,) = [row for name, row in rows.items() if name.startswith("upstream/ds_stage2")]
@@ -314,13 +386,13 @@ def test_log_without_training_lines_is_reported_and_skipped(summary):
 
 def test_outputs_tables_report_and_readable_pngs(summary):
     out, result, rows = summary
-    assert len(rows) == 4
+    assert len(rows) == 5
     data = json.loads((out / "summary.json").read_text())
-    assert data["skip_first"] == 2 and len(data["runs"]) == 4
+    assert data["skip_first"] == 2 and len(data["runs"]) == 5
     z1 = next(r for r in data["runs"] if r["run"] == "ours/gpt_tiny_Z1")
     assert z1["loss_curve"][0] == [2048, 10.82345] and len(z1["loss_curve"]) == 6
     table = (out / "summary.md").read_text()
-    assert table.startswith("| run | status |") and table.count("\n| Z") == 4
+    assert table.startswith("| run | status |") and table.count("\n| Z") == 5
     assert "| 0.0480/0.0360 |" in table  # measured model states (params+grads+optim) beside the estimate
     report = (out / "report.md").read_text()
     pngs = ["throughput.png", "epoch_time.png", "accelerator_memory.png", "host_memory.png", "loss.png"]
@@ -500,7 +572,7 @@ def test_summary_of_the_six_real_driver_runs(six_driver_runs):
 def _our_lines(attempt, iteration, ms, comm_mb):
     """One logging step of the printing rank exactly as megatron/training_log.py writes it: world size 2,
     global batch 8 x 64 tokens (256 tokens per rank per iteration), 0.5 TFLOP per rank per iteration,
-    a 100 TFLOPs peak (MFU % = TFLOPs), comm_mb MB sent per iteration."""
+    a 100 TFLOPs peak (MFU % = TFLOPs, HFU 1.5 x MFU: recomputed forwards), comm_mb MB sent per iteration."""
     from megatron.training_log import IterationStats, comm_line, iteration_line, memory_line
     seconds = ms / 1000.0
     stats = IterationStats(
@@ -509,7 +581,8 @@ def _our_lines(attempt, iteration, ms, comm_mb):
         grad_norm=None, skipped_iterations=0, nan_iterations=0, samples_per_second=8 / seconds,
         tokens_per_gpu_per_second=256 / seconds, tflops=0.5 / seconds)
     mem = {"allocated": 2**30, "max_allocated": 2**30, "rss": 2**30, "max_rss": 2**30}
-    return [iteration_line(stats), memory_line(0, "cuda", iteration, mem, 100.0 * (0.5 / seconds) / 100.0),
+    mfu = 100.0 * (0.5 / seconds) / 100.0
+    return [iteration_line(stats), memory_line(0, "cuda", iteration, mem, mfu, 1.5 * mfu),
             comm_line(0, iteration, {"reduce_scatter": comm_mb * 2**20}, 10**6, 10 * 2**20)]
 
 
@@ -571,6 +644,43 @@ def test_an_epoch_only_a_resumed_attempt_logged_is_partial():
     s = _summary(ATTEMPT_1[:-8] + ATTEMPT_2, skip_first=1)
     assert (s.epochs_done, s.partial_epochs) == (4, [2])
     assert s.epoch_time_s == pytest.approx((2.5 + 1.2 + 2.2) / 3)  # the whole epochs 1, 3, 4
+
+
+def _time_line(iteration: int, measured: dict, predicted: dict) -> str:
+    """docs/log-lines.md's time line: ms per iteration by part (TIME_LINE's format)."""
+    def parts(values):
+        return " ".join(f"{name}={ms:.1f}ms" for name, ms in values.items())
+    return f"[Rank 0] time at iteration {iteration:8d} | measured: {parts(measured)} | predicted: {parts(predicted)} |"
+
+
+def _with_time_lines(lines: list[str]) -> list[str]:
+    """The lines with a time line after each comm line, as training_log.py prints them: the step's time (the
+    iteration line's) split into 1 ms of communication per MB sent and compute; a flat 400 ms prediction."""
+    out = []
+    for line in lines:
+        out.append(line)
+        if (elapsed := log_parser.ELAPSED_MS_RE.search(line)) is not None:
+            ms = float(elapsed.group(1))
+        if (comm := log_parser.COMM_RE.search(line)) is not None:
+            sent = float(comm.group(2))
+            out.append(_time_line(int(comm.group(1)), dict(compute=ms - sent, communication=sent, offload=0.0,
+                                                           total=ms),
+                                  dict(compute=300.0, communication=100.0, offload=0.0, overlap=0.0, total=400.0)))
+    return out
+
+
+def test_time_per_iteration_over_the_steady_state_of_a_resumed_run():
+    """The time lines' means use the throughput's intervals and weights: each iteration's last print (attempt
+    1's lines for 8 and 10 not counted), without each attempt's warm-up."""
+    s = _summary(_with_time_lines(ATTEMPT_1 + ATTEMPT_2), skip_first=1)
+    # the measured total is the iteration line's time, so its mean is ms/iter
+    assert s.time_total_ms == pytest.approx(s.ms_per_iter_mean) and s.time_total_ms == pytest.approx(5000 / 12)
+    # kept 4, 6, 10, 12, 14, 16 (attempt 1's 10 sent 40 MB, attempt 2's 16): as the traffic
+    assert s.time_communication_ms == pytest.approx(66 / 6)
+    assert s.time_compute_ms == pytest.approx(5000 / 12 - 66 / 6)
+    assert (s.time_offload_ms, s.time_offload_predicted_ms, s.time_overlap_predicted_ms) == (0.0, 0.0, 0.0)
+    assert (s.time_compute_predicted_ms, s.time_communication_predicted_ms, s.time_total_predicted_ms) == (
+        300.0, 100.0, 400.0)
 
 
 def _upstream_iteration(iteration, ms):
