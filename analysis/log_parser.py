@@ -85,6 +85,7 @@ class MemoryRecord:
     host_rss_gb: float | None = None
     max_host_rss_gb: float | None = None
     mfu_pct: float | None = None
+    hfu_pct: float | None = None
     attempt: int = 0  # ParsedLog.starts' index
 
 
@@ -226,6 +227,7 @@ def _parse_memory(seg: str, source: str, iteration: int | None, rank: int | None
         host_rss_gb=_float(r"(?<![A-Za-z])HostRSS=(\d+\.\d+)GB", seg),
         max_host_rss_gb=_float(r"MaxHostRSS=(\d+\.\d+)GB", seg),
         mfu_pct=_float(r"MFU=(\d+\.\d+)%", seg),
+        hfu_pct=_float(r"HFU=(\d+\.\d+)%", seg),
     )
 
 

@@ -67,6 +67,7 @@ MARKDOWN_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
         _num(2)(v) for v in (s.host_rss_mean_gb, s.host_rss_peak_gb)) if s.host_rss_peak_gb is not None else ""),
     ("TFLOPs", lambda s: _num(2)(s.tflops_mean)),
     ("MFU (%)", lambda s: _num(1)(s.mfu_mean_pct)),
+    ("HFU (%)", lambda s: _num(1)(s.hfu_mean_pct)),
     ("lm loss first→last", lambda s: f"{_loss(s.loss_first)}→{_loss(s.loss_last)}" if s.loss_last is not None else ""),
     ("lm loss at epoch ends", lambda s: ", ".join(_loss(v) for v in s.epoch_losses)),
     ("val loss", lambda s: _loss(s.val_loss_last)),
@@ -84,7 +85,7 @@ def markdown_table(summaries: list[RunSummary]) -> str:
 
 def notes(summaries: list[RunSummary], skipped: list[str], skip_first: int) -> str:
     lines = [
-        "Throughput, both ms/iter columns, TFLOPs, MFU and MB sent are means over logged intervals after "
+        "Throughput, both ms/iter columns, TFLOPs, MFU, HFU and MB sent are means over logged intervals after "
         f"the first {skip_first} of each attempt (warm-up; a resumed run is one run of several attempts, every "
         "iteration counted once); "
         "memory and loss use every logged step. Memory is per rank, GB = 2**30 bytes. "

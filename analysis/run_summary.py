@@ -39,6 +39,7 @@ class RunSummary:
     samples_per_s_mean: float | None
     tflops_mean: float | None
     mfu_mean_pct: float | None
+    hfu_mean_pct: float | None  # hardware FLOPs (recomputed forwards counted) over the peak
     epochs_done: int  # distinct epochs ended, each counted once however many attempts printed it
     epoch_time_s: float | None  # mean over the epochs one attempt ran whole
     epoch_time_source: str  # measured, estimated, or "" when neither
@@ -294,7 +295,7 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
     def over_time(values):
         return _weighted_mean((v, weights[r.iteration][1]) for r, v in values)
 
-    def over_memory_lines(name):  # MFU: the memory lines printed with the kept iteration lines
+    def over_memory_lines(name):  # MFU, HFU: the memory lines printed with the kept iteration lines
         return over_time((by_key[key], getattr(m, name)) for m in memory
                          if (key := (m.iteration, m.attempt)) in by_key)
 
@@ -331,6 +332,7 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         samples_per_s_mean=over_time((r, r.samples_per_second) for r in kept),
         tflops_mean=over_time((r, r.tflops) for r in kept),
         mfu_mean_pct=over_memory_lines("mfu_pct"),
+        hfu_mean_pct=over_memory_lines("hfu_pct"),
         epochs_done=len(epochs),
         epoch_time_s=epoch_time,
         epoch_time_source=epoch_source,

@@ -43,7 +43,7 @@ Writes to OUT: summary.md, summary.csv, summary.json (one row per run: status, a
 iterations, ZeRO stage, offload,
 model, ranks, batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
 ms/iteration, time per epoch, mean/max MemAllocated and peak MaxMemAllocated per rank in GB
-(2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, first/last/per-epoch lm
+(2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, HFU, first/last/per-epoch lm
 loss, last validation loss, MB sent and ms per iteration measured and predicted), PNG plots
 (throughput, epoch time, accelerator memory, host memory, loss vs consumed tokens, the ZeRO
 trade-off: model-state memory against traffic) and report.md showing the table, a "ZeRO trade-off"

@@ -309,9 +309,11 @@ def test_time_per_iteration_of_a_resumed_run_with_time_lines(summary):
     assert number(z3, "time_overlap_predicted_ms") == 0.0
     # the traffic over the same intervals: attempt 1's 90.604 MB at 14 is not the kept print
     assert number(z3, "traffic_mb") == 78.302
-    # MFU from the kept prints' memory lines, over time (ms x iterations)
+    # MFU and HFU from the kept prints' memory lines, over time (ms x iterations)
     weights = [1000, 1040, 1000, 980, 1020, 530]
+    hfu = [0.99, 0.95, 0.99, 1.01, 0.97, 0.93]
     mfu = [0.75, 0.72, 0.75, 0.76, 0.73, 0.70]
+    assert number(z3, "hfu_mean_pct") == pytest.approx(sum(h * w for h, w in zip(hfu, weights)) / 5570)  # 0.977
     assert number(z3, "mfu_mean_pct") == pytest.approx(sum(m * w for m, w in zip(mfu, weights)) / 5570)  # 0.738
     # epoch 1 once: attempt 1's whole line (7.2 s) beats attempt 2's partial one (4.1 s)
     assert (z3["epochs_done"], z3["epoch_time_s"], z3["partial_epochs"]) == ("1", "7.2", "")
@@ -320,9 +322,11 @@ def test_time_per_iteration_of_a_resumed_run_with_time_lines(summary):
     header = [cell.strip() for cell in table.splitlines()[0].strip("|").split("|")]
     column = header.index("ms/iter measured/predicted")
     assert header[column - 1] == "sent MB/iter measured/predicted"
+    assert header[header.index("MFU (%)") + 1] == "HFU (%)"
     cells = {line.split(" | ")[0].lstrip("| "): [c.strip() for c in line.strip("|").split("|")]
              for line in table.splitlines()[2:] if line.startswith("| Z")}
     assert cells["Z3"][column - 1:column + 1] == ["78.30/78.32", "506.4/510.6"]
+    assert cells["Z3"][header.index("HFU (%)")] == "1.0"
     # no time lines (upstream Megatron-DeepSpeed, and our run without them): the empty placeholder
     for label in ("Z2", "Z1 GPT1_3B", "Z1 tiny", "Z3+offload"):
         assert cells[label][column] == "", label
@@ -629,6 +633,7 @@ def test_summary_of_a_resumed_run_counts_each_iteration_and_epoch_once():
     # MFU from the memory lines of the kept prints only (attempt 1's line at iteration 10 said 1.25%):
     # the kept TFLOPs over the 100 TFLOPs peak
     assert s.mfu_mean_pct == pytest.approx(1.2)
+    assert s.hfu_mean_pct == pytest.approx(1.8)
     # Traffic: 10 MB per iteration except attempt 2's iteration 10 (16 MB); attempt 1's 40 MB at 10 is
     # not the kept print. Equal intervals: (10 + 10 + 16 + 10 + 10 + 10) / 6.
     assert s.traffic_mb == pytest.approx(66 / 6)
