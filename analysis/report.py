@@ -83,6 +83,10 @@ def markdown_table(summaries: list[RunSummary]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _epochs(numbers: list[int]) -> str:
+    return ("epoch " if len(numbers) == 1 else "epochs ") + ", ".join(map(str, numbers))
+
+
 def notes(summaries: list[RunSummary], skipped: list[str], skip_first: int) -> str:
     lines = [
         "Throughput, both ms/iter columns, TFLOPs, MFU, HFU and MB sent are means over logged intervals after "
@@ -93,6 +97,9 @@ def notes(summaries: list[RunSummary], skipped: list[str], skip_first: int) -> s
     ]
     lines += [f"- {s.label}: {s.status} ({s.incomplete_reason}), summarized as far as the log goes"
               for s in summaries if not s.complete]
+    lines += [f"- {s.label}: {_epochs(s.partial_epochs)} partial (logged only by an attempt that resumed inside "
+              f"{'it' if len(s.partial_epochs) == 1 else 'them'}), left out of the epoch time"
+              for s in summaries if s.partial_epochs]
     lines += [f"- skipped {entry}" for entry in skipped]
     return "\n".join(lines) + "\n"
 

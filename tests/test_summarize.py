@@ -645,10 +645,16 @@ def test_summary_of_a_resumed_run_counts_each_iteration_and_epoch_once():
 
 
 def test_an_epoch_only_a_resumed_attempt_logged_is_partial():
+    from analysis.report import markdown_table, notes
     # attempt 1 died at 7 (before epoch 2's end), so epoch 2's only line times iterations 8 only
     s = _summary(ATTEMPT_1[:-8] + ATTEMPT_2, skip_first=1)
     assert (s.epochs_done, s.partial_epochs) == (4, [2])
     assert s.epoch_time_s == pytest.approx((2.5 + 1.2 + 2.2) / 3)  # the whole epochs 1, 3, 4
+    # summary.md and report.md: the epoch time cell, and the note under the table saying what it leaves out
+    assert "| 2.0 |" in markdown_table([s])  # 1.967
+    assert (f"- {s.label}: epoch 2 partial (logged only by an attempt that resumed inside it), left out of the epoch "
+            "time") in notes([s], [], 1)
+    assert "partial" not in notes([_summary(ATTEMPT_1 + ATTEMPT_2, skip_first=1)], [], 1)
 
 
 def _time_line(iteration: int, measured: dict, predicted: dict) -> str:
