@@ -145,11 +145,18 @@ class LoggingArgs:
     eval_interval: int = 1000
     eval_iters: int = 10
     tensorboard_dir: str | None = None
+    # the data-parallel link the step-time prediction assumes; None: measured at start-up (comm_probe.py)
+    link_bandwidth_gbps: float | None = None
+    link_latency_us: float | None = None
 
     def __post_init__(self):
         _require(self.log_interval > 0, "--log-interval must be >= 1")
         _require(self.eval_interval > 0, "--eval-interval must be >= 1")
         _require(self.eval_iters >= 0, "--eval-iters must be >= 0")
+        _require((self.link_bandwidth_gbps is None) == (self.link_latency_us is None),
+                 "--link-bandwidth-gbps and --link-latency-us go together (or neither: the link is measured)")
+        _require(self.link_bandwidth_gbps is None or self.link_bandwidth_gbps > 0, "--link-bandwidth-gbps must be > 0")
+        _require(self.link_latency_us is None or self.link_latency_us >= 0, "--link-latency-us must be >= 0")
 
 
 @dataclass
@@ -289,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--eval-interval", type=int, default=1000)
     log.add_argument("--eval-iters", type=int, default=10)
     log.add_argument("--tensorboard-dir", default=None)
+    log.add_argument("--link-bandwidth-gbps", type=float, default=None,
+                     help="the data-parallel link's bandwidth (Gbit/s) for the predicted step time; with "
+                          "--link-latency-us, instead of measuring both at start-up (docs/zero-tradeoff.md)")
+    log.add_argument("--link-latency-us", type=float, default=None,
+                     help="the latency of one collective on that link, in microseconds")
     log.add_argument("--save", default=None, help="checkpoint folder; an empty string saves nothing, as no --save")
     log.add_argument("--load", default=None)
     log.add_argument("--save-interval", type=int, default=None)
@@ -465,7 +477,8 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
                       vocab_size=ns.vocab_size, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
                       tensor_model_parallel_size=ns.tensor_model_parallel_size),
         logging=LoggingArgs(log_interval=ns.log_interval, eval_interval=ns.eval_interval,
-                            eval_iters=ns.eval_iters, tensorboard_dir=ns.tensorboard_dir),
+                            eval_iters=ns.eval_iters, tensorboard_dir=ns.tensorboard_dir,
+                            link_bandwidth_gbps=ns.link_bandwidth_gbps, link_latency_us=ns.link_latency_us),
         # --save '' (bench/gpu_suite.sh after a driver's own --save) means no checkpoints, as Megatron's `if
         # args.save:` reads it; kept as '' it would reach os.makedirs('') on one rank while the others wait
         checkpoint=CheckpointArgs(save=ns.save or None, load=ns.load, save_interval=ns.save_interval,

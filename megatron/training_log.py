@@ -83,6 +83,38 @@ def comm_line(rank: int, iteration: int, sent_per_iteration: dict, num_params: i
             f"bytes/param={total / num_params:.3f} | predicted={predicted / MB:.3f}MB |")
 
 
+def time_line(rank: int, iteration: int, measured: dict, predicted) -> str:
+    """Milliseconds per iteration by part: measured (total: the interval's mean step time; communication: time
+    blocked in collectives, megatron/comm_counter.py; offload: the offloaded optimizer's step; compute: the
+    rest) beside megatron/model/accounting/step_time.py's prediction (a StepTime, in seconds)."""
+    def parts(values: dict) -> str:
+        return " ".join(f"{name}={seconds * 1000.0:.1f}ms" for name, seconds in values.items())
+
+    predicted_parts = dict(compute=predicted.compute, communication=predicted.communication,
+                           offload=predicted.offload, overlap=predicted.overlap, total=predicted.total)
+    return (f"[Rank {rank}] time at iteration {iteration:8d} | measured: {parts(measured)} | "
+            f"predicted: {parts(predicted_parts)} |")
+
+
+def probe_line(rates, link, predicted) -> str:
+    """What the start-up probes measured (megatron/compute_probe.py, megatron/comm_probe.py, or the link the
+    flags describe) and the step time predicted from it."""
+    costs = ", ".join(f"{kind} {cost.latency_s * 1e6:.0f}us + {_rate(cost.seconds_per_byte)}"
+                      for kind, cost in link.costs.items())
+    nvme = "" if rates.nvme_bytes_per_s is None else f", NVMe {rates.nvme_bytes_per_s / 1e9:.2f} GB/s"
+    return (f" > step time predicted | compute: {rates.flops_per_s / 1e9:.1f} GFLOP/s, optimizer "
+            f"{rates.optimizer_s_per_element * 1e9:.2f} ns/element, host copies "
+            f"{rates.host_copy_bytes_per_s / 1e9:.2f} GB/s{nvme} | link ({link.source}): {costs} | "
+            f"compute={predicted.compute * 1e3:.1f}ms communication={predicted.communication * 1e3:.1f}ms "
+            f"offload={predicted.offload * 1e3:.1f}ms overlap={predicted.overlap * 1e3:.1f}ms "
+            f"total={predicted.total * 1e3:.1f}ms")
+
+
+def _rate(seconds_per_byte: float) -> str:
+    """Bytes sent (comm_counter's measure) per second."""
+    return "free" if seconds_per_byte <= 0 else f"{1 / seconds_per_byte / 1e9:.3f} GB/s"
+
+
 def training_done_line() -> str:
     """Megatron's end-of-training marker: analysis tells finished runs from cut-off ones by it."""
     return f"[after training is done] datetime: {datetime.now():%Y-%m-%d %H:%M:%S} "
