@@ -2,10 +2,31 @@
 
 The inputs are rates measured at start-up by megatron/compute_probe.py and megatron/comm_probe.py (or a
 link the user describes with flags), never the run's own step time.
+
+    total = compute + communication + offload - overlap
+    compute = hardware FLOPs of the rank's share of the step / flops_per_s
+              (+ the optimizer step, partition elements x optimizer_s_per_element, when it runs on the rank)
+    communication = sum over kinds of messages x latency_s + bytes sent x seconds_per_byte
+    offload = host optimizer step + PCIe bytes / host_copy_bytes_per_s + NVMe bytes / nvme_bytes_per_s
+    overlap = ZeRO's gradient reductions hidden behind the backward (CUDA with overlap_comm; 0 on gloo)
+
+Bytes sent are the ZeRO paper's volumes (traffic.py, megatron/comm_counter.py's definition); what the wire
+costs per such byte is in seconds_per_byte, whose per-backend factors COST_FACTORS gives when the link comes
+from flags. Messages are counted by `messages_per_step`, which follows DeepSpeed 0.19.8's bucketing and
+stage-3 prefetching for this model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import collections
+import math
+from dataclasses import dataclass, replace
+
+from megatron.model.accounting.flops import hardware_flops_per_iteration, model_flops_per_iteration
+from megatron.model.accounting.memory import runs_bf16_optimizer
+from megatron.model.accounting.parameters import parameters_on_rank
+from megatron.model.accounting.traffic import TRAFFIC_KINDS, offload_transfer_per_step, zero_traffic_per_step
+from megatron.model.accounting.training_setup import AccountingError, TrainingSetup
+from megatron.model.config import GPTConfig
 
 
 @dataclass(frozen=True)
@@ -46,3 +67,328 @@ class StepTime:
     @property
     def total(self) -> float:
         return self.compute + self.communication + self.offload - self.overlap
+
+
+# Wire seconds per paper byte, relative to bytes / bandwidth, per backend and kind. gloo: measured on two hosts
+# at 200 Mbit/s (issue 32): its reduce-scatter costs about what an all-reduce of the same input costs, and its
+# all-gather and broadcast are not the bandwidth-optimal rings either. nccl: the textbook ring, which sends
+# exactly the paper volume (1.0), until a GPU measures it. p2p: a send is its bytes on both.
+COST_FACTORS: dict[str, dict[str, float]] = {
+    "gloo": {"all_reduce": 1.07, "reduce_scatter": 2.19, "all_gather": 1.62, "broadcast": 2.10, "p2p": 1.0},
+    "nccl": dict.fromkeys(TRAFFIC_KINDS, 1.0),
+}
+
+
+def link_costs_from_flags(backend: str, bandwidth_gbps: float, latency_us: float) -> LinkCosts:
+    """The link a user describes: `bandwidth_gbps` gigabits per second (as links are quoted: 200 Mbit/s is 0.2)
+    and `latency_us` microseconds per message; each kind's seconds per byte is its COST_FACTORS entry over
+    the bandwidth in bytes per second."""
+    if backend not in COST_FACTORS:
+        raise AccountingError(f"no cost factors for backend {backend!r}; known: {sorted(COST_FACTORS)}")
+    if not bandwidth_gbps > 0 or not latency_us >= 0:
+        raise AccountingError(f"link bandwidth must be > 0 Gbit/s and latency >= 0 us, got {bandwidth_gbps} "
+                              f"and {latency_us}")
+    bytes_per_s = bandwidth_gbps * 1e9 / 8
+    return LinkCosts({kind: CollectiveCost(latency_us / 1e6, factor / bytes_per_s)
+                      for kind, factor in COST_FACTORS[backend].items()}, source="flags")
+
+
+# --- Messages: how many collectives a rank issues per step --------------------------------------------------
+# DeepSpeed 0.19.8's engine all-reduces stage 0's (and its bf16 optimizer's) gradients in chunks of this many
+# elements (engine.MEMORY_OPT_ALLREDUCE_SIZE), whatever the config's bucket sizes.
+_ENGINE_ALLREDUCE_ELEMENTS = 500_000_000
+
+
+@dataclass(frozen=True)
+class _Module:
+    """A module holding parameters: its kind and its parameters' elements on one TP rank, weight first."""
+    kind: str  # "words", "positions", "layernorm", "column" (QKV, MLP in), "row" (attention out, MLP out)
+    sizes: tuple[int, ...]
+
+    def group(self, index: int) -> int:
+        """megatron/optimizer.py's group: 0 the matrices (weight decay), 1 biases and LayerNorm weights."""
+        return 0 if index == 0 and self.kind != "layernorm" else 1
+
+
+def _modules(config: GPTConfig, tp: int, pp: int, stage: int) -> list[_Module]:
+    """The parameter-holding modules of pipeline `stage` in forward order (accounting.parameter_groups_on_rank's
+    sizes); the last stage of a pipeline holds its own copy of the tied word embedding."""
+    h, f = config.hidden_size, config.ffn_hidden_size
+    words = _Module("words", (config.padded_vocab_size // tp * h,))
+    modules = [words, _Module("positions", (config.max_position_embeddings * h,))] if stage == 0 else []
+    for _ in range(config.num_layers // pp):
+        modules += [_Module("layernorm", (h, h)), _Module("column", (3 * h * h // tp, 3 * h // tp)),
+                    _Module("row", (h * h // tp, h)), _Module("layernorm", (h, h)),
+                    _Module("column", (h * f // tp, f // tp)), _Module("row", (f * h // tp, h))]
+    if stage == pp - 1:
+        modules.append(_Module("layernorm", (h, h)))
+        if pp > 1:
+            modules.append(words)
+    return modules
+
+
+def _gradient_order(modules: list[_Module], stage3: bool) -> list[tuple[int, int]]:
+    """(module, parameter) in the order their gradients are ready, as measured on 2 CPU ranks: the modules
+    backwards (the embeddings last: positions, then the tied word embedding), LayerNorm weight before bias, a
+    linear's bias before its weight, except that ZeRO-3's linear function yields a column-parallel layer's
+    weight first (a row-parallel layer adds its bias outside the matmul)."""
+    def within(module: _Module) -> tuple[int, ...]:
+        if module.kind == "row" or (module.kind == "column" and not stage3):
+            return (1, 0)
+        return tuple(range(len(module.sizes)))
+    return [(m, i) for m in reversed(range(len(modules))) for i in within(modules[m])]
+
+
+def _zero12_reduces(modules: list[_Module], order: list[tuple[int, int]], dp: int, bucket: int) -> int:
+    """Reduces of one gradient reduction at ZeRO 1-2 (stage_1_and_2.py, reduce_scatter on, multi-rank bucket
+    all-reduce off): each optimizer group is flattened, padded to 2 x dp elements and cut into dp partitions;
+    gradients fill a bucket in `order` until the next one would overflow reduce_bucket_size (a larger one goes
+    alone), and each bucket is reduced with one reduce per partition it touches."""
+    owners = {}
+    for group in (0, 1):
+        params = [(m, i) for m, module in enumerate(modules) for i in range(len(module.sizes))
+                  if module.group(i) == group]
+        total = sum(modules[m].sizes[i] for m, i in params)
+        part = math.ceil(total / (2 * dp)) * 2 * dp // dp or 1
+        start = 0
+        for m, i in params:
+            end = start + modules[m].sizes[i]
+            owners[m, i] = set(range(start // part, (end - 1) // part + 1))  # the ranks it is reduced to
+            start = end
+    reduces, filled, ranks = 0, 0, set()
+    for m, i in order:
+        if filled + modules[m].sizes[i] > bucket:
+            reduces, filled, ranks = reduces + len(ranks), 0, set()
+        filled += modules[m].sizes[i]
+        ranks |= owners[m, i]
+    return reduces + len(ranks)
+
+
+def _stage3_reduce_scatters(modules: list[_Module], bucket: int) -> int:
+    """Reduce-scatters of one backward at ZeRO-3: one per bucket of gradients, a bucket closed when the next
+    gradient would overflow reduce_bucket_size."""
+    calls, filled = 0, 0
+    for m, i in _gradient_order(modules, stage3=True):
+        if filled and filled + modules[m].sizes[i] > bucket:
+            calls, filled = calls + 1, 0
+        filled += modules[m].sizes[i]
+    return calls + (filled > 0)
+
+
+def _stage3_trace(modules: list[_Module]) -> tuple[list[tuple[tuple, bool]], int]:
+    """The modules ZeRO-3's parameter coordinator steps through in one forward and backward, in order, each as
+    (its parameters, released right after it); modules without parameters (the GPT model, layers, attention,
+    MLP, dropouts: DeepSpeed hooks every module) count as steps, where the coordinator prefetches too. The GPT
+    model holds the tied word embedding for the output layer (until the end of the forward, and through the
+    backward); the embeddings' backward hooks never fire (their input needs no gradient). Also returns the
+    forward's length. As traced on 2 CPU ranks (tests/test_step_time_calibration.py)."""
+    params = [tuple((m, i) for i in range(len(module.sizes))) for m, module in enumerate(modules)]
+    kinds = [module.kind for module in modules]
+    empty = ((), False)
+    first = "words" in kinds[:1]
+    layers = [params[m:m + 6] for m in range(2 if first else 0, len(modules) - 6 + 1, 6)
+              if kinds[m:m + 6] == ["layernorm", "column", "row"] * 2]
+    final = [(params[-1], True)] if kinds[-1:] == ["layernorm"] else []
+    forward = [(params[0], False), (params[0], True), (params[1], True), empty] if first else []
+    for ln1, qkv, dense, ln2, mlp_in, mlp_out in layers:
+        forward += [empty, (ln1, True), empty, (qkv, True), (dense, True), empty, (ln2, True), empty,
+                    (mlp_in, True), (mlp_out, True), empty]
+    forward += final
+    backward = ([(params[0], False)] if first else []) + final
+    for ln1, qkv, dense, ln2, mlp_in, mlp_out in reversed(layers):
+        backward += [empty, empty, empty, (mlp_out, True), (mlp_in, True), (ln2, True), empty, empty,
+                     (dense, True), (qkv, True), (ln1, True)]
+    backward += [empty, (params[1], False), (params[0], False)] if first else []
+    return forward + backward, len(forward)
+
+
+def _stage3_gathers(modules: list[_Module], buckets: dict) -> int:
+    """All-gathers of one forward and backward at ZeRO-3, replaying DeepSpeed 0.19.8's
+    PartitionedParameterCoordinator once its trace is recorded: at each module it gathers the module's missing
+    parameters in one call, then prefetches (one call) the next parameters of the trace not yet available until
+    stage3_prefetch_bucket_size elements or the live budget (stage3_max_live_parameters less what is gathered)
+    is reached; parameters under stage3_param_persistence_threshold stay whole. A module releases its
+    parameters after it ran unless the prefetcher has looked past a later use of them (stage3_max_reuse_distance
+    is 0). Small models whose parameters fit the live budget are gathered once per forward and backward, large
+    ones once per module and pass."""
+    trace, forward_length = _stage3_trace(modules)
+    numel = {(m, i): modules[m].sizes[i] for m in range(len(modules)) for i in range(len(modules[m].sizes))}
+    whole = {p for p, n in numel.items() if n <= buckets["stage3_param_persistence_threshold"]}
+    available, holders, live, calls = set(whole), collections.defaultdict(set), 0, 0
+    queue = collections.deque((p, step) for step, (params, _) in enumerate(trace) for p in sorted(params))
+    fetched_for = collections.defaultdict(lambda: -1)
+
+    def gather(params) -> None:
+        nonlocal live, calls
+        calls += bool(params)
+        available.update(params)
+        live += sum(numel[p] for p in params)
+
+    def release(step: int, now: int) -> None:
+        nonlocal live
+        for p in trace[step][0]:
+            holders[p].discard(step)
+            if p in available and p not in whole and not holders[p] and fetched_for[p] <= now:
+                available.discard(p)
+                live -= numel[p]
+
+    for step, (params, released) in enumerate(trace):
+        gather([p for p in params if p not in available])
+        own_entries = [p for p in params if fetched_for[p] < step]  # those the prefetcher has not taken yet
+        for p in params:
+            holders[p].add(step)
+        for _ in own_entries:
+            p, used_at = queue.popleft()
+            fetched_for[p] = used_at
+        budget = min(buckets["stage3_max_live_parameters"] - live, buckets["stage3_prefetch_bucket_size"])
+        prefetch, prefetched = set(), 0
+        while queue and prefetched < budget:
+            p, used_at = queue.popleft()
+            fetched_for[p] = max(fetched_for[p], used_at)
+            if p not in available and p not in prefetch:
+                prefetch.add(p)
+                prefetched += numel[p]
+        gather(prefetch)
+        if released:
+            release(step, step + 1)
+        if step == forward_length - 1 and trace[0][0]:
+            release(0, step + 1)  # the GPT model's own forward ends: the word embedding it held
+    return calls
+
+
+def _engine_allreduces(modules: list[_Module]) -> int:
+    """All-reduces of DeepSpeed's engine over the gradients: chunks closed once past its fixed element count."""
+    calls, filled = 0, 0
+    for module in modules:
+        for n in module.sizes:
+            filled += n
+            if filled > _ENGINE_ALLREDUCE_ELEMENTS:
+                calls, filled = calls + 1, 0
+    return calls + (filled > 0)
+
+
+def _tensor_parallel_messages(config: GPTConfig, setup: TrainingSetup, stage: int) -> dict[str, int]:
+    """Collectives over the TP group per micro-batch (megatron/core/tensor_parallel): per layer the four
+    activation all-reduces (reduce-scatters and all-gathers under sequence parallelism, where the LayerNorm
+    weights' and row-parallel biases' gradients are all-reduced too, six per layer); the word embedding's
+    all-reduce on the first stage; the output layer's input (its gradient) and the vocab-parallel loss's three
+    all-reduces (max, sum of exponentials, target logit) on the last."""
+    first, last = stage == 0, stage == setup.pipeline_parallel_size - 1
+    layers = config.num_layers // setup.pipeline_parallel_size
+    if not setup.sequence_parallel:
+        return dict(all_reduce=4 * layers + first + last + 3 * last)
+    return dict(all_gather=4 * layers + first + last, reduce_scatter=4 * layers + last,
+                all_reduce=first + 3 * last + 6 * layers + 2 * last)
+
+
+def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, buckets: dict | None = None
+                      ) -> dict[str, int]:
+    """Collectives one rank of pipeline `stage` issues per optimizer step on groups of two or more ranks, per
+    kind (TRAFFIC_KINDS; a reduce counts as a reduce-scatter, as in megatron/comm_counter.py): the latency term.
+    `buckets` is megatron/deepspeed_config.py's bucket_sizes(...) of the run.
+
+    Data parallelism, per step (g micro-batches): stage 0 and DeepSpeed's bf16 optimizer all-reduce the
+    gradients after the last backward (chunks of 5e8 elements), the bf16 optimizer then all-gathers each
+    optimizer group's parameters; stages 1-2 reduce bucket by bucket (`_zero12_reduces`; stage 2 at every
+    micro-batch, stage 1 at the last, in the optimizer's order on CPU and the gradients' order with CUDA's
+    overlap_comm), all-gather each group's updated partition and all-reduce each group's gradient norm, plus an
+    overflow flag in bf16 and fp16; stage 3 gathers parameters (`_stage3_gathers`) and reduce-scatters gradient
+    buckets at every micro-batch, all-reduces the norm and gathers each persistent parameter after the step.
+    Model parallelism (TP x PP > 1) adds the optimizer's norm all-reduces over the model-parallel group (ours
+    at stage 0 in fp32, DeepSpeed's overflow flag and two weight norms at stage 0 in bf16/fp16), TP the
+    per-micro-batch collectives of `_tensor_parallel_messages`, PP a send per micro-batch and boundary, the
+    tied embedding's all-reduce on the first and last stage, the loss broadcast to every stage and, with data
+    parallelism, its all-reduce on the last. Measured against megatron/comm_counter.py's calls on 2 CPU ranks
+    for stages 0-3 in fp32 and bf16 (tests/test_step_time_calibration.py); fp16, offload and CUDA's
+    overlap_comm follow DeepSpeed's code unmeasured."""
+    if buckets is None:
+        raise AccountingError("messages_per_step needs the run's DeepSpeed bucket sizes "
+                              "(megatron/deepspeed_config.py's bucket_sizes)")
+    tp, pp, dp, g = (setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.data_parallel_size,
+                     setup.gradient_accumulation_steps)
+    zero, mixed = setup.zero_stage, setup.precision != "fp32"
+    modules = _modules(config, tp, pp, stage)
+    messages = collections.Counter()
+    if dp > 1:
+        if zero == 0 or runs_bf16_optimizer(setup):
+            messages["all_reduce"] += _engine_allreduces(modules)
+            messages["all_gather"] += 2 * (zero == 1)
+        elif zero in (1, 2):
+            overlap = setup.device == "cuda"  # the generated config's overlap_comm: the gradients' own order
+            order = _gradient_order(modules, stage3=False) if zero == 2 or overlap else [
+                (m, i) for group in (0, 1) for m, module in enumerate(modules)
+                for i in range(len(module.sizes)) if module.group(i) == group]
+            reductions = g if zero == 2 else 1
+            messages["reduce_scatter"] += reductions * _zero12_reduces(modules, order, dp,
+                                                                       buckets["reduce_bucket_size"])
+            messages["all_gather"] += 2
+            messages["all_reduce"] += 2 + mixed
+        else:
+            messages["all_gather"] += g * _stage3_gathers(modules, buckets)
+            messages["all_gather"] += sum(n <= buckets["stage3_param_persistence_threshold"]
+                                          for module in modules for n in module.sizes)
+            messages["reduce_scatter"] += g * _stage3_reduce_scatters(modules, buckets["reduce_bucket_size"])
+            messages["all_reduce"] += 1 + (setup.precision == "fp16")
+    if tp * pp > 1:
+        if zero == 0:
+            messages["all_reduce"] += 3 if mixed else 1
+        elif runs_bf16_optimizer(setup) or zero == 3:
+            messages["all_reduce"] += 1 + (zero == 3 and setup.precision == "fp16")
+        else:
+            messages["all_reduce"] += 2 + mixed
+    if tp > 1:
+        for kind, count in _tensor_parallel_messages(config, setup, stage).items():
+            messages[kind] += g * count
+    if pp > 1:
+        messages["p2p"] += g * ((stage > 0) + (stage < pp - 1))
+        messages["all_reduce"] += (stage in (0, pp - 1)) + (stage == pp - 1 and dp > 1)
+        messages["broadcast"] += 1
+    return {kind: messages[kind] for kind in TRAFFIC_KINDS}
+
+
+# --- The step's time --------------------------------------------------------------------------------------------
+def optimizer_elements(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
+    """Parameter elements this rank's optimizer steps: its ZeRO partition (1/dp of its parameters, rounded up),
+    or all of them at stage 0."""
+    params = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
+    return params if setup.zero_stage == 0 else math.ceil(params / setup.data_parallel_size)
+
+
+def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates: ComputeRates, link: LinkCosts,
+                      buckets: dict, overlap_comm: bool) -> StepTime:
+    """Seconds of one optimizer step of a rank of pipeline `stage` (the module docstring gives the formula).
+
+    compute: the rank's hardware FLOPs, hardware_flops_per_iteration over the global batch (recomputed forwards
+    included) / world size, at rates.flops_per_s; plus the optimizer's step over optimizer_elements at
+    rates.optimizer_s_per_element unless the optimizer is offloaded. communication: per kind, link.costs[kind]
+    of zero_traffic_per_step's bytes and messages_per_step's messages (a pipeline's bubble is not modelled).
+    offload: with the optimizer offloaded, its step on the host over the same elements; and
+    offload_transfer_per_step's PCIe bytes at rates.host_copy_bytes_per_s and NVMe bytes at
+    rates.nvme_bytes_per_s. overlap: with overlap_comm on CUDA, ZeRO 1-3's gradient reductions (the
+    reduce-scatter kind of the data-parallel traffic) run during the backward, so up to the backward's compute
+    (the forward+backward compute less the forward's third of the model FLOPs) of them is hidden; gloo runs
+    collectives on the host thread, in line: nothing overlaps there."""
+    global_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * setup.data_parallel_size
+    hardware = hardware_flops_per_iteration(config, global_batch)
+    forward_backward = hardware / setup.world_size / rates.flops_per_s
+    optimizer = optimizer_elements(config, setup, stage) * rates.optimizer_s_per_element
+    traffic = zero_traffic_per_step(config, setup, stage)
+    messages = messages_per_step(config, setup, stage, buckets)
+    communication = sum(link.costs[kind].seconds(traffic[kind], messages[kind]) for kind in TRAFFIC_KINDS)
+    transfers = offload_transfer_per_step(config, setup, stage)
+    if transfers["nvme"] and rates.nvme_bytes_per_s is None:
+        raise AccountingError("the run offloads to NVMe but the compute probe measured no NVMe rate "
+                              "(probe_compute's offload_device_path)")
+    offload = transfers["pcie"] / rates.host_copy_bytes_per_s
+    offload += transfers["nvme"] / rates.nvme_bytes_per_s if transfers["nvme"] else 0.0
+    offload += optimizer if setup.offload_optimizer else 0.0
+    overlap = 0.0
+    if overlap_comm and setup.device == "cuda" and setup.zero_stage >= 1 and not runs_bf16_optimizer(setup):
+        data_parallel = replace(setup, sequence_parallel=False)  # TP's reduce-scatters become all-reduces
+        reduction_seconds = link.costs["reduce_scatter"].seconds(
+            zero_traffic_per_step(config, data_parallel, stage)["reduce_scatter"],
+            messages_per_step(config, data_parallel, stage, buckets)["reduce_scatter"])
+        backward = forward_backward * (1 - model_flops_per_iteration(config, global_batch) / 3 / hardware)
+        overlap = min(reduction_seconds, backward)
+    compute = forward_backward + (0.0 if setup.offload_optimizer else optimizer)
+    return StepTime(compute=compute, communication=communication, offload=offload, overlap=overlap)

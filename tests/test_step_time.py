@@ -1,0 +1,196 @@
+"""megatron/model/accounting/step_time.py against hand-computed numbers: the link from flags, the messages a
+step issues (DeepSpeed's buckets and stage-3 prefetching replayed on a model small enough to follow by hand),
+and each part of a step's predicted time. What real 2-rank runs issue: tests/test_step_time_calibration.py."""
+import pytest
+
+from megatron.model.accounting import TrainingSetup
+from megatron.model.accounting.step_time import (
+    COST_FACTORS,
+    CollectiveCost,
+    ComputeRates,
+    LinkCosts,
+    StepTime,
+    link_costs_from_flags,
+    messages_per_step,
+    optimizer_elements,
+    predict_step_time,
+)
+from megatron.model.accounting.training_setup import AccountingError
+from megatron.model.config import GPTConfig
+
+# One layer, h = 16, f = 64, vocabulary 64, seq 8. Parameters in module order (weight, bias):
+#   words 1024, positions 128; LayerNorm 16+16, QKV 768+48, attention out 256+16, LayerNorm 16+16,
+#   MLP in 1024+64, MLP out 1024+16; final LayerNorm 16+16: 4464 in all.
+# Optimizer groups, flattened, 2 data-parallel ranks (padded to a multiple of 2 x 2 elements, halved):
+#   matrices 4224 -> partitions [0, 2112) [2112, 4224): words, positions, QKV on rank 0, attention out on both,
+#     MLP in and out on rank 1;
+#   vectors 240 -> [0, 120) [120, 240): up to the second LayerNorm's weight on rank 0, its bias on both, the rest
+#     on rank 1.
+CONFIG = GPTConfig(num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
+                   padded_vocab_size=64)
+PARAMS = 4464
+# reduce buckets of 1500 elements; vectors (<= 64 elements) persist whole at stage 3
+BUCKETS = dict(reduce_bucket_size=1500, allgather_bucket_size=1500, stage3_prefetch_bucket_size=0,
+               stage3_param_persistence_threshold=100, stage3_max_live_parameters=10**6)
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p")
+
+
+def setup(**kw) -> TrainingSetup:
+    return TrainingSetup(**{"world_size": 2, "micro_batch_size": 2, "device": "cpu", **kw})
+
+
+def msgs(**counts) -> dict:
+    return {kind: counts.get(kind, 0) for kind in KINDS}
+
+
+def test_cost_factors_are_the_measured_gloo_ones_and_nccl_textbook():
+    assert COST_FACTORS["gloo"] == {"all_reduce": 1.07, "reduce_scatter": 2.19, "all_gather": 1.62,
+                                    "broadcast": 2.10, "p2p": 1.0}
+    assert COST_FACTORS["nccl"] == dict.fromkeys(KINDS, 1.0)
+
+
+def test_link_from_flags():
+    link = link_costs_from_flags("gloo", bandwidth_gbps=0.2, latency_us=100)  # 200 Mbit/s: 25e6 bytes/s
+    assert link.source == "flags" and set(link.costs) == set(KINDS)
+    cost = link.costs["reduce_scatter"]
+    assert isinstance(cost, CollectiveCost)
+    assert (cost.latency_s, cost.seconds_per_byte) == pytest.approx((1e-4, 2.19 / 25e6), rel=1e-12)
+    # 3 all-reduces of 1 MB together: 3 x 100 us + 1e6 x 1.07 / 25e6 s
+    assert link.costs["all_reduce"].seconds(1e6, 3) == pytest.approx(3e-4 + 0.0428)
+    nccl = link_costs_from_flags("nccl", bandwidth_gbps=400, latency_us=5)  # 50e9 bytes/s
+    assert nccl.costs["all_gather"].seconds(1e9, 0) == pytest.approx(0.02)
+    with pytest.raises(AccountingError, match="backend 'mpi'"):
+        link_costs_from_flags("mpi", 1, 1)
+    with pytest.raises(AccountingError, match="bandwidth"):
+        link_costs_from_flags("gloo", 0, 1)
+
+
+def test_stage0_and_bf16_optimizer_all_reduce_the_gradients_in_one_chunk():
+    assert messages_per_step(CONFIG, setup(zero_stage=0), 0, BUCKETS) == msgs(all_reduce=1)
+    # DeepSpeed's bf16 optimizer (bf16, stage 1): the same all-reduce, then an all-gather per optimizer group
+    assert messages_per_step(CONFIG, setup(zero_stage=1, precision="bf16"), 0, BUCKETS) == msgs(all_reduce=1,
+                                                                                               all_gather=2)
+
+
+def test_stage1_reduces_in_the_optimizers_order_once_per_step():
+    # buckets of 1500 in group order: [words, positions] (rank 0: 1 reduce), [QKV, attention out] (ranks 0 and 1:
+    # 2), [MLP in] (1), [MLP out, every vector] (both: 2) -> 6 reduces; an all-gather and a norm all-reduce per
+    # group; g = 2 changes nothing (stage 1 reduces at the last micro-batch)
+    expected = msgs(reduce_scatter=6, all_gather=2, all_reduce=2)
+    assert messages_per_step(CONFIG, setup(zero_stage=1), 0, BUCKETS) == expected
+    assert messages_per_step(CONFIG, setup(zero_stage=1, gradient_accumulation_steps=2), 0, BUCKETS) == expected
+
+
+def test_stage2_reduces_in_the_gradients_order_at_every_micro_batch():
+    # gradients ready: final LayerNorm, MLP out (bias, weight), MLP in (bias | weight), LayerNorm, attention out,
+    # QKV bias (| weight), LayerNorm, positions (| words): buckets of 1072 (rank 1), 1376 (both), 928 (rank 0)
+    # and 1024 (rank 0) elements -> 5 reduces per micro-batch; bf16 adds the overflow flag's all-reduce
+    assert messages_per_step(CONFIG, setup(zero_stage=2, gradient_accumulation_steps=2), 0, BUCKETS) == msgs(
+        reduce_scatter=10, all_gather=2, all_reduce=2)
+    assert messages_per_step(CONFIG, setup(zero_stage=2, precision="bf16"), 0, BUCKETS) == msgs(
+        reduce_scatter=5, all_gather=2, all_reduce=3)
+    # with CUDA's overlap_comm stage 1 reduces in the gradients' order too
+    assert messages_per_step(CONFIG, setup(zero_stage=1, device="cuda"), 0, BUCKETS)["reduce_scatter"] == 5
+
+
+def test_stage3_without_prefetch_gathers_each_module_for_forward_and_backward():
+    # no prefetch: forward gathers words (for the GPT model, which holds them to the output layer), positions,
+    # QKV, attention out, MLP in and out (6); the backward the same 6; the 10 vectors persist and are gathered
+    # after the step. Reduce-scatter buckets in ZeRO-3's gradient order (QKV's weight before its bias):
+    # 1072 | 1392 | 976 | 1024 -> 4 per micro-batch.
+    assert messages_per_step(CONFIG, setup(zero_stage=3, gradient_accumulation_steps=2), 0, BUCKETS) == msgs(
+        all_gather=2 * 12 + 10, reduce_scatter=2 * 4, all_reduce=1)
+
+
+def test_stage3_prefetching_a_model_that_fits_gathers_twice_per_micro_batch():
+    # the live budget holds the whole model: the first module gathers the word embedding, then one prefetch
+    # takes every other parameter, scanning the trace into the backward, so nothing is released until the end
+    fits = dict(BUCKETS, stage3_prefetch_bucket_size=10**6)
+    assert messages_per_step(CONFIG, setup(zero_stage=3), 0, fits)["all_gather"] == 2 + 10
+
+
+def test_tensor_parallel_messages():
+    # TP = 2 (no data parallelism): per micro-batch 4 activation all-reduces per layer, the embedding's, the
+    # output layer input's and the loss's 3; our optimizer's norm over the model-parallel group
+    assert messages_per_step(CONFIG, setup(tensor_parallel_size=2), 0, BUCKETS) == msgs(all_reduce=4 + 1 + 1 + 3 + 1)
+    # sequence parallel: all-gathers 4 + embedding's backward + output layer's input; reduce-scatters 4 + output
+    # layer's backward; all-reduces: embedding, loss 3, 4 LayerNorm weights and 2 row biases per layer, final LN 2
+    assert messages_per_step(CONFIG, setup(tensor_parallel_size=2, sequence_parallel=True), 0, BUCKETS) == msgs(
+        all_gather=6, reduce_scatter=5, all_reduce=1 + 3 + 6 + 2 + 1)
+
+
+def test_pipeline_messages():
+    pp2 = setup(pipeline_parallel_size=2, gradient_accumulation_steps=2)
+    # each stage sends one tensor per micro-batch (activation forward, gradient back), all-reduces the tied
+    # embedding and the optimizer's norm, and receives the loss broadcast
+    two_layers = GPTConfig(**{**CONFIG.to_dict(), "num_layers": 2})
+    for stage in (0, 1):
+        assert messages_per_step(two_layers, pp2, stage, BUCKETS) == msgs(p2p=2, all_reduce=2, broadcast=1)
+
+
+def test_messages_need_the_buckets():
+    with pytest.raises(AccountingError, match="bucket_sizes"):
+        messages_per_step(CONFIG, setup(), 0, None)
+
+
+# rates: 1 GFLOP/s, 10 ns per optimizer element, 1 GB/s host copies, 0.5 GB/s NVMe
+RATES = ComputeRates(flops_per_s=1e9, optimizer_s_per_element=1e-8, host_copy_bytes_per_s=1e9, nvme_bytes_per_s=5e8)
+GLOO = link_costs_from_flags("gloo", bandwidth_gbps=0.2, latency_us=100)  # 25e6 bytes/s
+# model FLOPs of a step of 2 ranks x 2 sequences of 8 tokens (32 tokens): per token, the layer's forward
+# 2 h (4h + 2f) + 4 s h = 6144 + 512 and the logits' 2 h V = 2048, times 3 for forward and backward
+FLOPS = 3 * 32 * (6656 + 2048)  # 835584, 417792 per rank
+SHARE = PARAMS * 4 / 2  # fp32 bytes one of 2 ranks sends per pass over the model: 8928
+
+
+def test_predicted_step_time_stage1_on_gloo():
+    predicted = predict_step_time(CONFIG, setup(zero_stage=1), 0, RATES, GLOO, BUCKETS, overlap_comm=False)
+    assert predicted.compute == pytest.approx(417792 / 1e9 + 2232 * 1e-8)  # the layer FLOPs, the rank's half
+    # 6 reduces of the gradients (8928 bytes), 2 all-gathers of the parameters (8928), 2 norm all-reduces (0)
+    assert predicted.communication == pytest.approx(6e-4 + 8928 * 2.19 / 25e6 + 2e-4 + 8928 * 1.62 / 25e6 + 2e-4)
+    assert predicted.offload == 0 and predicted.overlap == 0
+    assert predicted.total == pytest.approx(predicted.compute + predicted.communication)
+    assert optimizer_elements(CONFIG, setup(zero_stage=1)) == 2232
+    assert optimizer_elements(CONFIG, setup(zero_stage=0)) == PARAMS
+
+
+def test_predicted_step_time_counts_recomputation_and_stage0_optimizer():
+    recompute = GPTConfig(**{**CONFIG.to_dict(), "recompute_activations": True})
+    predicted = predict_step_time(recompute, setup(zero_stage=0), 0, RATES, GLOO, BUCKETS, overlap_comm=False)
+    # a second forward of the layer (32 x 6656 FLOPs) on top; stage 0 steps all 4464 parameters
+    assert predicted.compute == pytest.approx((FLOPS + 32 * 6656) / 2 / 1e9 + PARAMS * 1e-8)
+    assert predicted.communication == pytest.approx(1e-4 + 2 * SHARE * 1.07 / 25e6)  # one all-reduce of 2 passes
+
+
+def test_predicted_offload_moves_the_optimizer_to_the_host_and_counts_transfers():
+    offload = setup(zero_stage=3, offload_optimizer=True, offload_params=True)
+    predicted = predict_step_time(CONFIG, offload, 0, RATES, GLOO, BUCKETS, overlap_comm=False)
+    assert predicted.compute == pytest.approx(417792 / 1e9)
+    # PCIe: the gradient partition down and the parameter partition up (2 x 8928 bytes), and the parameter
+    # partition read for the forward and the backward gathers (2 x 8928); the host optimizer's 2232 elements
+    assert predicted.offload == pytest.approx(4 * 8928 / 1e9 + 2232 * 1e-8)
+    nvme = setup(zero_stage=3, offload_optimizer=True, offload_params=True, offload_device="nvme")
+    # NVMe: Adam states and fp32 master (12 bytes per element of the 2232-element partition) read and written,
+    # the parameter partition read at 2 gathers and written once
+    on_nvme = predict_step_time(CONFIG, nvme, 0, RATES, GLOO, BUCKETS, overlap_comm=False)
+    assert on_nvme.offload == pytest.approx(predicted.offload + (2 * 12 * 2232 + 3 * 8928) / 5e8)
+    with pytest.raises(AccountingError, match="NVMe"):
+        predict_step_time(CONFIG, nvme, 0, ComputeRates(1e9, 1e-8, 1e9), GLOO, BUCKETS, overlap_comm=False)
+
+
+def test_overlap_hides_gradient_reductions_behind_the_backward_on_cuda_only():
+    cuda = setup(zero_stage=2, device="cuda")
+    slow = link_costs_from_flags("nccl", bandwidth_gbps=8e-6, latency_us=0)  # 1000 bytes/s: reductions 8.928 s
+    fast = link_costs_from_flags("nccl", bandwidth_gbps=8, latency_us=10)  # 1e9 bytes/s
+    backward = 417792 / 1e9 * 2 / 3  # two thirds of the forward and backward
+    assert predict_step_time(CONFIG, cuda, 0, RATES, slow, BUCKETS, overlap_comm=True).overlap == pytest.approx(
+        backward)
+    # 5 reduces of 8928 bytes in all, in the gradients' order
+    assert predict_step_time(CONFIG, cuda, 0, RATES, fast, BUCKETS, overlap_comm=True).overlap == pytest.approx(
+        5e-5 + 8928 / 1e9)
+    assert predict_step_time(CONFIG, cuda, 0, RATES, fast, BUCKETS, overlap_comm=False).overlap == 0
+    assert predict_step_time(CONFIG, setup(zero_stage=2), 0, RATES, fast, BUCKETS, overlap_comm=True).overlap == 0
+
+
+def test_step_time_total():
+    assert StepTime(compute=1.0, communication=0.5, offload=0.25, overlap=0.3).total == pytest.approx(1.45)
+    assert isinstance(GLOO, LinkCosts)
