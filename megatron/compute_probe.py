@@ -1,0 +1,151 @@
+"""The rank's own speeds, measured at start-up: what the step-time model (megatron/model/accounting/step_time.py)
+divides a step's work by.
+
+`probe_compute` times one transformer layer's forward and backward with the run's shapes, dtype, dropout and
+recomputation, the run's optimizer over a million elements, accelerator <-> host copies and, for
+ZeRO-Infinity, writes and reads of the swap folder. Never the run's own steps: the prediction stays a
+prediction. Every rank of a run probes at the same time, sharing the machine as training does (two CPU ranks
+share the cores): the caller puts a barrier before it so that they start together.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import replace
+
+import torch
+
+from megatron.core.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    checkpoint,
+    init_method_normal,
+    model_parallel_tracker,
+)
+from megatron.model.accounting.flops import _layer_forward_flops  # the one place a layer's FLOPs are counted
+from megatron.model.accounting.step_time import ComputeRates
+from megatron.model.accounting.training_setup import TrainingSetup
+from megatron.model.config import GPTConfig
+from megatron.model.transformer import ParallelTransformerLayer
+
+LAYER_REPEATS = 5  # timed forward+backward passes after a warm-up, fewer when they take long
+OPTIMIZER_ELEMENTS = 2**20  # fp32 elements the optimizer steps, 4 MiB
+OPTIMIZER_REPEATS = 5
+COPY_BYTES = 32 * 2**20  # accelerator <-> host copies and NVMe file
+COPY_REPEATS = 3
+BUDGET_S = 0.5  # a timing stops repeating after this long (at least 3 repeats): large layers on a CPU
+
+
+def _median_seconds(fn, device: torch.device, repeats: int) -> float:
+    """Median seconds of `fn` over up to `repeats` calls after one warm-up (which takes the first call's
+    one-time costs: kernels chosen, buffers allocated)."""
+    cuda = device.type == "cuda"
+    fn()
+    seconds = []
+    while len(seconds) < repeats and (len(seconds) < 3 or sum(seconds) < BUDGET_S):
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def probe_layer(config: GPTConfig, tensor_parallel_size: int) -> ParallelTransformerLayer:
+    """One transformer layer as one TP rank holds it, serial (no process group, so no collectives timed): at
+    TP = t its QKV and MLP-in layers keep 3h/t and f/t output features, its attention-out layer h/t input
+    features, and it runs num_heads/t heads; LayerNorms stay whole. Sequence parallelism is left out: its
+    matmuls see the whole sequence all the same."""
+    t = tensor_parallel_size
+    local = replace(config, ffn_hidden_size=config.ffn_hidden_size // t, sequence_parallel=False)
+    layer = ParallelTransformerLayer(local, None, model_parallel_tracker(1234, 0))
+    if t > 1:
+        h, attention = config.hidden_size, layer.self_attention
+        init = init_method_normal(config.init_method_std)
+        attention.query_key_value = ColumnParallelLinear(h, 3 * h // t, group=None, init_method=init,
+                                                         params_dtype=config.params_dtype)
+        attention.dense = RowParallelLinear(h // t, h, group=None, init_method=init, params_dtype=config.params_dtype)
+        attention.local_heads = config.num_attention_heads // t
+    return layer
+
+
+def layer_flops_per_s(config: GPTConfig, setup: TrainingSetup, device: torch.device, dtype: torch.dtype) -> float:
+    """Hardware FLOPs per second of one layer's forward and backward on a [micro batch, seq, hidden] input in
+    training mode (the run's dropout), recomputing the forward in the backward under --checkpoint-activations:
+    3 (4 with recomputation) x the layer's forward FLOPs over the rank's 1/tp of them, per median pass."""
+    t = setup.tensor_parallel_size
+    layer = probe_layer(replace(config, params_dtype=dtype), t).to(device).train()
+    shape = (setup.micro_batch_size, config.seq_length, config.hidden_size)
+    x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(shape, device=device, dtype=dtype)
+
+    def forward_backward():
+        out = checkpoint(layer, layer.rng_tracker, x) if config.recompute_activations else layer(x)
+        out.backward(grad)
+
+    seconds = _median_seconds(forward_backward, device, LAYER_REPEATS)
+    passes = 4 if config.recompute_activations else 3
+    return passes * _layer_forward_flops(config, setup.micro_batch_size * config.seq_length) / t / seconds
+
+
+def optimizer_seconds_per_element(optimizer_factory, device: torch.device) -> float:
+    """The optimizer's step over OPTIMIZER_ELEMENTS fp32 elements with a gradient (DeepSpeed's optimizers step
+    fp32 master weights whatever the run's dtype), per element."""
+    param = torch.nn.Parameter(torch.randn(OPTIMIZER_ELEMENTS, device=device))
+    param.grad = torch.randn_like(param)
+    optimizer = optimizer_factory([param])
+    return _median_seconds(optimizer.step, device, OPTIMIZER_REPEATS) / OPTIMIZER_ELEMENTS
+
+
+def host_copy_bytes_per_s(device: torch.device) -> float:
+    """Bytes per second of COPY_BYTES copied accelerator -> host and back, into pinned host memory as
+    DeepSpeed's offload does on CUDA; on a CPU rank host memory is the accelerator's, so a plain copy."""
+    elements = COPY_BYTES // 4
+    source = torch.ones(elements, device=device)
+    if device.type != "cuda":
+        target = torch.empty_like(source)
+        return COPY_BYTES / _median_seconds(lambda: target.copy_(source), device, COPY_REPEATS)
+    host = torch.empty(elements, pin_memory=True)
+    down = _median_seconds(lambda: host.copy_(source, non_blocking=True), device, COPY_REPEATS)
+    up = _median_seconds(lambda: source.copy_(host, non_blocking=True), device, COPY_REPEATS)
+    return 2 * COPY_BYTES / (down + up)
+
+
+def nvme_bytes_per_s(folder: str) -> float:
+    """Bytes per second of writing COPY_BYTES to a file in `folder` (flushed to the device with fsync) and
+    reading them back with the page cache dropped first, as ZeRO-Infinity swaps; the file is removed."""
+    path = os.path.join(folder, f".zero_lab_nvme_probe_{os.getpid()}")
+    data = os.urandom(COPY_BYTES)
+    try:
+        start = time.perf_counter()
+        with open(path, "wb", buffering=0) as f:
+            f.write(data)
+            os.fsync(f.fileno())
+        written = time.perf_counter() - start
+        with open(path, "rb", buffering=0) as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            start = time.perf_counter()
+            while f.read(8 * 2**20):
+                pass
+            read = time.perf_counter() - start
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+    return 2 * COPY_BYTES / (written + read)
+
+
+def probe_compute(config: GPTConfig, setup: TrainingSetup, device: torch.device, dtype: torch.dtype,
+                  optimizer_factory, offload_device_path: str | None = None) -> ComputeRates:
+    """The rank's ComputeRates for the run described by config and setup: a layer's FLOPs per second
+    (`layer_flops_per_s`), the optimizer built by `optimizer_factory(params)` (the run's own: fused AdamW,
+    DeepSpeedCPUAdam, ...) per element where it runs (the host when the optimizer is offloaded), host copies
+    and, given the NVMe swap folder, its read and write rate. All ranks call it together after a barrier."""
+    optimizer_device = torch.device("cpu") if setup.offload_optimizer else device
+    return ComputeRates(
+        flops_per_s=layer_flops_per_s(config, setup, device, dtype),
+        optimizer_s_per_element=optimizer_seconds_per_element(optimizer_factory, optimizer_device),
+        host_copy_bytes_per_s=host_copy_bytes_per_s(device),
+        nvme_bytes_per_s=nvme_bytes_per_s(offload_device_path) if offload_device_path is not None else None)

@@ -1,0 +1,73 @@
+"""megatron/compute_probe.py on this CPU: a real transformer layer, optimizer, copies and swap file timed; the
+rates positive, finite and in a CPU's range, a 4x wider layer taking longer per pass, the TP rank's layer
+holding exactly its share of the parameters, the NVMe probe leaving nothing behind."""
+import math
+import time
+
+import pytest
+import torch
+
+from megatron.compute_probe import probe_compute, probe_layer
+from megatron.model.accounting import TrainingSetup, parameter_groups_on_rank
+from megatron.model.accounting.flops import _layer_forward_flops
+from megatron.model.config import GPTConfig
+
+CPU = torch.device("cpu")
+
+
+def config(hidden: int, seq: int = 32, **kw) -> GPTConfig:
+    return GPTConfig(num_layers=2, hidden_size=hidden, num_attention_heads=4, seq_length=seq,
+                     max_position_embeddings=seq, padded_vocab_size=1024, **kw)
+
+
+SETUP = TrainingSetup(world_size=2, micro_batch_size=2, zero_stage=1, device="cpu")
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=1e-4, fused=True)
+
+
+def test_rates_of_a_real_layer_on_this_cpu():
+    # the tests' tiny preset's layer (h = 128, seq 64) at micro-batch 2: 163 MFLOP per forward and backward, large
+    # enough that the CPU's rate shows through the per-op overheads even on a loaded machine
+    start = time.perf_counter()
+    rates = probe_compute(config(128, seq=64), SETUP, CPU, torch.float32, adamw)
+    print(f"probe_compute: {time.perf_counter() - start:.2f} s, {rates}")
+    for value in (rates.flops_per_s, rates.optimizer_s_per_element, rates.host_copy_bytes_per_s):
+        assert math.isfinite(value) and value > 0
+    assert 1e8 <= rates.flops_per_s <= 1e13  # a CPU: from a slow core to a many-core server
+    assert rates.optimizer_s_per_element < 1e-6 and rates.host_copy_bytes_per_s > 1e7
+    assert rates.nvme_bytes_per_s is None
+
+
+def test_the_probe_times_the_layer():
+    # a 4x wider layer does 16x the matmul work: each pass (its FLOPs over the measured rate) takes longer
+    def seconds_per_pass(hidden):
+        rates = probe_compute(config(hidden), SETUP, CPU, torch.float32, adamw)
+        return 3 * _layer_forward_flops(config(hidden), 2 * 32) / rates.flops_per_s  # micro-batch 2 x seq 32
+    assert seconds_per_pass(128) > seconds_per_pass(32)
+
+
+def test_recomputation_and_bf16_layers_probe():
+    for probed, dtype in ((config(64, recompute_activations=True), torch.float32), (config(64), torch.bfloat16)):
+        rates = probe_compute(probed, SETUP, CPU, dtype, adamw)
+        assert 1e8 <= rates.flops_per_s <= 1e13
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_probed_layer_holds_one_tp_ranks_share(tp):
+    layer = probe_layer(config(64), tp)
+    matrices, vectors = parameter_groups_on_rank(config(64), tp)
+    # one layer's matrices (QKV, attention out, MLP in, out) and vectors, after the two embeddings
+    assert [p.numel() for p in layer.parameters() if p.dim() == 2] == matrices[2:6]
+    assert [p.numel() for p in layer.parameters() if p.dim() == 1] == vectors[:8]
+    x = torch.randn(2, 32, 64)
+    assert layer(x).shape == x.shape
+
+
+def test_nvme_probe_leaves_no_file(tmp_path):
+    offload = TrainingSetup(world_size=2, micro_batch_size=2, zero_stage=3, offload_optimizer=True,
+                            offload_params=True, offload_device="nvme", device="cpu")
+    rates = probe_compute(config(64), offload, CPU, torch.float32, adamw, offload_device_path=str(tmp_path))
+    assert math.isfinite(rates.nvme_bytes_per_s) and rates.nvme_bytes_per_s > 0
+    assert list(tmp_path.iterdir()) == []
