@@ -81,7 +81,7 @@ def pretrain(args: Args, tokenizer, dist_info: DistInfo, comm=None) -> LoopState
         state.iteration, state.consumed_samples, rng = load_checkpoint(engine, args)
         if not args.checkpoint.finetune:
             state.last_saved_iteration = state.iteration  # a resumed run that is already done saves nothing again
-    reporter = build_reporter(args, dist_info, schedule, ds_config, comm)
+    reporter = build_reporter(args, dist_info, schedule, ds_config, comm, engine)
     train_iter, valid_iter = build_data_iterators(args, dist_info, schedule.train_iters, state.iteration,
                                                  state.consumed_samples)
     if rng is not None:
@@ -133,6 +133,7 @@ def main(argv: list[str]) -> int:
         # before DeepSpeed starts: every collective of the run goes through the counter (docs/zero-tradeoff.md)
         comm = comm_counter.install()
         dist_info = initialize_distributed(args.parallel.distributed_timeout_minutes)
+        comm.on_cuda = dist_info.on_cuda  # time collectives with CUDA events there (comm_counter.py)
         peers = Peers.gather(dist_info.address)  # who runs where: a lost host is then named
         check_save_folder_is_shared(args.checkpoint.save)  # every host's ranks must write into the same folder
         heartbeat = Heartbeat(peers).start()  # a silent host ends the job in a minute (megatron/launch/heartbeat.py)

@@ -18,8 +18,11 @@ from megatron.checkpointing.save_load import save_checkpoint
 from megatron.exit_signal import ExitSignalHandler
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
+from megatron.model.accounting.step_time import StepTime
+from megatron.step_timing import OffloadStepClock, predict_at_startup
 from megatron.training_log import (IterationStats, TensorBoardWriter, comm_line, epoch_line, iteration_line,
-                                   memory_line, model_state_line, peak_line, run_info_line, validation_line)
+                                   memory_line, model_state_line, peak_line, probe_line, run_info_line, time_line,
+                                   validation_line)
 
 
 class TrainingError(ZeroLabError, RuntimeError):
@@ -173,6 +176,11 @@ class Reporter:
     predicted_traffic: float = 0.0  # bytes per iteration, megatron/model/accounting/
     num_params: int = 1
     comm_before: dict = field(default_factory=dict)
+    # the step time predicted at start-up (megatron/step_timing.py); None: no time line
+    predicted_time: StepTime | None = None
+    offload_clock: OffloadStepClock | None = None  # the offloaded optimizer step's seconds; None: no offload
+    blocked_before: float = 0.0
+    offload_before: float = 0.0
 
     def print_line(self, line: str):
         if self.dist_info.rank == self.log_rank:
@@ -208,8 +216,23 @@ class Reporter:
             self.comm_before = now
             self.print_line(comm_line(self.dist_info.rank, state.iteration, sent, self.num_params,
                                       self.predicted_traffic))
+        if self.predicted_time is not None:
+            self.print_line(time_line(self.dist_info.rank, state.iteration, self.measured_time(seconds, state.interval_iterations),
+                                      self.predicted_time))
         if self.tensorboard is not None:
             self.tensorboard.iteration(stats)
+
+    def measured_time(self, step_seconds: float, interval_iterations: int) -> dict[str, float]:
+        """The interval's mean step time split into compute, communication (blocked in collectives) and
+        offload (the offloaded optimizer's step), per iteration; reading the parts starts the next interval."""
+        iterations = max(1, interval_iterations)
+        blocked = sum(self.comm.seconds().values()) if self.comm is not None else 0.0
+        offload = self.offload_clock.seconds if self.offload_clock is not None else 0.0
+        communication = (blocked - self.blocked_before) / iterations
+        offloaded = (offload - self.offload_before) / iterations
+        self.blocked_before, self.offload_before = blocked, offload
+        return dict(compute=max(0.0, step_seconds - communication - offloaded), communication=communication,
+                    offload=offloaded, total=step_seconds)
 
     def model_state(self, engine, probed: StepResult):
         mem = self.tracker.sample(end_interval=False)  # mid-interval: the next memory line keeps this peak
@@ -400,8 +423,10 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
 
 
 def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_config: dict,
-                   comm: comm_counter.CommCounter | None = None) -> Reporter:
-    """Print the run-info line and set up what the loop reports; FLOPs and estimates come from accounting."""
+                   comm: comm_counter.CommCounter | None = None, engine=None) -> Reporter:
+    """Print the run-info line and set up what the loop reports; FLOPs and estimates come from accounting.
+    Every rank calls it: the step-time probes run on all ranks at once. With `engine` and ZeRO offload, the
+    offloaded optimizer's step is timed."""
     from deepspeed.accelerator import get_accelerator
 
     from megatron.model import accounting
@@ -430,6 +455,11 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
                                   args.model.seq_length, schedule.samples_per_epoch))
     reporter.print_line(peak_line(device_name, accounting.accelerator_part(device_name),
                                   accounting.matmul_precision(ds.precision, tf32), peak))
+    reporter.predicted_time, rates, link = predict_at_startup(args, dist_info, ds_config, setup)
+    reporter.print_line(probe_line(rates, link, reporter.predicted_time))
+    if engine is not None and ds.offload_optimizer and par.pipeline_model_parallel_size == 1:
+        reporter.offload_clock = OffloadStepClock(comm, dist_info.on_cuda)
+        reporter.offload_clock.install(engine)
     return reporter
 
 

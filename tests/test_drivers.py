@@ -35,6 +35,11 @@ REQUIRED_LINES = [
     r"^\[Rank 0\] comm at iteration +\d+ \| all_reduce=\d+\.\d{3}MB \| reduce_scatter=\d+\.\d{3}MB \| "
     r"all_gather=\d+\.\d{3}MB \| broadcast=\d+\.\d{3}MB \| p2p=\d+\.\d{3}MB \| total=\d+\.\d{3}MB \| "
     r"bytes/param=\d+\.\d{3} \| predicted=\d+\.\d{3}MB \|$",
+    r"^\[Rank 0\] time at iteration +\d+ \| measured: compute=\d+\.\dms communication=\d+\.\dms offload=\d+\.\dms "
+    r"total=\d+\.\dms \| predicted: compute=\d+\.\dms communication=\d+\.\dms offload=\d+\.\dms overlap=\d+\.\dms "
+    r"total=\d+\.\dms \|$",
+    r"^ > step time predicted \| compute: \d+\.\d GFLOP/s, optimizer \d+\.\d\d ns/element, host copies \d+\.\d\d GB/s"
+    r"(, NVMe \d+\.\d\d GB/s)? \| link \(probe\): all_reduce \d+us \+ \d+\.\d{3} GB/s, .* \| compute=\d+\.\dms ",
 ]
 
 
@@ -258,6 +263,35 @@ def test_traffic_per_stage_measured_against_predicted(driver_runs):
     assert 1.4 <= steady["Z3"] / steady["Z1"] <= 1.6
     assert steady["Z3_OL"] == pytest.approx(steady["Z3"], rel=0.01) and steady["Z3_NVMe"] == pytest.approx(
         steady["Z3"], rel=0.01)
+
+
+def step_times(log: str) -> list[tuple[dict, dict]]:
+    """(measured, predicted) milliseconds by part from each time line."""
+    lines = re.findall(r"time at iteration +\d+ \| measured: ([^|]*)\| predicted: ([^|]*)\|", log)
+    return [tuple({name: float(value) for name, value in re.findall(r"(\w+)=(\S+)ms", part)} for part in line)
+            for line in lines]
+
+
+def test_step_time_measured_beside_predicted(driver_runs):
+    """Every interval of every driver logs its step time split into compute, communication and offload,
+    measured and predicted (the numbers' agreement is bench/bench_step_time.py's business: a test does not
+    assert timings). The parts add up; 2 ranks communicate; only the offload drivers offload."""
+    runs_dir, _ = driver_runs
+    for name in EXPERIMENTS:
+        log = (runs_dir / f"gpt_tiny_{name}" / "train.log").read_text()
+        times = step_times(log)
+        elapsed = [float(v) for v in re.findall(r"elapsed time per iteration \(ms\): (\S+)", log)]
+        assert len(times) == len(elapsed) == 4, name
+        for (measured, predicted), iteration_ms in zip(times, elapsed):
+            assert measured["total"] == pytest.approx(iteration_ms, abs=0.11), name
+            assert measured["compute"] + measured["communication"] + measured["offload"] == pytest.approx(
+                measured["total"], abs=0.2), name
+            assert predicted["compute"] + predicted["communication"] + predicted["offload"] - predicted["overlap"] \
+                == pytest.approx(predicted["total"], abs=0.2), name
+            assert measured["communication"] > 0 and predicted["communication"] > 0 and predicted["compute"] > 0
+            assert predicted["overlap"] == 0.0  # nothing overlaps on gloo
+            offloads = name in ("Z3_OL", "Z3_NVMe")
+            assert (measured["offload"] > 0, predicted["offload"] > 0) == (offloads, offloads), name
 
 
 MODEL_STATE = re.compile(r"measured: (?P<measured>[^|]*)\| ZeRO estimate [^:]*: (?P<estimate>[^|]*)\|")

@@ -1,0 +1,85 @@
+"""Step time, measured beside predicted (docs/zero-tradeoff.md, "Time per step"): the start-up probes and
+prediction, and the clock on the offloaded optimizer's step.
+
+Communication is timed by megatron/comm_counter.py; the loop's own clock gives each step's total; what the
+offloaded optimizer's step takes (host Adam, its copies, NVMe swaps) is timed here; compute is the rest.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from megatron.arguments import Args
+from megatron.comm_counter import CommCounter
+from megatron.initialize import DistInfo
+from megatron.model.accounting import TrainingSetup
+from megatron.model.accounting.step_time import ComputeRates, LinkCosts, StepTime
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _probe_optimizer(args: Args):
+    """The optimizer the run steps with (megatron/optimizer.py), built over the probe's parameters."""
+    from megatron.optimizer import build_optimizer
+
+    return lambda params: build_optimizer(torch.nn.ParameterList(params), args)
+
+
+def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict,
+                       setup: TrainingSetup) -> tuple[StepTime, ComputeRates, LinkCosts]:
+    """Measure this rank's compute rates and the data-parallel link (unless --link-bandwidth-gbps and
+    --link-latency-us describe it), then predict one step. Every rank calls this at the same time: the
+    ranks share the host's cores and links in training, and so they do in the probes. The probes draw
+    from forked generators, so the run's own random numbers are the ones it would draw without them."""
+    from megatron.comm_probe import probe_link
+    from megatron.compute_probe import probe_compute
+    from megatron.model.accounting.step_time import link_costs_from_flags, predict_step_time
+
+    backend = "nccl" if dist_info.on_cuda else "gloo"
+    data_group = dist_info.parallel.data
+    devices = [dist_info.device] if dist_info.on_cuda else []
+    dist.barrier()
+    with torch.random.fork_rng(devices=devices):
+        rates = probe_compute(args.model, setup, dist_info.device, _DTYPES[args.deepspeed.precision],
+                              _probe_optimizer(args), offload_device_path=args.deepspeed.nvme_path)
+        log = args.logging
+        if log.link_bandwidth_gbps is not None:
+            link = link_costs_from_flags(backend, log.link_bandwidth_gbps, log.link_latency_us)
+        else:
+            link = probe_link(data_group.handle, dist_info.device, backend)
+    zero = ds_config.get("zero_optimization", {})
+    stage = args.parallel.pipeline_model_parallel_size - 1  # the logging rank's pipeline stage
+    predicted = predict_step_time(args.model, setup, stage, rates, link, zero,
+                                  overlap_comm=bool(zero.get("overlap_comm", False)))
+    return predicted, rates, link
+
+
+class OffloadStepClock:
+    """Seconds spent in the engine's optimizer step when ZeRO offloads it (host Adam, the copies to and from
+    the host, NVMe swaps), less the collectives inside it, which the comm counter already times. On CUDA it
+    synchronises before and after the step; the step's first copy to the host waits for the backward anyway."""
+
+    def __init__(self, counter: CommCounter | None, on_cuda: bool):
+        self.counter, self.on_cuda, self.seconds = counter, on_cuda, 0.0
+
+    def _communication(self) -> float:
+        return sum(self.counter.seconds().values()) if self.counter is not None else 0.0
+
+    def install(self, engine) -> None:
+        """Time engine.step() (an instance attribute over DeepSpeed's method)."""
+        step = engine.step
+
+        def timed_step(*args, **kwargs):
+            if self.on_cuda:
+                torch.cuda.synchronize()
+            communication, start = self._communication(), time.perf_counter()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                if self.on_cuda:
+                    torch.cuda.synchronize()
+                self.seconds += time.perf_counter() - start - (self._communication() - communication)
+
+        engine.step = timed_step
