@@ -128,6 +128,19 @@ def test_pipeline_messages():
         assert messages_per_step(two_layers, pp2, stage, BUCKETS) == msgs(p2p=2, all_reduce=2, broadcast=1)
 
 
+def test_messages_from_a_zero_config_section_take_deepspeeds_defaults():
+    # a run's zero_optimization section names only some keys; the others take DeepSpeed's defaults
+    section = {"stage": 2, "reduce_bucket_size": 1500, "allgather_bucket_size": 1500, "overlap_comm": False}
+    assert messages_per_step(CONFIG, setup(zero_stage=2), 0, section) == msgs(reduce_scatter=5, all_gather=2,
+                                                                               all_reduce=2)
+    # one bucket of every gradient, touching both ranks' partitions: 2 reduces
+    assert messages_per_step(CONFIG, setup(zero_stage=2), 0, {"stage": 2})["reduce_scatter"] == 2
+    # stage 3 with DeepSpeed's defaults (persistence under 1e5 elements): all 16 parameters stay whole, none is
+    # gathered for a pass, each after the step
+    assert messages_per_step(CONFIG, setup(zero_stage=3), 0, {"stage": 3}) == msgs(all_gather=16, reduce_scatter=1,
+                                                                                    all_reduce=1)
+
+
 def test_messages_need_the_buckets():
     with pytest.raises(AccountingError, match="bucket_sizes"):
         messages_per_step(CONFIG, setup(), 0, None)

@@ -65,7 +65,6 @@ def _messages_each_step(flags, stage, precision, accumulation, prefix, counter, 
     """(predicted messages, counted messages of each steady step) of one run on this rank."""
     from megatron.arguments import parse_args
     from megatron.core.parallel_state import ParallelState
-    from megatron.deepspeed_config import bucket_sizes
     from megatron.initialize import DistInfo, set_seed
     from megatron.model import GPTModel, accounting
     from megatron.model.accounting.step_time import messages_per_step
@@ -92,7 +91,7 @@ def _messages_each_step(flags, stage, precision, accumulation, prefix, counter, 
                else functools.partial(GPTModel, args.model, parallel.get_tensor_model_parallel_group()))
     set_seed(1234)
     num_params = accounting.count_parameters(args.model)
-    engine, _ = setup_engine(builder, num_params, args, dist_info, STEPS)
+    engine, ds_config = setup_engine(builder, num_params, args, dist_info, STEPS)
     vocab = args.model.padded_vocab_size
     generator = torch.Generator().manual_seed(1000 + dist_info.rank)
     batches = iter(lambda: {"text": torch.randint(0, 1000, (MICRO, SEQ + 1), generator=generator)}, None)
@@ -110,8 +109,9 @@ def _messages_each_step(flags, stage, precision, accumulation, prefix, counter, 
             counted.append(kinds)
     engine.destroy()
     setup = training_setup(args, dist_info)
+    # the bucket sizes as the run's DeepSpeed config holds them (megatron/step_timing.py passes the same)
     predicted = messages_per_step(args.model, setup, parallel.get_pipeline_model_parallel_rank(),
-                                  bucket_sizes(num_params, args.model.hidden_size))
+                                  ds_config["zero_optimization"])
     return predicted, counted
 
 

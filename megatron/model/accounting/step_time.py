@@ -97,6 +97,9 @@ def link_costs_from_flags(backend: str, bandwidth_gbps: float, latency_us: float
 # DeepSpeed 0.19.8's engine all-reduces stage 0's (and its bf16 optimizer's) gradients in chunks of this many
 # elements (engine.MEMORY_OPT_ALLREDUCE_SIZE), whatever the config's bucket sizes.
 _ENGINE_ALLREDUCE_ELEMENTS = 500_000_000
+# DeepSpeed 0.19.8's defaults (runtime/zero/config.py) for the bucket keys a ZeRO config leaves out
+_DEEPSPEED_BUCKETS = dict(reduce_bucket_size=500_000_000, stage3_prefetch_bucket_size=50_000_000,
+                          stage3_param_persistence_threshold=100_000, stage3_max_live_parameters=1_000_000_000)
 
 
 @dataclass(frozen=True)
@@ -285,7 +288,8 @@ def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, b
                       ) -> dict[str, int]:
     """Collectives one rank of pipeline `stage` issues per optimizer step on groups of two or more ranks, per
     kind (TRAFFIC_KINDS; a reduce counts as a reduce-scatter, as in megatron/comm_counter.py): the latency term.
-    `buckets` is megatron/deepspeed_config.py's bucket_sizes(...) of the run.
+    `buckets`: the run's bucket sizes, megatron/deepspeed_config.py's bucket_sizes(...) or the DeepSpeed
+    config's zero_optimization section (keys it leaves out take DeepSpeed's defaults).
 
     Data parallelism, per step (g micro-batches): stage 0 and DeepSpeed's bf16 optimizer all-reduce the
     gradients after the last backward (chunks of 5e8 elements), the bf16 optimizer then all-gathers each
@@ -304,6 +308,7 @@ def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, b
     if buckets is None:
         raise AccountingError("messages_per_step needs the run's DeepSpeed bucket sizes "
                               "(megatron/deepspeed_config.py's bucket_sizes)")
+    buckets = {key: int(buckets.get(key, default)) for key, default in _DEEPSPEED_BUCKETS.items()}
     tp, pp, dp, g = (setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.data_parallel_size,
                      setup.gradient_accumulation_steps)
     zero, mixed = setup.zero_stage, setup.precision != "fp32"
