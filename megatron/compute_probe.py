@@ -1,8 +1,8 @@
 """The rank's own speeds, measured at start-up: what the step-time model (megatron/model/accounting/step_time.py)
 divides a step's work by.
 
-`probe_compute` times one transformer layer's forward and backward with the run's shapes, dtype, dropout and
-recomputation, the run's optimizer over a million elements, accelerator <-> host copies and, for
+`probe_compute` times one transformer layer's and the output layer's forward and backward with the run's
+shapes, dtype, dropout and recomputation, the run's optimizer over a million elements, accelerator <-> host copies and, for
 ZeRO-Infinity, writes and reads of the swap folder. Never the run's own steps: the prediction stays a
 prediction. Every rank of a run probes at the same time, sharing the machine as training does (two CPU ranks
 share the cores): the caller puts a barrier before it so that they start together.
@@ -23,7 +23,10 @@ from megatron.core.tensor_parallel import (
     init_method_normal,
     model_parallel_tracker,
 )
-from megatron.model.accounting.flops import _layer_forward_flops  # the one place a layer's FLOPs are counted
+from megatron.core.scratch import ScratchBuffers
+from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_lm_loss
+# the one place a layer's FLOPs are counted
+from megatron.model.accounting.flops import layer_forward_flops, logit_forward_flops
 from megatron.model.accounting.step_time import ComputeRates
 from megatron.model.accounting.training_setup import TrainingSetup
 from megatron.model.config import GPTConfig
@@ -88,7 +91,26 @@ def layer_flops_per_s(config: GPTConfig, setup: TrainingSetup, device: torch.dev
 
     seconds = _median_seconds(forward_backward, device, LAYER_REPEATS)
     passes = 4 if config.recompute_activations else 3
-    return passes * _layer_forward_flops(config, setup.micro_batch_size * config.seq_length) / t / seconds
+    return passes * layer_forward_flops(config, setup.micro_batch_size * config.seq_length) / t / seconds
+
+
+def output_flops_per_s(config: GPTConfig, setup: TrainingSetup, device: torch.device, dtype: torch.dtype) -> float:
+    """Hardware FLOPs per second of the output layer's forward and backward (the fused logits and
+    cross-entropy of megatron/core/tensor_parallel/cross_entropy.py over this TP rank's vocabulary slice):
+    3 x its forward FLOPs over 1/tp of them, per median pass."""
+    vocab_slice = config.padded_vocab_size // setup.tensor_parallel_size
+    weight = torch.nn.Parameter(torch.randn(vocab_slice, config.hidden_size, device=device, dtype=dtype) * 0.02)
+    hidden = torch.randn(setup.micro_batch_size, config.seq_length, config.hidden_size, device=device, dtype=dtype,
+                         requires_grad=True)
+    target = torch.randint(0, vocab_slice, (setup.micro_batch_size, config.seq_length), device=device)
+    scratch = ScratchBuffers()
+
+    def forward_backward():
+        vocab_parallel_lm_loss(hidden, weight, target, None, scratch).mean().backward()
+
+    seconds = _median_seconds(forward_backward, device, LAYER_REPEATS)
+    tokens = setup.micro_batch_size * config.seq_length
+    return 3 * logit_forward_flops(config, tokens) / setup.tensor_parallel_size / seconds
 
 
 def optimizer_seconds_per_element(optimizer_factory, device: torch.device) -> float:
@@ -140,12 +162,13 @@ def nvme_bytes_per_s(folder: str) -> float:
 def probe_compute(config: GPTConfig, setup: TrainingSetup, device: torch.device, dtype: torch.dtype,
                   optimizer_factory, offload_device_path: str | None = None) -> ComputeRates:
     """The rank's ComputeRates for the run described by config and setup: a layer's FLOPs per second
-    (`layer_flops_per_s`), the optimizer built by `optimizer_factory(params)` (the run's own: fused AdamW,
+    (`layer_flops_per_s`) and the output layer's (`output_flops_per_s`), the optimizer built by `optimizer_factory(params)` (the run's own: fused AdamW,
     DeepSpeedCPUAdam, ...) per element where it runs (the host when the optimizer is offloaded), host copies
     and, given the NVMe swap folder, its read and write rate. All ranks call it together after a barrier."""
     optimizer_device = torch.device("cpu") if setup.offload_optimizer else device
     return ComputeRates(
         flops_per_s=layer_flops_per_s(config, setup, device, dtype),
+        output_flops_per_s=output_flops_per_s(config, setup, device, dtype),
         optimizer_s_per_element=optimizer_seconds_per_element(optimizer_factory, optimizer_device),
         host_copy_bytes_per_s=host_copy_bytes_per_s(device),
         nvme_bytes_per_s=nvme_bytes_per_s(offload_device_path) if offload_device_path is not None else None)

@@ -38,7 +38,9 @@ def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict,
     from megatron.model.accounting.step_time import link_costs_from_flags, predict_step_time
 
     backend = "nccl" if dist_info.on_cuda else "gloo"
-    data_group = dist_info.parallel.data
+    # ZeRO's collectives run over the data-parallel group; without data parallelism (TP or PP only) the
+    # traffic is the model-parallel ranks', so the whole world's link is the one measured
+    data_group = dist_info.parallel.data.handle if dist_info.parallel.data.size > 1 else None
     devices = [dist_info.device] if dist_info.on_cuda else []
     dist.barrier()
     with torch.random.fork_rng(devices=devices):
@@ -48,7 +50,7 @@ def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict,
         if log.link_bandwidth_gbps is not None:
             link = link_costs_from_flags(backend, log.link_bandwidth_gbps, log.link_latency_us)
         else:
-            link = probe_link(data_group.handle, dist_info.device, backend)
+            link = probe_link(data_group, dist_info.device, backend)
     zero = ds_config.get("zero_optimization", {})
     stage = args.parallel.pipeline_model_parallel_size - 1  # the logging rank's pipeline stage
     predicted = predict_step_time(args.model, setup, stage, rates, link, zero,

@@ -102,7 +102,9 @@ def probe_line(rates, link, predicted) -> str:
     costs = ", ".join(f"{kind} {cost.latency_s * 1e6:.0f}us + {_rate(cost.seconds_per_byte)}"
                       for kind, cost in link.costs.items())
     nvme = "" if rates.nvme_bytes_per_s is None else f", NVMe {rates.nvme_bytes_per_s / 1e9:.2f} GB/s"
-    return (f" > step time predicted | compute: {rates.flops_per_s / 1e9:.1f} GFLOP/s, optimizer "
+    output = rates.output_flops_per_s or rates.flops_per_s
+    return (f" > step time predicted | compute: layers {rates.flops_per_s / 1e9:.1f} GFLOP/s, output layer "
+            f"{output / 1e9:.1f} GFLOP/s, optimizer "
             f"{rates.optimizer_s_per_element * 1e9:.2f} ns/element, host copies "
             f"{rates.host_copy_bytes_per_s / 1e9:.2f} GB/s{nvme} | link ({link.source}): {costs} | "
             f"compute={predicted.compute * 1e3:.1f}ms communication={predicted.communication * 1e3:.1f}ms "

@@ -9,7 +9,7 @@ import torch
 
 from megatron.compute_probe import probe_compute, probe_layer
 from megatron.model.accounting import TrainingSetup, parameter_groups_on_rank
-from megatron.model.accounting.flops import _layer_forward_flops
+from megatron.model.accounting.flops import layer_forward_flops
 from megatron.model.config import GPTConfig
 
 CPU = torch.device("cpu")
@@ -44,7 +44,7 @@ def test_the_probe_times_the_layer():
     # a 4x wider layer does 16x the matmul work: each pass (its FLOPs over the measured rate) takes longer
     def seconds_per_pass(hidden):
         rates = probe_compute(config(hidden), SETUP, CPU, torch.float32, adamw)
-        return 3 * _layer_forward_flops(config(hidden), 2 * 32) / rates.flops_per_s  # micro-batch 2 x seq 32
+        return 3 * layer_forward_flops(config(hidden), 2 * 32) / rates.flops_per_s  # micro-batch 2 x seq 32
     assert seconds_per_pass(256) > seconds_per_pass(64)
 
 

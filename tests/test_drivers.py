@@ -38,7 +38,8 @@ REQUIRED_LINES = [
     r"^\[Rank 0\] time at iteration +\d+ \| measured: compute=\d+\.\dms communication=\d+\.\dms offload=\d+\.\dms "
     r"total=\d+\.\dms \| predicted: compute=\d+\.\dms communication=\d+\.\dms offload=\d+\.\dms overlap=\d+\.\dms "
     r"total=\d+\.\dms \|$",
-    r"^ > step time predicted \| compute: \d+\.\d GFLOP/s, optimizer \d+\.\d\d ns/element, host copies \d+\.\d\d GB/s"
+    r"^ > step time predicted \| compute: layers \d+\.\d GFLOP/s, output layer \d+\.\d GFLOP/s, optimizer "
+    r"\d+\.\d\d ns/element, host copies \d+\.\d\d GB/s"
     r"(, NVMe \d+\.\d\d GB/s)? \| link \(probe\): all_reduce \d+us \+ \d+\.\d{3} GB/s, .* \| compute=\d+\.\dms ",
 ]
 

@@ -52,13 +52,18 @@ _PART_NAMES: tuple[tuple[str, str], ...] = (
 )
 
 
-def _layer_forward_flops(config: GPTConfig, tokens: int) -> float:
+def layer_forward_flops(config: GPTConfig, tokens: int) -> float:
     """Multiply-adds x 2 of one transformer layer's forward over `tokens` tokens: QKV (h -> 3h), attention
     out (h -> h), MLP in and out (h -> f -> h), and the attention products Q K^T and softmax(.) V, each
     s x s x h per sequence (the whole square: the causal kernels skip the masked half, but Megatron's
     papers and the counters count it, so the figure stays comparable)."""
     h, f, s = config.hidden_size, config.ffn_hidden_size, config.seq_length
     return 2.0 * tokens * h * (4 * h + 2 * f) + 4.0 * tokens * s * h
+
+
+def logit_forward_flops(config: GPTConfig, tokens: int) -> float:
+    """Multiply-adds x 2 of the output layer's forward over `tokens` tokens: h -> V, the padded vocabulary."""
+    return 2.0 * tokens * config.hidden_size * config.padded_vocab_size
 
 
 def model_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> float:
@@ -68,8 +73,7 @@ def model_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> floa
     72 B s L h^2 (1 + s/(6h) + V/(12 L h)) (Narayanan et al. 2021 without their recompute forward).
     Softmax, LayerNorm, GELU, bias adds and the embedding lookups are not matmuls and not counted."""
     tokens = global_batch_size * config.seq_length
-    logits = 2.0 * tokens * config.hidden_size * config.padded_vocab_size
-    return 3.0 * (config.num_layers * _layer_forward_flops(config, tokens) + logits)
+    return 3.0 * (config.num_layers * layer_forward_flops(config, tokens) + logit_forward_flops(config, tokens))
 
 
 def hardware_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> float:
@@ -78,7 +82,7 @@ def hardware_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> f
     recomputed)."""
     flops = model_flops_per_iteration(config, global_batch_size)
     if config.recompute_activations:
-        flops += config.num_layers * _layer_forward_flops(config, global_batch_size * config.seq_length)
+        flops += config.num_layers * layer_forward_flops(config, global_batch_size * config.seq_length)
     return flops
 
 

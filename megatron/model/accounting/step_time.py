@@ -21,7 +21,7 @@ import collections
 import math
 from dataclasses import dataclass, replace
 
-from megatron.model.accounting.flops import hardware_flops_per_iteration, model_flops_per_iteration
+from megatron.model.accounting.flops import hardware_flops_per_iteration, logit_forward_flops, model_flops_per_iteration
 from megatron.model.accounting.memory import runs_bf16_optimizer
 from megatron.model.accounting.parameters import parameters_on_rank
 from megatron.model.accounting.traffic import TRAFFIC_KINDS, offload_transfer_per_step, zero_traffic_per_step
@@ -54,6 +54,9 @@ class ComputeRates:
     optimizer_s_per_element: float  # the optimizer's step per parameter element where it runs
     host_copy_bytes_per_s: float  # accelerator <-> host copies (offload)
     nvme_bytes_per_s: float | None = None  # reads and writes of the swap folder (ZeRO-Infinity); None: no NVMe
+    # the output layer's logits and loss, forward and backward: one large matmul, faster per FLOP than a small
+    # model's layers; None: at flops_per_s
+    output_flops_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -364,7 +367,8 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     """Seconds of one optimizer step of a rank of pipeline `stage` (the module docstring gives the formula).
 
     compute: the rank's hardware FLOPs, hardware_flops_per_iteration over the global batch (recomputed forwards
-    included) / world size, at rates.flops_per_s; plus the optimizer's step over optimizer_elements at
+    included) / world size, the layers' at rates.flops_per_s and the output layer's at rates.output_flops_per_s;
+    plus the optimizer's step over optimizer_elements at
     rates.optimizer_s_per_element unless the optimizer is offloaded. communication: per kind, link.costs[kind]
     of zero_traffic_per_step's bytes and messages_per_step's messages (a pipeline's bubble is not modelled).
     offload: with the optimizer offloaded, its step on the host over the same elements; and
@@ -375,7 +379,9 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     collectives on the host thread, in line: nothing overlaps there."""
     global_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * setup.data_parallel_size
     hardware = hardware_flops_per_iteration(config, global_batch)
-    forward_backward = hardware / setup.world_size / rates.flops_per_s
+    output_layer = 3 * logit_forward_flops(config, global_batch * config.seq_length)
+    forward_backward = ((hardware - output_layer) / rates.flops_per_s
+                        + output_layer / (rates.output_flops_per_s or rates.flops_per_s)) / setup.world_size
     optimizer = optimizer_elements(config, setup, stage) * rates.optimizer_s_per_element
     traffic = zero_traffic_per_step(config, setup, stage)
     messages = messages_per_step(config, setup, stage, buckets)
