@@ -21,6 +21,9 @@ COMM_RE = re.compile(r"comm at iteration +(\d+) \|.* total=(\d+\.\d+)MB \| bytes
                      r"predicted=(\d+\.\d+)MB \|")
 # zero-lab's time line: ms per iteration by part, measured and predicted; the parts are name=value pairs
 TIME_RE = re.compile(r"time at iteration +(\d+) \| measured: (.*?) \| predicted: (.*?) \|")
+# zero-lab's progress line: iterations done of the run's, the time since the launch started and the ETA (H:MM:SS)
+PROGRESS_RE = re.compile(r"progress at iteration +(\d+) \| (\d+)/(\d+) iterations \((\d+\.\d+)%\) \| "
+                         r"elapsed (\d+:\d\d:\d\d) since launch \| ETA (\d+:\d\d:\d\d|unknown) \|")
 
 # megatron/launch/attempt.py's header of each attempt of a run (a resumed run appends another)
 _ATTEMPT_HEADER = r"\[zero-lab\] attempt (?P<anum>\d+) started (?P<atime>\S+ \S+) UTC"
@@ -34,6 +37,7 @@ _RECORD_START_RE = re.compile(
     r"|(?P<memory>\[Rank (?P<mrank>\d+)\] memory at iteration\s+(?P<mit>\d+)\s*\|)"
     r"|(?P<comm>\[Rank \d+\] comm at iteration\s+\d+\s*\|)"
     r"|(?P<time>\[Rank \d+\] time at iteration\s+\d+\s*\|)"
+    r"|(?P<progress>\[Rank \d+\] progress at iteration\s+\d+\s*\|)"
     r"|(?P<megatron_memory>\[Rank (?P<grank>\d+)\] \(after (?P<git>\d+) iterations\) memory \(MB\))"
     r"|(?P<deepspeed>(?:epoch=\d+/micro_step=\d+/global_step=(?P<dsit>\d+),\s*)?RunningAvgSamplesPerSec=)"
     r"|(?P<validation>validation loss at (?:iteration\s+(?P<vit>\d+)|the end of training[^|]*?)\s*\|)"
@@ -114,6 +118,19 @@ class TimeRecord:
 
 
 @dataclass
+class ProgressRecord:
+    """One progress line: iterations done of the run's, the seconds since the launch that printed it started, and
+    the seconds it expected the run still to take (None: unknown, the launch's first interval)."""
+
+    iteration: int
+    train_iters: int
+    percent: float
+    elapsed_s: int
+    eta_s: int | None
+    attempt: int = 0  # ParsedLog.starts' index
+
+
+@dataclass
 class ValidationRecord:
     iteration: int | None  # None: the end-of-training evaluation
     lm_loss: float | None
@@ -159,6 +176,7 @@ class ParsedLog:
     memory: list[MemoryRecord] = field(default_factory=list)
     comm: list[CommRecord] = field(default_factory=list)
     times: list[TimeRecord] = field(default_factory=list)
+    progress: list[ProgressRecord] = field(default_factory=list)
     validations: list[ValidationRecord] = field(default_factory=list)
     epochs: list[EpochRecord] = field(default_factory=list)
     model_state: ModelStateRecord | None = None
@@ -281,6 +299,22 @@ def _parse_time(seg: str) -> TimeRecord | None:
                       predicted_ms=_key_values(match.group(3)))
 
 
+def seconds_of(duration: str) -> int:
+    """H:MM:SS (the progress line's; hours unbounded) in seconds."""
+    hours, minutes, seconds = (int(part) for part in duration.split(":"))
+    return 3600 * hours + 60 * minutes + seconds
+
+
+def _parse_progress(seg: str) -> ProgressRecord | None:
+    match = PROGRESS_RE.search(seg)
+    if match is None:  # cut off before its ETA
+        return None
+    eta = match.group(6)
+    return ProgressRecord(iteration=int(match.group(1)), train_iters=int(match.group(3)),
+                          percent=float(match.group(4)), elapsed_s=seconds_of(match.group(5)),
+                          eta_s=None if eta == "unknown" else seconds_of(eta))
+
+
 def _parse_run_info(seg: str) -> dict[str, str]:
     info = {}
     for part in seg.split("|")[1:]:
@@ -330,6 +364,11 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
         if record is not None:
             record.attempt = log.start
             log.times.append(record)
+    elif kind == "progress":
+        record = _parse_progress(seg)
+        if record is not None:
+            record.attempt = log.start
+            log.progress.append(record)
     elif kind == "megatron_memory":
         log.memory.append(_parse_megatron_memory(seg, int(match["git"]), int(match["grank"])))
     elif kind == "deepspeed":

@@ -33,6 +33,18 @@ def _batch(s: RunSummary) -> str:
     return f"{s.micro_batch or '?'}/{s.global_batch or '?'}"
 
 
+def _duration(seconds: int | None) -> str:
+    """The progress line's H:MM:SS; "unknown" for an ETA not yet known."""
+    return "unknown" if seconds is None else f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _status(s: RunSummary) -> str:
+    """The status; a run still running adds how far it got and its ETA (its last progress line)."""
+    if s.progress_pct is None:
+        return s.status
+    return f"{s.status} ({s.progress_pct:.1f}%, ETA {_duration(s.eta_s)})"
+
+
 def _iterations(s: RunSummary) -> str:
     return f"{s.last_iteration}/{s.train_iters}" if s.last_iteration is not None else ""
 
@@ -40,7 +52,7 @@ def _iterations(s: RunSummary) -> str:
 # (header, cell) for the markdown table; units in the header so cells stay numbers.
 MARKDOWN_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
     ("run", lambda s: s.label),
-    ("status", lambda s: s.status),
+    ("status", _status),
     ("attempts", lambda s: str(s.attempts)),
     ("ZeRO", lambda s: "" if s.zero_stage is None else str(s.zero_stage)),
     ("offload", lambda s: s.offload or ""),
@@ -95,13 +107,20 @@ def notes(summaries: list[RunSummary], skipped: list[str], skip_first: int) -> s
         "memory and loss use every logged step. Memory is per rank, GB = 2**30 bytes. "
         "`~` marks an epoch time estimated from iteration time (the run did not finish an epoch).",
     ]
-    lines += [f"- {s.label}: {s.status} ({s.incomplete_reason}), summarized as far as the log goes"
+    lines += [f"- {s.label}: {s.status} ({s.incomplete_reason}), summarized as far as the log goes{_progress(s)}"
               for s in summaries if not s.complete]
     lines += [f"- {s.label}: {_epochs(s.partial_epochs)} partial (logged only by an attempt that resumed inside "
               f"{'it' if len(s.partial_epochs) == 1 else 'them'}), left out of the epoch time"
               for s in summaries if s.partial_epochs]
     lines += [f"- skipped {entry}" for entry in skipped]
     return "\n".join(lines) + "\n"
+
+
+def _progress(s: RunSummary) -> str:
+    if s.progress_pct is None:
+        return ""
+    return (f"; its last progress line, at iteration {s.progress_iteration}: {s.progress_pct:.1f}% done, "
+            f"{_duration(s.progress_elapsed_s)} since its launch started, ETA {_duration(s.eta_s)} (if still running)")
 
 
 def _csv_value(value) -> str:

@@ -81,6 +81,13 @@ class RunSummary:
     time_offload_predicted_ms: float | None = None
     time_overlap_predicted_ms: float | None = None
     time_total_predicted_ms: float | None = None
+    # a run still running (INCOMPLETE): its last attempt's last progress line (docs/log-lines.md): the iteration,
+    # the percentage of the run done, the seconds since that launch started and the ETA (None: not yet known);
+    # all None for a run that ended, and for logs without progress lines (upstream's)
+    progress_iteration: int | None = None
+    progress_pct: float | None = None
+    progress_elapsed_s: int | None = None
+    eta_s: int | None = None
 
 
 def _mean(values) -> float | None:
@@ -282,6 +289,17 @@ def _step_time(log: ParsedLog, kept: dict[tuple[int, int], int]) -> dict:
     return measured | predicted
 
 
+def _progress(log: ParsedLog, status: str) -> dict:
+    """How far a run still running (INCOMPLETE) got, from the last progress line its last start printed; {} for
+    a run that ended, and when that start printed none (still starting, or an upstream log)."""
+    lines = [p for p in log.progress if p.attempt == log.start]
+    if status != "INCOMPLETE" or not lines:
+        return {}
+    last = lines[-1]
+    return dict(progress_iteration=last.iteration, progress_pct=last.percent, progress_elapsed_s=last.elapsed_s,
+                eta_s=last.eta_s)
+
+
 def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) -> RunSummary:
     records = unique_iterations(log)
     kept = steady_state(records, skip_first)
@@ -354,4 +372,5 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
                     if r.lm_loss is not None and (tokens := _consumed_tokens(r, meta)) is not None],
         **_traffic(log, kept_intervals),
         **_step_time(log, kept_intervals),
+        **_progress(log, status),
     )

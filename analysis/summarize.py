@@ -28,15 +28,16 @@ attempt logs of one folder, ALCF's <run>/logs/, are one run), one run folder, or
 resumed run is one run of several attempts (the "[zero-lab] attempt N started" lines). Per run it reads the iteration lines (consumed samples and
 tokens, elapsed time per iteration, lm loss, tgs, TFLOPs), memory lines (zero-lab's
 "memory at iteration" line, Megatron's report_memory, DeepSpeed's MemAllocated lines),
-epoch-end, validation, ZeRO-estimate, comm (MB sent) and time (ms per iteration by part) lines,
-and run-info lines; run metadata comes from that run info line, ds_config.json, command.txt,
+epoch-end, validation, ZeRO-estimate, comm (MB sent), time (ms per iteration by part) and progress
+lines, and run-info lines; run metadata comes from that run info line, ds_config.json, command.txt,
 env.json and Megatron's argument dump, else the folder name (gpt_tiny_Z3_OL, ALCF's
 ..._z1_seqlen1024_..._gb1_mb1). Timestamps, rank prefixes, ANSI colours
 and interleaved ranks are tolerated. Each run gets a status: "diverged at iteration N" (the
 training stopped on NaN/Inf losses, or they lasted to the last logged iteration), "stopped early
 at iteration N" (--exit-interval or a signal), INCOMPLETE (a log cut off mid-line, or one that
 neither logs its last iteration N/N nor prints "[after training is done]": still running or
-killed) or "finished"; it is summarized as far as the log goes. Logs with no training lines are
+killed; one still running shows its last progress line's percentage and ETA beside the status) or
+"finished"; it is summarized as far as the log goes. Logs with no training lines are
 listed as skipped.
 
 Writes to OUT: summary.md, summary.csv, summary.json (one row per run: status, attempts and NaN
@@ -44,7 +45,8 @@ iterations, ZeRO stage, offload,
 model, ranks, batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
 ms/iteration, time per epoch, mean/max MemAllocated and peak MaxMemAllocated per rank in GB
 (2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, HFU, first/last/per-epoch lm
-loss, last validation loss, MB sent and ms per iteration measured and predicted), PNG plots
+loss, last validation loss, MB sent and ms per iteration measured and predicted, and a running run's
+progress and ETA), PNG plots
 (throughput, epoch time, accelerator memory, host memory, loss vs consumed tokens, the ZeRO
 trade-off: model-state memory against traffic) and report.md showing the table, a "ZeRO trade-off"
 section (with each run's compute, communication and offload time, measured beside predicted) and

@@ -6,9 +6,11 @@ this file feeds it batches, turns the loss into the masked mean, and reports.
 import contextlib
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -21,8 +23,8 @@ from megatron.initialize import DistInfo
 from megatron.model.accounting.step_time import StepTime
 from megatron.step_timing import OffloadStepClock, predict_at_startup
 from megatron.training_log import (IterationStats, TensorBoardWriter, comm_line, epoch_line, iteration_line,
-                                   memory_line, model_state_line, peak_line, probe_line, run_info_line, time_line,
-                                   validation_line)
+                                   memory_line, model_state_line, peak_line, probe_line, progress_line, run_info_line,
+                                   time_line, validation_line)
 
 
 class TrainingError(ZeroLabError, RuntimeError):
@@ -158,6 +160,28 @@ def evaluate(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int) -
     return data_parallel_mean(torch.stack(losses).mean(), dist_info)
 
 
+# the progress line's ETA: the wall-clock rate over this many of the last logging intervals
+PROGRESS_WINDOW = 10
+
+
+@dataclass
+class ProgressClock:
+    """The progress line's clock (docs/log-lines.md): elapsed since the printing rank's process started (this
+    launch, start-up included), and the wall-clock seconds per iteration between the last PROGRESS_WINDOW + 1
+    progress lines: the loop's own logging, evaluation and saving included, so that the ETA holds for the whole
+    loop. A launch's first interval has no line before it to time from (and holds the warm-up): no ETA yet."""
+    launch_started: float = field(default_factory=lambda: psutil.Process().create_time())
+    marks: deque = field(default_factory=lambda: deque(maxlen=PROGRESS_WINDOW + 1))  # (iteration, time.time())
+
+    def line(self, rank: int, iteration: int, train_iters: int) -> str:
+        now = time.time()
+        self.marks.append((iteration, now))
+        (first, started), rate = self.marks[0], None
+        if iteration > first:
+            rate = ((now - started) / (iteration - first), first + 1)
+        return progress_line(rank, iteration, train_iters, now - self.launch_started, rate)
+
+
 @dataclass
 class Reporter:
     """Everything the loop prints or records: built once, used by the loop."""
@@ -181,6 +205,7 @@ class Reporter:
     offload_clock: OffloadStepClock | None = None  # the offloaded optimizer step's seconds; None: no offload
     blocked_before: float = 0.0
     offload_before: float = 0.0
+    progress: ProgressClock = field(default_factory=ProgressClock)
 
     def print_line(self, line: str):
         if self.dist_info.rank == self.log_rank:
@@ -219,6 +244,7 @@ class Reporter:
         if self.predicted_time is not None:
             self.print_line(time_line(self.dist_info.rank, state.iteration, self.measured_time(seconds, state.interval_iterations),
                                       self.predicted_time))
+        self.print_line(self.progress.line(self.dist_info.rank, state.iteration, self.schedule.train_iters))
         if self.tensorboard is not None:
             self.tensorboard.iteration(stats)
 

@@ -96,6 +96,31 @@ def time_line(rank: int, iteration: int, measured: dict, predicted) -> str:
             f"predicted: {parts(predicted_parts)} |")
 
 
+def progress_line(rank: int, iteration: int, train_iters: int, elapsed_s: float,
+                  rate: tuple[float, int] | None) -> str:
+    """How far the run is (iteration of train_iters), the wall-clock time since this launch started and the time
+    left at the recent wall-clock rate. rate: (seconds per iteration, the first iteration it was measured over);
+    None before this launch has timed a whole interval, when the ETA is unknown unless no iteration is left."""
+    left = train_iters - iteration
+    if rate is None:
+        eta = "0:00:00" if left <= 0 else "unknown"
+        clock = "wall clock: no interval timed yet in this launch"
+    else:
+        seconds, first = rate
+        eta = duration(max(0, left) * seconds)
+        clock = f"wall clock {seconds:.3f} s/iteration over iterations {first}-{iteration}"
+    # truncated, not rounded: 99.96% of the run is not 100.0%
+    percent = math.floor(1000 * iteration / train_iters) / 10
+    return (f"[Rank {rank}] progress at iteration {iteration:8d} | {iteration}/{train_iters} iterations "
+            f"({percent:.1f}%) | elapsed {duration(elapsed_s)} since launch | ETA {eta} | {clock} |")
+
+
+def duration(seconds: float) -> str:
+    """H:MM:SS, the hours unbounded (a long run's ETA reads 131:05:00, not 5 days, 11:05:00)."""
+    whole = max(0, round(seconds))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
 def probe_line(rates, link, predicted) -> str:
     """What the start-up probes measured (megatron/compute_probe.py, megatron/comm_probe.py, or the link the
     flags describe) and the step time predicted from it."""
