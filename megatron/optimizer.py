@@ -64,11 +64,13 @@ def check_cpu_adam_buildable(accelerator: str, cuda_home: str | None, torch_cuda
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Biases and LayerNorm weights (every 1-D parameter) get no weight decay, as in Megatron."""
+    """Biases and LayerNorm weights (every 1-D parameter) get no weight decay, as in Megatron. A parameter
+    partitioned by ZeRO-3's zero.Init holds an empty 1-D tensor; its shape is in ds_shape (without it, every
+    parameter of a stage-3 run went without weight decay)."""
     decay, no_decay = [], []
     for param in model.parameters():
         if param.requires_grad:
-            (no_decay if param.ndim < 2 else decay).append(param)
+            (no_decay if len(getattr(param, "ds_shape", param.shape)) < 2 else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
 

@@ -21,7 +21,9 @@ Gaps of DeepSpeed 0.19.8 bridged here, each for a ZeRO-3 run resuming a ZeRO-1/2
   ZeRO-3 source has: it is filled in from the per-parameter step.pt;
 - the ZeRO-3 universal loader copies param group 0's hyperparameters onto every group (so the group
   without weight decay would get it): every group's hyperparameters but the scheduled lr are put back
-  after the load.
+  after the load;
+- that loader gives every sub-group's Adam state one shared `step` tensor, which the fused AdamW then
+  advances once per sub-group at each step (wrong bias corrections from the first step on): each gets a copy.
 """
 from __future__ import annotations
 
@@ -102,6 +104,10 @@ def _restore_hyperparameters(engine, saved_groups: list[dict]) -> None:
     base = getattr(engine.optimizer, "optimizer", engine.optimizer)
     for group, saved in zip(base.param_groups, saved_groups):
         group.update(saved)
+    # one `step` tensor per sub-group's state (the loader shares one; see the module docstring)
+    for state in base.state.values():
+        if torch.is_tensor(state.get("step")):
+            state["step"] = state["step"].clone()
 
 
 def load_universal(engine, args: Args, tag: str):

@@ -42,6 +42,9 @@ class ParallelAttention(nn.Module):
         self.config = config
         self.rng_tracker = rng_tracker
         self.local_heads = config.num_attention_heads // group_size(tp_group)
+        # Heads differ per TP rank, so their dropout draws from the per-rank generator (Megatron's rule); whole
+        # heads (TP=1, no sequence parallelism) draw from the default generator, as the hidden dropout does.
+        self.per_rank_dropout = group_size(tp_group) > 1 or config.sequence_parallel
         self.query_key_value = ColumnParallelLinear(
             config.hidden_size, 3 * config.hidden_size, group=tp_group,
             init_method=init_method_normal(config.init_method_std), params_dtype=config.params_dtype,
@@ -66,11 +69,10 @@ class ParallelAttention(nn.Module):
             # aligns the triangle top-left, which is only right without a cached prefix)
             mask = torch.ones(seq, past + seq, dtype=torch.bool, device=x.device).tril(diagonal=past)
         dropout = self.config.attention_dropout if self.training else 0.0
-        # Heads differ per TP rank, so their dropout draws from the per-rank generator; at TP=1 too, since the
-        # default generator's draws are not the same under every ZeRO stage (tests/test_hf_conversion.py's
-        # ZeRO-3-offload export differs from ZeRO-0's when attention dropout draws from it). Nothing to draw
-        # (eval, --attention-dropout 0): no swap, so no graph break under --compile.
-        with self.rng_tracker.fork(x.device) if dropout > 0 else contextlib.nullcontext():
+        # The fork swaps generator states, which breaks a --compile graph; at TP=1 (or with nothing to draw:
+        # eval, --attention-dropout 0) there is no swap. Every ZeRO stage draws the same default-generator masks.
+        fork = self.per_rank_dropout and dropout > 0
+        with self.rng_tracker.fork(x.device) if fork else contextlib.nullcontext():
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
                                                      is_causal=mask is None)
         context = context.transpose(1, 2).reshape(batch, seq, self.local_heads * self.config.head_dim)
