@@ -204,10 +204,17 @@ def not_measured(target: str, why: str) -> dict:
     return dict(target=target, met=None, verdict=f"not measured ({why})")
 
 
+def settings(results: list[Result]) -> list[str]:
+    """The run info lines' fields that every run shares (the stage and offload are the rows' own)."""
+    fields = [[f for f in r.run_info.split(" | ") if not f.startswith(("zero stage:", "offload:"))]
+              for r in results if r.run_info]
+    return [f for f in fields[0] if all(f in other for other in fields)] if fields else []
+
+
 def report(title: str, results: list[Result], failures: dict[str, str], targets: list[dict]) -> str:
-    settings = sorted({r.run_info for r in results if r.run_info})
     lines = [f"## {title}", ""]
-    lines += [f"run info: {info}" for info in settings]
+    if results:
+        lines.append(f"settings (run info): {' | '.join(settings(results))}")
     lines += ["", table(results, failures), ""]
     lines += [f"probes {r.experiment}: {r.probes}" for r in results if r.probes]
     lines += [""] + [f"target: {t['target']}: {t['verdict']}" for t in targets]
