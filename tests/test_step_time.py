@@ -10,9 +10,11 @@ from megatron.model.accounting.step_time import (
     ComputeRates,
     LinkCosts,
     StepTime,
+    hierarchical_link_costs,
     link_costs_from_flags,
     messages_per_step,
     optimizer_elements,
+    pipeline_bubble,
     predict_step_time,
 )
 from megatron.model.accounting.training_setup import AccountingError
@@ -207,3 +209,54 @@ def test_overlap_hides_gradient_reductions_behind_the_backward_on_cuda_only():
 def test_step_time_total():
     assert StepTime(compute=1.0, communication=0.5, offload=0.25, overlap=0.3).total == pytest.approx(1.45)
     assert isinstance(GLOO, LinkCosts)
+
+
+def test_hierarchical_link_reduces_inside_the_node_then_across_nodes():
+    # 16 ranks, 8 per node: NVLink 2400 Gbit/s (300e9 bytes/s per GPU), the node's 1600 Gbit/s (200e9 bytes/s,
+    # 25e9 per GPU). Per byte of the buffer: 7/8 / 300e9 inside, then 1/8 of it with (2-1)/2 across at 25e9:
+    # 2.9167e-12 + 2.5e-12 s; per byte counted as sent (15/16 of the buffer) 5.7778e-12 s; two levels' latency
+    link = hierarchical_link_costs("nccl", 16, 8, 8, 2400, 1600, latency_us=10)
+    cost = link.costs["reduce_scatter"]
+    assert cost.seconds_per_byte == pytest.approx((7 / 8 / 300e9 + 1 / 2 / 8 / 25e9) * 16 / 15, rel=1e-12)
+    assert cost.latency_s == pytest.approx(2e-5) and link.costs["all_reduce"] == cost
+    assert link.costs["p2p"] == CollectiveCost(1e-5, pytest.approx(1 / 25e9))  # a send crosses nodes
+    # one node: the ring at the intra-node bandwidth, as link_costs_from_flags gives it
+    one_node = hierarchical_link_costs("nccl", 8, 8, 8, 2400, 1600, latency_us=10)
+    ring = link_costs_from_flags("nccl", 2400, 10).costs
+    for kind, cost in one_node.costs.items():
+        assert (cost.latency_s, cost.seconds_per_byte) == pytest.approx((ring[kind].latency_s,
+                                                                         ring[kind].seconds_per_byte), rel=1e-12)
+    # one rank per node (a data-parallel group under TP 8): a ring over a GPU's share of the node's link
+    across = hierarchical_link_costs("nccl", 4, 1, 8, 2400, 1600, latency_us=10)
+    assert across.costs["all_gather"].seconds_per_byte == pytest.approx(1 / 25e9)
+    with pytest.raises(AccountingError, match="cannot have 3"):
+        hierarchical_link_costs("nccl", 16, 3, 8, 2400, 1600, 10)
+
+
+def test_pipeline_bubble_and_model_parallel_link():
+    # 4 stages, 8 micro-batches: (4-1)/8 of the forward and backward
+    assert pipeline_bubble(2.0, setup(world_size=4, pipeline_parallel_size=4, gradient_accumulation_steps=8)) == 0.75
+    two_layers = GPTConfig(**{**CONFIG.to_dict(), "num_layers": 2})
+    pp2 = setup(pipeline_parallel_size=2, gradient_accumulation_steps=2)
+    plain = predict_step_time(two_layers, pp2, 0, RATES, GLOO, BUCKETS, overlap_comm=False)
+    bubbled = predict_step_time(two_layers, pp2, 0, RATES, GLOO, BUCKETS, overlap_comm=False, with_bubble=True)
+    forward_backward = plain.compute - optimizer_elements(two_layers, pp2, 0) * 1e-8
+    assert plain.bubble == 0 and bubbled.bubble == pytest.approx(forward_backward / 2)
+    assert bubbled.total == pytest.approx(plain.total + forward_backward / 2)
+    # TP 2 without data parallelism: one layer's 4 activation all-reduces, the embedding's and the output
+    # layer's, of [2, 8, 16] fp32 (1024 bytes) x 2 x 1/2 each: 6144 bytes; 10 all-reduces (with the loss's 3 and
+    # the norm's), all on the model-parallel link (1e9 bytes/s, 10 us), nothing on the data-parallel one
+    tp2 = setup(tensor_parallel_size=2)
+    nvlink = link_costs_from_flags("nccl", bandwidth_gbps=8, latency_us=10)
+    split = predict_step_time(CONFIG, tp2, 0, RATES, GLOO, BUCKETS, overlap_comm=False, model_parallel_link=nvlink)
+    assert split.communication == pytest.approx(10e-5 + 6144 / 1e9)
+    # with data parallelism the two parts add up to the same traffic priced on one link
+    tp2dp2 = setup(world_size=4, tensor_parallel_size=2, zero_stage=1)
+    whole = predict_step_time(CONFIG, tp2dp2, 0, RATES, GLOO, BUCKETS, overlap_comm=False)
+    same = predict_step_time(CONFIG, tp2dp2, 0, RATES, GLOO, BUCKETS, overlap_comm=False, model_parallel_link=GLOO)
+    assert same.communication == pytest.approx(whole.communication)
+    free = link_costs_from_flags("nccl", bandwidth_gbps=1e12, latency_us=0)
+    dp_only = predict_step_time(CONFIG, tp2dp2, 0, RATES, GLOO, BUCKETS, overlap_comm=False, model_parallel_link=free)
+    mp_only = predict_step_time(CONFIG, tp2dp2, 0, RATES, free, BUCKETS, overlap_comm=False, model_parallel_link=GLOO)
+    assert dp_only.communication + mp_only.communication == pytest.approx(whole.communication, rel=1e-6)
+    assert 0 < mp_only.communication < whole.communication

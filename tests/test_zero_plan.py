@@ -200,3 +200,107 @@ def test_plan_matches_the_measured_cpu_runs(capsys, six_driver_runs):
         plan = plans[option]
         for key in ("params", "grads", "optim", "offloaded"):
             assert float(measured[key]) == pytest.approx(plan[f"{key}_gb"], rel=0.10, abs=1e-4), (run, key)
+
+
+# --- step time (issue 34): --gpu and the links, per option, and the pick by time -------------------------------
+ISSUE_EXAMPLE = ["--model-size", "13B", "--gpus", "8", "--nodes", "8", "--gpu", "A100-80GB", "--inter-node-bandwidth",
+                 "200Gbit", "--tokens", "300B"]
+
+
+def test_issue_example_prints_step_time_and_days_per_option_and_picks_by_time(capsys):
+    code, out, err = tool_in_process(capsys, "zero_plan.py", *ISSUE_EXAMPLE)
+    assert code == 0 and err == ""
+    assert ("step time on 8 x 8 A100-80GB: 312 TFLOP/s bf16 peak x 0.869, 2400 Gbit/s inside a node, 200 Gbit/s "
+            "per node between nodes, 10 us per message; 1 micro-batch per step, 300B tokens") in out
+    timed = out.split("step time on")[1]
+    rows = [re.split(r"\s{2,}", line) for line in timed.splitlines() if line.startswith(("DP ", "Z"))]
+    assert [row[0] for row in rows] == OPTIONS
+    assert all(len(row) == 9 for row in rows[:-1]) and rows[-1][2:] == ["-"] * 7  # NVMe: no --nvme-bandwidth
+    data = plan_json(capsys, *ISSUE_EXAMPLE)
+    plans = {p["option"]: p for p in data["plans"]}
+    assert data["hardware"] == dict(gpu="A100-80GB", peak_tflops=312.0, efficiency=0.869, intra_node_gbps=2400,
+                                    inter_node_gbps=200.0, latency_us=10.0, tokens=300e9)
+    fitting = [p for p in data["plans"] if p["fits"] and p["step_ms"] is not None]
+    assert data["choice"] == min(fitting, key=lambda p: p["step_ms"])["option"] == "Z2"
+    assert data["why"].startswith(f"fits (40.9 GB per GPU) and has the shortest predicted step of those that fit, "
+                                  f"{plans['Z2']['step_ms']:.0f} ms (communication")
+    for p in fitting:
+        assert p["step_ms"] == pytest.approx(p["compute_ms"] + p["communication_ms"] + p["offload_ms"]
+                                             + p["bubble_ms"])
+        assert p["tokens_per_s"] == pytest.approx(64 * 2048 / p["step_ms"] * 1e3)
+        assert p["days"] == pytest.approx(300e9 / p["tokens_per_s"] / 86400)
+    # stage 3 sends 1.5x what stage 2 does over the same links; stage 2's reductions partly hide behind the backward
+    assert plans["Z3"]["communication_ms"] > 1.5 * plans["Z2"]["communication_ms"]
+
+
+def test_step_time_by_hand_on_one_node(capsys):
+    """1.3B, seq 1024, micro-batch 4, 8 A100-80GBs in one node, bf16, DP: compute = model FLOPs of 32 sequences
+    / 8 GPUs at 312e12 x 0.869, plus Adam over all 1.31e9 parameters at 30 bytes each through 2039e9 bytes/s of
+    HBM; communication = the gradients' all-reduce, 2 x 7/8 x 2 bytes x parameters, at NVLink's 300e9 bytes/s
+    (a ring inside the node: 1/bandwidth per byte counted as sent) plus 3 messages (DeepSpeed's engine
+    all-reduces 5e8 elements at a time) x 10 us."""
+    from megatron.model import accounting
+    from megatron.model.config import GPTConfig
+
+    data = plan_json(capsys, *EXAMPLE, "--gpu", "A100-80GB")
+    dp = data["plans"][0]
+    config = GPTConfig(num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=1024,
+                       max_position_embeddings=1024, padded_vocab_size=50304)
+    params = accounting.count_parameters(config)
+    compute = accounting.model_flops_per_iteration(config, 32) / 8 / (312e12 * 0.869) + params * 30 / 2039e9
+    communication = 2 * 7 / 8 * 2 * params / 300e9 + 3 * 10e-6
+    assert dp["compute_ms"] == pytest.approx(compute * 1e3, rel=1e-9)
+    assert dp["communication_ms"] == pytest.approx(communication * 1e3, rel=1e-9)
+    assert dp["offload_ms"] == dp["bubble_ms"] == 0
+    assert dp["tflops_per_gpu"] == pytest.approx(accounting.model_flops_per_iteration(config, 32) / 8
+                                                 / (compute + communication) / 1e12)
+    # a slower intra-node link or a lower efficiency only slows it down
+    slower = plan_json(capsys, *EXAMPLE, "--gpu", "A100-80GB", "--intra-node-bandwidth", "150GB/s")["plans"][0]
+    assert slower["communication_ms"] == pytest.approx(2 * (communication - 3e-5) * 1e3 + 3e-2, rel=1e-9)
+    assert plan_json(capsys, *EXAMPLE, "--gpu", "A100-80GB", "--efficiency", "0.5")["plans"][0]["compute_ms"] \
+        > dp["compute_ms"]
+
+
+def test_pipeline_bubble_and_tensor_parallel_all_reduces(capsys):
+    # TP 2 x PP 2 x DP 2 on 8 GPUs, 8 micro-batches per step: the bubble is (2-1)/8 of the forward and backward
+    args = [*EXAMPLE, "--gpu", "H100-SXM", "--tp", "2", "--pp", "2", "--global-batch-size", "64"]
+    code, out, _ = tool_in_process(capsys, "zero_plan.py", *args)
+    assert code == 0 and "8 micro-batches per step" in out and "bubble ms" in out
+    for p in plan_json(capsys, *args)["plans"]:  # compute includes the optimizer's step, a few % here
+        assert p["compute_ms"] / 8 * 0.95 < p["bubble_ms"] < p["compute_ms"] / 8
+    # without TP the activations' all-reduces are gone: less communication
+    tp1 = plan_json(capsys, *EXAMPLE, "--gpu", "H100-SXM", "--pp", "2", "--global-batch-size", "64")["plans"]
+    tp2 = plan_json(capsys, *args)["plans"]
+    assert tp2[0]["communication_ms"] > tp1[0]["communication_ms"]
+
+
+@pytest.mark.parametrize("text, gbps", [("200Gbit", 200), ("200Gbit/s", 200), ("200Gbps", 200), ("200Gb/s", 200),
+                                        ("25GB/s", 200), ("25GB", 200), ("25", 200), ("12.5 GB/s", 100)])
+def test_bandwidths_parse_in_bits_or_bytes(capsys, text, gbps):
+    data = plan_json(capsys, *ISSUE_EXAMPLE, "--inter-node-bandwidth", text)
+    assert data["hardware"]["inter_node_gbps"] == gbps
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--gpu", "B200"], "error: --gpu B200: unknown kind (choose from A100-40GB, A100-80GB, H100-SXM, H200, "),
+    (["--gpu", "V100-32GB"], "error: --gpu V100-32GB has no bf16 tensor cores: give --precision fp16"),
+    (["--gpu", "A40", "--inter-node-bandwidth", "fast"], "error: --inter-node-bandwidth 'fast': expected a "
+                                                          "bandwidth such as 200Gbit (Gbit/s) or 25GB/s"),
+    (["--gpu", "A40", "--latency", "soon"], "error: --latency 'soon': expected a time such as 10us or 0.01ms"),
+    (["--gpu", "A40", "--tokens", "many"], "error: --tokens 'many': expected a count such as 300B or 1.5T"),
+    (["--gpu", "A40", "--efficiency", "1.5"], "error: --efficiency must be in (0, 1], got 1.5"),
+])
+def test_time_flags_are_refused_in_one_line(capsys, extra, message):
+    code, out, err = tool_in_process(capsys, "zero_plan.py", *EXAMPLE, *extra)
+    assert code == 1 and out == ""
+    assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_gpu_kind_gives_the_memory_and_every_kind_has_a_peak(capsys):
+    args = ["--model-size", "1.3B", "--gpus", "8"]
+    assert plan_json(capsys, *args, "--gpu", "H200")["plans"][0]["fits"] is True  # 141 GB
+    code, _, err = tool_in_process(capsys, "zero_plan.py", *args)
+    assert code == 1 and err == "error: give --gpu-memory or --gpu\n"
+    for kind in ("A100-40GB", "A100-80GB", "H100-SXM", "H200", "V100-32GB", "A40", "MI250X"):
+        data = plan_json(capsys, *args, "--gpu", kind, "--precision", "fp16", "--tokens", "1T")
+        assert all(p["days"] > 0 for p in data["plans"] if p["option"] != "Z3 + NVMe offload"), kind

@@ -1,16 +1,22 @@
-"""Which ZeRO stage fits my model on my GPUs? Per-GPU memory and traffic per step of every option.
+"""Which ZeRO stage fits my model on my GPUs, and how long is a step? Memory, traffic and time of every option.
 
     python tools/zero_plan.py --model-size 1.3B --seq-length 1024 --micro-batch-size 4 --gpus 8 --gpu-memory 40GB
     python tools/zero_plan.py --num-layers 24 --hidden-size 2048 --num-attention-heads 16 ... --nodes 2 --tp 2
+    python tools/zero_plan.py --model-size 13B --gpus 8 --nodes 8 --gpu A100-80GB --inter-node-bandwidth 200Gbit \
+        --tokens 300B
 
 For plain data parallelism, ZeRO 1, 2, 3 and stage 3 with the optimizer, then everything, offloaded to
 host memory (and to NVMe), it prints the predicted memory per GPU (model states, activations, the
 output-layer buffer), the bytes each GPU sends per step, what offload moves over PCIe, whether it fits,
-and which option to pick. The numbers come from megatron/model/accounting/, the same functions whose
-predictions the training runs print beside their measurements (docs/zero-tradeoff.md).
+and which option to pick. With --gpu it also predicts each option's step time (compute, exposed
+communication, offload transfers, the pipeline's bubble), tokens/s, TFLOP/s per GPU and, with --tokens,
+the days to train, and picks the fastest option that fits. The numbers come from megatron/model/accounting/,
+the same functions whose predictions the training runs print beside their measurements
+(docs/zero-tradeoff.md, "Time per step: the model" and "Projecting a step onto GPUs").
 """
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -24,6 +30,13 @@ from megatron.errors import ZeroLabError  # noqa: E402
 from megatron.layout_check import batch_split  # noqa: E402
 from megatron.model import accounting  # noqa: E402
 from megatron.model.config import GPTConfig, check_parallel_shape  # noqa: E402
+from megatron.model.accounting.step_time import (  # noqa: E402
+    ComputeRates,
+    LinkCosts,
+    StepTime,
+    hierarchical_link_costs,
+    predict_step_time,
+)
 from megatron.model.presets import MODEL_PRESETS  # noqa: E402
 
 GB = float(2**30)
@@ -36,6 +49,45 @@ OPTIONS = [("DP", 0, False, False, "cpu"), ("Z1", 1, False, False, "cpu"), ("Z2"
 
 class PlanError(ZeroLabError, ValueError):
     """A flag the planner cannot use; the message names it."""
+
+
+@dataclass(frozen=True)
+class GpuKind:
+    """What --gpu NAME stands for (docs/zero-tradeoff.md, "Projecting a step onto GPUs", gives the sources): its
+    part in accounting.PEAK_TFLOPS, memory in GB (2**30 bytes, as --gpu-memory), the fraction of the dense peak
+    large matmuls reach, HBM bytes/s (the optimizer step is bound by it), intra-node Gbit/s per GPU and
+    direction, host <-> GPU bytes/s per direction (PCIe), and a reference node: GPUs and inter-node Gbit/s."""
+    part: str
+    memory_gb: float
+    efficiency: float
+    hbm_bytes_per_s: float
+    intra_node_gbps: float
+    pcie_bytes_per_s: float
+    node_gpus: int
+    inter_node_gbps: float
+
+
+# Efficiency: Bekman's Maximum Achievable Matmul FLOPS (ml-engineering, compute/accelerator, bf16): A100 SXM
+# 86.9%, H100 SXM 80.3%, GH200 83.6% (for H200: the same die and HBM3e), MI250X 76.7% (one GCD, the older
+# table); V100 and A40 have no published figure: 0.80, assumed. Memory, HBM, NVLink (per direction: half the
+# datasheet's bidirectional figure) and PCIe (likewise) from the vendors' datasheets; nodes: DGX-2 (16 V100s,
+# 8 x 100 Gbit/s EDR), DGX A100 (8 x 200 Gbit/s HDR), DGX H100/H200 (8 x 400 Gbit/s NDR), an HPE Cray EX235a
+# node (4 MI250X = 8 GCDs, 4 x 200 Gbit/s Slingshot); the A40 has no reference node (8 per node, PCIe between
+# them, one 200 Gbit/s NIC, assumed).
+GPU_KINDS: dict[str, GpuKind] = {
+    "A100-40GB": GpuKind("A100", 40, 0.869, 1555e9, 2400, 32e9, 8, 1600),
+    "A100-80GB": GpuKind("A100", 80, 0.869, 2039e9, 2400, 32e9, 8, 1600),
+    "H100-SXM": GpuKind("H100 SXM", 80, 0.803, 3350e9, 3600, 64e9, 8, 3200),
+    "H200": GpuKind("H200 SXM", 141, 0.836, 4800e9, 3600, 64e9, 8, 3200),
+    "V100-32GB": GpuKind("V100 SXM2", 32, 0.80, 900e9, 1200, 16e9, 16, 800),
+    "A40": GpuKind("A40", 48, 0.80, 696e9, 256, 32e9, 8, 200),
+    "MI250X": GpuKind("MI250X die", 64, 0.767, 1638e9, 1600, 32e9, 8, 800),
+}
+# Adam's step per element where it runs, bytes through memory: read the fp32 master, m, v and gradient (16),
+# write master, m and v (12) and the 16-bit copy (2); it streams, so memory bandwidth bounds it
+ADAM_BYTES_PER_ELEMENT = 30
+HOST_MEMORY_BYTES_PER_S = 409.6e9  # two EPYC 7742 sockets of a DGX A100, 8 channels of DDR4-3200 each (AMD)
+DEFAULT_LATENCY_US = 10.0  # per message and level crossed; assumed, no published figure used (see the docs)
 
 
 @dataclass
@@ -54,6 +106,15 @@ class Plan:
     pcie_gb: float
     nvme_gb: float
     fits: bool
+    # with --gpu: the predicted step (ms) by part, exposed communication (less what overlaps), and its rates
+    step_ms: float | None = None
+    compute_ms: float | None = None
+    communication_ms: float | None = None
+    offload_ms: float | None = None
+    bubble_ms: float | None = None
+    tokens_per_s: float | None = None
+    tflops_per_gpu: float | None = None
+    days: float | None = None
 
 
 def parse_memory(text: str) -> float:
@@ -62,6 +123,31 @@ def parse_memory(text: str) -> float:
     if not match or float(match.group(1)) <= 0:
         raise PlanError(f"--gpu-memory {text!r}: expected a size such as 40GB or 80GiB")
     return float(match.group(1))
+
+
+def parse_bandwidth(text: str, flag: str) -> float:
+    """'200Gbit', '200Gbit/s', '200Gbps', '200Gb/s' (bits), '25GB/s', '25GB', '25' (bytes) -> Gbit/s."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(Gbit|Gbps|Gb|gbit|gbps|GB|G)?(/s)?\s*", text)
+    if not match or float(match.group(1)) <= 0:
+        raise PlanError(f"{flag} {text!r}: expected a bandwidth such as 200Gbit (Gbit/s) or 25GB/s")
+    return float(match.group(1)) * (1 if match.group(2) in ("Gbit", "Gbps", "Gb", "gbit", "gbps") else 8)
+
+
+def parse_latency(text: str) -> float:
+    """'10us', '0.01ms', '10' (us) -> microseconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(us|ms)?\s*", text)
+    if not match:
+        raise PlanError(f"--latency {text!r}: expected a time such as 10us or 0.01ms")
+    return float(match.group(1)) * (1000 if match.group(2) == "ms" else 1)
+
+
+def parse_tokens(text: str) -> float:
+    """'300B', '1.5T', '500M', '3e11' -> tokens."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([KMBT])?\s*", text, re.I)
+    if not match or float(match.group(1)) <= 0:
+        raise PlanError(f"--tokens {text!r}: expected a count such as 300B or 1.5T")
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}.get((match.group(2) or "").upper(), 1)
+    return float(match.group(1)) * scale
 
 
 def model_config(ns: argparse.Namespace) -> GPTConfig:
@@ -83,6 +169,69 @@ def model_config(ns: argparse.Namespace) -> GPTConfig:
                        sequence_parallel=ns.sequence_parallel)
     check_parallel_shape(config, ns.tp, ns.pp)
     return config
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The GPUs and links a projection runs on: --gpu's kind with the flags that override its defaults."""
+    gpu: str
+    kind: GpuKind
+    peak_tflops: float  # dense, in the run's precision
+    efficiency: float
+    intra_node_gbps: float
+    inter_node_gbps: float
+    latency_us: float
+    nvme_bytes_per_s: float | None  # per node; None: NVMe offload is not timed
+
+
+def hardware(ns: argparse.Namespace) -> Hardware | None:
+    if ns.gpu is None:
+        return None
+    if ns.gpu not in GPU_KINDS:
+        raise PlanError(f"--gpu {ns.gpu}: unknown kind (choose from {', '.join(GPU_KINDS)})")
+    kind = GPU_KINDS[ns.gpu]
+    peak = accounting.PEAK_TFLOPS[kind.part].get(accounting.matmul_precision(ns.precision, False))
+    if peak is None:
+        raise PlanError(f"--gpu {ns.gpu} has no {ns.precision} tensor cores: give --precision fp16")
+    efficiency = kind.efficiency if ns.efficiency is None else ns.efficiency
+    if not 0 < efficiency <= 1:
+        raise PlanError(f"--efficiency must be in (0, 1], got {efficiency}")
+    intra = kind.intra_node_gbps if ns.intra_node_bandwidth is None else parse_bandwidth(
+        ns.intra_node_bandwidth, "--intra-node-bandwidth")
+    inter = kind.inter_node_gbps if ns.inter_node_bandwidth is None else parse_bandwidth(
+        ns.inter_node_bandwidth, "--inter-node-bandwidth")
+    nvme = None if ns.nvme_bandwidth is None else parse_bandwidth(ns.nvme_bandwidth, "--nvme-bandwidth") * 1e9 / 8
+    return Hardware(ns.gpu, kind, peak, efficiency, intra, inter, parse_latency(ns.latency), nvme)
+
+
+def project(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware, gpus_per_node: int,
+            nodes: int) -> StepTime | None:
+    """predict_step_time on the GPUs and links `hw` describes, for the busiest pipeline stage: compute at the
+    peak x efficiency, the optimizer at HBM (or, offloaded, the host's memory) speed, the data-parallel group's
+    collectives hierarchically over NVLink and the node's link (NCCL's ring factors), TP's inside the node, a
+    pipeline's sends across nodes once a stage fills a node, and the bubble. Megatron's rank order: TP ranks
+    adjacent, then DP, then PP. None: NVMe offload without --nvme-bandwidth."""
+    if setup.offload_device == "nvme" and hw.nvme_bytes_per_s is None:
+        return None
+    tp, dp = setup.tensor_parallel_size, setup.data_parallel_size
+    link = functools.partial(hierarchical_link_costs, "nccl", gpus_per_node=gpus_per_node,
+                             intra_node_gbps=hw.intra_node_gbps, inter_node_gbps=hw.inter_node_gbps,
+                             latency_us=hw.latency_us)
+    data = link(dp, dp if tp * dp <= gpus_per_node else max(1, gpus_per_node // tp))
+    tensor = link(tp, min(tp, gpus_per_node))
+    pipe = link(2, 1 if nodes > 1 and tp * dp >= gpus_per_node else min(2, gpus_per_node))
+    model = LinkCosts({**tensor.costs, "p2p": pipe.costs["p2p"], "broadcast": pipe.costs["broadcast"]}, "flags")
+    optimizer_bytes_per_s = (HOST_MEMORY_BYTES_PER_S / gpus_per_node if setup.offload_optimizer
+                             else hw.kind.hbm_bytes_per_s)
+    rates = ComputeRates(flops_per_s=hw.peak_tflops * 1e12 * hw.efficiency,
+                         optimizer_s_per_element=ADAM_BYTES_PER_ELEMENT / optimizer_bytes_per_s,
+                         host_copy_bytes_per_s=hw.kind.pcie_bytes_per_s,
+                         nvme_bytes_per_s=hw.nvme_bytes_per_s / gpus_per_node if hw.nvme_bytes_per_s else None)
+    # DeepSpeed's default buckets: the generated config's (megatron/deepspeed_config.py) import DeepSpeed, and
+    # they change only the message count, the latency term
+    return max((predict_step_time(config, setup, stage, rates, data, {}, overlap_comm=True,
+                                  model_parallel_link=model, with_bubble=True)
+                for stage in range(setup.pipeline_parallel_size)), key=lambda t: t.total)
 
 
 def plan(config: GPTConfig, ns: argparse.Namespace) -> list[Plan]:
@@ -109,11 +258,58 @@ def plan(config: GPTConfig, ns: argparse.Namespace) -> list[Plan]:
                           total_gb=memory["total"] / GB, offloaded_gb=memory["offloaded"] / GB,
                           traffic_gb=traffic / GB, bytes_per_param=traffic / total_params,
                           pcie_gb=moved["pcie"] / GB, nvme_gb=moved["nvme"] / GB,
-                          fits=memory["total"] / GB <= ns.usable_gb))
+                          fits=memory["total"] / GB <= ns.usable_gb, **timing(config, setup, ns)))
     return plans
 
 
+def timing(config: GPTConfig, setup: accounting.TrainingSetup, ns: argparse.Namespace) -> dict:
+    """The Plan's time fields of one option: the step by part in ms, tokens/s, model TFLOP/s per GPU (the MFU
+    numerator: recomputation not counted) and, with --tokens, days to train."""
+    step = project(config, setup, ns.hardware, ns.gpus, ns.nodes) if ns.hardware else None
+    if step is None:
+        return {}
+    sequences = setup.micro_batch_size * setup.gradient_accumulation_steps * setup.data_parallel_size
+    tokens_per_s = sequences * config.seq_length / step.total
+    flops = accounting.model_flops_per_iteration(config, sequences) / step.total / setup.world_size
+    return dict(step_ms=step.total * 1e3, compute_ms=step.compute * 1e3,
+                communication_ms=(step.communication - step.overlap) * 1e3, offload_ms=step.offload * 1e3,
+                bubble_ms=step.bubble * 1e3, tokens_per_s=tokens_per_s, tflops_per_gpu=flops / 1e12,
+                days=ns.token_budget / tokens_per_s / 86400 if ns.token_budget else None)
+
+
 def choose(plans: list[Plan]) -> tuple[Plan | None, str]:
+    """With step times (--gpu), the fastest option that fits (`choose_by_time`); without, by data moved."""
+    if any(p.step_ms is not None for p in plans):
+        return choose_by_time(plans)
+    return choose_by_traffic(plans)
+
+
+def choose_by_time(plans: list[Plan]) -> tuple[Plan | None, str]:
+    """The option that fits with the shortest predicted step; of options as fast (to 0.1%), the one that
+    leaves the most memory free. The reason names the step's largest part and the runner-up."""
+    timed = [p for p in plans if p.fits and p.step_ms is not None]
+    if not timed:
+        return choose_by_traffic(plans)
+    fastest = min(p.step_ms for p in timed)
+    best = min((p for p in timed if p.step_ms <= fastest * 1.001), key=lambda p: p.total_gb)
+    parts = {"compute": best.compute_ms, "communication": best.communication_ms, "offload": best.offload_ms,
+             "bubble": best.bubble_ms}
+    largest = max(parts, key=parts.get)
+    why = (f"fits ({best.total_gb:.1f} GB per GPU) and has the shortest predicted step of those that fit, "
+           f"{best.step_ms:.0f} ms ({largest} {parts[largest]:.0f} ms)")
+    rest = sorted((p for p in timed if p is not best), key=lambda p: p.step_ms)
+    if rest:
+        why += f"; next {rest[0].option} {rest[0].step_ms:.0f} ms ({rest[0].step_ms / best.step_ms:.2f}x)"
+    missing = [p.option for p in plans if not p.fits]
+    if missing:
+        why += f"; {', '.join(missing)} {'does' if len(missing) == 1 else 'do'} not fit"
+    untimed = [p.option for p in plans if p.fits and p.step_ms is None]
+    if untimed:
+        why += f"; {', '.join(untimed)} not timed (give --nvme-bandwidth)"
+    return best, why
+
+
+def choose_by_traffic(plans: list[Plan]) -> tuple[Plan | None, str]:
     """The option that fits with the least data moved per step (sent, plus PCIe and NVMe for offload);
     among those that move as little (DP, Z1 and Z2 without gradient accumulation; in bf16 DP and Z2, as
     stage 1's bf16 optimizer sends 1.5x), the one that leaves the most memory free, room for a larger
@@ -158,6 +354,21 @@ def table(plans: list[Plan], usable_gb: float) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
+def time_table(plans: list[Plan], tokens: bool, bubble: bool) -> str:
+    header = ["option", "fits", "step ms", "compute ms", "communication ms", "offload ms"] + (
+        ["bubble ms"] if bubble else []) + ["tokens/s", "TFLOP/s/GPU"] + (["days"] if tokens else [])
+    rows = [header]
+    for p in plans:
+        if p.step_ms is None:
+            rows.append([p.option, "yes" if p.fits else "no"] + ["-"] * (len(header) - 2))
+            continue
+        rows.append([p.option, "yes" if p.fits else "no", f"{p.step_ms:.0f}", f"{p.compute_ms:.0f}",
+                     f"{p.communication_ms:.0f}", f"{p.offload_ms:.0f}"] + ([f"{p.bubble_ms:.0f}"] if bubble else [])
+                    + [f"{p.tokens_per_s:,.0f}", f"{p.tflops_per_gpu:.0f}"] + ([f"{p.days:.1f}"] if tokens else []))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-size", help=f"a preset: {', '.join(MODEL_PRESETS)}")
@@ -165,12 +376,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--hidden-size", type=int)
     parser.add_argument("--num-attention-heads", type=int)
     parser.add_argument("--vocab-size", type=int, default=GPT2_VOCAB, help="before padding (default: GPT-2's)")
-    parser.add_argument("--seq-length", type=int, required=True)
-    parser.add_argument("--micro-batch-size", type=int, required=True)
+    parser.add_argument("--seq-length", type=int, default=2048, help="default: 2048 (GPT-3's)")
+    parser.add_argument("--micro-batch-size", type=int, default=1, help="default: 1")
     parser.add_argument("--global-batch-size", type=int, help="default: one micro-batch per data-parallel rank")
     parser.add_argument("--gpus", type=int, required=True, help="GPUs per node")
     parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--gpu-memory", required=True, help="per GPU, e.g. 40GB")
+    parser.add_argument("--gpu-memory", help="per GPU, e.g. 40GB (default: --gpu's)")
+    parser.add_argument("--gpu", help=f"the GPU kind, for step times: {', '.join(GPU_KINDS)}")
+    parser.add_argument("--efficiency", type=float,
+                        help="fraction of the dense peak that large matmuls reach (default: --gpu's, measured)")
+    parser.add_argument("--intra-node-bandwidth",
+                        help="per GPU and direction inside a node, e.g. 2400Gbit or 300GB/s (default: --gpu's)")
+    parser.add_argument("--inter-node-bandwidth",
+                        help="per node, all its NICs, e.g. 200Gbit or 25GB/s (default: --gpu's reference node)")
+    parser.add_argument("--latency", default=f"{DEFAULT_LATENCY_US:g}us",
+                        help=f"per collective and level it crosses (default: {DEFAULT_LATENCY_US:g}us)")
+    parser.add_argument("--nvme-bandwidth", help="per node, e.g. 25GB/s; without it NVMe offload is not timed")
+    parser.add_argument("--tokens", help="a token budget, e.g. 300B: prints the days to train it")
     parser.add_argument("--headroom", type=float, default=0.1,
                         help="fraction of GPU memory kept for the CUDA context, communication buckets and "
                              "fragmentation (default: 0.1)")
@@ -196,21 +418,39 @@ def main(argv: list[str] | None = None) -> int:
                 raise PlanError(f"{flag} must be >= 1, got {value}")
         if not 0.0 <= ns.headroom < 1.0:
             raise PlanError(f"--headroom must be in [0, 1), got {ns.headroom}")
-        ns.usable_gb = parse_memory(ns.gpu_memory) * (1.0 - ns.headroom)
+        ns.hardware = hardware(ns)
+        if ns.gpu_memory is None and ns.hardware is None:
+            raise PlanError("give --gpu-memory or --gpu")
+        memory = parse_memory(ns.gpu_memory) if ns.gpu_memory else ns.hardware.kind.memory_gb
+        ns.usable_gb = memory * (1.0 - ns.headroom)
+        ns.token_budget = parse_tokens(ns.tokens) if ns.tokens else None
         config = model_config(ns)
         plans = plan(config, ns)
     except ZeroLabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     best, why = choose(plans)
+    hw = ns.hardware
     if ns.json:
-        print(json.dumps({"plans": [vars(p) for p in plans], "choice": best.option if best else None, "why": why},
-                         indent=2))
+        gpu = None if hw is None else dict(
+            gpu=hw.gpu, peak_tflops=hw.peak_tflops, efficiency=hw.efficiency, intra_node_gbps=hw.intra_node_gbps,
+            inter_node_gbps=hw.inter_node_gbps, latency_us=hw.latency_us, tokens=ns.token_budget)
+        print(json.dumps({"plans": [vars(p) for p in plans], "hardware": gpu, "choice": best.option if best else None,
+                          "why": why}, indent=2))
         return 0
     name = ns.model_size or f"{config.num_layers} layers x {config.hidden_size}"
     print(f"{name}: {accounting.count_parameters(config) / 1e9:.2f}B parameters, seq {ns.seq_length}, micro batch "
           f"{ns.micro_batch_size}, {ns.gpus * ns.nodes} GPUs (TP={ns.tp}, PP={ns.pp}), {ns.precision}\n")
     print(table(plans, ns.usable_gb))
+    if hw is not None:
+        _, accumulation = batch_split(ParallelLayout(ns.gpus * ns.nodes, ns.tp, ns.pp), ns.micro_batch_size,
+                                      ns.global_batch_size)
+        print(f"\nstep time on {ns.nodes} x {ns.gpus} {hw.gpu}: {hw.peak_tflops:g} TFLOP/s {ns.precision} peak x "
+              f"{hw.efficiency:g}, {hw.intra_node_gbps:g} Gbit/s inside a node, {hw.inter_node_gbps:g} Gbit/s per "
+              f"node between nodes, {hw.latency_us:g} us per message; {accumulation} micro-batch"
+              f"{'es' if accumulation > 1 else ''} per step" + (f", {ns.tokens} tokens" if ns.token_budget else "")
+              + "\n")
+        print(time_table(plans, ns.token_budget is not None, ns.pp > 1))
     print(f"\npick: {best.option}: {why}" if best else f"\npick: none: {why}")
     return 0
 

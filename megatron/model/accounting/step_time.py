@@ -61,15 +61,17 @@ class ComputeRates:
 
 @dataclass(frozen=True)
 class StepTime:
-    """Seconds of one optimizer step, by part; `overlap` is the communication hidden behind compute."""
+    """Seconds of one optimizer step, by part; `overlap` is the communication hidden behind compute, `bubble`
+    the pipeline's idle time (predicted only when asked: the runs' time line leaves it out)."""
     compute: float
     communication: float
     offload: float
     overlap: float = 0.0
+    bubble: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.communication + self.offload - self.overlap
+        return self.compute + self.communication + self.offload - self.overlap + self.bubble
 
 
 # Wire seconds per paper byte, relative to bytes / bandwidth, per backend and kind. gloo: measured on two hosts
@@ -94,6 +96,45 @@ def link_costs_from_flags(backend: str, bandwidth_gbps: float, latency_us: float
     bytes_per_s = bandwidth_gbps * 1e9 / 8
     return LinkCosts({kind: CollectiveCost(latency_us / 1e6, factor / bytes_per_s)
                       for kind, factor in COST_FACTORS[backend].items()}, source="flags")
+
+
+def hierarchical_link_costs(backend: str, group_size: int, group_ranks_per_node: int, gpus_per_node: int,
+                            intra_node_gbps: float, inter_node_gbps: float, latency_us: float) -> LinkCosts:
+    """A group of `group_size` ranks, `group_ranks_per_node` of them on each node it spans, reducing and
+    gathering hierarchically: inside the node first, over the link each GPU has there (`intra_node_gbps`, per
+    direction), then across the nodes over the node's own link (`inter_node_gbps`, all its NICs), which its
+    `gpus_per_node` GPUs share, each of them busy with a group of its own at the same time. Per byte of the
+    buffer a reduce-scatter (or all-gather) of k ranks per node over m nodes takes
+        (k-1)/k / intra + (m-1)/m / k x gpus_per_node / inter   seconds
+    (the inter-node step moves 1/k of the buffer per rank); an all-reduce is both, twice the bytes. Divided by
+    the bytes counted as sent ((n-1)/n of the buffer, n = k m) this is each kind's seconds per byte, times its
+    COST_FACTORS entry. One node (m = 1) is the plain ring at `intra_node_gbps`; one rank per node (k = 1) the
+    ring over the node's link, a GPU's share of it. Each level a message crosses costs `latency_us` once.
+    p2p (a pipeline's sends between neighbouring ranks) takes the slower level the group spans."""
+    k, n = group_ranks_per_node, group_size
+    if not 1 <= k <= gpus_per_node or n % k:
+        raise AccountingError(f"a group of {n} ranks cannot have {k} of them on each node of {gpus_per_node} GPUs")
+    if backend not in COST_FACTORS:
+        raise AccountingError(f"no cost factors for backend {backend!r}; known: {sorted(COST_FACTORS)}")
+    if not (intra_node_gbps > 0 and inter_node_gbps > 0 and latency_us >= 0):
+        raise AccountingError(f"link bandwidths must be > 0 Gbit/s and latency >= 0 us, got {intra_node_gbps}, "
+                              f"{inter_node_gbps} and {latency_us}")
+    m = n // k
+    intra, inter = intra_node_gbps * 1e9 / 8, inter_node_gbps * 1e9 / 8 / gpus_per_node  # bytes/s for one GPU
+    per_buffer_byte = (k - 1) / k / intra + (m - 1) / m / k / inter
+    per_sent_byte = per_buffer_byte / ((n - 1) / n) if n > 1 else 0.0
+    latency = latency_us / 1e6 * ((k > 1) + (m > 1))
+    p2p = 1 / inter if m > 1 else 1 / intra
+    return LinkCosts({kind: CollectiveCost(latency if kind != "p2p" else latency_us / 1e6,
+                                           factor * (p2p if kind == "p2p" else per_sent_byte))
+                      for kind, factor in COST_FACTORS[backend].items()}, source="flags")
+
+
+def pipeline_bubble(forward_backward_s: float, setup: TrainingSetup) -> float:
+    """Seconds a rank idles while 1F1B's pipeline fills and drains: (p-1)/m of its forward and backward compute
+    for p stages and m micro-batches per step (Narayanan et al. 2021, section 2.2.1)."""
+    p, m = setup.pipeline_parallel_size, setup.gradient_accumulation_steps
+    return (p - 1) / m * forward_backward_s
 
 
 # --- Messages: how many collectives a rank issues per step --------------------------------------------------
@@ -363,7 +404,8 @@ def optimizer_elements(config: GPTConfig, setup: TrainingSetup, stage: int = 0) 
 
 
 def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates: ComputeRates, link: LinkCosts,
-                      buckets: dict, overlap_comm: bool) -> StepTime:
+                      buckets: dict, overlap_comm: bool, model_parallel_link: LinkCosts | None = None,
+                      with_bubble: bool = False) -> StepTime:
     """Seconds of one optimizer step of a rank of pipeline `stage` (the module docstring gives the formula).
 
     compute: the rank's hardware FLOPs, hardware_flops_per_iteration over the global batch (recomputed forwards
@@ -376,7 +418,12 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     rates.nvme_bytes_per_s. overlap: with overlap_comm on CUDA, ZeRO 1-3's gradient reductions (the
     reduce-scatter kind of the data-parallel traffic) run during the backward, so up to the backward's compute
     (the forward+backward compute less the forward's third of the model FLOPs) of them is hidden; gloo runs
-    collectives on the host thread, in line: nothing overlaps there."""
+    collectives on the host thread, in line: nothing overlaps there.
+
+    `model_parallel_link`: where tensor and pipeline parallelism's collectives run on other links than the
+    data-parallel group's (tools/zero_plan.py's projection), their traffic and messages (those of the same
+    layout without data parallelism) are priced on it and only the rest on `link`; None prices all on `link`.
+    `with_bubble`: add the pipeline's bubble (`pipeline_bubble` of the forward and backward compute)."""
     global_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * setup.data_parallel_size
     hardware = hardware_flops_per_iteration(config, global_batch)
     output_layer = 3 * logit_forward_flops(config, global_batch * config.seq_length)
@@ -385,7 +432,15 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     optimizer = optimizer_elements(config, setup, stage) * rates.optimizer_s_per_element
     traffic = zero_traffic_per_step(config, setup, stage)
     messages = messages_per_step(config, setup, stage, buckets)
-    communication = sum(link.costs[kind].seconds(traffic[kind], messages[kind]) for kind in TRAFFIC_KINDS)
+    if model_parallel_link is None:
+        communication = sum(link.costs[kind].seconds(traffic[kind], messages[kind]) for kind in TRAFFIC_KINDS)
+    else:  # without data parallelism only the TP and PP terms are left; the rest is the data-parallel group's
+        alone = replace(setup, world_size=setup.tensor_parallel_size * setup.pipeline_parallel_size)
+        mp_traffic, mp_messages = zero_traffic_per_step(config, alone, stage), messages_per_step(config, alone, stage,
+                                                                                                  buckets)
+        communication = sum(model_parallel_link.costs[kind].seconds(mp_traffic[kind], mp_messages[kind])
+                            + link.costs[kind].seconds(traffic[kind] - mp_traffic[kind],
+                                                       messages[kind] - mp_messages[kind]) for kind in TRAFFIC_KINDS)
     transfers = offload_transfer_per_step(config, setup, stage)
     if transfers["nvme"] and rates.nvme_bytes_per_s is None:
         raise AccountingError("the run offloads to NVMe but the compute probe measured no NVMe rate "
@@ -402,4 +457,5 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
         backward = forward_backward * (1 - model_flops_per_iteration(config, global_batch) / 3 / hardware)
         overlap = min(reduction_seconds, backward)
     compute = forward_backward + (0.0 if setup.offload_optimizer else optimizer)
-    return StepTime(compute=compute, communication=communication, offload=offload, overlap=overlap)
+    bubble = pipeline_bubble(forward_backward, setup) if with_bubble else 0.0
+    return StepTime(compute=compute, communication=communication, offload=offload, overlap=overlap, bubble=bubble)
