@@ -36,7 +36,10 @@ setup(
         "transformers==5.23.0",
         "tensorboard==2.21.0",
     ],
-    extras_require={"test": ["pytest==9.2.0", "pytest-timeout==2.4.0"]},
+    # wandb: --wandb-project (megatron/wandb_writer.py); without it a run that asks says so and trains on. The
+    # test extra has it too, so that CI runs the offline wandb test (tests/test_wandb.py) instead of skipping it.
+    extras_require={"wandb": ["wandb==0.31.0"],
+                    "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "wandb==0.31.0"]},
     ext_modules=[helpers_extension],
     cmdclass={"build_ext": build_ext},
 )

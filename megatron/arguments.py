@@ -145,6 +145,11 @@ class LoggingArgs:
     eval_interval: int = 1000
     eval_iters: int = 10
     tensorboard_dir: str | None = None
+    # Weights & Biases (megatron/wandb_writer.py): logging needs a project; the name and folder default to the
+    # --run-dir folder's name and the folder itself
+    wandb_project: str | None = None
+    wandb_exp_name: str | None = None
+    wandb_save_dir: str | None = None
     # the data-parallel link the step-time prediction assumes; None: measured at start-up (comm_probe.py)
     link_bandwidth_gbps: float | None = None
     link_latency_us: float | None = None
@@ -296,6 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--eval-interval", type=int, default=1000)
     log.add_argument("--eval-iters", type=int, default=10)
     log.add_argument("--tensorboard-dir", default=None)
+    log.add_argument("--wandb-project", default=None,
+                     help="log the TensorBoard scalars, the run's config and the DeepSpeed JSON to this Weights & "
+                          "Biases project (pip install -e .[wandb]; WANDB_MODE=offline keeps them local)")
+    log.add_argument("--wandb-exp-name", default=None,
+                     help="the wandb run's name, with --wandb-project (default: the --run-dir folder's name)")
+    log.add_argument("--wandb-save-dir", default=None,
+                     help="where wandb writes its files, with --wandb-project (default: --run-dir, else wandb's own)")
     log.add_argument("--link-bandwidth-gbps", type=float, default=None,
                      help="the data-parallel link's bandwidth (Gbit/s) for the predicted step time; with "
                           "--link-latency-us, instead of measuring both at start-up (docs/zero-tradeoff.md)")
@@ -478,6 +490,9 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
                       tensor_model_parallel_size=ns.tensor_model_parallel_size),
         logging=LoggingArgs(log_interval=ns.log_interval, eval_interval=ns.eval_interval,
                             eval_iters=ns.eval_iters, tensorboard_dir=ns.tensorboard_dir,
+                            # '' as no flag, as --save '' (a driver's variable left empty)
+                            wandb_project=ns.wandb_project or None, wandb_exp_name=ns.wandb_exp_name or None,
+                            wandb_save_dir=ns.wandb_save_dir or None,
                             link_bandwidth_gbps=ns.link_bandwidth_gbps, link_latency_us=ns.link_latency_us),
         # --save '' (bench/gpu_suite.sh after a driver's own --save) means no checkpoints, as Megatron's `if
         # args.save:` reads it; kept as '' it would reach os.makedirs('') on one rank while the others wait

@@ -22,9 +22,10 @@ from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
 from megatron.model.accounting.step_time import StepTime
 from megatron.step_timing import OffloadStepClock, predict_at_startup
-from megatron.training_log import (IterationStats, TensorBoardWriter, comm_line, epoch_line, iteration_line,
-                                   memory_line, model_state_line, peak_line, probe_line, progress_line, run_info_line,
-                                   time_line, validation_line)
+from megatron.training_log import (IterationStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
+                                   iteration_line, iteration_scalars, memory_line, memory_scalars, model_state_line,
+                                   peak_line, probe_line, progress_line, run_info_line, time_line, time_scalars,
+                                   validation_line)
 
 
 class TrainingError(ZeroLabError, RuntimeError):
@@ -193,7 +194,8 @@ class Reporter:
     peak_tflops: float | None
     model_state_estimate: dict
     tracker: memory.MemoryTracker
-    tensorboard: TensorBoardWriter | None = None
+    # each interval's scalars go to these, on the rank that prints: TensorBoardWriter, wandb_writer.WandbWriter
+    writers: list = field(default_factory=list)
     log_rank: int = 0  # the rank that prints: tensor rank 0, data-parallel rank 0 of the last pipeline stage
     # bytes sent through collectives during training steps (docs/zero-tradeoff.md); None: not counted
     comm: comm_counter.CommCounter | None = None
@@ -233,20 +235,23 @@ class Reporter:
         if self.peak_tflops is not None:
             mfu = 100.0 * tflops / self.peak_tflops
             hfu = mfu * self.hardware_flops / self.model_flops
-        device = "cuda" if self.dist_info.on_cuda else "cpu"
-        self.print_line(memory_line(self.dist_info.rank, device, state.iteration, self.tracker.sample(), mfu, hfu))
+        device, mem = "cuda" if self.dist_info.on_cuda else "cpu", self.tracker.sample()
+        self.print_line(memory_line(self.dist_info.rank, device, state.iteration, mem, mfu, hfu))
+        scalars = iteration_scalars(stats) | memory_scalars(mem, mfu, hfu)
         if self.comm is not None:
             now = self.comm.snapshot()
             sent = comm_counter.since(now, self.comm_before, state.interval_iterations)
             self.comm_before = now
             self.print_line(comm_line(self.dist_info.rank, state.iteration, sent, self.num_params,
                                       self.predicted_traffic))
+            scalars |= comm_scalars(sent, self.num_params, self.predicted_traffic)
         if self.predicted_time is not None:
-            self.print_line(time_line(self.dist_info.rank, state.iteration, self.measured_time(seconds, state.interval_iterations),
-                                      self.predicted_time))
+            measured = self.measured_time(seconds, state.interval_iterations)
+            self.print_line(time_line(self.dist_info.rank, state.iteration, measured, self.predicted_time))
+            scalars |= time_scalars(measured, self.predicted_time)
         self.print_line(self.progress.line(self.dist_info.rank, state.iteration, self.schedule.train_iters))
-        if self.tensorboard is not None:
-            self.tensorboard.iteration(stats)
+        for writer in self.writers:
+            writer.scalars(scalars, state.iteration)
 
     def measured_time(self, step_seconds: float, interval_iterations: int) -> dict[str, float]:
         """The interval's mean step time split into compute, communication (blocked in collectives) and
@@ -286,13 +291,13 @@ class Reporter:
         return self.comm.counting() if self.comm is not None else contextlib.nullcontext()
 
     def close(self):
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        for writer in self.writers:
+            writer.close()
 
     def validation(self, iteration: int, loss: float):
         self.print_line(validation_line(iteration, loss))
-        if self.tensorboard is not None:
-            self.tensorboard.scalar("validation lm loss", loss, iteration)
+        for writer in self.writers:
+            writer.scalars({"validation lm loss": loss}, iteration)
 
     def epoch(self, state: LoopState):
         finite = [loss for loss in state.epoch_losses if math.isfinite(loss)]
@@ -471,14 +476,14 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
         model_flops=accounting.model_flops_per_iteration(model_config, args.training.global_batch_size),
         hardware_flops=accounting.hardware_flops_per_iteration(model_config, args.training.global_batch_size),
         peak_tflops=peak, model_state_estimate=estimate,
-        tracker=memory.MemoryTracker(on_cuda=dist_info.on_cuda),
-        tensorboard=TensorBoardWriter(args.logging.tensorboard_dir)
-        if args.logging.tensorboard_dir and dist_info.rank == log_rank else None, log_rank=log_rank,
-        comm=comm, num_params=accounting.count_parameters(model_config),
+        tracker=memory.MemoryTracker(on_cuda=dist_info.on_cuda), log_rank=log_rank, comm=comm,
+        num_params=accounting.count_parameters(model_config),
         predicted_traffic=sum(accounting.zero_traffic_per_step(model_config, setup, last_stage).values()))
     reporter.print_line(run_info_line(ds.zero_stage, ds.offload, args.model_name, dist_info.world_size,
                                   args.training.micro_batch_size, args.training.global_batch_size,
                                   args.model.seq_length, schedule.samples_per_epoch))
+    if dist_info.rank == log_rank:
+        reporter.writers = open_writers(args, schedule, ds_config, reporter.print_line)
     reporter.print_line(peak_line(device_name, accounting.accelerator_part(device_name),
                                   accounting.matmul_precision(ds.precision, tf32), peak))
     reporter.predicted_time, rates, link = predict_at_startup(args, dist_info, ds_config, setup)
@@ -487,6 +492,21 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
         reporter.offload_clock = OffloadStepClock(comm, dist_info.on_cuda)
         reporter.offload_clock.install(engine)
     return reporter
+
+
+def open_writers(args: Args, schedule: Schedule, ds_config: dict, print_line) -> list:
+    """The scalar writers the flags ask for (--tensorboard-dir, --wandb-project), for the rank that prints. A wandb
+    that cannot be imported or started is left out, in one line through print_line: the run trains on."""
+    log = args.logging
+    writers = [TensorBoardWriter(log.tensorboard_dir)] if log.tensorboard_dir else []
+    if log.wandb_project:
+        from megatron.wandb_writer import open_wandb, run_config
+        writer, why_not = open_wandb(log.wandb_project, log.wandb_exp_name, log.wandb_save_dir,
+                                     args.deepspeed.run_dir, run_config(args, schedule, ds_config))
+        writers += [writer] if writer is not None else []
+        if why_not:
+            print_line(why_not)
+    return writers
 
 
 def training_setup(args: Args, dist_info: DistInfo):

@@ -90,10 +90,13 @@ def time_line(rank: int, iteration: int, measured: dict, predicted) -> str:
     def parts(values: dict) -> str:
         return " ".join(f"{name}={seconds * 1000.0:.1f}ms" for name, seconds in values.items())
 
-    predicted_parts = dict(compute=predicted.compute, communication=predicted.communication,
-                           offload=predicted.offload, overlap=predicted.overlap, total=predicted.total)
     return (f"[Rank {rank}] time at iteration {iteration:8d} | measured: {parts(measured)} | "
-            f"predicted: {parts(predicted_parts)} |")
+            f"predicted: {parts(_predicted_parts(predicted))} |")
+
+
+def _predicted_parts(predicted) -> dict[str, float]:
+    return dict(compute=predicted.compute, communication=predicted.communication, offload=predicted.offload,
+                overlap=predicted.overlap, total=predicted.total)
 
 
 def progress_line(rank: int, iteration: int, train_iters: int, elapsed_s: float,
@@ -172,24 +175,52 @@ def run_info_line(zero_stage: int, offload: str, model: str, world_size: int, mi
             f"seq length: {seq_length} | train samples per epoch: {samples_per_epoch} |")
 
 
+# The scalars of one logging interval, for the writers (TensorBoard, wandb: megatron/wandb_writer.py): the
+# iteration line's under Megatron's TensorBoard names, then the memory, comm and time lines' in their units.
+
+def iteration_scalars(s: IterationStats) -> dict[str, float]:
+    values = {"lm loss": s.lm_loss, "learning-rate": s.learning_rate, "loss-scale": s.loss_scale,
+              "iteration-time": s.elapsed_ms / 1000.0, "samples per second": s.samples_per_second,
+              "TFLOPs": s.tflops, "tgs": s.tokens_per_gpu_per_second}
+    if s.grad_norm is not None:
+        values["grad-norm"] = s.grad_norm
+    return values
+
+
+def memory_scalars(mem: dict, mfu_percent: float | None, hfu_percent: float | None) -> dict[str, float]:
+    values = {"memory/allocated-GB": mem["allocated"] / GB, "memory/max-allocated-GB": mem["max_allocated"] / GB,
+              "memory/host-rss-GB": mem["rss"] / GB, "memory/max-host-rss-GB": mem["max_rss"] / GB}
+    if mfu_percent is not None:
+        values["MFU"] = mfu_percent
+    if hfu_percent is not None:
+        values["HFU"] = hfu_percent
+    return values
+
+
+def comm_scalars(sent_per_iteration: dict, num_params: int, predicted: float) -> dict[str, float]:
+    total = sum(sent_per_iteration.values())
+    values = {f"traffic/{kind}-MB": sent / MB for kind, sent in sent_per_iteration.items()}
+    return values | {"traffic/total-MB": total / MB, "traffic/predicted-MB": predicted / MB,
+                     "traffic/bytes-per-param": total / num_params}
+
+
+def time_scalars(measured: dict, predicted) -> dict[str, float]:
+    values = {f"step-time/measured-{name}-ms": seconds * 1000.0 for name, seconds in measured.items()}
+    return values | {f"step-time/predicted-{name}-ms": seconds * 1000.0
+                     for name, seconds in _predicted_parts(predicted).items()}
+
+
 class TensorBoardWriter:
-    """Scalars under Megatron's names; a no-op object is never created - pass None instead."""
+    """One of the Reporter's writers (megatron/wandb_writer.py's is the other): each interval's scalars, by name;
+    a no-op object is never created - leave it out instead."""
 
     def __init__(self, log_dir: str):
         from torch.utils.tensorboard import SummaryWriter
         self.writer = SummaryWriter(log_dir=log_dir)
 
-    def iteration(self, s: IterationStats):
-        for name, value in (("lm loss", s.lm_loss), ("learning-rate", s.learning_rate),
-                            ("loss-scale", s.loss_scale), ("iteration-time", s.elapsed_ms / 1000.0),
-                            ("samples per second", s.samples_per_second), ("TFLOPs", s.tflops),
-                            ("tgs", s.tokens_per_gpu_per_second)):
-            self.writer.add_scalar(name, value, s.iteration)
-        if s.grad_norm is not None:
-            self.writer.add_scalar("grad-norm", s.grad_norm, s.iteration)
-
-    def scalar(self, name: str, value: float, iteration: int):
-        self.writer.add_scalar(name, value, iteration)
+    def scalars(self, values: dict[str, float], iteration: int):
+        for name, value in values.items():
+            self.writer.add_scalar(name, value, iteration)
 
     def close(self):
         self.writer.close()

@@ -155,6 +155,9 @@ parallel_flags=(--tensor-model-parallel-size "$TP" --pipeline-model-parallel-siz
 [[ "$SP" == 1 ]] && parallel_flags+=(--sequence-parallel)
 [[ "$USE_ACTIVATION_CHECKPOINTING" == 1 ]] && parallel_flags+=(--checkpoint-activations)
 [[ -n "${DS_CONFIG:-}" ]] && parallel_flags+=(--deepspeed_config "$DS_CONFIG")
+# WANDB_PROJECT: Weights & Biases too (pip install -e .[wandb]); the run is named after the run folder and keeps
+# its files in it (pretrain_gpt.py's --run-dir)
+wandb_flags=(); [[ -n "${WANDB_PROJECT:-}" ]] && wandb_flags=(--wandb-project "$WANDB_PROJECT")
 TRAINING_DEFAULT_FLAGS=(
     --model-size "$MODEL_SIZE" --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
     "${batch_flags[@]}" "${length_flags[@]}" "${precision_flags[@]}" "${parallel_flags[@]}"
@@ -163,7 +166,7 @@ TRAINING_DEFAULT_FLAGS=(
     --adam-beta1 "$ADAM_BETA1" --adam-beta2 "$ADAM_BETA2" --weight-decay "$WEIGHT_DECAY" "${clip_flags[@]}"
     --seed "$SEED" --distributed-timeout-minutes "$DISTRIBUTED_TIMEOUT_MINUTES"
     --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
-    --save-interval "$SAVE_INTERVAL"
+    --save-interval "$SAVE_INTERVAL" "${wandb_flags[@]}"
 )
 # flag=VARIABLE for each flag above: an error about the flag names the variable (megatron/launch/flag_sources.py)
 TRAINING_DEFAULT_SOURCES="--model-size=$ZL_MODEL_VARIABLE --seq-length=SEQ_LEN --micro-batch-size=MICRO_BATCH
@@ -175,4 +178,4 @@ TRAINING_DEFAULT_SOURCES="--model-size=$ZL_MODEL_VARIABLE --seq-length=SEQ_LEN -
     --lr=LR --min-lr=MIN_LR --lr-decay-style=LR_DECAY_STYLE --lr-warmup-fraction=$zl_warmup_name
     --adam-beta1=ADAM_BETA1 --adam-beta2=ADAM_BETA2 --weight-decay=WEIGHT_DECAY --clip-grad=CLIP_GRAD --seed=SEED
     --distributed-timeout-minutes=DISTRIBUTED_TIMEOUT_MINUTES --log-interval=LOG_INTERVAL
-    --eval-interval=EVAL_INTERVAL --eval-iters=EVAL_ITERS --save-interval=SAVE_INTERVAL"
+    --eval-interval=EVAL_INTERVAL --eval-iters=EVAL_ITERS --save-interval=SAVE_INTERVAL --wandb-project=WANDB_PROJECT"

@@ -176,6 +176,18 @@ def test_the_drivers_and_alcf_train_the_same_run_from_the_same_settings(tmp_path
         assert (driver["--tensor-model-parallel-size"], driver["--split"], driver["--lr"]) == ("2", "90,8,2", "1e-3")
 
 
+def test_wandb_project_passes_wandb_project_on_both_paths(tmp_path):
+    """WANDB_PROJECT (issue 33): Megatron-DeepSpeed's --wandb-project through examples_zero/ and ALCF/ alike (the
+    wandb run is named after the run folder, its files in it: pretrain_gpt.py's --run-dir); unset, no wandb flag."""
+    driver = driver_flags(tmp_path / "d", WANDB_PROJECT="zl-runs")
+    alcf = alcf_flags(tmp_path / "a", MODEL_SIZE_KEY="GPT_TINY", WANDB_PROJECT="zl-runs")
+    assert driver["--wandb-project"] == alcf["--wandb-project"] == "zl-runs"
+    assert training(driver) == training(alcf)
+    unset = [driver_flags(tmp_path / "d2", WANDB_PROJECT=None),
+             alcf_flags(tmp_path / "a2", MODEL_SIZE_KEY="GPT_TINY", WANDB_PROJECT=None)]
+    assert not [flags for flags in unset if any(flag.startswith("--wandb") for flag in flags)]
+
+
 @pytest.mark.slow
 def test_the_learning_rate_follows_the_model_size_as_in_the_gpt3_paper(tmp_path):
     """GPT-3 (Brown et al. 2020, Table 2.1): 6.0e-4 at 125M, 2.0e-4 at 1.3B, 1.0e-4 at 13B, 0.6e-4 at 175B;
