@@ -12,6 +12,9 @@
 # WHEELHOUSE=DIR: install from DIR only (made by scripts/wheelhouse.sh), never from the network;
 # the torch found in .venv or PYTHON is kept, whatever its build, since DIR holds none.
 # SETUP_DRY_RUN=1: print every command a real run would run, and change nothing.
+# Output: one line per step (what it installs or builds, how long it took, what happens next time); the
+# tools' own output (pip, apt, the op builds) is appended to build/setup.log, which a failed step names
+# with the end of its output. VERBOSE=1 prints each command and all of its output here instead.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -22,11 +25,63 @@ TORCH_MIN=2.11 TORCH_BELOW=2.14  # the torch releases zero-lab runs on (setup.py
 TORCH_CUDA_BUILDS="13.0 12.8 12.6"  # CUDA versions PyTorch's index has torch 2.13 wheels for
 WHEELHOUSE=${WHEELHOUSE:-}
 DRY_RUN=${SETUP_DRY_RUN:-0}
+VERBOSE=${VERBOSE:-0}
+LOG=$PWD/build/setup.log  # in the repository's ignored build folder, whichever folder the user ran from
 
-die() { echo "error: $*" >&2; exit 1; }
-# Every change goes through `run`, so a dry run prints exactly what a real run does.
-run() { echo "[setup] $*"; [[ "$DRY_RUN" == 1 ]] || "$@"; }
+# The user's stdout and stderr stay on 3 and 4 while a step sends its tools' output to the log, so that a
+# message from inside a step (a note, die) still reaches the user.
+exec 3>&1 4>&2
+line_open=0  # 1 while a step's line waits for its "done in", 2 once something else was printed under it
+end_line() { if [[ "$line_open" == 1 ]]; then echo >&3; line_open=2; fi; }
+say() { end_line; echo "$*" >&3; }
+warn() { end_line; echo "$*" >&4; }
+die() { end_line; echo "error: $*" >&4; exit 1; }
+# Instant changes with nothing to report go through `run`, so a dry run prints exactly what a real run does.
+run() { if [[ "$DRY_RUN" == 1 ]]; then echo "[setup] $*"; else "$@"; fi; }
 pip_install() { "$VENV_DIR/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
+apt_install() { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"; }
+
+# "41 s", "3 min 20 s": the time since bash's clock ($SECONDS) read $1
+since() {
+    local s=$((SECONDS - $1))
+    if (( s < 120 )); then echo "$s s"; else echo "$((s / 60)) min $((s % 60)) s"; fi
+}
+
+# try_step WHAT NEXT COMMAND...: runs COMMAND as one step, printed as one line, "[setup] WHAT ... done in 41 s
+# (NEXT)", NEXT saying what happens the next time; COMMAND's own output is appended to the log, from byte
+# step_from on. A dry run prints "[setup] COMMAND" instead and runs nothing; VERBOSE=1 prints COMMAND and
+# lets its output through. Returns COMMAND's exit status; `step` stops the set-up on a failure.
+# COMMAND runs as the left side of `||`, where bash ignores `set -e`: a function run here stops at its own
+# failures (`|| return`).
+try_step() {
+    local what=$1 next=$2 started rc=0; shift 2
+    if [[ "$DRY_RUN" == 1 ]]; then echo "[setup] $*"; return; fi
+    started=$SECONDS
+    if [[ "$VERBOSE" == 1 ]]; then
+        echo "[setup] $what: $*"
+        "$@" || rc=$?
+    else
+        printf '\n--- %s: %s\n' "$what" "$*" >> "$LOG"
+        step_from=$(wc -c < "$LOG")
+        printf '[setup] %s ... ' "$what"; line_open=1
+        "$@" >> "$LOG" 2>&1 < /dev/null || rc=$?
+    fi
+    local took; took=$(since "$started")
+    [[ "$line_open" == 1 ]] || printf '[setup] %s: ' "$what"
+    line_open=0
+    if (( rc == 0 )); then echo "done in $took${next:+ ($next)}"; else echo "failed after $took"; fi
+    return "$rc"
+}
+
+# step_failed WHAT STATUS: the end of the failed step's output, then one line naming the step and the log.
+step_failed() {
+    if [[ "$VERBOSE" == 1 ]]; then die "$1 failed (exit $2); its output is above"; fi
+    tail -c +"$((step_from + 1))" "$LOG" | tail -n 12 | sed 's/^/    /' >&4
+    die "$1 failed (exit $2); its output: $LOG"
+}
+
+step() { try_step "$@" || step_failed "$1" "$?"; }
+
 version_at_least() { [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" == "$2" ]]; }
 # "<version> <cuda version or cpu>" of the torch that Python $1 imports; fails when it has none.
 torch_of() { "$1" -c 'import torch; print(torch.__version__, torch.version.cuda or "cpu")' 2>/dev/null; }
@@ -94,8 +149,8 @@ torch_install_args() {
 make_venv() {
     local python=$1 venv=$2 report wheel
     report=$("$python" -m venv "$venv" 2>&1) && return
-    echo "[setup] $python -m venv failed ($(head -n 1 <<< "$report")): adding pip to $venv by hand"
-    "$python" -m venv --clear --without-pip "$venv"
+    say "[setup] $python -m venv failed ($(head -n 1 <<< "$report")): adding pip to $venv by hand"
+    "$python" -m venv --clear --without-pip "$venv" || return
     if [[ -n "$WHEELHOUSE" ]]; then
         wheel=$(compgen -G "$WHEELHOUSE/pip-*.whl" | head -n 1) \
             || die "PYTHON=$python has no ensurepip and WHEELHOUSE=$WHEELHOUSE no pip wheel: rebuild it with" \
@@ -119,12 +174,18 @@ if [[ -n "$WHEELHOUSE" ]]; then
     [[ -d "$WHEELHOUSE" ]] || die "WHEELHOUSE=$WHEELHOUSE: no such folder (make one with scripts/wheelhouse.sh)"
     WHEELHOUSE=$(cd "$WHEELHOUSE" && pwd)
 fi
+if [[ "$DRY_RUN" != 1 && "$VERBOSE" != 1 ]]; then
+    mkdir -p "$(dirname "$LOG")"
+    printf '\n===== scripts/setup.sh, %s, VENV_DIR=%s PYTHON=%s%s\n' "$(date -u '+%Y-%m-%d %H:%M:%S UTC')" \
+        "$VENV_DIR" "$PYTHON" "${WHEELHOUSE:+ WHEELHOUSE=$WHEELHOUSE}" >> "$LOG"
+    echo "[setup] the tools' own output goes to $LOG (VERBOSE=1 prints it here)"
+fi
 
 torch_found=""
 if [[ -x "$VENV_DIR/bin/python" ]]; then
     torch_found=$(torch_of "$VENV_DIR/bin/python") || torch_found=""
 else
-    run make_venv "$PYTHON" "$VENV_DIR"
+    step "making the virtual environment $VENV_DIR" "kept: skipped next time" make_venv "$PYTHON" "$VENV_DIR"
     base_torch=$(torch_of "$PYTHON") || base_torch=""
     if [[ -n "$base_torch" && ( "${base_torch#* }" != cpu || -n "$WHEELHOUSE" ) ]]; then
         py_dir=$("$PYTHON" -c 'import sys; print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')
@@ -151,62 +212,73 @@ else
     # torch first and pinned: an unpinned torch requirement would pull whatever build PyPI has (GBs).
     torch_args=$(torch_install_args) || exit 1
     read -r -a torch_args <<< "$torch_args"
-    run pip_install "${torch_args[@]}"
+    torch_build=""
+    [[ "${torch_args[*]}" != *download.pytorch.org/whl/cu* ]] \
+        || torch_build=" for CUDA $(sed 's/.*whl\/cu\([0-9]*\)\([0-9]\).*/\1.\2/' <<< "${torch_args[*]}")"
+    step "installing torch $TORCH_VERSION$torch_build" "kept in $VENV_DIR: skipped next time" \
+        pip_install "${torch_args[@]}"
 fi
 
-echo "[setup] installing zero-lab (pip install -e .[test], builds megatron.data.helpers)"
+zero_lab="installing zero-lab (pip install -e .[test], builds megatron.data.helpers)"
+zero_lab_next="checked again next time: seconds"
 if [[ -z "$WHEELHOUSE" ]]; then
-    run pip_install -e ".[test]"
+    step "$zero_lab" "$zero_lab_next" pip_install -e ".[test]"
 else
     # Build isolation stays on: pip installs setuptools, wheel and pybind11 for the build from
     # the wheelhouse too. pip's own message for a missing wheel is a page; one line names it.
-    log=$(mktemp); trap 'rm -f "$log"' EXIT
-    if ! run pip_install --no-index --find-links "$WHEELHOUSE" -e ".[test]" > "$log" 2>&1; then
-        missing=$(sed -n 's/.*No matching distribution found for \([^ ]*\).*/\1/p' "$log" | head -n 1)
+    try_step "$zero_lab from WHEELHOUSE" "$zero_lab_next" \
+        pip_install --no-index --find-links "$WHEELHOUSE" -e ".[test]" || {
+        status=$?
+        missing=""
+        [[ "$VERBOSE" == 1 ]] \
+            || missing=$(tail -c +"$((step_from + 1))" "$LOG" \
+                         | sed -n 's/.*No matching distribution found for \([^ ]*\).*/\1/p' | head -n 1)
         [[ -z "$missing" ]] \
             || die "WHEELHOUSE=$WHEELHOUSE has no wheel for $missing for $("$VENV_DIR/bin/python" -V):" \
             "rebuild it with 'bash scripts/wheelhouse.sh DIR --python-version X.Y' on a machine with package access"
-        cat "$log" >&2
-        die "pip install from WHEELHOUSE=$WHEELHOUSE failed (pip's output above)"
-    fi
-    cat "$log"
+        step_failed "$zero_lab from WHEELHOUSE" "$status"
+    }
 fi
 
-# mpiexec is needed by ALCF/train-gpt3.sh and its tests; Debian's MPICH provides it.
+# From Debian, in one step: mpiexec, which ALCF/train-gpt3.sh and its tests need (MPICH provides it), and
+# libaio's headers, which DeepSpeed's async I/O op (NVMe offload: examples_zero/gpt_deepspeed_Z3_NVMe.sh)
+# builds against.
+can_apt=0
+[[ -z "$WHEELHOUSE" ]] && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]] && can_apt=1
+apt_packages=() apt_uses=()
 if ! command -v mpiexec >/dev/null 2>&1; then
-    if [[ -z "$WHEELHOUSE" ]] && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
-        echo "[setup] installing mpich (mpiexec) from Debian"
-        run apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive run apt-get install -y -qq mpich
+    if [[ "$can_apt" == 1 ]]; then
+        apt_packages+=(mpich) apt_uses+=("mpich (mpiexec)")
     else
-        echo "[setup] warning: no mpiexec found; install MPICH or Open MPI to use ALCF/train-gpt3.sh" >&2
+        warn "[setup] warning: no mpiexec found; install MPICH or Open MPI to use ALCF/train-gpt3.sh"
     fi
 fi
-
-# DeepSpeed's async I/O op (NVMe offload: examples_zero/gpt_deepspeed_Z3_NVMe.sh) builds against libaio.
 if [[ ! -f /usr/include/libaio.h ]]; then
-    if [[ -z "$WHEELHOUSE" ]] && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
-        echo "[setup] installing libaio-dev (NVMe offload) from Debian"
-        run apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive run apt-get install -y -qq libaio-dev
+    if [[ "$can_apt" == 1 ]]; then
+        apt_packages+=(libaio-dev) apt_uses+=("libaio-dev (NVMe offload)")
     else
-        echo "[setup] warning: no libaio headers; install libaio-dev to use NVMe offload (gpt_deepspeed_Z3_NVMe.sh)" >&2
+        warn "[setup] warning: no libaio headers; install libaio-dev to use NVMe offload (gpt_deepspeed_Z3_NVMe.sh)"
     fi
+fi
+if (( ${#apt_packages[@]} )); then
+    uses=$(printf ', %s' "${apt_uses[@]}")
+    step "installing ${uses#, } from Debian" "installed: skipped next time" apt_install "${apt_packages[@]}"
 fi
 # DeepSpeed compiles its C++ ops at first use: on the CPU accelerator the CPU Adam (Z3_OL) and the async I/O
 # op (Z3_NVMe) take about 1 and 3 minutes on a 2-core machine. Built here once (cached in
 # ~/.cache/torch_extensions, or TORCH_EXTENSIONS_DIR), no run stalls compiling. Not with a GPU or from a
 # wheelhouse: a GPU machine builds its CUDA ops, against its toolkit, at their first use.
 if [[ -z "$WHEELHOUSE" ]] && ! command -v nvidia-smi >/dev/null 2>&1; then
-    echo "[setup] building DeepSpeed's CPU ops (cpu_adam, async_io, ...): minutes the first time, seconds after"
     # the venv's ninja, by an absolute path: torch runs ninja inside the build folder, where a relative PATH
     # entry finds nothing, and a build recorded by another ninja (Debian's) is rebuilt by the venv's at first use
     venv_bin=$VENV_DIR/bin; [[ "$venv_bin" == /* ]] || venv_bin=$PWD/$venv_bin
-    run env DS_ACCELERATOR=cpu PATH="$venv_bin:$PATH" "$VENV_DIR/bin/python" -c '
+    step "building DeepSpeed's CPU ops (cpu_adam, async_io, ...)" \
+         "cached in ${TORCH_EXTENSIONS_DIR:-~/.cache/torch_extensions}: seconds next time" \
+         env DS_ACCELERATOR=cpu PATH="$venv_bin:$PATH" "$VENV_DIR/bin/python" -c '
 from deepspeed.accelerator import get_accelerator
 for name in ("ShareMemCommBuilder", "CPUAdamBuilder", "PinMemoryBuilder", "AsyncIOBuilder"):
     builder = get_accelerator().create_op_builder(name)
     if builder is not None and builder.is_compatible(verbose=False):
         builder.load(verbose=False)'
 fi
-echo "[setup] done: activate with 'source $VENV_DIR/bin/activate'"
+echo "[setup] done in $(since 0): activate with 'source $VENV_DIR/bin/activate'"
