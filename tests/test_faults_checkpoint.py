@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, free_port, test_env
+from megatron.checkpointing.checksum import file_crc32, format_crc
 from megatron.checkpointing.protocol import check_resumable, incomplete_reason
 
 LOSS = re.compile(r" iteration +(\d+)/ +\d+ \|.*?\| lm loss: (\S+) \|")
@@ -189,9 +190,11 @@ def test_crafted_checkpoint_runs_no_code(dolly_data_dir, reference, tmp_path):
     folder = copy_checkpoints(ref_folder, tmp_path / "ckpt", ["global_step8"], "global_step8")
     states, marker = folder / "global_step8" / "mp_rank_00_model_states.pt", tmp_path / "code-ran"
     subprocess.run([sys.executable, "-c", EVIL, str(states), str(marker)], check=True, env=test_env())
-    # the attacker keeps the completion marker consistent too
+    # the attacker keeps the completion marker consistent too, its manifest's CRC-32 included (a checksum
+    # finds damage, not an edit made on purpose: the restricted loading is what stops this one)
     record = json.loads((folder / "global_step8" / "zero_lab_state.json").read_text())
     record["files"][states.name] = states.stat().st_size
+    record["crc32"][states.name] = format_crc(file_crc32(str(states)))
     (folder / "global_step8" / "zero_lab_state.json").write_text(json.dumps(record))
     flags = ["--zero-stage", "1", "--load", str(folder), "--train-iters", "9"]
 

@@ -1,6 +1,6 @@
 """At start-up, before the model is built: can this run resume `--load` as its flags ask?
 
-The checkpoint `latest` names must be complete (protocol.check_resumable), and its layout one this run
+The checkpoint the resume rule takes must be complete (protocol.check_resumable), and its layout one this run
 can load: DeepSpeed's own loader takes the files only into the same ZeRO stage and (ZeRO 1-3)
 data-parallel size; `--universal-checkpoint` converts across those (megatron/checkpointing/universal.py).
 A tensor- or pipeline-parallel size other than the checkpoint's is refused either way: the model declares
@@ -68,12 +68,19 @@ def universal_refusal(saved: dict, current: dict) -> str | None:
 
 
 def check_resume(args: Args) -> str:
-    """The tag this run will resume; a CheckpointError (one line) when it cannot."""
+    """The tag this run will resume (by the resume rule, files' sizes checked: the load reads their
+    contents back); a CheckpointError (one line) when it cannot."""
+    tag = check_resumable(args.checkpoint.load)
+    check_layout(args, tag)
+    return tag
+
+
+def check_layout(args: Args, tag: str) -> None:
+    """A CheckpointError (one line) when this run cannot load checkpoint `tag` of --load as it is laid out."""
     load_dir = args.checkpoint.load
-    tag = check_resumable(load_dir)
     saved = read_marker(os.path.join(load_dir, tag)).get("layout")
     if saved is None:  # saved before markers recorded the layout: DeepSpeed's own errors apply
-        return tag
+        return
     current = current_layout(args)
     refusal = model_parallel_refusal(saved, current)
     if refusal:
@@ -85,4 +92,3 @@ def check_resume(args: Args) -> str:
     elif needs_universal(saved, current):
         raise CheckpointError(f"--load {load_dir}: checkpoint {tag} was saved with {_describe(saved)}, this run has "
                               f"{_describe(current)}: resume it with --universal-checkpoint (docs/checkpoints.md)")
-    return tag

@@ -2,7 +2,8 @@
 the drivers examples_zero/slurm/train.sbatch) before it starts a run (docs/checkpoints.md):
 
 - a run whose run folder holds an intact checkpoint (`<run>/checkpoints/latest` naming a complete one)
-  resumes from it;
+  resumes from it; one damaged after its save (a file of another size than its marker lists) is skipped
+  for the newest intact one before it, and the run itself, loading, checks the files' CRC-32 the same way;
 - a fresh start is asked for explicitly (FRESH=1, `--fresh` here); the run folder's old files are then
   moved, whole, to `<run>.old-<UTC time>/`, so the new run never mixes with them and nothing is lost.
   It applies to a Slurm job's first start only: sbatch hands the submitting environment, FRESH=1 included, to
@@ -29,7 +30,7 @@ import re
 import sys
 import time
 
-from megatron.checkpointing.protocol import CheckpointError, check_resumable, read_latest
+from megatron.checkpointing.protocol import CheckpointError, read_latest, resume_tag
 from megatron.errors import ZeroLabError
 
 CHECKPOINTS = "checkpoints"
@@ -86,14 +87,16 @@ def decide(run_dir: str, fresh: bool, dry_run: bool = False, environ=os.environ)
     requeue = _slurm_requeue(environ) if fresh else ""
     if (not fresh or requeue) and read_latest(checkpoints) is not None:
         try:
-            tag = check_resumable(checkpoints)
+            choice = resume_tag(checkpoints, contents=False)  # the run reads the files back when it loads them
         except CheckpointError as err:
             raise CheckpointError(f"{err}; or FRESH=1 to start the run afresh (its old files are kept in "
                                   f"{run_dir}.old-<time>)") from None
+        tag = choice.tag
+        skipped = "".join(f"; skipped {other}: {why}" for other, why in choice.skipped)
         if requeue:
             return checkpoints, (f"resuming from {tag} in {checkpoints}: FRESH=1 applies to the job's first start "
-                                 f"only, and this is {requeue}")
-        return checkpoints, f"resuming from {tag} in {checkpoints} (FRESH=1 starts the run afresh instead)"
+                                 f"only, and this is {requeue}{skipped}")
+        return checkpoints, f"resuming from {tag} in {checkpoints} (FRESH=1 starts the run afresh instead){skipped}"
     if not names:
         return None, f"starting {run_dir} afresh"
     why = "FRESH=1" if fresh else "no checkpoint to resume there"

@@ -3,8 +3,11 @@
 A save follows megatron/checkpointing/protocol.py: every rank writes its files through DeepSpeed into
 `<tag>.saving` and fsyncs each one (DeepSpeed's own `latest` is switched off: rank 0 would write it
 as soon as its own files are done, before the other ranks' are); after a barrier rank 0 writes the
-marker and swaps the folder into place, then `latest`. Every torch.load of a resume is restricted
-(megatron/safe_load.py).
+marker and swaps the folder into place, then `latest`. The marker carries the manifest: each rank's files
+with the CRC-32 its checkpoint engine took while writing them (writer.py), gathered to rank 0. A resume
+takes the checkpoint protocol.resume_tag picks, rank 0 reading every file back against the manifest and
+skipping a damaged checkpoint for the newest intact one before it. Every torch.load of a resume is
+restricted (megatron/safe_load.py).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
 
 from megatron.checkpointing import protocol
 from megatron.checkpointing.protocol import CheckpointError
-from megatron.checkpointing.resume_check import current_layout
+from megatron.checkpointing.resume_check import check_layout, current_layout
 from megatron.checkpointing.rng import rng_state
 from megatron.checkpointing.writer import FlushingCheckpointEngine
 from megatron.safe_load import restricted_unpickling
@@ -39,6 +42,8 @@ def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, r
                     # the model shape and layout in the one form megatron/saved_model reads back
                     "model_config": args.model.to_dict(),
                     "tensor_model_parallel_size": args.parallel.tensor_model_parallel_size}
+    if hasattr(engine.checkpoint_engine, "start_manifest"):
+        engine.checkpoint_engine.start_manifest()
     try:
         engine.save_checkpoint(save_dir, tag=protocol.staging_tag(tag), client_state=client_state,
                                save_latest=False)
@@ -46,23 +51,38 @@ def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, r
         kept = f"'latest' still names {previous}" if previous else "no checkpoint is complete there yet"
         raise CheckpointError(f"--save {save_dir}: writing checkpoint {tag} failed on rank {rank} "
                               f"({err.strerror or err}); {kept}") from None
-    dist.barrier()  # every rank's files are written and flushed
+    # every rank's files are written and flushed once this collective returns; rank 0 gets their CRC-32s
+    checksums = _gather_checksums(engine, os.path.join(save_dir, protocol.staging_tag(tag)))
     if rank == 0:
         protocol.commit(save_dir, tag, {"iteration": iteration, "consumed_samples": consumed_samples,
-                                        "argv": args.argv, "layout": current_layout(args)})
+                                        "argv": args.argv, "layout": current_layout(args)}, checksums=checksums)
     dist.barrier()  # no rank reports the save before it is committed
     if rank == 0:
         print(f"  successfully saved checkpoint at iteration {iteration:8d} to {save_dir}", flush=True)
 
 
-def _agreed_tag(load_dir: str) -> str | None:
-    """The tag every rank resumes, as rank 0 finds it (checked again: the folder may have changed since
-    start-up, and on a cluster filesystem another host may see it a moment later); None: start afresh. A
-    checkpoint rank 0 refuses is refused by every rank, in one line."""
+def _gather_checksums(engine, staging: str) -> dict[str, str] | None:
+    """Every rank's files of this save with the CRC-32 its checkpoint engine took while writing them, by
+    path relative to the staging folder (rank 0; None elsewhere, and where no engine took any: a user's
+    own checkpoint engine, or FlushingCheckpointEngine(checksums=False))."""
+    written = getattr(engine.checkpoint_engine, "written", {})
+    mine = {os.path.relpath(path, staging): crc for path, (_, crc) in written.items() if crc is not None}
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    merged = {name: crc for part in parts for name, crc in part.items()}
+    return (merged or None) if dist.get_rank() == 0 else None
+
+
+def _agreed_tag(args: Args) -> str | None:
+    """The tag every rank resumes, as rank 0 chooses it by the resume rule with every file's contents
+    checked against the checksums saved with it (again since start-up, which checked sizes only: on a
+    cluster filesystem another host may see the folder a moment later); None: start afresh. Rank 0 says
+    which checkpoint it skipped and why; a checkpoint rank 0 refuses is refused by every rank, in one line."""
+    load_dir = args.checkpoint.load
     found = [None]
     if dist.get_rank() == 0:
         try:
-            found = [("tag", protocol.check_resumable(load_dir) if protocol.read_latest(load_dir) else None)]
+            found = [("tag", _choose(args) if protocol.read_latest(load_dir) else None)]
         except CheckpointError as err:
             found = [("error", str(err))]
     dist.broadcast_object_list(found, src=0)
@@ -70,6 +90,19 @@ def _agreed_tag(load_dir: str) -> str | None:
     if kind == "error":
         raise CheckpointError(value)
     return value
+
+
+def _choose(args: Args) -> str:
+    load_dir = args.checkpoint.load
+    choice = protocol.resume_tag(load_dir, contents=True)
+    for line in choice.skip_lines():
+        print(line, flush=True)
+    if not protocol.has_checksums(os.path.join(load_dir, choice.tag)):
+        print(f"note: --load {load_dir}: {choice.tag} has no checksums (saved before zero-lab wrote them, or "
+              "through another checkpoint engine): its files' sizes were checked, their contents cannot be",
+              flush=True)
+    check_layout(args, choice.tag)  # a checkpoint before a skipped one may have another layout
+    return choice.tag
 
 
 def load_checkpoint(engine, args: Args) -> tuple[int, int, dict | None]:
@@ -86,7 +119,7 @@ def load_checkpoint(engine, args: Args) -> tuple[int, int, dict | None]:
         if dist.get_rank() == 0:
             print(f"  loaded weights from {path} for fine-tuning (iteration and optimizer reset)", flush=True)
         return 0, 0, None
-    tag = _agreed_tag(ckpt.load)
+    tag = _agreed_tag(args)
     if tag is None:
         if dist.get_rank() == 0:
             print(f" > no checkpoint in --load {ckpt.load} (no 'latest' file): starting from scratch", flush=True)
