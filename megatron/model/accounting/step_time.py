@@ -341,7 +341,7 @@ def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, b
     micro-batch, stage 1 at the last, in the optimizer's order on CPU and the gradients' order with CUDA's
     overlap_comm), all-gather each group's updated partition and all-reduce each group's gradient norm, plus an
     overflow flag in bf16 and fp16; stage 3 gathers parameters (`_stage3_gathers`) and reduce-scatters gradient
-    buckets at every micro-batch, all-reduces the norm and gathers each persistent parameter after the step.
+    buckets at every micro-batch, all-reduces each group's norm and gathers each persistent parameter after the step.
     Model parallelism (TP x PP > 1) adds the optimizer's norm all-reduces over the model-parallel group (ours
     at stage 0 in fp32, DeepSpeed's overflow flag and two weight norms at stage 0 in bf16/fp16), TP the
     per-micro-batch collectives of `_tensor_parallel_messages`, PP a send per micro-batch and boundary, the
@@ -377,12 +377,15 @@ def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, b
             messages["all_gather"] += sum(n <= buckets["stage3_param_persistence_threshold"]
                                           for module in modules for n in module.sizes)
             messages["reduce_scatter"] += g * _stage3_reduce_scatters(modules, buckets["reduce_bucket_size"])
-            messages["all_reduce"] += 1 + (setup.precision == "fp16")
+            # the gradient norm, one all-reduce per optimizer group (decay and no decay)
+            messages["all_reduce"] += 2 + (setup.precision == "fp16")
     if tp * pp > 1:
         if zero == 0:
             messages["all_reduce"] += 3 if mixed else 1
-        elif runs_bf16_optimizer(setup) or zero == 3:
-            messages["all_reduce"] += 1 + (zero == 3 and setup.precision == "fp16")
+        elif runs_bf16_optimizer(setup):
+            messages["all_reduce"] += 1
+        elif zero == 3:
+            messages["all_reduce"] += 2 + (setup.precision == "fp16")
         else:
             messages["all_reduce"] += 2 + mixed
     if tp > 1:
