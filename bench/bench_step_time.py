@@ -13,8 +13,9 @@ sample committed in data/samples/, prepared by tools/process_databricks_gpt2.sh 
 other driver variables in the environment (MODEL_SIZE, SEQ_LEN, ...) are passed on. Measured ms/iter is the
 mean over the logging intervals of the time line's measured total, the first interval (warm-up) left out;
 predicted is the time line's predicted total; the error is (predicted - measured) / measured. Each row also
-gives the steady intervals' spread (standard deviation over mean) and the machine's 1-minute load average as
-the run ended (its own two ranks make about 2; more means other work shared the cores). On the two
+gives the steady intervals' spread (standard deviation over mean) and the cores that other work on the machine
+used during the run (all CPU time in /proc/stat less the bench's own and its runs'): a row measured beside
+other work shows it, and --quiet-wait waits for a quiet machine before each run. On the two
 hosts each rank gets one OpenMP thread (OMP_NUM_THREADS=1): both virtual hosts share this machine's cores,
 as two ranks on one host do, where torchrun gives each one thread.
 
@@ -28,6 +29,7 @@ measured time (stage 3 sends 1.5x stage 1's bytes).
     python bench/bench_step_time.py                      # both parts
     python bench/bench_step_time.py --local --iters 60 --json step_time.json
     python bench/bench_step_time.py --two-hosts --runs-dir /tmp/step_runs   # keep the run folders
+    python bench/bench_step_time.py --quiet-wait 10 --json step_time.json  # on a shared machine
 """
 from __future__ import annotations
 
@@ -108,7 +110,7 @@ class Result:
     sent_mb_per_iter: float | None  # from the comm lines, same intervals
     run_info: str = ""
     probes: str = ""
-    load_average: float | None = None  # the machine's 1-minute load as the run ended (its own 2 ranks make ~2)
+    others_cores: float | None = None  # CPU the machine spent on anything but this run, in cores, during the run
 
     @property
     def error_pct(self) -> float:
@@ -157,17 +159,21 @@ class BenchError(Exception):
 def table(results: list[Result], failures: dict[str, str]) -> str:
     """One markdown table: a row per run, measured beside predicted, by part."""
     lines = ["| driver | measured ms/iter | predicted ms/iter | error | compute meas / pred | communication meas / pred"
-             " | offload meas / pred | overlap pred | sent MB/iter | intervals | spread | load |",
+             " | offload meas / pred | overlap pred | sent MB/iter | intervals | spread | others' CPU |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
         parts = " | ".join(f"{r.measured.get(part, 0.0):.1f} / {r.predicted.get(part, 0.0):.1f}" for part in PARTS)
         sent = "n/a" if r.sent_mb_per_iter is None else f"{r.sent_mb_per_iter:.3f}"
         lines.append(f"| {r.experiment} | {r.measured['total']:.1f} | {r.predicted['total']:.1f} | "
                      f"{r.error_pct:+.1f}% | {parts} | {r.predicted.get('overlap', 0.0):.1f} | {sent} | "
-                     f"{r.intervals} | {r.spread_pct:.1f}% | {r.load_average} |")
+                     f"{r.intervals} | {r.spread_pct:.1f}% | {_cores(r.others_cores)} |")
     for experiment, why in failures.items():
         lines.append(f"| {experiment} | failed: {why} |" + " |" * 11)
     return "\n".join(lines)
+
+
+def _cores(cores: float | None) -> str:
+    return "n/a" if cores is None else f"{cores:.2f} cores"
 
 
 def diagnosis(r: Result) -> str:
@@ -228,6 +234,57 @@ def report(title: str, results: list[Result], failures: dict[str, str], targets:
     return "\n".join(lines) + "\n"
 
 
+# ---- what else the machine does ----
+
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat: user, nice, system, irq, softirq;
+    not idle, iowait or the hypervisor's steal)."""
+    with open("/proc/stat") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq = map(int, stat.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def own_seconds() -> float:
+    """CPU seconds of this process and of every descendant that has ended (each waited for by its parent)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+class OtherWork:
+    """Cores the machine spent on anything but this bench and its runs between start() and cores()."""
+
+    def start(self) -> "OtherWork":
+        self.wall, self.busy, self.own = time.monotonic(), busy_seconds(), own_seconds()
+        return self
+
+    def cores(self) -> float:
+        wall = time.monotonic() - self.wall
+        return max(0.0, (busy_seconds() - self.busy) - (own_seconds() - self.own)) / wall
+
+
+def wait_for_quiet(minutes: float, threshold: float = 0.25, window: float = 15.0) -> None:
+    """Wait (at most `minutes`) until other work uses under `threshold` cores over `window` seconds."""
+    deadline = time.monotonic() + 60.0 * minutes
+    while True:
+        other = OtherWork().start()
+        time.sleep(window)
+        cores = other.cores()
+        if cores < threshold or time.monotonic() > deadline:
+            return
+        print(f"[bench] other work uses {cores:.2f} cores: waiting for a quiet machine", file=sys.stderr, flush=True)
+
+
+class Stopped(Exception):
+    """SIGTERM: the runs and the virtual cluster are taken down on the way out (finally clauses)."""
+
+
+def stop_on_sigterm() -> None:
+    def stop(signum, frame):
+        raise Stopped(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 # ---- running the drivers ----
 
 def driver_env(data_dir: Path, runs_dir: Path, iters: int, **overrides) -> dict:
@@ -278,9 +335,11 @@ def run_local(experiment: str, env: dict, runs_dir: Path, timeout: float) -> str
         try:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the driver's own session: torchrun and its ranks
-            process.wait()
             raise BenchError(f"still running after {timeout:.0f} s (output: {output})")
+        finally:
+            if process.poll() is None:  # timed out, or the bench was stopped: end the driver's session
+                os.killpg(process.pid, signal.SIGKILL)  # its own session: torchrun and its ranks
+                process.wait()
     if process.returncode != 0:
         raise BenchError(f"{failure_reason(output.read_text(), process.returncode)} (output: {output})")
     return (runs_dir / run_name(experiment) / "train.log").read_text()
@@ -332,15 +391,19 @@ def _end_processes_in(cluster, processes: dict) -> None:
 
 # ---- the two parts ----
 
-def measure(experiments, run) -> tuple[list[Result], dict[str, str]]:
+def measure(experiments, run, quiet_wait: float) -> tuple[list[Result], dict[str, str]]:
     results, failures = [], {}
     for experiment in experiments:
-        started = time.monotonic()
+        if quiet_wait:
+            wait_for_quiet(quiet_wait)
+        started, other = time.monotonic(), OtherWork().start()
         try:
-            results.append(summarize(experiment, run(experiment)))
-            results[-1].load_average = round(os.getloadavg()[0], 2)
-            print(f"[bench] {experiment}: done in {time.monotonic() - started:.0f} s, load average "
-                  f"{results[-1].load_average}", file=sys.stderr, flush=True)
+            log = run(experiment)
+            others = other.cores()
+            results.append(summarize(experiment, log))
+            results[-1].others_cores = others
+            print(f"[bench] {experiment}: done in {time.monotonic() - started:.0f} s, other work "
+                  f"{_cores(others)}", file=sys.stderr, flush=True)
         except BenchError as error:
             failures[experiment] = str(error)
             print(f"[bench] {experiment}: failed: {error}", file=sys.stderr, flush=True)
@@ -357,7 +420,7 @@ def local_part(data_dir: Path, runs_dir: Path, opts) -> dict:
     runs = runs_dir / "local"
     runs.mkdir(parents=True, exist_ok=True)
     env = driver_env(data_dir, runs, opts.iters)
-    results, failures = measure(LOCAL_EXPERIMENTS, lambda e: run_local(e, env, runs, opts.timeout))
+    results, failures = measure(LOCAL_EXPERIMENTS, lambda e: run_local(e, env, runs, opts.timeout), opts.quiet_wait)
     targets = error_targets(LOCAL_EXPERIMENTS, results, failures)
     return dict(title="One host, 2 CPU ranks over loopback", results=results, failures=failures, targets=targets)
 
@@ -379,7 +442,7 @@ def two_host_part(data_dir: Path, runs_dir: Path, opts) -> dict:
     try:
         env = driver_env(data_dir, runs, opts.iters)
         results, failures = measure(TWO_HOST_EXPERIMENTS,
-                                    lambda e: run_two_hosts(cluster, e, env, runs, opts.timeout))
+                                    lambda e: run_two_hosts(cluster, e, env, runs, opts.timeout), opts.quiet_wait)
     finally:
         cluster.down()
     targets = error_targets(TWO_HOST_EXPERIMENTS, results, failures, where="two hosts: ")
@@ -423,6 +486,9 @@ def options(argv):
                                            " one")
     parser.add_argument("--runs-dir", help="keep the run folders and outputs here (default: a temporary folder)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one driver run may take (default 900)")
+    parser.add_argument("--quiet-wait", type=float, default=0, metavar="MINUTES",
+                        help="before each run, wait up to MINUTES for other work to use under a quarter of a core "
+                             "(default 0: start at once); each row gives the cores other work used during its run")
     opts = parser.parse_args(argv)
     interval = int(os.environ.get("LOG_INTERVAL", "5"))
     if opts.iters < 3 * interval:
@@ -435,6 +501,7 @@ def options(argv):
 
 def main(argv) -> int:
     opts = options(argv)
+    stop_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="bench_step_time.") as tmp:
         data_dir = Path(opts.data_dir) if opts.data_dir else prepare_data(Path(tmp) / "data")
         runs_dir = Path(opts.runs_dir or Path(tmp) / "runs").resolve()

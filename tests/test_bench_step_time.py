@@ -1,6 +1,7 @@
 """bench/bench_step_time.py's reading of a training log and its verdicts, on hand-written time lines (the runs
 themselves are the bench's business)."""
 import importlib.util
+import os
 import sys
 
 import pytest
@@ -42,10 +43,10 @@ def test_the_first_interval_is_left_out_and_the_rest_averaged_by_part():
     assert result.sent_mb_per_iter == pytest.approx(26.139)
     assert result.run_info.startswith("zero stage: 1 | offload: none | model: tiny")
     assert result.probes.startswith("compute: 18.2 GFLOP/s")
-    result.load_average = 0.52
+    result.others_cores = 0.031
     row = bench.table([result], {}).splitlines()[2]
     assert row == ("| Z1 | 155.0 | 150.0 | -3.2% | 105.0 / 100.0 | 50.0 / 50.0 | 0.0 / 0.0 | 0.0 | 26.139 | 2 | "
-                   "9.7% | 0.52 |")
+                   "9.7% | 0.03 cores |")
     assert bench.error_verdict(result)["verdict"] == "met (-3.2%)"
 
 
@@ -75,3 +76,12 @@ def test_only_the_lowest_ranks_lines_count():
     log = log_of([(5, (1.0, 1.0, 0.0), (1.0, 1.0)), (10, (10.0, 10.0, 0.0), (10.0, 10.0))]) + \
         log_of([(5, (9.0, 9.0, 0.0), (1.0, 1.0)), (10, (90.0, 90.0, 0.0), (10.0, 10.0))], rank=1)
     assert bench.summarize("Z1", log).measured["total"] == pytest.approx(20.0)
+
+
+def test_a_finished_childs_cpu_counts_as_the_benchs_own_not_as_other_work():
+    import subprocess
+    other, own = bench.OtherWork().start(), bench.own_seconds()
+    subprocess.run([sys.executable, "-c", "import time; end = time.process_time() + 0.5\n"
+                    "while time.process_time() < end: pass"], check=True)
+    assert bench.own_seconds() - own >= 0.5
+    assert 0.0 <= other.cores() <= os.cpu_count()
