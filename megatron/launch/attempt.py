@@ -152,7 +152,9 @@ class Attempt:
         if self.stopped_lingering:
             print(f"[run] {self.launcher} was still running {LINGER_SECONDS} s after a rank failed: stopped it and "
                   f"what it started (its report: {self.report_path})", flush=True)
-        if status == 0:
+        # a launcher stopped after a rank failed may still exit 0 (torchrun does when its own rendezvous store
+        # is on a host that is gone): the attempt failed all the same
+        if status == 0 and not self.stopped_lingering:
             return 0
         if self.stopped_on is not None and self.signalled is not None:
             print(f"[run] the ranks saved a checkpoint and stopped on {self.stopped_on}; {self.launcher} then exited "
