@@ -530,4 +530,7 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Stopped as stopped:
+        sys.exit(f"[bench] {stopped}: the running driver and any virtual cluster were taken down")
