@@ -52,6 +52,10 @@ MEGATRON_ARGS=(
 [[ -z "${DS_CONFIG:-}" || -n "$zero_stage_set" ]] && MEGATRON_ARGS+=(--zero-stage "$ZERO_STAGE")
 zero_shown=$ZERO_STAGE; [[ -n "${DS_CONFIG:-}" && -z "$zero_stage_set" ]] && zero_shown="from DS_CONFIG"
 batch_shown="batch from DS_CONFIG"
-[[ -n "${GLOBAL_BATCH:-}" ]] && batch_shown="global batch $GLOBAL_BATCH = micro $MICRO_BATCH x gas $GAS x dp $DPSIZE"
+if [[ -n "${GLOBAL_BATCH:-}" && -n "${MICRO_BATCH:-}" ]]; then
+    batch_shown="global batch $GLOBAL_BATCH = micro $MICRO_BATCH x gas $GAS x dp $DPSIZE"
+elif [[ -n "${GLOBAL_BATCH:-}" ]]; then
+    batch_shown="global batch $GLOBAL_BATCH, micro batch from DS_CONFIG"
+fi
 precision_shown=$PRECISION; [[ -n "${DS_CONFIG:-}" && -z "$precision_set" ]] && precision_shown="precision from DS_CONFIG"
 echo "[args] run: $RUN_NAME | mp=$MPSIZE pp=$PPSIZE | $batch_shown | zero $zero_shown | $precision_shown"

@@ -113,6 +113,8 @@ if [[ -n "${GLOBAL_BATCH:-}" || -n "${GAS:-}" ]] \
             GLOBAL_BATCH=$(( zl_global * GAS ))
         fi
         batch_flags+=(--global-batch-size "$GLOBAL_BATCH")
+    else  # GLOBAL_BATCH with the JSON's micro batch: pretrain_gpt.py checks the two against the layout
+        batch_flags+=(--global-batch-size "$GLOBAL_BATCH")
     fi
 fi
 

@@ -270,6 +270,12 @@ def test_a_users_deepspeed_json_gives_what_no_variable_sets(tmp_path):
         assert flags["--deepspeed_config"] == str(user)
     given = driver_flags(tmp_path, DS_CONFIG=user, MICRO_BATCH=2, CLIP_GRAD=0.5)
     assert (given["--micro-batch-size"], given["--clip-grad"]) == ("2", "0.5") and "--global-batch-size" not in given
+    # GLOBAL_BATCH alone beside the JSON's micro batch is passed, never dropped (pretrain_gpt.py checks the two)
+    micro_only = tmp_path / "micro_only.json"
+    micro_only.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2}))
+    for flags in (driver_flags(tmp_path, DS_CONFIG=micro_only, GLOBAL_BATCH=16),
+                  alcf_flags(tmp_path, DS_CONFIG=micro_only, GLOBAL_BATCH=16, MODEL_SIZE_KEY="GPT_TINY")):
+        assert flags["--global-batch-size"] == "16" and "--micro-batch-size" not in flags
     for script in (DRIVER, ALCF):
         fp32 = run(script, DRY_RUN=1, RUNS_DIR=tmp_path, OUTPUT_ROOT=tmp_path, CUDA_VISIBLE_DEVICES="",
                    MODEL_SIZE_KEY="GPT_TINY", DS_CONFIG=user, PRECISION="fp32")
