@@ -172,12 +172,14 @@ class CheckpointArgs:
     finetune: bool = False
     trust_checkpoint: bool = False
     universal_checkpoint: bool = False
+    mtbf_hours: float | None = None  # the cluster's mean time between failures: prints the interval that fits
 
     def __post_init__(self):
         _require(not self.universal_checkpoint or (self.load is not None and not self.finetune),
                  "--universal-checkpoint resumes the run in --load on another layout; it needs --load and "
                  "no --finetune (which takes only the weights, from any layout)")
         _require(self.save_interval is None or self.save_interval > 0, "--save-interval must be >= 1")
+        _require(self.mtbf_hours is None or self.mtbf_hours > 0, f"--mtbf-hours must be > 0, got {self.mtbf_hours}")
 
 
 @dataclass
@@ -321,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="unpickle any object a checkpoint holds (it can run code; docs/checkpoints.md)")
     log.add_argument("--universal-checkpoint", action="store_true",
                      help="resume --load on another data-parallel size or ZeRO stage (docs/checkpoints.md)")
+    log.add_argument("--mtbf-hours", type=float, default=None,
+                     help="the cluster's mean time between failures: after the first save, print the checkpoint "
+                          "interval that loses the least time in expectation beside --save-interval (docs/faults.md)")
 
     zero = parser.add_argument_group("ZeRO")
     zero.add_argument("--zero-stage", type=int, default=None, help="default: the JSON's stage, else 0")
@@ -498,7 +503,7 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
         # args.save:` reads it; kept as '' it would reach os.makedirs('') on one rank while the others wait
         checkpoint=CheckpointArgs(save=ns.save or None, load=ns.load, save_interval=ns.save_interval,
                                   finetune=ns.finetune, trust_checkpoint=ns.trust_checkpoint,
-                                  universal_checkpoint=ns.universal_checkpoint),
+                                  universal_checkpoint=ns.universal_checkpoint, mtbf_hours=ns.mtbf_hours),
         deepspeed=deepspeed_args,
         argv=list(argv),
     )

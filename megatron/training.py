@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from megatron import comm_counter, memory
 from megatron.arguments import Args
+from megatron.checkpointing import interval
 from megatron.checkpointing.save_load import save_checkpoint
 from megatron.exit_signal import ExitSignalHandler
 from megatron.errors import ZeroLabError
@@ -71,6 +72,11 @@ class LoopState:
     interval_losses: list = field(default_factory=list)
     interval_seconds: float = 0.0
     interval_iterations: int = 0
+    # this launch's training steps and the seconds they took (the step clock's): seconds per iteration for
+    # the checkpoint-interval advice
+    launch_seconds: float = 0.0
+    launch_iterations: int = 0
+    interval_advised: bool = False
     epoch_losses: list = field(default_factory=list)
     epoch_start: float = field(default_factory=time.time)
 
@@ -366,7 +372,7 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
     first_step = True
     exit_signal = ExitSignalHandler() if args.training.exit_signal_handler else None
     poll_every = min(log.log_interval, EXIT_SIGNAL_POLL_STEPS)
-    clock = _StepClock(dist_info).start()
+    clock, clock_from = _StepClock(dist_info).start(), state.iteration
     while state.iteration < schedule.train_iters:
         with reporter.counting():
             result = step_fn(engine, train_iterator, args, dist_info, eod, probe_memory=first_step)
@@ -380,7 +386,10 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
         if not (first_step or logging or evaluating or epoch_end or saving or polling or
                 (exit_interval and it % exit_interval == 0)):
             continue  # nothing to read: the next step is queued without waiting for this one
-        state.interval_seconds += clock.stop()
+        seconds = clock.stop()
+        state.interval_seconds += seconds
+        state.launch_seconds += seconds
+        state.launch_iterations += it - clock_from
         _read_losses(state, args, dist_info)
         if first_step:
             reporter.model_state(engine, result)
@@ -394,25 +403,33 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
             reporter.epoch(state)
             state.epoch_losses, state.epoch_start = [], time.time()
         if saving:
-            save(engine, args, state, dist_info)
+            save(engine, args, state, dist_info, reporter)
         if polling and exit_signal.stop_requested(dist_info.device):
             if ckpt.save:
-                save(engine, args, state, dist_info)
+                save(engine, args, state, dist_info, reporter)
             saved = f"checkpoint saved to {ckpt.save}" if ckpt.save else "nothing saved: no --save"
             reporter.print_line(f" exiting program after receiving {exit_signal.name} at iteration {it} ({saved})")
             break
         if exit_interval and it % exit_interval == 0:
             reporter.print_line(f" exiting program at iteration {it} (--exit-interval {exit_interval})")
             break
-        clock.start()
+        clock, clock_from = clock.start(), it
     return state
 
 
-def save(engine, args: Args, state: LoopState, dist_info: DistInfo) -> None:
-    """Save once per iteration (the final save after the loop skips an iteration already saved)."""
-    if state.last_saved_iteration != state.iteration:
-        save_checkpoint(engine, args, state.iteration, state.consumed_samples, dist_info.rank)
-        state.last_saved_iteration = state.iteration
+def save(engine, args: Args, state: LoopState, dist_info: DistInfo, reporter: Reporter | None = None) -> None:
+    """Save once per iteration (the final save after the loop skips an iteration already saved). With
+    --mtbf-hours, the first save of a launch that has timed steps prints the checkpoint interval that fits."""
+    if state.last_saved_iteration == state.iteration:
+        return
+    seconds = save_checkpoint(engine, args, state.iteration, state.consumed_samples, dist_info.rank)
+    state.last_saved_iteration = state.iteration
+    mtbf_hours = args.checkpoint.mtbf_hours
+    if reporter is not None and mtbf_hours and not state.interval_advised and state.launch_iterations:
+        advice = interval.advise(seconds, state.launch_seconds / state.launch_iterations, mtbf_hours,
+                                 args.checkpoint.save_interval)
+        reporter.print_line(advice.line())
+        state.interval_advised = True
 
 
 def engine_device_args(dist_info: DistInfo) -> SimpleNamespace | None:

@@ -10,9 +10,10 @@ host memory (and to NVMe), it prints the predicted memory per GPU (model states,
 output-layer buffer), the bytes each GPU sends per step, what offload moves over PCIe, whether it fits,
 and which option to pick. With --gpu it also predicts each option's step time (compute, exposed
 communication, offload transfers, the pipeline's bubble), tokens/s, TFLOP/s per GPU and, with --tokens,
-the days to train, and picks the fastest option that fits. The numbers come from megatron/model/accounting/,
-the same functions whose predictions the training runs print beside their measurements
-(docs/zero-tradeoff.md, "Time per step: the model" and "Projecting a step onto GPUs").
+the days to train, and picks the fastest option that fits. With --storage-bandwidth and --mtbf-hours it prints
+the checkpoint's size, its save time and the interval between saves that loses the least time (docs/faults.md).
+The numbers come from megatron/model/accounting/, the same functions whose predictions the training runs print
+beside their measurements (docs/zero-tradeoff.md, "Time per step: the model" and "Projecting a step onto GPUs").
 """
 
 import argparse
@@ -30,6 +31,8 @@ from megatron.errors import ZeroLabError  # noqa: E402
 from megatron.layout_check import batch_split  # noqa: E402
 from megatron.model import accounting  # noqa: E402
 from megatron.model.config import GPTConfig, check_parallel_shape  # noqa: E402
+from megatron.checkpointing import interval  # noqa: E402
+from megatron.model.accounting.memory import checkpoint_bytes  # noqa: E402
 from megatron.model.accounting.step_time import (  # noqa: E402
     ComputeRates,
     LinkCosts,
@@ -393,6 +396,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help=f"per collective and level it crosses (default: {DEFAULT_LATENCY_US:g}us)")
     parser.add_argument("--nvme-bandwidth", help="per node, e.g. 25GB/s; without it NVMe offload is not timed")
     parser.add_argument("--tokens", help="a token budget, e.g. 300B: prints the days to train it")
+    parser.add_argument("--storage-bandwidth",
+                        help="the checkpoint filesystem's write bandwidth for the whole job, e.g. 20GB/s: with "
+                             "--mtbf-hours, prints the checkpoint interval that fits")
+    parser.add_argument("--mtbf-hours", type=float,
+                        help="the cluster's mean time between failures for a job this size, in hours")
     parser.add_argument("--headroom", type=float, default=0.1,
                         help="fraction of GPU memory kept for the CUDA context, communication buckets and "
                              "fragmentation (default: 0.1)")
@@ -426,17 +434,18 @@ def main(argv: list[str] | None = None) -> int:
         ns.token_budget = parse_tokens(ns.tokens) if ns.tokens else None
         config = model_config(ns)
         plans = plan(config, ns)
+        best, why = choose(plans)
+        checkpointing = checkpoint_advice(config, ns, best)
     except ZeroLabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    best, why = choose(plans)
     hw = ns.hardware
     if ns.json:
         gpu = None if hw is None else dict(
             gpu=hw.gpu, peak_tflops=hw.peak_tflops, efficiency=hw.efficiency, intra_node_gbps=hw.intra_node_gbps,
             inter_node_gbps=hw.inter_node_gbps, latency_us=hw.latency_us, tokens=ns.token_budget)
         print(json.dumps({"plans": [vars(p) for p in plans], "hardware": gpu, "choice": best.option if best else None,
-                          "why": why}, indent=2))
+                          "why": why, "checkpoint": checkpointing}, indent=2))
         return 0
     name = ns.model_size or f"{config.num_layers} layers x {config.hidden_size}"
     print(f"{name}: {accounting.count_parameters(config) / 1e9:.2f}B parameters, seq {ns.seq_length}, micro batch "
@@ -452,7 +461,39 @@ def main(argv: list[str] | None = None) -> int:
               + "\n")
         print(time_table(plans, ns.token_budget is not None, ns.pp > 1))
     print(f"\npick: {best.option}: {why}" if best else f"\npick: none: {why}")
+    if checkpointing:
+        print(checkpoint_line(checkpointing, ns))
     return 0
+
+
+def checkpoint_advice(config: GPTConfig, ns: argparse.Namespace, best: Plan | None) -> dict | None:
+    """With --storage-bandwidth and --mtbf-hours: the checkpoint's size and predicted save time, and the
+    Young/Daly interval (megatron/checkpointing/interval.py), in iterations of the picked option where its step
+    is timed (--gpu)."""
+    if ns.storage_bandwidth is None and ns.mtbf_hours is None:
+        return None
+    if ns.storage_bandwidth is None or ns.mtbf_hours is None:
+        raise PlanError("--storage-bandwidth and --mtbf-hours go together: the interval needs the save time and the MTBF")
+    if ns.mtbf_hours <= 0:
+        raise PlanError(f"--mtbf-hours must be > 0, got {ns.mtbf_hours:g}")
+    stage = 3 if best is None else next(o[1] for o in OPTIONS if o[0] == best.option)
+    size = checkpoint_bytes(accounting.count_parameters(config), ns.precision, stage)
+    save_s = size / (parse_bandwidth(ns.storage_bandwidth, "--storage-bandwidth") * 1e9 / 8)
+    best_s = interval.optimal_interval_seconds(save_s, ns.mtbf_hours * 3600)
+    step_s = best.step_ms / 1e3 if best is not None and best.step_ms is not None else None
+    return dict(bytes=size, save_s=save_s, mtbf_hours=ns.mtbf_hours, interval_s=best_s,
+                interval_iterations=None if step_s is None else max(1, round(best_s / step_s)),
+                lost_fraction=interval.expected_loss_fraction(best_s, save_s, ns.mtbf_hours * 3600))
+
+
+def checkpoint_line(advice: dict, ns: argparse.Namespace) -> str:
+    every = f"every {advice['interval_s']:,.0f} s of training"
+    if advice["interval_iterations"] is not None:
+        every += f" (--save-interval {advice['interval_iterations']} at the picked option's step)"
+    size = f"{advice['bytes'] / 1e12:.2f} TB" if advice["bytes"] >= 1e12 else f"{advice['bytes'] / 1e9:.1f} GB"
+    return (f"checkpoint: {size} per save (parameters and optimizer states), "
+            f"{advice['save_s']:,.0f} s at {ns.storage_bandwidth}; with --mtbf-hours {ns.mtbf_hours:g} save {every}, "
+            f"{100 * advice['lost_fraction']:.1f}% of the time lost in expectation (Young/Daly)")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 - `save_load`: saving and resuming through the DeepSpeed engine; `writer` flushes each file it writes and
   takes its CRC-32 as it goes (`checksum`: the manifest's CRC-32s, standard library only),
   `rng` keeps the random generators; `universal`: resuming on another data-parallel size or ZeRO stage.
+- `interval`: how often to save, given a save's time and the cluster's MTBF (standard library only).
 
 Nothing is imported here, so that importing `protocol` or `run_folder` does not import torch.
 """

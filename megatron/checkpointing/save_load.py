@@ -12,6 +12,7 @@ restricted (megatron/safe_load.py).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -29,8 +30,11 @@ if TYPE_CHECKING:
     from megatron.arguments import Args
 
 
-def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, rank: int) -> None:
+def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, rank: int) -> float:
+    """Returns the seconds the save took on this rank, from the first barrier to the commit's (every rank's
+    files written, flushed and swapped into place), the time a checkpoint interval is weighed against."""
     save_dir, tag = args.checkpoint.save, protocol.tag_name(iteration)
+    started = time.perf_counter()
     if type(engine.checkpoint_engine) is TorchCheckpointEngine:  # DeepSpeed's default engine (not a user's)
         engine.checkpoint_engine = FlushingCheckpointEngine(engine._config)
     previous = protocol.read_latest(save_dir)
@@ -57,8 +61,12 @@ def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, r
         protocol.commit(save_dir, tag, {"iteration": iteration, "consumed_samples": consumed_samples,
                                         "argv": args.argv, "layout": current_layout(args)}, checksums=checksums)
     dist.barrier()  # no rank reports the save before it is committed
+    seconds = time.perf_counter() - started
     if rank == 0:
-        print(f"  successfully saved checkpoint at iteration {iteration:8d} to {save_dir}", flush=True)
+        size = sum(protocol.listed_files(os.path.join(save_dir, tag)).values())
+        print(f"  successfully saved checkpoint at iteration {iteration:8d} to {save_dir} "
+              f"in {seconds:.2f} s ({size / 1e6:.1f} MB)", flush=True)
+    return seconds
 
 
 def _gather_checksums(engine, staging: str) -> dict[str, str] | None:
