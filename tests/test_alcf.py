@@ -132,6 +132,29 @@ def test_hostfile_and_visible_devices_and_extra_args(cluster):
     assert "run: gpt_GPT125M_z1_" in result.stdout and " --sequence-parallel" not in line
 
 
+def test_run_name_says_sp_only_when_on_and_outputs_go_to_the_repository(cluster):
+    """Tensor parallelism alone (MPSIZE=2, no SP_TYPE/SP) is no sequence parallelism: no --sequence-parallel, no
+    SP_ in the name; SP=1 gives both. Without OUTPUT_ROOT the run folder is the repository's outputs/, whichever
+    folder the script runs from (here a temporary one), as the drivers' runs/."""
+    env = dict(DRY_RUN=1, PBS_NODEFILE=cluster / "nodefile", MODEL_SIZE_KEY="GPT125M", MPSIZE=2)
+    for sp, prefix in ((None, "gpt_GPT125M_z1_"), ("1", "gpt_SP_GPT125M_z1_")):
+        result = run_script(cluster, **env, **({"SP": sp} if sp else {}))
+        assert result.returncode == 0, result.stderr
+        line = launch_line(result)
+        assert (" --sequence-parallel " in line) == (sp == "1")
+        name = re.search(r"\[args\] run: (\S+) ", result.stdout).group(1)
+        assert name.startswith(prefix), name
+    full = subprocess_env(USER="tester", **env)
+    for var in (*LAUNCH_VARS, "LOGFILES", "SP"):
+        if var not in env:
+            full.pop(var, None)
+    full["PATH"] = f"{cluster / 'bin'}{os.pathsep}{full['PATH']}"
+    result = subprocess.run(["bash", str(TRAIN)], cwd=cluster, env=full, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    name = re.search(r"\[args\] run: (\S+) ", result.stdout).group(1)
+    assert flag_value(launch_line(result), "--run-dir") == str(REPO_ROOT / "outputs" / name)
+
+
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="needs mpiexec (scripts/setup.sh installs MPICH)")
 def test_no_gpu_runs_cpu_ranks_on_this_host(tmp_path):
     result = run_script(tmp_path, gpus=False, DRY_RUN=1, MODEL_SIZE_KEY="GPT_TINY", SEQ_LEN=64)
