@@ -1,6 +1,6 @@
 # Shared by the examples_zero/gpt_deepspeed_*.sh drivers (sourced, never run alone).
-# The driver sets ZERO_STAGE, EXPERIMENT (DP|Z1|Z2|Z3|Z3_OL|Z3_NVMe) and OFFLOAD=1 for CPU offload or
-# OFFLOAD=nvme for NVMe offload (files under NVME_PATH, default <run folder>/nvme);
+# The driver sets zl_driver_stage (its ZeRO stage), EXPERIMENT (DP|Z1|Z2|Z3|Z3_OL|Z3_NVMe) and OFFLOAD=1 for CPU
+# offload or OFFLOAD=nvme for NVMe offload (files under NVME_PATH, default <run folder>/nvme);
 # everything else is an environment default here, identical for all the drivers so runs compare
 # (docs/environment.md lists every variable). Extra arguments to the driver are passed to pretrain_gpt.py
 # last, so they override.
@@ -34,6 +34,11 @@ fi
 zl_check "torchrun|deepspeed|mpiexec|srun" LAUNCHER
 zl_check int NGPUS NNODES
 zl_check count NODE_RANK
+# Each driver is one experiment at one ZeRO stage (ALCF/ takes ZERO_STAGE): another ZERO_STAGE is refused
+[[ -z "${ZERO_STAGE:-}" || "$ZERO_STAGE" == "$zl_driver_stage" ]] || zl_die "ZERO_STAGE=$ZERO_STAGE:" \
+    "gpt_deepspeed_$EXPERIMENT.sh runs ZeRO stage $zl_driver_stage (each driver is one experiment:" \
+    "gpt_deepspeed_DP.sh, _Z1, _Z2 and _Z3 run stages 0 to 3): run that stage's driver, or leave ZERO_STAGE unset"
+ZERO_STAGE=$zl_driver_stage
 [[ "${LAUNCHER:-}" == srun && -z "${NGPUS:-}" ]] && NGPUS=${SLURM_NTASKS:-}
 if (( ZL_CUDA_GPUS > 0 )); then
     ZL_ACCELERATOR=cuda; MODEL_SIZE=${MODEL_SIZE:-125M}; NGPUS=${NGPUS:-$ZL_CUDA_GPUS}; LAUNCHER=${LAUNCHER:-deepspeed}

@@ -249,10 +249,22 @@ def test_a_bad_variable_is_named_with_its_value_and_what_is_expected(tmp_path, s
     (dict(MODEL_SIZE="7B"), "MODEL_SIZE=7B: expected a preset (tiny, 125M, 355M, 760M, 774M, 1.3B, 1.5B, 2.7B, "
                             "6.7B, 13B, 25B, 175B)"),
     (dict(NNODES="2", NODE_RANK="x"), "NODE_RANK=x: expected an integer >= 0"),
+    # ALCF's ZERO_STAGE: each driver runs its own stage, and says so instead of ignoring another
+    (dict(ZERO_STAGE="3"), "ZERO_STAGE=3: gpt_deepspeed_Z1.sh runs ZeRO stage 1 (each driver is one experiment: "
+                           "gpt_deepspeed_DP.sh, _Z1, _Z2 and _Z3 run stages 0 to 3): run that stage's driver, or "
+                           "leave ZERO_STAGE unset"),
 ])
 def test_a_bad_driver_variable_is_named(tmp_path, settings, message):
     result = run(DRIVER, DRY_RUN=1, RUNS_DIR=tmp_path, **settings)
     assert (result.returncode, result.stderr) == (1, f"error: {message}\n")
+
+
+@pytest.mark.slow
+def test_a_drivers_own_zero_stage_may_be_named(tmp_path):
+    """ZERO_STAGE equal to the driver's stage is what the driver runs anyway (--zero-stage 1)."""
+    result = run(DRIVER, DRY_RUN=1, RUNS_DIR=tmp_path, ZERO_STAGE="1")
+    assert result.returncode == 0, result.stderr
+    assert " --zero-stage 1 " in command_line(result)
 
 
 def test_a_users_deepspeed_json_gives_what_no_variable_sets(tmp_path):
