@@ -33,7 +33,7 @@ def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict,
     --link-latency-us describe it), then predict one step. Every rank calls this at the same time: the
     ranks share the host's cores and links in training, and so they do in the probes. The probes draw
     from forked generators, so the run's own random numbers are the ones it would draw without them."""
-    from megatron.comm_probe import probe_link
+    from megatron.comm_probe import probe_buffers, probe_link
     from megatron.compute_probe import probe_compute
     from megatron.model.accounting.step_time import link_costs_from_flags, predict_step_time
 
@@ -42,6 +42,8 @@ def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict,
     # traffic is the model-parallel ranks', so the whole world's link is the one measured
     data_group = dist_info.parallel.data.handle if dist_info.parallel.data.size > 1 else None
     devices = [dist_info.device] if dist_info.on_cuda else []
+    zero = ds_config.get("zero_optimization", {})
+    stage = args.parallel.pipeline_model_parallel_size - 1  # the logging rank's pipeline stage
     dist.barrier()
     with torch.random.fork_rng(devices=devices):
         rates = probe_compute(args.model, setup, dist_info.device, _DTYPES[args.deepspeed.precision],
@@ -50,9 +52,9 @@ def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict,
         if log.link_bandwidth_gbps is not None:
             link = link_costs_from_flags(backend, log.link_bandwidth_gbps, log.link_latency_us)
         else:
-            link = probe_link(data_group, dist_info.device, backend)
-    zero = ds_config.get("zero_optimization", {})
-    stage = args.parallel.pipeline_model_parallel_size - 1  # the logging rank's pipeline stage
+            # each kind timed as the run issues it, at a buffer near the step's largest message of it
+            link = probe_link(data_group, dist_info.device, backend,
+                              buffers=probe_buffers(args.model, setup, stage, zero))
     predicted = predict_step_time(args.model, setup, stage, rates, link, zero,
                                   overlap_comm=bool(zero.get("overlap_comm", False)))
     return predicted, rates, link

@@ -131,6 +131,7 @@ def probe_line(rates, link, predicted) -> str:
                       for kind, cost in link.costs.items())
     nvme = "" if rates.nvme_bytes_per_s is None else f", NVMe {rates.nvme_bytes_per_s / 1e9:.2f} GB/s"
     output = rates.output_flops_per_s or rates.flops_per_s
+    costs += "" if link.seconds is None else f" (probed in {link.seconds:.2f} s)"
     return (f" > step time predicted | compute: layers {rates.flops_per_s / 1e9:.1f} GFLOP/s, output layer "
             f"{output / 1e9:.1f} GFLOP/s, optimizer "
             f"{rates.optimizer_s_per_element * 1e9:.2f} ns/element, host copies "

@@ -1,6 +1,7 @@
-"""megatron/comm_probe.py: the two-point fit against hand-computed lines, and the probe on a real 2-rank gloo
-group: costs positive, finite and the same on both ranks, a third buffer size's all-reduce near what the fit
-predicts, nothing counted as training traffic, nothing run on a group of one rank."""
+"""megatron/comm_probe.py: the two-point fit against hand-computed lines, the bandwidth point's buffer for a run,
+and the probe on a real 2-rank gloo group: costs positive, finite and the same on both ranks, a third buffer
+size's all-reduce near what the fit predicts, the reduce probed where the run issues it, nothing counted as
+training traffic, nothing run on a group of one rank."""
 import functools
 import math
 import statistics
@@ -11,8 +12,11 @@ import torch
 import torch.distributed as dist
 
 from megatron import comm_counter
-from megatron.comm_probe import fit, probe_link
+from megatron.comm_probe import LARGE, LARGEST, fit, probe_buffers, probe_link
+from megatron.deepspeed_config import bucket_sizes
+from megatron.model.accounting import TrainingSetup, count_parameters
 from megatron.model.accounting.step_time import CollectiveCost
+from megatron.model.config import GPTConfig
 from test_tensor_parallel import run_ranks
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p")
@@ -32,6 +36,33 @@ def test_fit_stays_physical_under_noise():
     # a line through negative latency: zero latency, the slope kept
     cost = fit((1e3, 1e-6), (1.001e6, 1.0001e-2))  # 10 ns per byte, intercept -9 us
     assert cost.latency_s == 0.0 and cost.seconds_per_byte == pytest.approx(1e-8)
+
+
+def test_bandwidth_point_is_the_steps_largest_message():
+    # the tiny preset's shape: h 128, vocabulary 50304; the word embedding (6,438,912 elements) is larger than
+    # the generated bucket (1/20 of the model), so DeepSpeed reduces and gathers it alone: the largest message
+    tiny = GPTConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=128,
+                     max_position_embeddings=128, padded_vocab_size=50304)
+    two = TrainingSetup(world_size=2, micro_batch_size=4, device="cpu", zero_stage=1)
+    zero = {"stage": 1, "reduce_scatter": True, **bucket_sizes(count_parameters(tiny), 128)}
+    assert zero["reduce_bucket_size"] < 6_438_912
+    # ZeRO-1 reduces (the reduce-scatter kind, probed as reduce) and all-gathers; nothing else sends bytes
+    assert probe_buffers(tiny, two, 0, zero) == dict(all_reduce=LARGE, reduce_scatter=LARGE, all_gather=6_438_912,
+                                                     broadcast=LARGE, reduce=6_438_912)
+    # ZeRO-3 reduce-scatters: no reduce probed
+    three = TrainingSetup(world_size=2, micro_batch_size=4, device="cpu", zero_stage=3)
+    assert probe_buffers(tiny, three, 0, {**zero, "stage": 3}) == dict(all_reduce=LARGE, reduce_scatter=6_438_912,
+                                                               all_gather=6_438_912, broadcast=LARGE)
+    # stage 0 all-reduces the whole gradient (DeepSpeed's 5e8-element chunks): all of the rank's parameters
+    zero0 = TrainingSetup(world_size=2, micro_batch_size=4, device="cpu", zero_stage=0)
+    assert probe_buffers(tiny, zero0, 0, {"stage": 0})["all_reduce"] == count_parameters(tiny)
+    # a larger model's embedding is capped at LARGEST (32 MiB); a model smaller than LARGE is probed at LARGE
+    big = GPTConfig(num_layers=2, hidden_size=768, num_attention_heads=12, seq_length=128,
+                    max_position_embeddings=128, padded_vocab_size=50304)
+    assert probe_buffers(big, two, 0, zero)["reduce"] == LARGEST
+    small = GPTConfig(num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
+                      padded_vocab_size=64)
+    assert probe_buffers(small, two, 0, {"reduce_bucket_size": 1500})["reduce"] == LARGE
 
 
 def _all_reduce_near_the_fit(link, world) -> float:
@@ -61,7 +92,7 @@ def _probe_on_two_ranks(rank, world, results):
     finally:
         comm_counter.uninstall()
     assert alone.source == "probe" and all(c == CollectiveCost(0.0, 0.0) for c in alone.costs.values())
-    assert link.source == "probe" and set(link.costs) == set(KINDS)
+    assert link.source == "probe" and set(link.costs) == {*KINDS, "reduce"} and 0 < link.seconds < seconds + 1e-6
     for kind, cost in link.costs.items():
         assert math.isfinite(cost.latency_s) and cost.latency_s >= 0, (kind, cost)
         assert math.isfinite(cost.seconds_per_byte) and cost.seconds_per_byte > 0, (kind, cost)
@@ -75,7 +106,13 @@ def _probe_on_two_ranks(rank, world, results):
     ratios = [_all_reduce_near_the_fit(link, world)]
     while len(ratios) < 3 and not all(1 / 3 < r < 3 for r in _everyones(ratios[-1])):
         ratios.append(_all_reduce_near_the_fit(probe_link(dist.group.WORLD, torch.device("cpu"), "gloo"), world))
-    results.put((rank, seconds, ratios))
+    # a run that issues no reduce gets none probed; one bandwidth point at a larger buffer (8 MiB)
+    buffers = dict(all_gather=2 * LARGE)
+    start = time.perf_counter()
+    issued = probe_link(dist.group.WORLD, torch.device("cpu"), "gloo", buffers=buffers)
+    sized = time.perf_counter() - start
+    assert set(issued.costs) == set(KINDS) and issued.costs["all_gather"].seconds_per_byte > 0
+    results.put((rank, seconds, sized, ratios))
     assert all(1 / 3 < r < 3 for r in _everyones(ratios[-1])), ratios
 
 
@@ -92,4 +129,5 @@ def test_probe_on_a_real_gloo_group():
     results = mp.get_context("spawn").SimpleQueue()
     run_ranks(functools.partial(_probe_on_two_ranks, results=results))
     probed = sorted(results.get() for _ in range(2))
-    print("probe seconds and 1 MiB all-reduce measured/predicted (each round) per rank:", probed)
+    print("probe seconds (default, with an 8 MiB all-gather point) and 1 MiB all-reduce measured/predicted (each "
+          "round) per rank:", probed)

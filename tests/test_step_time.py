@@ -11,6 +11,7 @@ from megatron.model.accounting.step_time import (
     LinkCosts,
     StepTime,
     hierarchical_link_costs,
+    gradient_reduction_op,
     link_costs_from_flags,
     messages_per_step,
     optimizer_elements,
@@ -47,13 +48,17 @@ def msgs(**counts) -> dict:
 
 def test_cost_factors_are_the_measured_gloo_ones_and_nccl_textbook():
     assert COST_FACTORS["gloo"] == {"all_reduce": 1.07, "reduce_scatter": 2.19, "all_gather": 1.62,
-                                    "broadcast": 2.10, "p2p": 1.0}
-    assert COST_FACTORS["nccl"] == dict.fromkeys(KINDS, 1.0)
+                                    "broadcast": 2.10, "p2p": 1.0, "reduce": 3.0}
+    assert COST_FACTORS["nccl"] == dict.fromkeys((*KINDS, "reduce"), 1.0)
 
 
 def test_link_from_flags():
     link = link_costs_from_flags("gloo", bandwidth_gbps=0.2, latency_us=100)  # 200 Mbit/s: 25e6 bytes/s
-    assert link.source == "flags" and set(link.costs) == set(KINDS)
+    assert link.source == "flags" and set(link.costs) == {*KINDS, "reduce"} and link.seconds is None
+    assert link.gradient_reduction("reduce").seconds_per_byte == pytest.approx(3.0 / 25e6)
+    # a link without a reduce cost (a probe of a run that issues none) prices a reduce as a reduce-scatter
+    without = LinkCosts({kind: link.costs[kind] for kind in KINDS}, source="probe")
+    assert without.gradient_reduction("reduce") == link.costs["reduce_scatter"]
     cost = link.costs["reduce_scatter"]
     assert isinstance(cost, CollectiveCost)
     assert (cost.latency_s, cost.seconds_per_byte) == pytest.approx((1e-4, 2.19 / 25e6), rel=1e-12)
@@ -160,12 +165,38 @@ SHARE = PARAMS * 4 / 2  # fp32 bytes one of 2 ranks sends per pass over the mode
 def test_predicted_step_time_stage1_on_gloo():
     predicted = predict_step_time(CONFIG, setup(zero_stage=1), 0, RATES, GLOO, BUCKETS, overlap_comm=False)
     assert predicted.compute == pytest.approx(417792 / 1e9 + 2232 * 1e-8)  # the layer FLOPs, the rank's half
-    # 6 reduces of the gradients (8928 bytes), 2 all-gathers of the parameters (8928), 2 norm all-reduces (0)
-    assert predicted.communication == pytest.approx(6e-4 + 8928 * 2.19 / 25e6 + 2e-4 + 8928 * 1.62 / 25e6 + 2e-4)
+    # 6 reduces of the gradients (8928 bytes) at the reduce's 3.0, not the reduce-scatter's 2.19 (DeepSpeed's
+    # dist.reduce per partition), 2 all-gathers of the parameters (8928), 2 norm all-reduces (0)
+    assert predicted.communication == pytest.approx(6e-4 + 8928 * 3.0 / 25e6 + 2e-4 + 8928 * 1.62 / 25e6 + 2e-4)
     assert predicted.offload == 0 and predicted.overlap == 0
     assert predicted.total == pytest.approx(predicted.compute + predicted.communication)
     assert optimizer_elements(CONFIG, setup(zero_stage=1)) == 2232
     assert optimizer_elements(CONFIG, setup(zero_stage=0)) == PARAMS
+
+
+def test_gradient_reduction_is_priced_as_the_op_deepspeed_issues():
+    # ZeRO 1-2 reduce each partition to its owner (dist.reduce); ZeRO-3 reduce-scatters; a user's config with
+    # reduce_scatter off all-reduces (its traffic stays the reduce-scatter kind: priced as one); the bf16
+    # optimizer sends no reduce-scatter traffic at all
+    assert [gradient_reduction_op(setup(zero_stage=z), BUCKETS) for z in (0, 1, 2, 3)] == [
+        "reduce_scatter", "reduce", "reduce", "reduce_scatter"]
+    assert gradient_reduction_op(setup(zero_stage=1), {"reduce_scatter": False}) == "reduce_scatter"
+    assert gradient_reduction_op(setup(zero_stage=1, precision="bf16"), BUCKETS) == "reduce_scatter"
+    # a link whose reduce costs 1 ms + 1 us per byte and reduce-scatter 1 s + 1 s per byte: stage 2's
+    # 2 micro-batches x 5 reduces of 8928 bytes each pass (10 reduces, 17856 bytes) all at the reduce's cost
+    zero = CollectiveCost(0.0, 0.0)
+    link = LinkCosts({**dict.fromkeys(KINDS, zero), "reduce_scatter": CollectiveCost(1.0, 1.0),
+                      "reduce": CollectiveCost(1e-3, 1e-6)}, source="probe")
+    stage2 = setup(zero_stage=2, gradient_accumulation_steps=2)
+    assert predict_step_time(CONFIG, stage2, 0, RATES, link, BUCKETS, overlap_comm=False).communication == (
+        pytest.approx(10e-3 + 17856e-6))
+    # stage 3's 4 reduce-scatters of the gradients (8928 bytes) at the reduce-scatter's cost
+    stage3 = predict_step_time(CONFIG, setup(zero_stage=3), 0, RATES, link, BUCKETS, overlap_comm=False)
+    assert stage3.communication == pytest.approx(4 + 8928)
+    # a probed link without a reduce cost prices stage 1's 6 reduces as reduce-scatters, as before
+    plain = LinkCosts({kind: link.costs[kind] for kind in KINDS}, source="probe")
+    stage1 = predict_step_time(CONFIG, setup(zero_stage=1), 0, RATES, plain, BUCKETS, overlap_comm=False)
+    assert stage1.communication == pytest.approx(6 + 8928)
 
 
 def test_predicted_step_time_counts_recomputation_and_stage0_optimizer():

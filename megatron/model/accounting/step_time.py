@@ -7,6 +7,7 @@ link the user describes with flags), never the run's own step time.
     compute = hardware FLOPs of the rank's share of the step / flops_per_s
               (+ the optimizer step, partition elements x optimizer_s_per_element, when it runs on the rank)
     communication = sum over kinds of messages x latency_s + bytes sent x seconds_per_byte
+                    (ZeRO 1-2's gradient reduction at the cost of `reduce`, the op DeepSpeed issues for it)
     offload = host optimizer step + PCIe bytes / host_copy_bytes_per_s + NVMe bytes / nvme_bytes_per_s
     overlap = ZeRO's gradient reductions hidden behind the backward (CUDA with overlap_comm; 0 on gloo)
 
@@ -42,9 +43,17 @@ class CollectiveCost:
 
 @dataclass(frozen=True)
 class LinkCosts:
-    """What each kind of collective (accounting.TRAFFIC_KINDS) costs on the data-parallel group."""
+    """What each kind of collective (accounting.TRAFFIC_KINDS) costs on the data-parallel group, and, where
+    known, what a `reduce` costs: ZeRO 1-2's gradient reduction (`gradient_reduction_op`), which the counter
+    books as reduce-scatter traffic but gloo runs slower per byte at training sizes."""
     costs: dict[str, CollectiveCost]
     source: str  # "probe" (measured at start-up) or "flags" (the user's bandwidth and latency)
+    seconds: float | None = None  # how long the start-up probe took; None: not probed
+
+    def gradient_reduction(self, op: str) -> CollectiveCost:
+        """The cost of `op` ("reduce" or "reduce_scatter"); a link without a reduce cost prices it as a
+        reduce-scatter."""
+        return self.costs.get(op, self.costs["reduce_scatter"])
 
 
 @dataclass(frozen=True)
@@ -76,12 +85,25 @@ class StepTime:
 
 # Wire seconds per paper byte, relative to bytes / bandwidth, per backend and kind. gloo: measured on two hosts
 # at 200 Mbit/s (issue 32): its reduce-scatter costs about what an all-reduce of the same input costs, and its
-# all-gather and broadcast are not the bandwidth-optimal rings either. nccl: the textbook ring, which sends
-# exactly the paper volume (1.0), until a GPU measures it. p2p: a send is its bytes on both.
+# all-gather and broadcast are not the bandwidth-optimal rings either; a reduce to one rank of each partition
+# in turn, ZeRO 1-2's gradient reduction, moved 8.2-8.4 MB/s counted at 13.7-27.4 MiB buffers (3.0; 12.4 MB/s,
+# 2.0, at 4 MiB; bench/results/step_time_cpu.md). nccl: the textbook ring, which sends exactly the paper volume
+# (1.0), until a GPU measures it. p2p: a send is its bytes on both.
 COST_FACTORS: dict[str, dict[str, float]] = {
-    "gloo": {"all_reduce": 1.07, "reduce_scatter": 2.19, "all_gather": 1.62, "broadcast": 2.10, "p2p": 1.0},
-    "nccl": dict.fromkeys(TRAFFIC_KINDS, 1.0),
+    "gloo": {"all_reduce": 1.07, "reduce_scatter": 2.19, "all_gather": 1.62, "broadcast": 2.10, "p2p": 1.0,
+             "reduce": 3.0},
+    "nccl": {**dict.fromkeys(TRAFFIC_KINDS, 1.0), "reduce": 1.0},
 }
+
+
+def gradient_reduction_op(setup: TrainingSetup, zero: dict) -> str:
+    """The torch.distributed op the data-parallel gradient reduction is issued as: "reduce" at ZeRO 1-2 with
+    DeepSpeed's reduce_scatter on (its default, and megatron/deepspeed_config.py's), whose average_tensor
+    reduces each bucket's slice to the partition's owner with dist.reduce; "reduce_scatter" otherwise (ZeRO-3's
+    reduce_scatter_tensor; stage 0 and the bf16 optimizer all-reduce and send no such traffic). `zero`: the
+    DeepSpeed config's zero_optimization section."""
+    stage12 = setup.zero_stage in (1, 2) and not runs_bf16_optimizer(setup)
+    return "reduce" if stage12 and zero.get("reduce_scatter", True) else "reduce_scatter"
 
 
 def link_costs_from_flags(backend: str, bandwidth_gbps: float, latency_us: float) -> LinkCosts:
@@ -415,7 +437,8 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     included) / world size, the layers' at rates.flops_per_s and the output layer's at rates.output_flops_per_s;
     plus the optimizer's step over optimizer_elements at
     rates.optimizer_s_per_element unless the optimizer is offloaded. communication: per kind, link.costs[kind]
-    of zero_traffic_per_step's bytes and messages_per_step's messages (a pipeline's bubble is not modelled).
+    of zero_traffic_per_step's bytes and messages_per_step's messages (a pipeline's bubble is not modelled), the
+    data-parallel gradient reduction at link.gradient_reduction(gradient_reduction_op(setup, buckets)).
     offload: with the optimizer offloaded, its step on the host over the same elements; and
     offload_transfer_per_step's PCIe bytes at rates.host_copy_bytes_per_s and NVMe bytes at
     rates.nvme_bytes_per_s. overlap: with overlap_comm on CUDA, ZeRO 1-3's gradient reductions (the
@@ -444,6 +467,13 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
         communication = sum(model_parallel_link.costs[kind].seconds(mp_traffic[kind], mp_messages[kind])
                             + link.costs[kind].seconds(traffic[kind] - mp_traffic[kind],
                                                        messages[kind] - mp_messages[kind]) for kind in TRAFFIC_KINDS)
+    # ZeRO's gradient reduction, the reduce-scatter kind less TP's (sequence parallelism's) reduce-scatters,
+    # priced at the cost of the op DeepSpeed issues for it rather than the reduce-scatter's
+    data_parallel = replace(setup, sequence_parallel=False)  # TP's reduce-scatters become all-reduces
+    reduction = (zero_traffic_per_step(config, data_parallel, stage)["reduce_scatter"],
+                 messages_per_step(config, data_parallel, stage, buckets)["reduce_scatter"])
+    reduction_seconds = link.gradient_reduction(gradient_reduction_op(setup, buckets)).seconds(*reduction)
+    communication += reduction_seconds - link.costs["reduce_scatter"].seconds(*reduction)
     transfers = offload_transfer_per_step(config, setup, stage)
     if transfers["nvme"] and rates.nvme_bytes_per_s is None:
         raise AccountingError("the run offloads to NVMe but the compute probe measured no NVMe rate "
@@ -453,10 +483,6 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     offload += optimizer if setup.offload_optimizer else 0.0
     overlap = 0.0
     if overlap_comm and setup.device == "cuda" and setup.zero_stage >= 1 and not runs_bf16_optimizer(setup):
-        data_parallel = replace(setup, sequence_parallel=False)  # TP's reduce-scatters become all-reduces
-        reduction_seconds = link.costs["reduce_scatter"].seconds(
-            zero_traffic_per_step(config, data_parallel, stage)["reduce_scatter"],
-            messages_per_step(config, data_parallel, stage, buckets)["reduce_scatter"])
         backward = forward_backward * (1 - model_flops_per_iteration(config, global_batch) / 3 / hardware)
         overlap = min(reduction_seconds, backward)
     compute = forward_backward + (0.0 if setup.offload_optimizer else optimizer)
