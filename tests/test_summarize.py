@@ -723,3 +723,67 @@ def test_uneven_and_partial_intervals_and_an_upstream_resume():
     assert s.samples_per_s_mean == pytest.approx(25 * 8 / 24.0, rel=1e-4)  # 8.333
     # The mean of the logged rates would read (320 + 213.333 + 320) / 3 = 284.4, 6.7% high; the two
     # full intervals alone (800 and 1200 ms) (320 + 213.333) / 2 = 266.7 against 20 x 256 / 20 s = 256, +4.2%.
+
+
+# ---- a real resumed run ---------------------------------------------------------------------------------
+
+def _printed(attempt_text: str, pattern: str) -> dict[int, float]:
+    """iteration -> the number a line of one attempt printed after it (the first group names the iteration)."""
+    return {int(it): float(value) for it, value in re.findall(pattern, attempt_text, re.M)}
+
+
+@pytest.mark.slow
+def test_summary_of_a_real_resumed_run(dolly_data_dir, tmp_path):
+    """The Z1 driver on 2 CPU ranks, 3 epochs of 2 iterations, a checkpoint every 3. Attempt 1 stops at
+    iteration 5 (--exit-interval), saving global_step5; that save is then damaged (a truncated file), so
+    attempt 2 resumes from global_step3: iterations 4 and 5 are run and printed twice, and epoch 2
+    (iterations 3-4) spans the attempts (attempt 2 prints its line again, timing only iteration 4).
+    The summary's figures are computed here by hand from the lines each attempt printed."""
+    from conftest import driver_env
+    from analysis.run_metadata import from_run_info
+    from analysis.run_summary import summarize_run
+    env = driver_env(dolly_data_dir, tmp_path, SAVE_INTERVAL=3)
+    env.update(TRAIN_EPOCHS="3", EVAL_INTERVAL="100", EVAL_ITERS="0")
+    driver = ["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")]
+    first = subprocess.run([*driver, "--exit-interval", "5"], env=env, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    folder = tmp_path / "gpt_tiny_Z1"
+    checkpoints = folder / "checkpoints"
+    assert (checkpoints / "latest").read_text() == "global_step5"
+    (checkpoints / "global_step5" / "mp_rank_00_model_states.pt").write_bytes(b"x")  # a save cut short
+    second = subprocess.run(driver, env=env, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    text = (folder / "train.log").read_text()
+    attempts = re.split(r"^\[zero-lab\] attempt \d started .*$", text, flags=re.M)[1:]
+    assert len(attempts) == 2 and "resuming from global_step3" in second.stderr, second.stderr[-3000:]
+
+    iteration = r"^ iteration +(\d+)/ +6 \|.*?"
+    ms = [_printed(a, iteration + r"elapsed time per iteration \(ms\): (\d+\.\d+)") for a in attempts]
+    tgs = [_printed(a, iteration + r"\(tgs\): (\d+\.\d+)") for a in attempts]
+    tflops = [_printed(a, iteration + r"TFLOPs: (\d+\.\d+)") for a in attempts]
+    epochs = [_printed(a, r"^ epoch +(\d+) done \|.*?epoch time \(s\): (\d+\.\d+)") for a in attempts]
+    assert (sorted(ms[0]), sorted(ms[1])) == ([1, 2, 3, 4, 5], [4, 5, 6])  # 4 and 5 twice
+    assert (sorted(epochs[0]), sorted(epochs[1])) == ([1, 2], [2, 3])  # epoch 2 twice
+
+    log = parse_log(folder / "train.log")
+    s = summarize_run(log, from_run_info(log.run_info), "gpt_tiny_Z1", skip_first=1)
+    assert (s.attempts, s.status, s.last_iteration) == (2, "finished", 6)
+    # By hand: each iteration's last print (1-3 from attempt 1, 4-6 from attempt 2), the first interval of each
+    # attempt out (attempt 1's 1, attempt 2's 4): kept attempt 1's 2 and 3, attempt 2's 5 and 6, one
+    # iteration each; attempt 1's 5 (and 4) not used.
+    kept_ms = [ms[0][2], ms[0][3], ms[1][5], ms[1][6]]
+    kept_tgs = [tgs[0][2], tgs[0][3], tgs[1][5], tgs[1][6]]
+    kept_tflops = [tflops[0][2], tflops[0][3], tflops[1][5], tflops[1][6]]
+    assert s.intervals_used == 4
+    assert s.ms_per_iter_mean == pytest.approx(sum(kept_ms) / 4)
+    # tokens over time: 8 x 64 tokens per iteration (global batch 8, seq 64), 256 per rank of 2; the logged
+    # rates are rounded (ms to 0.1), hence the tolerance
+    assert (s.global_batch, s.seq_length, s.world_size) == (8, 64, 2)
+    assert s.tgs_mean == pytest.approx(4 * 256 / (sum(kept_ms) / 1000), rel=1e-3)
+    assert s.tgs_mean == pytest.approx(sum(t * m for t, m in zip(kept_tgs, kept_ms)) / sum(kept_ms), rel=1e-9)
+    assert s.tokens_per_s == pytest.approx(2 * s.tgs_mean)
+    assert s.tflops_mean == pytest.approx(sum(t * m for t, m in zip(kept_tflops, kept_ms)) / sum(kept_ms))
+    assert s.mfu_mean_pct is None and s.hfu_mean_pct is None  # no peak is known for a CPU
+    # Epochs once each: epoch 2's whole line is attempt 1's (attempt 2's timed iteration 4 only)
+    assert (s.epochs_done, s.partial_epochs, s.epoch_time_source) == (3, [], "measured")
+    assert s.epoch_time_s == pytest.approx((epochs[0][1] + epochs[0][2] + epochs[1][3]) / 3)
