@@ -164,7 +164,7 @@ def test_driver_with_srun_outside_an_allocation(tmp_path):
                                      "use sbatch or salloc")
 
 
-# ---- a real one-node Slurm cluster ----
+# ---- the real Slurm of the suite's two virtual hosts ----
 
 @pytest.fixture(scope="module")
 def slurm(two_hosts):
@@ -262,7 +262,7 @@ def test_signalled_job_requeues_and_resumes_without_losing_a_step(slurm, dolly_d
     assert f"output continues in {run_dir}/slurm-{job}.out" in (tmp_path / f"slurm-{job}.out").read_text()
     assert " > run info | zero stage: 1 | offload: none | model: tiny | world size: 2 |" in output
     commands = [line for line in (run_dir / "command.txt").read_text().splitlines() if not line.startswith("#")]
-    assert len(commands) == 2  # both attempts, the second with --load
+    assert len(commands) == 2  # both attempts (each passes --load: what each resumed is the rule's line, below)
     assert all(c.startswith("srun --ntasks 2 --kill-on-bad-exit=1 ") and " --exit-signal-handler" in c
                for c in commands)
 
