@@ -783,7 +783,9 @@ def test_summary_of_a_real_resumed_run(dolly_data_dir, tmp_path):
     assert s.tgs_mean == pytest.approx(sum(t * m for t, m in zip(kept_tgs, kept_ms)) / sum(kept_ms), rel=1e-9)
     assert s.tokens_per_s == pytest.approx(2 * s.tgs_mean)
     assert s.tflops_mean == pytest.approx(sum(t * m for t, m in zip(kept_tflops, kept_ms)) / sum(kept_ms))
-    assert s.mfu_mean_pct is None and s.hfu_mean_pct is None  # no peak is known for a CPU
+    # no peak is known for a CPU: said once per launch, and no MFU/HFU in the memory lines or the summary
+    assert [part.count(" > MFU and HFU not reported: 'cpu' (no part known;") for part in attempts] == [1, 1]
+    assert "MFU=" not in text and s.mfu_mean_pct is None and s.hfu_mean_pct is None
     # Epochs once each: epoch 2's whole line is attempt 1's (attempt 2's timed iteration 4 only)
     assert (s.epochs_done, s.partial_epochs, s.epoch_time_source) == (3, [], "measured")
     assert s.epoch_time_s == pytest.approx((epochs[0][1] + epochs[0][2] + epochs[1][3]) / 3)
