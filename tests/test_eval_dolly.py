@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import DOLLY_SAMPLE, REPO_ROOT, test_env, tool_in_process
+from conftest import DOLLY_SAMPLE, REPO_ROOT, free_port, test_env, tool_in_process
 from megatron.data.dataset_sidecar import sidecar_path, source_record, write_sidecar
 from megatron.data.dataset_utils import parse_splits, split_boundaries
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
@@ -34,7 +34,8 @@ def trained(dolly_data_dir, tmp_path_factory):
            "--data-path", str(dolly_data_dir / "dolly_text_document"),
            "--vocab-file", str(dolly_data_dir / "gpt2-vocab.json"),
            "--merge-file", str(dolly_data_dir / "gpt2-merges.txt"), "--save", str(save)]
-    run = subprocess.run(cmd, env=test_env(), capture_output=True, text=True, timeout=300)
+    # a port of its own: a one-process run listens on MASTER_PORT too (29500 unless set), which another run may hold
+    run = subprocess.run(cmd, env=test_env(MASTER_PORT=free_port()), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     return save, run.stdout
 
