@@ -14,11 +14,20 @@
 #                          replaces the shell with megatron/launch/attempt.py running CMD: output appended to
 #                          LOG, the launcher's report to RUN/launcher.log, the cause of a failure as the last line
 #                          (--node NAME: a further host's launcher, its files named launcher.NAME.log and
-#                          command.NAME.txt)
+#                          command.NAME.txt). With MAX_RESTARTS=N, an attempt that fails of a fault the next one
+#                          can get past (megatron/launch/restart.py) starts the launch script again, at most N
+#                          times: the one resume rule then resumes the newest intact checkpoint (FRESH=1 applies
+#                          to the first start only)
 # ZERO_LAB_FLAG_SOURCES, set by the caller, maps Megatron flags to the variables they came from, so that an
 # error names the variable to change (megatron/launch/flag_sources.py).
 
 zl_die() { echo "error: $*" >&2; exit 1; }
+
+# the launch script and its arguments, for a restart (sourced at the script's top level, "$@" is its own)
+ZL_LAUNCH_SCRIPT=$(realpath "$0")
+ZL_LAUNCH_ARGS=("$@")
+# 75: megatron/launch/restart.py's RESTART_STATUS, an attempt that failed of a fault worth restarting
+ZL_RESTART_STATUS=75
 
 zl_find_python() {
     local repo=$1
@@ -57,6 +66,13 @@ zl_lock_run() {
     local run_dir=$1 lock="$1/${2:-.zero-lab.lock}" holder
     command -v flock >/dev/null 2>&1 || zl_die "flock not found on PATH: install util-linux (it locks the run folder)"
     mkdir -p "$run_dir"
+    # a restart of this launch (zl_run_attempt) keeps the lock it already holds: the same open file
+    if [[ -n "${zl_held_lock_fd:-}" && "$(readlink -f "/proc/$$/fd/$zl_held_lock_fd" 2>/dev/null)" == "$(realpath "$lock")" ]]
+    then
+        ZL_LOCK_FD=$zl_held_lock_fd
+        flock -n "$ZL_LOCK_FD" || zl_die "run folder $run_dir: a restart lost its own lock $lock"
+        return
+    fi
     # <> opens without truncating: a refused launch must not erase who holds the lock
     exec {ZL_LOCK_FD}<>"$lock" || zl_die "cannot open the run lock $lock"
     if ! flock -n "$ZL_LOCK_FD"; then
@@ -75,8 +91,23 @@ zl_resume_rule() {
 }
 
 zl_run_attempt() {
-    local node=()
+    local node=() restart=${zl_restart:-0} status=0 signalled=""
     if [[ "${5:-}" == --node ]]; then node=(--node "$6"); set -- "${@:1:4}" "${@:7}"; fi
-    exec "$PYTHON" -m megatron.launch.attempt --run-dir "$1" --log "$2" --launcher "$3" --note "$4" "${node[@]}" \
-        -- "${@:5}"
+    local note=$4; (( restart == 0 )) || note="restart $restart of $MAX_RESTARTS, $note"
+    local attempt=("$PYTHON" -m megatron.launch.attempt --run-dir "$1" --log "$2" --launcher "$3" --note "$note"
+                   "${node[@]}")
+    (( restart < ${MAX_RESTARTS:-0} )) || exec "${attempt[@]}" -- "${@:5}"
+    # restarts left: the attempt runs as a child, and one that failed of a fault worth restarting starts this
+    # launch script again (the resume rule, the note), keeping the lock; a signal to the job ends it instead
+    trap 'signalled=1' TERM INT HUP
+    "${attempt[@]}" --restartable -- "${@:5}" || status=$?
+    trap - TERM INT HUP
+    if (( status == ZL_RESTART_STATUS )) && [[ -z "$signalled" ]]; then
+        echo "[run] restarting the run from its newest intact checkpoint ($(( restart + 1 )) of $MAX_RESTARTS," \
+             "MAX_RESTARTS)"
+        zl_restart=$(( restart + 1 )) FRESH=0 zl_held_lock_fd=$ZL_LOCK_FD \
+            exec bash "$ZL_LAUNCH_SCRIPT" "${ZL_LAUNCH_ARGS[@]}"
+    fi
+    (( status != ZL_RESTART_STATUS )) || status=1  # signalled while restartable: a failure all the same
+    exit "$status"
 }

@@ -18,7 +18,10 @@ its launcher through this, in place of `tee`:
 - SIGTERM or SIGINT to the job's whole process group (a PBS walltime, Slurm's --signal, Ctrl-C) does not
   stop this process: the ranks' `--exit-signal-handler` saves and exits, the launcher ends, and this
   process reads their output to the end. When the ranks stopped on the signal with a checkpoint saved,
-  the attempt exits 0 even if the signalled launcher (torchrun) exits non-zero.
+  the attempt exits 0 even if the signalled launcher (torchrun) exits non-zero;
+- with --restartable (the launch scripts' MAX_RESTARTS, restarts left), a failure of a fault the next attempt
+  can get past (megatron/launch/restart.py) is said in LOG (`[zero-lab] restarting after: <cause>`) and the
+  attempt exits RESTART_STATUS: the launch script then starts the run again by the one resume rule.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ import time
 import psutil
 
 from megatron.launch.launcher_output import LAUNCHER, OutputSorter, failure_cause
+from megatron.launch.restart import RESTART_LINE, RESTART_STATUS, worth_restarting
 
 ATTEMPT_HEADER = "[zero-lab] attempt {number} started {time} UTC on {host}{note}"
 _COMMAND_HEADER = re.compile(r"^# attempt (\d+) \|", re.M)
@@ -56,9 +60,11 @@ def next_attempt(command_file: str) -> int:
 
 
 class Attempt:
-    def __init__(self, run_dir: str, log: str, launcher: str, note: str | None, node: str | None = None):
-        """node: a further host's launcher in a run over several (its files get the node's name)."""
-        self.run_dir, self.launcher = run_dir, launcher
+    def __init__(self, run_dir: str, log: str, launcher: str, note: str | None, node: str | None = None,
+                 restartable: bool = False):
+        """node: a further host's launcher in a run over several (its files get the node's name); restartable:
+        a failure worth restarting exits RESTART_STATUS."""
+        self.run_dir, self.launcher, self.restartable = run_dir, launcher, restartable
         self.report_path = os.path.join(run_dir, f"launcher.{node}.log" if node else "launcher.log")
         self.command_file = os.path.join(run_dir, f"command.{node}.txt" if node else "command.txt")
         self.number = next_attempt(self.command_file)
@@ -162,6 +168,12 @@ class Attempt:
             return 0
         rank_lines = ([self.first_error] if self.first_error else []) + list(self.tail)
         cause, users_mistake = failure_cause(rank_lines, self.report_lines, self.launcher, status)
+        if self.restartable:
+            restart, why = worth_restarting(self.first_error, self.signalled)
+            if restart:
+                self.log.write(RESTART_LINE.format(cause=cause) + "\n")
+                return self.fail(cause, RESTART_STATUS)
+            print(f"[run] not restarting (MAX_RESTARTS): {why}", flush=True)
         # a rank's error line is a mistake the user can fix: exit 1, whatever the launcher made of it (srun
         # reports 143 for the ranks it stopped after the first failed); else the launcher's own status
         return self.fail(cause, 1 if users_mistake else status if status > 0 else 128 - status)
@@ -184,13 +196,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--launcher", required=True, help="the launcher's name, for messages")
     parser.add_argument("--note", default=None, help="said in the attempt's header line (e.g. what it resumes)")
     parser.add_argument("--node", default=None, help="a further host's launcher: launcher.NODE.log, command.NODE.txt")
+    parser.add_argument("--restartable", action="store_true",
+                        help=f"exit {RESTART_STATUS} when the attempt failed of a fault worth restarting")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the launch command")
     ns = parser.parse_args(argv)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
     if not command:
         parser.error("no launch command after --")
     os.makedirs(ns.run_dir, exist_ok=True)
-    attempt = Attempt(ns.run_dir, ns.log, ns.launcher, ns.note, ns.node)
+    attempt = Attempt(ns.run_dir, ns.log, ns.launcher, ns.note, ns.node, ns.restartable)
     try:
         return attempt.run(command)
     finally:
