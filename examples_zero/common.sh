@@ -1,6 +1,6 @@
 # Shared by the examples_zero/gpt_deepspeed_*.sh drivers (sourced, never run alone).
-# The driver sets zl_driver_stage (its ZeRO stage), EXPERIMENT (DP|Z1|Z2|Z3|Z3_OL|Z3_NVMe) and OFFLOAD=1 for CPU
-# offload or OFFLOAD=nvme for NVMe offload (files under NVME_PATH, default <run folder>/nvme);
+# The driver sets zl_driver_stage (its ZeRO stage), EXPERIMENT (DP|Z1|Z2|Z3|Z3_OL|Z3_NVMe) and zl_driver_offload=1
+# for CPU offload or zl_driver_offload=nvme for NVMe offload (files under NVME_PATH, default <run folder>/nvme);
 # everything else is an environment default here, identical for all the drivers so runs compare
 # (docs/environment.md lists every variable). Extra arguments to the driver are passed to pretrain_gpt.py
 # last, so they override.
@@ -39,6 +39,13 @@ zl_check count NODE_RANK
     "gpt_deepspeed_$EXPERIMENT.sh runs ZeRO stage $zl_driver_stage (each driver is one experiment:" \
     "gpt_deepspeed_DP.sh, _Z1, _Z2 and _Z3 run stages 0 to 3): run that stage's driver, or leave ZERO_STAGE unset"
 ZERO_STAGE=$zl_driver_stage
+# ... and at one offload: OFFLOAD other than the driver's own (0: none) is refused, as ZERO_STAGE is
+zl_driver_offload=${zl_driver_offload:-0}
+[[ -z "${OFFLOAD:-}" || "$OFFLOAD" == "$zl_driver_offload" ]] || zl_die "OFFLOAD=$OFFLOAD:" \
+    "gpt_deepspeed_$EXPERIMENT.sh runs with OFFLOAD=$zl_driver_offload (each driver is one experiment:" \
+    "gpt_deepspeed_Z3_OL.sh offloads to CPU memory, OFFLOAD=1; gpt_deepspeed_Z3_NVMe.sh to NVMe, OFFLOAD=nvme; the" \
+    "others offload nothing): run that driver, or leave OFFLOAD unset"
+OFFLOAD=$zl_driver_offload
 [[ "${LAUNCHER:-}" == srun && -z "${NGPUS:-}" ]] && NGPUS=${SLURM_NTASKS:-}
 if (( ZL_CUDA_GPUS > 0 )); then
     ZL_ACCELERATOR=cuda; MODEL_SIZE=${MODEL_SIZE:-125M}; NGPUS=${NGPUS:-$ZL_CUDA_GPUS}; LAUNCHER=${LAUNCHER:-deepspeed}
@@ -120,9 +127,9 @@ if [[ -n "${INIT_HF:-}" && -z "$RESUME_LOAD" ]]; then
 fi
 [[ -n "${INIT_HF:-}" && -n "$RESUME_LOAD" ]] && init_flags=(--max-position-embeddings "$hf_positions")
 
-offload_flags=(); [[ "${OFFLOAD:-0}" == 1 ]] && offload_flags=(--zero-offload-optimizer --zero-offload-params)
+offload_flags=(); [[ "$OFFLOAD" == 1 ]] && offload_flags=(--zero-offload-optimizer --zero-offload-params)
 # OFFLOAD=nvme: ZeRO-Infinity, optimizer states and parameters in files under NVME_PATH (an NVMe drive's folder)
-[[ "${OFFLOAD:-0}" == nvme ]] && offload_flags=(--zero-nvme-path "${NVME_PATH:-$RUN_DIR/nvme}")
+[[ "$OFFLOAD" == nvme ]] && offload_flags=(--zero-nvme-path "${NVME_PATH:-$RUN_DIR/nvme}")
 case "$LAUNCHER" in
     torchrun)  launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NGPUS" --master_port "$MASTER_PORT")
                # several hosts: c10d rendezvous at MASTER_ADDR; host 0 holds the store (is_host: a host

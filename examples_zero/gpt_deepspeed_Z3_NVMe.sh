@@ -6,5 +6,5 @@
 # extra arguments go to pretrain_gpt.py. Output: ${RUNS_DIR:-runs}/gpt_<model>_Z3_NVMe/.
 zl_driver_stage=3  # a ZERO_STAGE of the environment other than this is refused
 EXPERIMENT=Z3_NVMe
-OFFLOAD=nvme  # optimizer state and parameters in files under NVME_PATH
+zl_driver_offload=nvme  # optimizer state and parameters in files under NVME_PATH; another OFFLOAD is refused
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"

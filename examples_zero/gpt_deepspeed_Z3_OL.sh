@@ -5,5 +5,5 @@
 # extra arguments go to pretrain_gpt.py. Output: ${RUNS_DIR:-runs}/gpt_<model>_Z3_OL/.
 zl_driver_stage=3  # a ZERO_STAGE of the environment other than this is refused
 EXPERIMENT=Z3_OL
-OFFLOAD=1  # optimizer state and parameters in CPU memory
+zl_driver_offload=1  # optimizer state and parameters in CPU memory; an OFFLOAD of the environment other than this is refused
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"

@@ -13,7 +13,8 @@ ZERO_LAB_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 # -- 1. each variable as the user gave it (before any default or arithmetic reads it)
 zl_check int SEQ_LEN MICRO_BATCH GLOBAL_BATCH GAS TP PP MPSIZE PPSIZE TRAIN_ITERS LOG_INTERVAL EVAL_INTERVAL \
-    SAVE_INTERVAL MASTER_PORT OMP_NUM_THREADS
+    SAVE_INTERVAL OMP_NUM_THREADS
+zl_check port MASTER_PORT
 zl_check count EVAL_ITERS SEED MAX_RESTARTS
 zl_check number LR MIN_LR WEIGHT_DECAY CLIP_GRAD TRAIN_EPOCHS DISTRIBUTED_TIMEOUT_MINUTES
 zl_check fraction LR_WARMUP_FRACTION LR_WARMUP_FRAC ADAM_BETA1 ADAM_BETA2
@@ -69,6 +70,19 @@ SAVE_INTERVAL=${SAVE_INTERVAL:-1000}  # and at the end, and on SIGTERM (docs/che
 # (Megatron's rule; a DeepSpeed JSON of the user's gives what no variable sets: docs/bad-input.md).
 zl_json_keys=""
 if [[ -n "${DS_CONFIG:-}" ]]; then
+    # its optimizer or scheduler section would be replaced by the flags: refused here, before the lock and the
+    # resume rule act (pretrain_gpt.py refuses it too, for a JSON passed to it directly)
+    zl_json_refusal=$("$PYTHON" -c 'import json, sys
+from megatron.deepspeed_json import DeepSpeedJSONError, refuse_unused_sections
+try:
+    config = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    sys.exit()  # unreadable: said below
+try:
+    refuse_unused_sections(config if isinstance(config, dict) else {}, sys.argv[1])
+except DeepSpeedJSONError as error:
+    print(str(error).split(": ", 1)[1])' "$DS_CONFIG") || zl_die "DS_CONFIG=$DS_CONFIG: $PYTHON cannot check it"
+    [[ -z "$zl_json_refusal" ]] || zl_die "DS_CONFIG=$DS_CONFIG: $zl_json_refusal"
     zl_json_keys=$("$PYTHON" -c 'import json, sys
 config = json.load(open(sys.argv[1]))
 keys = ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps", "gradient_clipping")

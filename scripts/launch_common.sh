@@ -4,7 +4,7 @@
 #                          import torch. Sets ZL_CUDA_GPUS (the GPUs torch sees); REPO goes first on PYTHONPATH.
 #   zl_check KIND VAR...   each VAR that is set (not empty) must be of KIND, else one line naming it, its value and
 #                          what is expected: int (> 0), count (>= 0), number (>= 0), fraction (0 to 1), flag (0 or
-#                          1), or the choices themselves, "a|b|c"
+#                          1), port (1 to 65535), or the choices themselves, "a|b|c"
 #   zl_lock_run RUN [NAME] one launch of a run at a time: takes RUN/NAME (default .zero-lab.lock) with flock, held
 #                          by this shell and, through exec, the attempt supervisor until the run ends; a second
 #                          launch of the same run ends in one line naming the run folder and who holds it
@@ -53,11 +53,13 @@ zl_check() {
         number) pattern='^([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?$' expected="a number >= 0" ;;
         fraction) pattern='^([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?$' expected="a number from 0 to 1" ;;
         flag) pattern='^[01]$' expected="0 or 1" ;;
+        port) pattern='^[1-9][0-9]{0,4}$' expected="a TCP port, 1 to 65535" ;;
         *) pattern="^($kind)\$" expected="one of ${kind//|/, }" ;;
     esac
     for var in "$@"; do
         [[ -n "${!var:-}" ]] || continue
         [[ "${!var}" =~ $pattern ]] && { [[ "$kind" != fraction ]] || awk -v v="${!var}" 'BEGIN { exit !(v <= 1) }'; } \
+            && { [[ "$kind" != port ]] || (( ${!var} <= 65535 )); } \
             || zl_die "$var=${!var}: expected $expected"
     done
 }

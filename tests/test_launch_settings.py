@@ -227,7 +227,8 @@ BAD_SETTINGS = [*FIRST_SETTINGS, *(pytest.param(*case, marks=pytest.mark.slow) f
                                              "JSON)"),
     (dict(FRESH="yes"), "FRESH=yes: expected 0 or 1"),
     (dict(DRY_RUN="2"), "DRY_RUN=2: expected 0 or 1"),
-    (dict(MASTER_PORT="http"), "MASTER_PORT=http: expected a positive integer"),
+    (dict(MASTER_PORT="http"), "MASTER_PORT=http: expected a TCP port, 1 to 65535"),
+    (dict(MASTER_PORT="99999"), "MASTER_PORT=99999: expected a TCP port, 1 to 65535"),
     (dict(OMP_NUM_THREADS="all"), "OMP_NUM_THREADS=all: expected a positive integer"),
 ])]
 
@@ -257,6 +258,46 @@ def test_a_bad_variable_is_named_with_its_value_and_what_is_expected(tmp_path, s
 def test_a_bad_driver_variable_is_named(tmp_path, settings, message):
     result = run(DRIVER, DRY_RUN=1, RUNS_DIR=tmp_path, **settings)
     assert (result.returncode, result.stderr) == (1, f"error: {message}\n")
+
+
+@pytest.mark.parametrize("driver, offload, own", [("Z1", "1", "0"), ("Z3", "nvme", "0"), ("Z3_OL", "0", "1"),
+                                                   ("Z3_NVMe", "1", "nvme")])
+def test_an_offload_other_than_the_drivers_is_refused(tmp_path, driver, offload, own):
+    """OFFLOAD=1 beside gpt_deepspeed_Z3.sh trained with offload in a folder named Z3, and OFFLOAD=0 beside _Z3_OL
+    was overwritten: each driver is one experiment, and another OFFLOAD is one line, as ZERO_STAGE is."""
+    result = run(REPO_ROOT / "examples_zero" / f"gpt_deepspeed_{driver}.sh", DRY_RUN=1, RUNS_DIR=tmp_path,
+                 OFFLOAD=offload)
+    assert (result.returncode, result.stderr) == (1, f"error: OFFLOAD={offload}: gpt_deepspeed_{driver}.sh runs with "
+                                                     f"OFFLOAD={own} (each driver is one experiment: "
+                                                     "gpt_deepspeed_Z3_OL.sh offloads to CPU memory, OFFLOAD=1; "
+                                                     "gpt_deepspeed_Z3_NVMe.sh to NVMe, OFFLOAD=nvme; the others "
+                                                     "offload nothing): run that driver, or leave OFFLOAD unset\n")
+    same = run(REPO_ROOT / "examples_zero" / f"gpt_deepspeed_{driver}.sh", DRY_RUN=1, RUNS_DIR=tmp_path, OFFLOAD=own)
+    assert same.returncode == 0, same.stderr
+    offloads = {"0": [], "1": ["--zero-offload-optimizer", "--zero-offload-params"], "nvme": ["--zero-nvme-path"]}
+    flags = command_line(same).split()
+    assert [flag for flag in flags if flag.startswith(("--zero-offload", "--zero-nvme"))] == offloads[own]
+
+
+@pytest.mark.parametrize("script", [DRIVER, ALCF], ids=["driver", "alcf"])
+def test_a_jsons_optimizer_section_is_refused_before_the_run_folder_is_touched(tmp_path, script):
+    """FRESH=1 with a DS_CONFIG whose optimizer section would be replaced: refused in one line before the lock and
+    the resume rule run, so the run folder's checkpoint stays where it was."""
+    user = tmp_path / "ds_config.json"
+    user.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4,
+                                "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}))
+    runs = tmp_path / "runs"
+    run_dir = runs / "gpt_tiny_Z1" if script == DRIVER else runs
+    committed_checkpoint(run_dir / "checkpoints", "global_step2")
+    before = sorted(str(p.relative_to(runs)) for p in runs.rglob("*"))
+    result = run(script, RUNS_DIR=runs, OUTPUT_ROOT=runs, CUDA_VISIBLE_DEVICES="", MODEL_SIZE_KEY="GPT_TINY",
+                 FRESH=1, DS_CONFIG=user)
+    assert (result.returncode, result.stderr) == (1, f'error: DS_CONFIG={user}: its "optimizer" section (Adam, lr '
+                                                     "0.001) is not used: zero-lab builds AdamW from --lr, "
+                                                     "--adam-beta1, --adam-beta2, --adam-eps, --weight-decay (the "
+                                                     "drivers' LR, ADAM_BETA1, ADAM_BETA2, WEIGHT_DECAY): remove the "
+                                                     "section and set those\n")
+    assert sorted(str(p.relative_to(runs)) for p in runs.rglob("*")) == before
 
 
 @pytest.mark.slow
