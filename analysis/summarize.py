@@ -3,6 +3,7 @@
     python analysis/summarize.py runs/                 # every run folder under runs/
     python analysis/summarize.py runs/gpt_tiny_Z3_OL   # one run
     python analysis/summarize.py path/to/train.log --out /tmp/report
+    python analysis/summarize.py runs/ --compare runs/reference/cpu-2rank   # beside the committed reference
 """
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analysis.collect import SummarizeError, collect  # noqa: E402
+from analysis.compare import compare_markdown  # noqa: E402
 from analysis.plots import make_plots, tradeoff_plot  # noqa: E402
 from analysis.report import (csv_text, json_text, markdown_table, notes,  # noqa: E402
                              report_markdown, tradeoff_section, write_atomic)
+from analysis.reference import read_reference  # noqa: E402
 
 DEFAULT_SKIP_FIRST = 2
 
@@ -51,8 +54,11 @@ progress and ETA), PNG plots
 trade-off: model-state memory against traffic) and report.md showing the table, a "ZeRO trade-off"
 section (with each run's compute, communication and offload time, measured beside predicted) and
 the plots.
-Exit status: 0 when at least one run was summarized, 1 when none was (or PATH is missing),
-2 for bad command-line flags.
+--compare REFERENCE (a reference sweep's folder, runs/reference/cpu-2rank: analysis/reference.py) also writes
+compare.md: per experiment, the reference's lm loss, traffic per iteration and model-state memory beside these
+runs' and the difference (timings are left out: they depend on the machine).
+Exit status: 0 when at least one run was summarized, 1 when none was (or PATH is missing, or REFERENCE
+holds no reference), 2 for bad command-line flags.
 """
 
 
@@ -66,6 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "one-time costs (op builds, allocator growth), the second often their tail "
                              f"(default: {DEFAULT_SKIP_FIRST}; at least one interval is always kept)")
     parser.add_argument("--no-plots", action="store_true", help="write the tables only")
+    parser.add_argument("--compare", type=Path, default=None, metavar="REFERENCE",
+                        help="a reference sweep's folder (runs/reference/cpu-2rank): compare.md puts these runs' "
+                             "loss, traffic and memory beside it")
     args = parser.parse_args(argv)
     if args.skip_first < 0:
         parser.error(f"--skip-first {args.skip_first}: expected a count >= 0")
@@ -73,6 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    reference = read_reference(args.compare) if args.compare else None
     found = collect(args.path, args.skip_first)
     for warning in found.warnings:
         print(f"warning: {warning}", file=sys.stderr)
@@ -93,6 +103,11 @@ def run(args: argparse.Namespace) -> int:
     print(table)
     print(note_text)
     print(f"wrote summary.md, summary.csv, summary.json, report.md and {len(plots)} plots to {out}")
+    if reference is not None:
+        comparison = compare_markdown(reference, str(args.compare), found.runs, args.skip_first)
+        write_atomic(out / "compare.md", comparison)
+        print(comparison)
+        print(f"wrote {out / 'compare.md'}")
     return 0
 
 
