@@ -224,3 +224,34 @@ def save_random_hf_gpt2(folder, vocab_dir, bias_std, **shape):
     shutil.copyfile(vocab_dir / "gpt2-vocab.json", folder / "vocab.json")
     shutil.copyfile(vocab_dir / "gpt2-merges.txt", folder / "merges.txt")
     return model
+
+
+# rank 1 of any launcher: torchrun's RANK, MPICH's PMI_RANK, Open MPI's, srun's SLURM_PROCID
+KILL_RANK_1_AT_ITERATION_2 = '''
+import glob, os, re, signal, threading, time
+_rank = next((os.environ[name] for name in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+              if name in os.environ), None)
+if _rank == "1" and "ZL_FAULT_LOG" in os.environ:
+    def _kill_once():
+        while True:
+            for path in glob.glob(os.environ["ZL_FAULT_LOG"]):
+                if re.search(r"^ iteration +2/", open(path, errors="replace").read(), re.M):
+                    try:
+                        os.close(os.open(os.environ["ZL_FAULT_FLAG"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                    except FileExistsError:
+                        return  # a restarted attempt: the fault happened already
+                    os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.05)
+    threading.Thread(target=_kill_once, daemon=True).start()
+'''
+
+
+def fault_env(tmp_path: Path, log_glob: str, env: dict) -> dict:
+    """env with a real fault for MAX_RESTARTS (tests/test_restarts.py): rank 1 SIGKILLs itself, as the out-of-memory
+    killer would, once a log matching log_glob shows iteration 2, on the first attempt only (the flag file
+    tmp_path/fault-happened says it happened), from a sitecustomize.py put first on the ranks' PYTHONPATH."""
+    hook = tmp_path / "fault-hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(KILL_RANK_1_AT_ITERATION_2)
+    return {**env, "PYTHONPATH": f"{hook}{os.pathsep}{env.get('PYTHONPATH', '')}", "ZL_FAULT_LOG": log_glob,
+            "ZL_FAULT_FLAG": str(tmp_path / "fault-happened")}

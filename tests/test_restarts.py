@@ -3,8 +3,7 @@ intact checkpoint, on the drivers (torchrun), ALCF (mpiexec) and the Slurm scrip
 again, or a signal to the job, is not restarted.
 
 The fault is real: rank 1 SIGKILLs itself (as the out-of-memory killer would) once the run's log shows
-iteration 2, on the first attempt only (a flag file says it happened), from a sitecustomize.py put first on the
-ranks' PYTHONPATH."""
+iteration 2, on the first attempt only (conftest.fault_env); the Slurm case is in test_slurm.py."""
 import json
 import os
 import re
@@ -15,36 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ITERATION_LOSS, REPO_ROOT, driver_env, iteration_losses, test_env
+from conftest import ITERATION_LOSS, REPO_ROOT, driver_env, fault_env, iteration_losses, test_env
 from megatron.launch.restart import RESTART_STATUS, worth_restarting
-
-# rank 1 of any launcher: torchrun's RANK, MPICH's PMI_RANK, Open MPI's, srun's SLURM_PROCID
-KILL_RANK_1_AT_ITERATION_2 = '''
-import glob, os, re, signal, threading, time
-_rank = next((os.environ[name] for name in ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
-              if name in os.environ), None)
-if _rank == "1" and "ZL_FAULT_LOG" in os.environ:
-    def _kill_once():
-        while True:
-            for path in glob.glob(os.environ["ZL_FAULT_LOG"]):
-                if re.search(r"^ iteration +2/", open(path, errors="replace").read(), re.M):
-                    try:
-                        os.close(os.open(os.environ["ZL_FAULT_FLAG"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                    except FileExistsError:
-                        return  # a restarted attempt: the fault happened already
-                    os.kill(os.getpid(), signal.SIGKILL)
-            time.sleep(0.05)
-    threading.Thread(target=_kill_once, daemon=True).start()
-'''
-
-
-def fault_env(tmp_path: Path, log_glob: str, env: dict) -> dict:
-    hook = tmp_path / "fault-hook"
-    hook.mkdir(exist_ok=True)
-    (hook / "sitecustomize.py").write_text(KILL_RANK_1_AT_ITERATION_2)
-    return {**env, "PYTHONPATH": f"{hook}{os.pathsep}{env.get('PYTHONPATH', '')}", "ZL_FAULT_LOG": log_glob,
-            "ZL_FAULT_FLAG": str(tmp_path / "fault-happened")}
-
 
 def summary_row(runs_dir: Path, out: Path) -> dict:
     result = subprocess.run([sys.executable, str(REPO_ROOT / "analysis" / "summarize.py"), str(runs_dir), "--out",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, driver_env, iteration_losses, waiting_driver_launch
+from conftest import ITERATION_LOSS, REPO_ROOT, driver_env, fault_env, iteration_losses, waiting_driver_launch
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.checkpointing import protocol
 from megatron.launch.dist_env import SLURM_PORT_BASE, DistEnvError, LauncherEnv, resolve_launcher_env
@@ -335,3 +335,25 @@ def test_a_job_of_a_run_that_is_running_is_refused(slurm, tmp_path):
         assert f"error: run folder {run_dir} is in use by another launch (pid {first.pid} on " in output
         assert set(before) <= {p.name for p in run_dir.iterdir()} and not list(runs.glob("gpt_tiny_Z1.old-*"))
         assert first.poll() is None
+
+
+@pytest.mark.slow
+def test_max_restarts_restarts_a_job_whose_rank_was_killed(slurm, dolly_data_dir, one_host_z1_losses, tmp_path):
+    """`MAX_RESTARTS=1 EXPERIMENT=Z1 sbatch examples_zero/slurm/train.sbatch`, 2 tasks: rank 1 is SIGKILLed at
+    iteration 2 (conftest.fault_env); the driver starts the run again inside the same job, which resumes its
+    newest checkpoint and completes with the uninterrupted run's losses, without a requeue."""
+    run_dir = tmp_path / "gpt_tiny_Z1"
+    env = fault_env(tmp_path, str(run_dir / "train.log"),
+                    job_env(slurm, dolly_data_dir, tmp_path, EXPERIMENT="Z1", MAX_RESTARTS="1", SAVE_INTERVAL="1"))
+    job = submit(slurm, env, f"--output={tmp_path}/slurm-%j.out", str(SBATCH))
+    info = slurm.wait(job, timeout=600)
+    output = (run_dir / f"slurm-{job}.out").read_text()
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0"), output[-4000:]
+    assert (tmp_path / "fault-happened").exists()
+    assert "[run] restarting the run from its newest intact checkpoint (1 of 1, MAX_RESTARTS)" in output
+    log = (run_dir / "train.log").read_text()
+    assert re.findall(r"^\[zero-lab\] attempt (\d) started .*$", log, re.M) == ["1", "2"]
+    assert re.search(r"^\[zero-lab\] attempt 2 started .*: restart 1 of 1, resuming from ", log, re.M)
+    printed = [(int(i), loss) for i, loss in ITERATION_LOSS.findall(log)]
+    assert sorted(set(printed)) == sorted(one_host_z1_losses.items())
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step4"
