@@ -21,6 +21,7 @@ from megatron.checkpointing.save_load import save_checkpoint
 from megatron.exit_signal import ExitSignalHandler
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
+from megatron.launch.dist_env import all_ranks_on_this_host
 from megatron.model.accounting.step_time import StepTime
 from megatron.step_timing import OffloadStepClock, predict_at_startup
 from megatron.training_log import (IterationStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
@@ -408,7 +409,12 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
             if ckpt.save:
                 save(engine, args, state, dist_info, reporter)
             saved = f"checkpoint saved to {ckpt.save}" if ckpt.save else "nothing saved: no --save"
-            reporter.print_line(f" exiting program after receiving {exit_signal.name} at iteration {it} ({saved})")
+            stopped = f" exiting program after receiving {exit_signal.name} at iteration {it} ({saved})"
+            reporter.print_line(stopped)
+            if dist_info.local_rank == 0 and dist_info.rank != reporter.log_rank and not all_ranks_on_this_host():
+                # another host's launch reads only its own ranks' output: its attempt supervisor
+                # (megatron/launch/attempt.py) learns from this line that the job stopped with its checkpoint saved
+                print(stopped, flush=True)
             break
         if exit_interval and it % exit_interval == 0:
             reporter.print_line(f" exiting program at iteration {it} (--exit-interval {exit_interval})")
