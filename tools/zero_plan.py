@@ -70,21 +70,33 @@ class GpuKind:
     inter_node_gbps: float
 
 
-# Efficiency: Bekman's Maximum Achievable Matmul FLOPS (ml-engineering, compute/accelerator, bf16): A100 SXM
-# 86.9%, H100 SXM 80.3%, GH200 83.6% (for H200: the same die and HBM3e), MI250X 76.7% (one GCD, the older
-# table); V100 and A40 have no published figure: 0.80, assumed. Memory, HBM, NVLink (per direction: half the
-# datasheet's bidirectional figure) and PCIe (likewise) from the vendors' datasheets; nodes: DGX-2 (16 V100s,
-# 8 x 100 Gbit/s EDR), DGX A100 (8 x 200 Gbit/s HDR), DGX H100/H200 (8 x 400 Gbit/s NDR), an HPE Cray EX235a
-# node (4 MI250X = 8 GCDs, 4 x 200 Gbit/s Slingshot); the A40 has no reference node (8 per node, PCIe between
-# them, one 200 Gbit/s NIC, assumed).
+# Sources, per column (docs/zero-tradeoff.md, "Projecting a step onto GPUs", has the table with each figure's source):
+# - efficiency: S. Bekman, ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison
+#   table" (github.com/stas00/ml-engineering; bf16): A100 SXM 271.2/312 = 86.9%, H100 SXM 794.5/989 = 80.3% ("H200
+#   is the same", that row's note), MI250X 147.0/191.5 = 76.7% (one GCD, ROCm 6.2; the table's older v1 run, taken
+#   off the page in Sept 2025); V100 and A40 have no published figure: 0.80, assumed
+# - memory, HBM bytes/s: NVIDIA's A100 (40 GB 1555 GB/s, 80 GB SXM 2039 GB/s), H100 SXM (80 GB, 3.35 TB/s), H200 SXM
+#   (141 GB, 4.8 TB/s), V100 SXM2 (32 GB, 900 GB/s), A40 (48 GB GDDR6, 696 GB/s) datasheets; MI250X: 128 GB and 3.28
+#   TB/s per package of two GCDs (AMD: 3.2 TB/s), half each (ROCm docs, "MI250 microarchitecture": 1.6 TB/s per GCD)
+# - intra-node, per GPU and direction: NVLink 600 (A100), 900 (H100, H200), 300 (V100) GB/s bidirectional, halved;
+#   A40 has no NVSwitch (its NVLink bridge joins two cards): PCIe Gen4 x16, 32 GB/s; MI250X: 50 GB/s, one Infinity
+#   Fabric link between GCDs of different packages (ROCm docs: 50 GB/s per link and direction; OLCF Frontier user
+#   guide: 50-100 GB/s between GCDs of different MI250X, 200 GB/s only between a package's two GCDs), which a ring
+#   over the node's 8 GCDs crosses
+# - host <-> GPU per direction: PCIe Gen3 x16 16 GB/s (V100), Gen4 x16 32 GB/s (A100, A40, MI250X: one x16 link per
+#   GCD, ROCm docs; Frontier's CPU-GCD Infinity Fabric gives 36), Gen5 x16 128 GB/s bidirectional, halved (H100, H200)
+# - reference nodes: DGX-2 (16 V100 32GB, 8 x 100 Gbit/s EDR InfiniBand), DGX A100 (8 x 200 Gbit/s HDR ConnectX-6),
+#   DGX H100/H200 (8 single-port ConnectX-7, 400 Gbit/s each; DGX BasePOD reference architecture), OLCF Frontier
+#   (HPE Cray EX235a: 4 MI250X = 8 GCDs, 4 x 200 Gbit/s Slingshot NICs); the A40 has no reference node (8 per node,
+#   PCIe between them, one 200 Gbit/s NIC, assumed)
 GPU_KINDS: dict[str, GpuKind] = {
     "A100-40GB": GpuKind("A100", 40, 0.869, 1555e9, 2400, 32e9, 8, 1600),
     "A100-80GB": GpuKind("A100", 80, 0.869, 2039e9, 2400, 32e9, 8, 1600),
     "H100-SXM": GpuKind("H100 SXM", 80, 0.803, 3350e9, 3600, 64e9, 8, 3200),
-    "H200": GpuKind("H200 SXM", 141, 0.836, 4800e9, 3600, 64e9, 8, 3200),
+    "H200": GpuKind("H200 SXM", 141, 0.803, 4800e9, 3600, 64e9, 8, 3200),
     "V100-32GB": GpuKind("V100 SXM2", 32, 0.80, 900e9, 1200, 16e9, 16, 800),
     "A40": GpuKind("A40", 48, 0.80, 696e9, 256, 32e9, 8, 200),
-    "MI250X": GpuKind("MI250X die", 64, 0.767, 1638e9, 1600, 32e9, 8, 800),
+    "MI250X": GpuKind("MI250X die", 64, 0.767, 1638e9, 400, 32e9, 8, 800),
 }
 # Adam's step per element where it runs, bytes through memory: read the fp32 master, m, v and gradient (16),
 # write master, m and v (12) and the 16-bit copy (2); it streams, so memory bandwidth bounds it
