@@ -32,7 +32,7 @@ fi
 # Without: the tiny preset on 2 CPU ranks via torchrun, fp32, a few minutes per driver (scripts/defaults.sh).
 # LAUNCHER=srun (inside a Slurm allocation): one rank per task of the allocation, on all its nodes.
 zl_check "torchrun|deepspeed|mpiexec|srun" LAUNCHER
-zl_check int NGPUS NNODES
+zl_check int NGPUS NNODES HOST_WAIT_SECONDS
 zl_check count NODE_RANK
 # Each driver is one experiment at one ZeRO stage (ALCF/ takes ZERO_STAGE): another ZERO_STAGE is refused
 [[ -z "${ZERO_STAGE:-}" || "$ZERO_STAGE" == "$zl_driver_stage" ]] || zl_die "ZERO_STAGE=$ZERO_STAGE:" \
@@ -133,10 +133,12 @@ offload_flags=(); [[ "$OFFLOAD" == 1 ]] && offload_flags=(--zero-offload-optimiz
 case "$LAUNCHER" in
     torchrun)  launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NGPUS" --master_port "$MASTER_PORT")
                # several hosts: c10d rendezvous at MASTER_ADDR; host 0 holds the store (is_host: a host
-               # whose own name resolves to 127.0.1.1 would not know MASTER_ADDR as its own)
+               # whose own name resolves to 127.0.1.1 would not know MASTER_ADDR as its own); the hosts wait
+               # HOST_WAIT_SECONDS for each other there (torchrun's join_timeout), then give up
                (( NNODES == 1 )) || launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NGPUS"
                    --nnodes "$NNODES" --node_rank "$NODE_RANK" --rdzv_backend c10d --rdzv_id "$RUN_NAME"
-                   --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_conf "is_host=$(( NODE_RANK == 0 ))") ;;
+                   --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT"
+                   --rdzv_conf "is_host=$(( NODE_RANK == 0 )),join_timeout=${HOST_WAIT_SECONDS:-600}") ;;
     deepspeed) launch=("$PYTHON" -m deepspeed.launcher.runner --num_gpus "$NGPUS" --master_port "$MASTER_PORT")
                [[ -z "$ds_include" ]] \
                    || launch=("$PYTHON" -m deepspeed.launcher.runner --include "$ds_include" --master_port "$MASTER_PORT") ;;

@@ -17,7 +17,8 @@
 #                          command.NAME.txt). With MAX_RESTARTS=N, an attempt that fails of a fault the next one
 #                          can get past (megatron/launch/restart.py) starts the launch script again, at most N
 #                          times: the one resume rule then resumes the newest intact checkpoint (FRESH=1 applies
-#                          to the first start only)
+#                          to the first start only); when the other hosts of a torchrun run do not come back
+#                          within HOST_WAIT_SECONDS, host 0 goes on alone through --universal-checkpoint
 # ZERO_LAB_FLAG_SOURCES, set by the caller, maps Megatron flags to the variables they came from, so that an
 # error names the variable to change (megatron/launch/flag_sources.py).
 
@@ -28,6 +29,8 @@ ZL_LAUNCH_SCRIPT=$(realpath "$0")
 ZL_LAUNCH_ARGS=("$@")
 # 75: megatron/launch/restart.py's RESTART_STATUS, an attempt that failed of a fault worth restarting
 ZL_RESTART_STATUS=75
+# 76: its HOSTS_MISSING_STATUS, an attempt whose launcher gave up waiting for the other hosts (HOST_WAIT_SECONDS)
+ZL_HOSTS_MISSING_STATUS=76
 
 zl_find_python() {
     local repo=$1
@@ -110,6 +113,21 @@ zl_run_attempt() {
         zl_restart=$(( restart + 1 )) FRESH=0 zl_held_lock_fd=$ZL_LOCK_FD \
             exec bash "$ZL_LAUNCH_SCRIPT" "${ZL_LAUNCH_ARGS[@]}"
     fi
-    (( status != ZL_RESTART_STATUS )) || status=1  # signalled while restartable: a failure all the same
+    if (( status == ZL_HOSTS_MISSING_STATUS )) && [[ -z "$signalled" ]]; then
+        # a host gone for good: host 0 holds the run folder and the rendezvous, and goes on with its own ranks
+        # (a ZeRO checkpoint of another data-parallel size loads only through the universal checkpoint; where
+        # DeepSpeed cannot convert it, the ranks refuse in one line and the run ends there)
+        if (( ${NNODES:-1} > 1 && ${NODE_RANK:-0} == 0 )); then
+            echo "[run] the other hosts did not come back within HOST_WAIT_SECONDS=${HOST_WAIT_SECONDS:-600} s:" \
+                 "going on with this host alone (NNODES=1, NGPUS=$NGPUS) from the newest intact checkpoint through" \
+                 "--universal-checkpoint${GLOBAL_BATCH:+, the global batch kept at $GLOBAL_BATCH}" \
+                 "($(( restart + 1 )) of $MAX_RESTARTS, MAX_RESTARTS)"
+            zl_restart=$(( restart + 1 )) FRESH=0 zl_held_lock_fd=$ZL_LOCK_FD NNODES=1 GAS="" GLOBAL_BATCH=${GLOBAL_BATCH:-} \
+                exec bash "$ZL_LAUNCH_SCRIPT" "${ZL_LAUNCH_ARGS[@]}" --universal-checkpoint
+        fi
+        echo "[run] host 0 did not come back: host $NODE_RANK cannot go on without it (it holds the run folder's" \
+             "rendezvous); start the run again from host 0" >&2
+    fi
+    (( status != ZL_RESTART_STATUS && status != ZL_HOSTS_MISSING_STATUS )) || status=1  # a failure all the same
     exit "$status"
 }

@@ -255,3 +255,38 @@ def test_a_save_folder_each_host_has_its_own_is_refused(two_host_runs, dolly_dat
                             r"one folder every host shares \(a cluster filesystem\), not a folder local to each host "
                             r"\(launcher's report: .*\)", cause), cause
     assert "iteration " not in run.output("node0")
+
+
+def test_a_host_gone_for_good_leaves_the_run_to_the_host_left(cluster, two_host_runs, dolly_data_dir, tmp_path):
+    """MAX_RESTARTS=2 HOST_WAIT_SECONDS=20: every process of node1, its driver too, is killed mid-run for good.
+    node0's run restarts, waits 20 s for node1 at the rendezvous, then goes on alone, saying so in one line: the
+    newest intact checkpoint resumes through the universal checkpoint on 1 rank with the global batch kept
+    (gradient accumulation 2), and the run finishes, each iteration's loss as the two hosts printed it."""
+    env = driver_env(dolly_data_dir, tmp_path, TRAIN_ITERS=10, SAVE_INTERVAL=2, MAX_RESTARTS=2, HOST_WAIT_SECONDS=20)
+    env.pop("TRAIN_EPOCHS")
+    run = two_host_runs(env, tmp_path, *NO_DROPOUT)
+    run_dir = tmp_path / "gpt_tiny_Z1"
+    wait_for_iteration(run, run_dir / "train.log", 3)
+    for pid in cluster.pids_in("node1"):
+        os.kill(pid, signal.SIGKILL)
+    run.wait(timeout=420)
+    assert run.returncodes()["node0"] == 0, run.tails()
+    output = run.output("node0")
+    assert ("[run] the other hosts did not come back within HOST_WAIT_SECONDS=20 s: going on with this host alone "
+            "(NNODES=1, NGPUS=1) from the newest intact checkpoint through --universal-checkpoint, the global batch "
+            "kept at 8 (2 of 2, MAX_RESTARTS)") in output, output[-3000:]
+    log = (run_dir / "train.log").read_text()
+    assert re.findall(r"^\[zero-lab\] restarting after: (.*)$", log, re.M)[1] == \
+        "the other hosts did not join the rendezvous within HOST_WAIT_SECONDS"
+    attempts = re.split(r"^\[zero-lab\] attempt \d started .*$", log, flags=re.M)[1:]
+    assert len(attempts) == 3 and not iteration_losses(attempts[1])  # the second never met node1
+    two_hosts, alone = iteration_losses(attempts[0]), iteration_losses(attempts[2])
+    assert " > run info | zero stage: 1 | offload: none | model: tiny | world size: 1 |" in attempts[2]
+    assert max(alone) == 10 and set(two_hosts) | set(alone) == set(range(1, 11))
+    resumed = min(alone) - 1
+    assert resumed >= 2 and resumed % 2 == 0 and (run_dir / "checkpoints" / f"global_step{resumed}_universal").is_dir()
+    # the same samples, their gradients accumulated on one rank instead of averaged over two
+    assert same_losses({i: two_hosts[i] for i in alone if i in two_hosts},
+                       {i: alone[i] for i in alone if i in two_hosts})
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "global_step10"
+    assert processes_left(cluster) == {}

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ITERATION_LOSS, REPO_ROOT, driver_env, fault_env, iteration_losses, test_env
-from megatron.launch.restart import RESTART_STATUS, worth_restarting
+from megatron.launch.restart import HOSTS_MISSING_STATUS, RESTART_STATUS, hosts_missing, worth_restarting
 
 def summary_row(runs_dir: Path, out: Path) -> dict:
     result = subprocess.run([sys.executable, str(REPO_ROOT / "analysis" / "summarize.py"), str(runs_dir), "--out",
@@ -44,7 +44,16 @@ def test_what_is_restarted(first_error, signalled, restart):
 
 
 def test_restart_status_is_the_one_the_scripts_read():
-    assert f"ZL_RESTART_STATUS={RESTART_STATUS}\n" in (REPO_ROOT / "scripts" / "launch_common.sh").read_text()
+    script = (REPO_ROOT / "scripts" / "launch_common.sh").read_text()
+    assert f"ZL_RESTART_STATUS={RESTART_STATUS}\n" in script
+    assert f"ZL_HOSTS_MISSING_STATUS={HOSTS_MISSING_STATUS}\n" in script and HOSTS_MISSING_STATUS != RESTART_STATUS
+
+
+def test_hosts_missing_is_torchruns_rendezvous_giving_up():
+    # torchrun's report when a host did not join within join_timeout (tests/test_multi_node.py causes it for real)
+    assert hosts_missing(["Traceback (most recent call last):", "torch.distributed.elastic.rendezvous.api."
+                          "RendezvousTimeoutError"])
+    assert not hosts_missing(["torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"])
 
 
 # ---- the three launch paths, for real ----

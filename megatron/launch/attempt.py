@@ -21,7 +21,9 @@ its launcher through this, in place of `tee`:
   the attempt exits 0 even if the signalled launcher (torchrun) exits non-zero;
 - with --restartable (the launch scripts' MAX_RESTARTS, restarts left), a failure of a fault the next attempt
   can get past (megatron/launch/restart.py) is said in LOG (`[zero-lab] restarting after: <cause>`) and the
-  attempt exits RESTART_STATUS: the launch script then starts the run again by the one resume rule.
+  attempt exits RESTART_STATUS: the launch script then starts the run again by the one resume rule; a launcher
+  that gave up waiting for the other hosts at its rendezvous exits HOSTS_MISSING_STATUS instead (host 0 then
+  goes on with the hosts left).
 """
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ import time
 import psutil
 
 from megatron.launch.launcher_output import LAUNCHER, OutputSorter, failure_cause
-from megatron.launch.restart import RESTART_LINE, RESTART_STATUS, worth_restarting
+from megatron.launch.restart import (HOSTS_MISSING_CAUSE, HOSTS_MISSING_STATUS, RESTART_LINE, RESTART_STATUS,
+                                     hosts_missing, worth_restarting)
 
 ATTEMPT_HEADER = "[zero-lab] attempt {number} started {time} UTC on {host}{note}"
 _COMMAND_HEADER = re.compile(r"^# attempt (\d+) \|", re.M)
@@ -168,6 +171,11 @@ class Attempt:
             return 0
         rank_lines = ([self.first_error] if self.first_error else []) + list(self.tail)
         cause, users_mistake = failure_cause(rank_lines, self.report_lines, self.launcher, status)
+        if not self.first_error and hosts_missing(self.report_lines):
+            cause = HOSTS_MISSING_CAUSE
+            if self.restartable:  # the launch script decides whether the hosts left go on
+                self.log.write(RESTART_LINE.format(cause=cause) + "\n")
+                return self.fail(cause, HOSTS_MISSING_STATUS)
         if self.restartable:
             restart, why = worth_restarting(self.first_error, self.signalled)
             if restart:

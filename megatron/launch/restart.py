@@ -13,6 +13,13 @@ import re
 # the exit status of an attempt that failed of a fault worth restarting (sysexits' EX_TEMPFAIL), given only
 # when the caller has restarts left (megatron/launch/attempt.py --restartable)
 RESTART_STATUS = 75
+# the exit status of an attempt whose launcher gave up waiting for the other hosts at the rendezvous (a host gone for
+# good): host 0 of a run over several hosts may then go on with the hosts left (scripts/launch_common.sh)
+HOSTS_MISSING_STATUS = 76
+# torchrun's error when the hosts did not all join its rendezvous within join_timeout (HOST_WAIT_SECONDS)
+_RENDEZVOUS_TIMEOUT = "RendezvousTimeoutError"
+HOSTS_MISSING_CAUSE = "the other hosts did not join the rendezvous within HOST_WAIT_SECONDS"
+
 # the log's line for a restart, after the failed attempt's output (not an attempt header: analysis and
 # examples_zero/slurm/train.sbatch split the log at "[zero-lab] attempt ")
 RESTART_LINE = "[zero-lab] restarting after: {cause}"
@@ -33,3 +40,8 @@ def worth_restarting(first_error: str | None, signalled: str | None) -> tuple[bo
     if any(pattern.match(first_error) for pattern in _FAULT_LINES):
         return True, first_error[len("error: "):]
     return False, "a rank's own error line: the next attempt would fail the same way"
+
+
+def hosts_missing(launcher_report: list[str]) -> bool:
+    """Whether the launcher gave up because hosts did not join its rendezvous (torchrun's join timeout)."""
+    return any(_RENDEZVOUS_TIMEOUT in line for line in launcher_report)
