@@ -160,12 +160,8 @@ class Injector:
     def __call__(self, fault: Fault) -> str:
         return getattr(self, fault.kind)(fault)
 
-    def _kill_rank(self, host: str, timeout: float = 60) -> int:
-        deadline = time.monotonic() + timeout
-        while (pid := self.job.rank_pid(host)) is None:
-            if time.monotonic() > deadline:
-                raise ChaosError(f"no training rank found on {host} to kill")
-            time.sleep(0.05)
+    def _kill_rank(self, host: str) -> int:
+        pid = self._wait_rank(host)
         os.kill(pid, signal.SIGKILL)
         return pid
 
@@ -227,6 +223,7 @@ class Injector:
         return f"byte {offset} of {tag}/{name} flipped, then SIGKILL to {fault.host}'s rank (pid {pid})"
 
     def _wait_rank(self, host: str) -> int:
+        """The training rank's pid on `host`, once there is one (a restarted attempt may still be starting)."""
         deadline = time.monotonic() + 60
         while (pid := self.job.rank_pid(host)) is None:
             if time.monotonic() > deadline:
