@@ -411,7 +411,7 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
             saved = f"checkpoint saved to {ckpt.save}" if ckpt.save else "nothing saved: no --save"
             stopped = f" exiting program after receiving {exit_signal.name} at iteration {it} ({saved})"
             reporter.print_line(stopped)
-            if dist_info.local_rank == 0 and dist_info.rank != reporter.log_rank and not all_ranks_on_this_host():
+            if dist_info.local_rank == 0 and not all_ranks_on_this_host() and dist_info.rank != reporter.log_rank:
                 # another host's launch reads only its own ranks' output: its attempt supervisor
                 # (megatron/launch/attempt.py) learns from this line that the job stopped with its checkpoint saved
                 print(stopped, flush=True)
