@@ -31,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -227,7 +228,7 @@ def main(argv: list[str]) -> int:
         print("error: bench/chaos.sh makes namespaces (tools/virtual_cluster.py): run it as root", file=sys.stderr)
         return 1
     faults, iterations = plan(args.faults, args.seed, args.kinds)
-    work = args.work or Path(subprocess.check_output(["mktemp", "-d", "/tmp/zero-lab-chaos.XXXXXX"], text=True).strip())
+    work = args.work or Path(tempfile.mkdtemp(prefix="zero-lab-chaos."))
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a SIGTERM takes everything down, as Ctrl-C does
     cluster = None
     try:
