@@ -125,7 +125,7 @@ def report_error(message: str, argv: list[str]) -> None:
 
 def main(argv: list[str]) -> int:
     silence_known_warnings()
-    peers = None
+    peers, heartbeat, finished = None, None, False
     try:
         from deepspeed.accelerator import get_accelerator
         args = parse_args(argv, launcher_world_size(), get_accelerator().device_name())
@@ -140,7 +140,7 @@ def main(argv: list[str]) -> int:
         # the layout's process groups, built once; the data loader, the logging rank and DeepSpeed's mpu use them
         timeout = timedelta(minutes=args.parallel.distributed_timeout_minutes)
         pretrain(args, tokenizer, replace(dist_info, parallel=ParallelState.build(args.parallel.layout, timeout)), comm)
-        heartbeat.stop()
+        finished = True
     except ZeroLabError as err:
         report_error(str(err), argv)
         return 1
@@ -149,6 +149,9 @@ def main(argv: list[str]) -> int:
             raise
         report_error(peers.describe(err, args.parallel.distributed_timeout_minutes), argv)
         return 1
+    finally:
+        if heartbeat is not None:  # its threads end before Python does, on every way out (heartbeat.py)
+            heartbeat.stop(finished)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return 0

@@ -36,6 +36,7 @@ class Heartbeat:
         self.peers, self.silent_seconds, self.beat_seconds = peers, silent_seconds, beat_seconds
         self._stopping = threading.Event()
         self._store = None
+        self._threads: list[threading.Thread] = []
         self._last_beat = time.monotonic()
 
     def start(self) -> "Heartbeat":
@@ -45,15 +46,25 @@ class Heartbeat:
         self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                                     timeout=timedelta(seconds=self.silent_seconds))
         watchers = [self._watch_own_beats] if self.peers.rank != 0 else []  # rank 0 watches in _beat
-        for target in (self._beat, *watchers):
-            threading.Thread(target=target, name=f"zero-lab {target.__name__}", daemon=True).start()
+        self._threads = [threading.Thread(target=target, name=f"zero-lab {target.__name__}", daemon=True)
+                         for target in (self._beat, *watchers)]
+        for thread in self._threads:
+            thread.start()
         return self
 
-    def stop(self) -> None:
-        """This rank finished: it stops beating, and rank 0 no longer waits for its beats."""
+    def stop(self, finished: bool = True) -> None:
+        """This rank stops beating and waits for its threads to end; one that `finished` also tells rank 0 no
+        longer to wait for its beats. Called before the process exits, on every path: a daemon thread still
+        inside a store call when Python shuts down is ended by pthread_exit, whose unwinding through torch's
+        C++ frames aborts the rank ("terminate called without an active exception", SIGABRT)."""
         if self._store is None or self._stopping.is_set():
             return
         self._stopping.set()
+        # a store call returns or fails within the store's timeout; a failed rank does not wait that long
+        for thread in self._threads:
+            thread.join(timeout=self.silent_seconds if finished else self.beat_seconds)
+        if not finished:
+            return
         try:
             self._store.set(f"{_KEYS}/done/{self.peers.rank}", "1")
         except RuntimeError:
