@@ -1,8 +1,9 @@
 """The rank's own speeds, measured at start-up: what the step-time model (megatron/model/accounting/step_time.py)
 divides a step's work by.
 
-`probe_compute` times one transformer layer's and the output layer's forward and backward with the run's
-shapes, dtype, dropout and recomputation, the run's optimizer over a million elements, accelerator <-> host copies and, for
+`probe_compute` times one transformer layer's and the model's ends' (embeddings, final LayerNorm, output layer and
+loss) forward and backward with the run's shapes, dtype, dropout and recomputation, the run's optimizer over a
+million elements, copies between the accelerator and the host and within the accelerator, and, for
 ZeRO-Infinity, writes and reads of the swap folder. Never the run's own steps: the prediction stays a
 prediction. Every rank of a run probes at the same time, sharing the machine as training does (two CPU ranks
 share the cores): the caller puts a barrier before it so that they start together.
@@ -30,7 +31,8 @@ from megatron.model.accounting.flops import layer_forward_flops, logit_forward_f
 from megatron.model.accounting.step_time import ComputeRates
 from megatron.model.accounting.training_setup import TrainingSetup
 from megatron.model.config import GPTConfig
-from megatron.model.transformer import ParallelTransformerLayer
+from megatron.model.gpt_model import build_embeddings, embed
+from megatron.model.transformer import ParallelTransformerLayer, layer_norm
 
 LAYER_REPEATS = 5  # timed forward+backward passes after a warm-up, fewer when they take long
 OPTIMIZER_ELEMENTS = 2**20  # fp32 elements the optimizer steps, 4 MiB
@@ -95,22 +97,31 @@ def layer_flops_per_s(config: GPTConfig, setup: TrainingSetup, device: torch.dev
 
 
 def output_flops_per_s(config: GPTConfig, setup: TrainingSetup, device: torch.device, dtype: torch.dtype) -> float:
-    """Hardware FLOPs per second of the output layer's forward and backward (the fused logits and
-    cross-entropy of megatron/core/tensor_parallel/cross_entropy.py over this TP rank's vocabulary slice):
-    3 x its forward FLOPs over 1/tp of them, per median pass."""
-    vocab_slice = config.padded_vocab_size // setup.tensor_parallel_size
-    weight = torch.nn.Parameter(torch.randn(vocab_slice, config.hidden_size, device=device, dtype=dtype) * 0.02)
-    hidden = torch.randn(setup.micro_batch_size, config.seq_length, config.hidden_size, device=device, dtype=dtype,
-                         requires_grad=True)
-    target = torch.randint(0, vocab_slice, (setup.micro_batch_size, config.seq_length), device=device)
+    """Hardware FLOPs per second of the model's ends, forward and backward, per output-layer FLOP: the word and
+    position embeddings with their dropout, the final LayerNorm and the output layer's fused logits and
+    cross-entropy (megatron/core/tensor_parallel/cross_entropy.py) over this TP rank's vocabulary slice, its
+    weight the word embedding's as in GPTModel, so the backward adds the embedding's dense gradient to the
+    logits' one, as training does. 3 x the logits' forward FLOPs over 1/tp of them, per median pass: the ends'
+    other work has next to no FLOPs but a tiny model's step spends 20-25 ms on it (2 layers, h = 128, 2 CPU
+    ranks: 296 ms for the ends where the output layer alone takes 275)."""
+    t = setup.tensor_parallel_size
+    local = replace(config, padded_vocab_size=config.padded_vocab_size // t, sequence_parallel=False,
+                    params_dtype=dtype)
+    tracker = model_parallel_tracker(1234, 0)
+    words, positions = (module.to(device) for module in build_embeddings(local, None))
+    dropout = torch.nn.Dropout(config.hidden_dropout)
+    final_layernorm = layer_norm(local, None).to(device)
+    shape = (setup.micro_batch_size, config.seq_length)
+    tokens = torch.randint(0, local.padded_vocab_size, shape, device=device)
+    position_ids = torch.arange(config.seq_length, device=device).expand(shape)
     scratch = ScratchBuffers()
 
     def forward_backward():
-        vocab_parallel_lm_loss(hidden, weight, target, None, scratch).mean().backward()
+        x = final_layernorm(embed(words, positions, dropout, tokens, position_ids, local, None, tracker))
+        vocab_parallel_lm_loss(x, words.weight, tokens, None, scratch).mean().backward()
 
     seconds = _median_seconds(forward_backward, device, LAYER_REPEATS)
-    tokens = setup.micro_batch_size * config.seq_length
-    return 3 * logit_forward_flops(config, tokens) / setup.tensor_parallel_size / seconds
+    return 3 * logit_forward_flops(config, setup.micro_batch_size * config.seq_length) / t / seconds
 
 
 def optimizer_seconds_per_element(optimizer_factory, device: torch.device) -> float:
@@ -122,15 +133,21 @@ def optimizer_seconds_per_element(optimizer_factory, device: torch.device) -> fl
     return _median_seconds(optimizer.step, device, OPTIMIZER_REPEATS) / OPTIMIZER_ELEMENTS
 
 
+def device_copy_bytes_per_s(device: torch.device) -> float:
+    """Bytes per second of COPY_BYTES copied within the accelerator's memory, as the engine's passes over the
+    gradients copy them; on a CPU rank that is host memory."""
+    source = torch.ones(COPY_BYTES // 4, device=device)
+    target = torch.empty_like(source)
+    return COPY_BYTES / _median_seconds(lambda: target.copy_(source), device, COPY_REPEATS)
+
+
 def host_copy_bytes_per_s(device: torch.device) -> float:
     """Bytes per second of COPY_BYTES copied accelerator -> host and back, into pinned host memory as
-    DeepSpeed's offload does on CUDA; on a CPU rank host memory is the accelerator's, so a plain copy."""
-    elements = COPY_BYTES // 4
-    source = torch.ones(elements, device=device)
+    DeepSpeed's offload does on CUDA; on a CPU rank host memory is the accelerator's: its copy rate."""
     if device.type != "cuda":
-        target = torch.empty_like(source)
-        return COPY_BYTES / _median_seconds(lambda: target.copy_(source), device, COPY_REPEATS)
-    host = torch.empty(elements, pin_memory=True)
+        return device_copy_bytes_per_s(device)
+    source = torch.ones(COPY_BYTES // 4, device=device)
+    host = torch.empty(source.numel(), pin_memory=True)
     down = _median_seconds(lambda: host.copy_(source, non_blocking=True), device, COPY_REPEATS)
     up = _median_seconds(lambda: source.copy_(host, non_blocking=True), device, COPY_REPEATS)
     return 2 * COPY_BYTES / (down + up)
@@ -162,13 +179,18 @@ def nvme_bytes_per_s(folder: str) -> float:
 def probe_compute(config: GPTConfig, setup: TrainingSetup, device: torch.device, dtype: torch.dtype,
                   optimizer_factory, offload_device_path: str | None = None) -> ComputeRates:
     """The rank's ComputeRates for the run described by config and setup: a layer's FLOPs per second
-    (`layer_flops_per_s`) and the output layer's (`output_flops_per_s`), the optimizer built by `optimizer_factory(params)` (the run's own: fused AdamW,
-    DeepSpeedCPUAdam, ...) per element where it runs (the host when the optimizer is offloaded), host copies
-    and, given the NVMe swap folder, its read and write rate. All ranks call it together after a barrier."""
+    (`layer_flops_per_s`) and the model ends' per output-layer FLOP (`output_flops_per_s`), the optimizer built by
+    `optimizer_factory(params)` (the run's own: fused AdamW, DeepSpeedCPUAdam, ...) per element where it runs
+    (the host when the optimizer is offloaded), host copies, copies within the accelerator's memory (on a CPU
+    rank the same) and, given the NVMe swap folder, its read and write rate. All ranks call it together after a
+    barrier."""
     optimizer_device = torch.device("cpu") if setup.offload_optimizer else device
+    layers = layer_flops_per_s(config, setup, device, dtype)
+    ends = output_flops_per_s(config, setup, device, dtype)
+    optimizer = optimizer_seconds_per_element(optimizer_factory, optimizer_device)
+    host_copies = host_copy_bytes_per_s(device)
     return ComputeRates(
-        flops_per_s=layer_flops_per_s(config, setup, device, dtype),
-        output_flops_per_s=output_flops_per_s(config, setup, device, dtype),
-        optimizer_s_per_element=optimizer_seconds_per_element(optimizer_factory, optimizer_device),
-        host_copy_bytes_per_s=host_copy_bytes_per_s(device),
+        flops_per_s=layers, output_flops_per_s=ends, optimizer_s_per_element=optimizer,
+        host_copy_bytes_per_s=host_copies,
+        device_copy_bytes_per_s=device_copy_bytes_per_s(device) if device.type == "cuda" else host_copies,
         nvme_bytes_per_s=nvme_bytes_per_s(offload_device_path) if offload_device_path is not None else None)

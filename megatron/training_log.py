@@ -130,6 +130,8 @@ def probe_line(rates, link, predicted) -> str:
     costs = ", ".join(f"{kind} {cost.latency_s * 1e6:.0f}us + {_rate(cost.seconds_per_byte)}"
                       for kind, cost in link.costs.items())
     nvme = "" if rates.nvme_bytes_per_s is None else f", NVMe {rates.nvme_bytes_per_s / 1e9:.2f} GB/s"
+    if rates.device_copy_bytes_per_s not in (None, rates.host_copy_bytes_per_s):  # a GPU's own memory
+        nvme = f", device copies {rates.device_copy_bytes_per_s / 1e9:.2f} GB/s" + nvme
     output = rates.output_flops_per_s or rates.flops_per_s
     costs += "" if link.seconds is None else f" (probed in {link.seconds:.2f} s)"
     return (f" > step time predicted | compute: layers {rates.flops_per_s / 1e9:.1f} GFLOP/s, output layer "

@@ -33,8 +33,11 @@ def test_rates_of_a_real_layer_on_this_cpu():
     start = time.perf_counter()
     rates = probe_compute(config(128, seq=64), SETUP, CPU, torch.float32, adamw)
     print(f"probe_compute: {time.perf_counter() - start:.2f} s, {rates}")
-    for value in (rates.flops_per_s, rates.optimizer_s_per_element, rates.host_copy_bytes_per_s):
+    for value in (rates.flops_per_s, rates.output_flops_per_s, rates.optimizer_s_per_element,
+                  rates.host_copy_bytes_per_s):
         assert math.isfinite(value) and value > 0
+    # on a CPU rank the accelerator's memory is the host's: the engine's gradient passes run at the copy rate
+    assert rates.device_copy_bytes_per_s == rates.host_copy_bytes_per_s
     assert 1e8 <= rates.flops_per_s <= 1e13  # a CPU: from a slow core to a many-core server
     assert rates.optimizer_s_per_element < 1e-6 and rates.host_copy_bytes_per_s > 1e7
     assert rates.nvme_bytes_per_s is None

@@ -1,6 +1,8 @@
 """megatron/model/accounting/step_time.py against hand-computed numbers: the link from flags, the messages a
 step issues (DeepSpeed's buckets and stage-3 prefetching replayed on a model small enough to follow by hand),
 and each part of a step's predicted time. What real 2-rank runs issue: tests/test_step_time_calibration.py."""
+from dataclasses import replace
+
 import pytest
 
 from megatron.model.accounting import TrainingSetup
@@ -10,8 +12,9 @@ from megatron.model.accounting.step_time import (
     ComputeRates,
     LinkCosts,
     StepTime,
-    hierarchical_link_costs,
+    gradient_pass_seconds,
     gradient_reduction_op,
+    hierarchical_link_costs,
     link_costs_from_flags,
     messages_per_step,
     optimizer_elements,
@@ -197,6 +200,21 @@ def test_gradient_reduction_is_priced_as_the_op_deepspeed_issues():
     plain = LinkCosts({kind: link.costs[kind] for kind in KINDS}, source="probe")
     stage1 = predict_step_time(CONFIG, setup(zero_stage=1), 0, RATES, plain, BUCKETS, overlap_comm=False)
     assert stage1.communication == pytest.approx(6 + 8928)
+
+
+def test_engine_gradient_passes_are_priced_at_the_device_copy_rate():
+    # 0.5 GB/s copies within the accelerator: the engine's 4.5 (stage 0), 5.25 (1-2) and 6.25 (3) copies of the
+    # rank's 4464 fp32 gradients (17856 bytes) on top of the layers' FLOPs and the optimizer's step, whatever the
+    # partition; bf16 gradients are half the bytes; a rate not known leaves them out (RATES)
+    copies = replace(RATES, device_copy_bytes_per_s=5e8)
+    for stage, passes in ((0, 4.5), (1, 5.25), (2, 5.25), (3, 6.25)):
+        without = predict_step_time(CONFIG, setup(zero_stage=stage), 0, RATES, GLOO, BUCKETS, overlap_comm=False)
+        priced = predict_step_time(CONFIG, setup(zero_stage=stage), 0, copies, GLOO, BUCKETS, overlap_comm=False)
+        assert priced.compute - without.compute == pytest.approx(passes * 17856 / 5e8)
+        assert priced.communication == without.communication and priced.offload == without.offload
+    bf16 = setup(zero_stage=1, precision="bf16")
+    assert gradient_pass_seconds(CONFIG, bf16, 0, copies) == pytest.approx(5.25 * 8928 / 5e8)
+    assert gradient_pass_seconds(CONFIG, bf16, 0, RATES) == 0
 
 
 def test_predicted_step_time_counts_recomputation_and_stage0_optimizer():

@@ -236,7 +236,8 @@ def test_issue_example_prints_step_time_and_days_per_option_and_picks_by_time(ca
 def test_step_time_by_hand_on_one_node(capsys):
     """1.3B, seq 1024, micro-batch 4, 8 A100-80GBs in one node, bf16, DP: compute = model FLOPs of 32 sequences
     / 8 GPUs at 312e12 x 0.869, plus Adam over all 1.31e9 parameters at 30 bytes each through 2039e9 bytes/s of
-    HBM; communication = the gradients' all-reduce, 2 x 7/8 x 2 bytes x parameters, at NVLink's 300e9 bytes/s
+    HBM, plus the engine's 4.5 copies of the bf16 gradients (2 bytes each) at half that (a copy reads and
+    writes); communication = the gradients' all-reduce, 2 x 7/8 x 2 bytes x parameters, at NVLink's 300e9 bytes/s
     (a ring inside the node: 1/bandwidth per byte counted as sent) plus 3 messages (DeepSpeed's engine
     all-reduces 5e8 elements at a time) x 10 us."""
     from megatron.model import accounting
@@ -247,7 +248,8 @@ def test_step_time_by_hand_on_one_node(capsys):
     config = GPTConfig(num_layers=24, hidden_size=2048, num_attention_heads=16, seq_length=1024,
                        max_position_embeddings=1024, padded_vocab_size=50304)
     params = accounting.count_parameters(config)
-    compute = accounting.model_flops_per_iteration(config, 32) / 8 / (312e12 * 0.869) + params * 30 / 2039e9
+    compute = (accounting.model_flops_per_iteration(config, 32) / 8 / (312e12 * 0.869) + params * 30 / 2039e9
+               + 4.5 * params * 2 / (2039e9 / 2))
     communication = 2 * 7 / 8 * 2 * params / 300e9 + 3 * 10e-6
     assert dp["compute_ms"] == pytest.approx(compute * 1e3, rel=1e-9)
     assert dp["communication_ms"] == pytest.approx(communication * 1e3, rel=1e-9)
@@ -266,8 +268,9 @@ def test_pipeline_bubble_and_tensor_parallel_all_reduces(capsys):
     args = [*EXAMPLE, "--gpu", "H100-SXM", "--tp", "2", "--pp", "2", "--global-batch-size", "64"]
     code, out, _ = tool_in_process(capsys, "zero_plan.py", *args)
     assert code == 0 and "8 micro-batches per step" in out and "bubble ms" in out
-    for p in plan_json(capsys, *args)["plans"]:  # compute includes the optimizer's step, a few % here
-        assert p["compute_ms"] / 8 * 0.95 < p["bubble_ms"] < p["compute_ms"] / 8
+    # compute includes the optimizer's step and the engine's gradient passes, 5-10% here
+    for p in plan_json(capsys, *args)["plans"]:
+        assert p["compute_ms"] / 8 * 0.9 < p["bubble_ms"] < p["compute_ms"] / 8
     # without TP the activations' all-reduces are gone: less communication
     tp1 = plan_json(capsys, *EXAMPLE, "--gpu", "H100-SXM", "--pp", "2", "--global-batch-size", "64")["plans"]
     tp2 = plan_json(capsys, *args)["plans"]

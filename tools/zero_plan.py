@@ -241,6 +241,7 @@ def project(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware, gp
     rates = ComputeRates(flops_per_s=hw.peak_tflops * 1e12 * hw.efficiency,
                          optimizer_s_per_element=ADAM_BYTES_PER_ELEMENT / optimizer_bytes_per_s,
                          host_copy_bytes_per_s=hw.kind.pcie_bytes_per_s,
+                         device_copy_bytes_per_s=hw.kind.hbm_bytes_per_s / 2,  # a copy reads and writes
                          nvme_bytes_per_s=hw.nvme_bytes_per_s / gpus_per_node if hw.nvme_bytes_per_s else None)
     # DeepSpeed's default buckets: the generated config's (megatron/deepspeed_config.py) import DeepSpeed, and
     # they change only the message count, the latency term

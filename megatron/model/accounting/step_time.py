@@ -5,6 +5,7 @@ link the user describes with flags), never the run's own step time.
 
     total = compute + communication + offload - overlap
     compute = hardware FLOPs of the rank's share of the step / flops_per_s
+              + the engine's passes over the rank's gradients, GRADIENT_PASSES x gradient bytes / device_copy_bytes_per_s
               (+ the optimizer step, partition elements x optimizer_s_per_element, when it runs on the rank)
     communication = sum over kinds of messages x latency_s + bytes sent x seconds_per_byte
                     (ZeRO 1-2's gradient reduction at the cost of `reduce`, the op DeepSpeed issues for it)
@@ -66,6 +67,9 @@ class ComputeRates:
     # the output layer's logits and loss, forward and backward: one large matmul, faster per FLOP than a small
     # model's layers; None: at flops_per_s
     output_flops_per_s: float | None = None
+    # copies within the accelerator's memory: the engine's passes over the gradients (GRADIENT_PASSES); on a CPU
+    # rank the host copies' rate; None: those passes left out
+    device_copy_bytes_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,24 @@ COST_FACTORS: dict[str, dict[str, float]] = {
              "reduce": 3.0},
     "nccl": {**dict.fromkeys(TRAFFIC_KINDS, 1.0), "reduce": 1.0},
 }
+
+
+# Passes over the rank's gradients, in copies of all of them, that DeepSpeed 0.19.8's engine makes in a step
+# besides the optimizer's own, counted in its code for fp32 (bench/results/step_time_cpu.md): flattening into
+# the reduction bucket and copying back, averaging over the data-parallel ranks, the norm (in float64 on the CPU
+# accelerator) and clipping; stage 3 also copies the reduced partitions into its flat gradient buffer. On 2 CPU
+# ranks of the tiny preset they are 8-10 ms of a 350-450 ms step.
+GRADIENT_PASSES: dict[int, float] = {0: 4.5, 1: 5.25, 2: 5.25, 3: 6.25}
+
+
+def gradient_pass_seconds(config: GPTConfig, setup: TrainingSetup, stage: int, rates: ComputeRates) -> float:
+    """Seconds of the engine's GRADIENT_PASSES over the gradients of this rank's parameters (pipeline `stage`'s,
+    its TP slices) at rates.device_copy_bytes_per_s; 0 when that rate is not known."""
+    if rates.device_copy_bytes_per_s is None:
+        return 0.0
+    gradient_bytes = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size,
+                                        stage) * setup.element_bytes
+    return GRADIENT_PASSES[setup.zero_stage] * gradient_bytes / rates.device_copy_bytes_per_s
 
 
 def gradient_reduction_op(setup: TrainingSetup, zero: dict) -> str:
@@ -435,7 +457,7 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
 
     compute: the rank's hardware FLOPs, hardware_flops_per_iteration over the global batch (recomputed forwards
     included) / world size, the layers' at rates.flops_per_s and the output layer's at rates.output_flops_per_s;
-    plus the optimizer's step over optimizer_elements at
+    plus the engine's passes over the gradients (gradient_pass_seconds); plus the optimizer's step over optimizer_elements at
     rates.optimizer_s_per_element unless the optimizer is offloaded. communication: per kind, link.costs[kind]
     of zero_traffic_per_step's bytes and messages_per_step's messages (a pipeline's bubble is not modelled), the
     data-parallel gradient reduction at link.gradient_reduction(gradient_reduction_op(setup, buckets)).
@@ -485,6 +507,7 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     if overlap_comm and setup.device == "cuda" and setup.zero_stage >= 1 and not runs_bf16_optimizer(setup):
         backward = forward_backward * (1 - model_flops_per_iteration(config, global_batch) / 3 / hardware)
         overlap = min(reduction_seconds, backward)
-    compute = forward_backward + (0.0 if setup.offload_optimizer else optimizer)
+    compute = forward_backward + gradient_pass_seconds(config, setup, stage, rates)
+    compute += 0.0 if setup.offload_optimizer else optimizer
     bubble = pipeline_bubble(forward_backward, setup) if with_bubble else 0.0
     return StepTime(compute=compute, communication=communication, offload=offload, overlap=overlap, bubble=bubble)
