@@ -10,6 +10,8 @@ share the cores): the caller puts a barrier before it so that they start togethe
 """
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import statistics
 import time
@@ -39,6 +41,7 @@ OPTIMIZER_ELEMENTS = 2**20  # fp32 elements the optimizer steps, 4 MiB
 OPTIMIZER_REPEATS = 5
 COPY_BYTES = 32 * 2**20  # accelerator <-> host copies and NVMe file
 COPY_REPEATS = 3
+NVME_BLOCK = 2**20  # DeepSpeed's aio block_size default
 BUDGET_S = 0.5  # a timing stops repeating after this long (at least 3 repeats): large layers on a CPU
 
 
@@ -153,24 +156,66 @@ def host_copy_bytes_per_s(device: torch.device) -> float:
     return 2 * COPY_BYTES / (down + up)
 
 
-def nvme_bytes_per_s(folder: str) -> float:
-    """Bytes per second of writing COPY_BYTES to a file in `folder` (flushed to the device with fsync) and
-    reading them back with the page cache dropped first, as ZeRO-Infinity swaps; the file is removed."""
-    path = os.path.join(folder, f".zero_lab_nvme_probe_{os.getpid()}")
-    data = os.urandom(COPY_BYTES)
+def _direct_io_seconds(path: str, buffer: mmap.mmap) -> tuple[float, float] | None:
+    """Seconds to write `buffer` to `path` and read it back with O_DIRECT in NVME_BLOCK blocks, as DeepSpeed's
+    aio op swaps (no page cache, no fsync); None where the file system refuses O_DIRECT (tmpfs)."""
+    blocks = [memoryview(buffer)[start:start + NVME_BLOCK] for start in range(0, len(buffer), NVME_BLOCK)]
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+    except OSError as error:
+        if error.errno == errno.EINVAL:
+            return None
+        raise
     try:
         start = time.perf_counter()
-        with open(path, "wb", buffering=0) as f:
-            f.write(data)
-            os.fsync(f.fileno())
+        for block in blocks:
+            os.write(fd, block)
         written = time.perf_counter() - start
-        with open(path, "rb", buffering=0) as f:
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            start = time.perf_counter()
-            while f.read(8 * 2**20):
-                pass
-            read = time.perf_counter() - start
+    except OSError as error:
+        if error.errno == errno.EINVAL:  # opened, but the file system does not do direct writes
+            return None
+        raise
     finally:
+        os.close(fd)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        start = time.perf_counter()
+        for block in blocks:
+            os.readv(fd, [block])
+        read = time.perf_counter() - start
+    finally:
+        os.close(fd)
+    return written, read
+
+
+def _buffered_io_seconds(path: str, buffer: mmap.mmap) -> tuple[float, float]:
+    """Seconds to write `buffer` to `path`, flushed to the device with fsync, and read it back with the page
+    cache dropped first: the nearest to direct I/O a file system without O_DIRECT allows."""
+    start = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        f.write(buffer)
+        os.fsync(f.fileno())
+    written = time.perf_counter() - start
+    with open(path, "rb", buffering=0) as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        start = time.perf_counter()
+        while f.read(8 * 2**20):
+            pass
+        read = time.perf_counter() - start
+    return written, read
+
+
+def nvme_bytes_per_s(folder: str) -> float:
+    """Bytes per second of writing COPY_BYTES to a file in `folder` and reading them back as ZeRO-Infinity swaps:
+    DeepSpeed's aio op opens its swap files with O_DIRECT and moves NVME_BLOCK blocks (on a file system without
+    O_DIRECT, buffered I/O with fsync and the page cache dropped). The file is removed."""
+    path = os.path.join(folder, f".zero_lab_nvme_probe_{os.getpid()}")
+    buffer = mmap.mmap(-1, COPY_BYTES)  # page-aligned, as O_DIRECT needs
+    buffer.write(os.urandom(COPY_BYTES))
+    try:
+        written, read = _direct_io_seconds(path, buffer) or _buffered_io_seconds(path, buffer)
+    finally:
+        buffer.close()
         if os.path.exists(path):
             os.remove(path)
     return 2 * COPY_BYTES / (written + read)

@@ -2,12 +2,14 @@
 rates positive, finite and in a CPU's range, a 4x wider layer taking longer per pass, the TP rank's layer
 holding exactly its share of the parameters, the NVMe probe leaving nothing behind."""
 import math
+import mmap
+import os
 import time
 
 import pytest
 import torch
 
-from megatron.compute_probe import probe_compute, probe_layer
+from megatron.compute_probe import NVME_BLOCK, _buffered_io_seconds, _direct_io_seconds, probe_compute, probe_layer
 from megatron.model.accounting import TrainingSetup, parameter_groups_on_rank
 from megatron.model.accounting.flops import layer_forward_flops
 from megatron.model.config import GPTConfig
@@ -78,3 +80,14 @@ def test_nvme_probe_leaves_no_file(tmp_path):
     rates = probe_compute(config(64), offload, CPU, torch.float32, adamw, offload_device_path=str(tmp_path))
     assert math.isfinite(rates.nvme_bytes_per_s) and rates.nvme_bytes_per_s > 0
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("io", [_direct_io_seconds, _buffered_io_seconds])
+def test_nvme_probe_writes_and_reads_the_whole_file(tmp_path, io):
+    # the swap probe's two ways, O_DIRECT in DeepSpeed's 1 MiB aio blocks (ext4 and tmpfs take it on this
+    # kernel) and buffered with fsync: the file holds every byte written, and both took time
+    buffer = mmap.mmap(-1, 4 * NVME_BLOCK)
+    buffer.write(os.urandom(len(buffer)))
+    seconds = io(str(tmp_path / "swap"), buffer)
+    assert seconds is not None and all(s > 0 for s in seconds)
+    assert (tmp_path / "swap").read_bytes() == buffer[:]
