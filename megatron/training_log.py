@@ -129,15 +129,15 @@ def probe_line(rates, link, predicted) -> str:
     flags describe) and the step time predicted from it."""
     costs = ", ".join(f"{kind} {cost.latency_s * 1e6:.0f}us + {_rate(cost.seconds_per_byte)}"
                       for kind, cost in link.costs.items())
-    nvme = "" if rates.nvme_bytes_per_s is None else f", NVMe {rates.nvme_bytes_per_s / 1e9:.2f} GB/s"
-    if rates.device_copy_bytes_per_s not in (None, rates.host_copy_bytes_per_s):  # a GPU's own memory
-        nvme = f", device copies {rates.device_copy_bytes_per_s / 1e9:.2f} GB/s" + nvme
+    copies = "" if rates.device_copy_bytes_per_s in (None, rates.host_copy_bytes_per_s) else (
+        f", device copies {rates.device_copy_bytes_per_s / 1e9:.2f} GB/s")  # a GPU's own memory
+    copies += "" if rates.nvme_bytes_per_s is None else f", NVMe {rates.nvme_bytes_per_s / 1e9:.2f} GB/s"
     output = rates.output_flops_per_s or rates.flops_per_s
     costs += "" if link.seconds is None else f" (probed in {link.seconds:.2f} s)"
     return (f" > step time predicted | compute: layers {rates.flops_per_s / 1e9:.1f} GFLOP/s, output layer "
             f"{output / 1e9:.1f} GFLOP/s, optimizer "
             f"{rates.optimizer_s_per_element * 1e9:.2f} ns/element, host copies "
-            f"{rates.host_copy_bytes_per_s / 1e9:.2f} GB/s{nvme} | link ({link.source}): {costs} | "
+            f"{rates.host_copy_bytes_per_s / 1e9:.2f} GB/s{copies} | link ({link.source}): {costs} | "
             f"compute={predicted.compute * 1e3:.1f}ms communication={predicted.communication * 1e3:.1f}ms "
             f"offload={predicted.offload * 1e3:.1f}ms overlap={predicted.overlap * 1e3:.1f}ms "
             f"total={predicted.total * 1e3:.1f}ms")

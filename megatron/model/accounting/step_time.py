@@ -5,7 +5,7 @@ link the user describes with flags), never the run's own step time.
 
     total = compute + communication + offload - overlap
     compute = hardware FLOPs of the rank's share of the step / flops_per_s
-              + the engine's passes over the rank's gradients, GRADIENT_PASSES x gradient bytes / device_copy_bytes_per_s
+              + the engine's passes over the rank's gradients: GRADIENT_PASSES x their bytes / device_copy_bytes_per_s
               (+ the optimizer step, partition elements x optimizer_s_per_element, when it runs on the rank)
     communication = sum over kinds of messages x latency_s + bytes sent x seconds_per_byte
                     (ZeRO 1-2's gradient reduction at the cost of `reduce`, the op DeepSpeed issues for it)
@@ -64,8 +64,8 @@ class ComputeRates:
     optimizer_s_per_element: float  # the optimizer's step per parameter element where it runs
     host_copy_bytes_per_s: float  # accelerator <-> host copies (offload)
     nvme_bytes_per_s: float | None = None  # reads and writes of the swap folder (ZeRO-Infinity); None: no NVMe
-    # the output layer's logits and loss, forward and backward: one large matmul, faster per FLOP than a small
-    # model's layers; None: at flops_per_s
+    # the model's ends (embeddings, final LayerNorm, the output layer's logits and loss), forward and backward, per
+    # output-layer FLOP: one large matmul, faster per FLOP than a small model's layers; None: at flops_per_s
     output_flops_per_s: float | None = None
     # copies within the accelerator's memory: the engine's passes over the gradients (GRADIENT_PASSES); on a CPU
     # rank the host copies' rate; None: those passes left out
@@ -457,9 +457,9 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
 
     compute: the rank's hardware FLOPs, hardware_flops_per_iteration over the global batch (recomputed forwards
     included) / world size, the layers' at rates.flops_per_s and the output layer's at rates.output_flops_per_s;
-    plus the engine's passes over the gradients (gradient_pass_seconds); plus the optimizer's step over optimizer_elements at
-    rates.optimizer_s_per_element unless the optimizer is offloaded. communication: per kind, link.costs[kind]
-    of zero_traffic_per_step's bytes and messages_per_step's messages (a pipeline's bubble is not modelled), the
+    plus the engine's passes over the gradients (gradient_pass_seconds); plus the optimizer's step over
+    optimizer_elements at rates.optimizer_s_per_element unless the optimizer is offloaded. communication: per
+    kind, link.costs[kind] of zero_traffic_per_step's bytes and messages_per_step's messages (a pipeline's bubble is not modelled), the
     data-parallel gradient reduction at link.gradient_reduction(gradient_reduction_op(setup, buckets)).
     offload: with the optimizer offloaded, its step on the host over the same elements; and
     offload_transfer_per_step's PCIe bytes at rates.host_copy_bytes_per_s and NVMe bytes at
