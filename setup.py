@@ -18,28 +18,31 @@ setup(
     description="Megatron-DeepSpeed style GPT training with a DeepSpeed ZeRO experiment suite",
     packages=find_packages(include=["megatron", "megatron.*"]),
     python_requires=">=3.10",
+    # Ranges here, exact versions in constraints.txt: scripts/setup.sh installs the constrained versions
+    # (what CI runs), while a machine that already has a package within its range (a GPU image's numpy or
+    # transformers, installed from a wheelhouse without network) keeps its own (docs/gpu.md).
     install_requires=[
         # scripts/setup.sh installs torch first (2.13.0: the CPU build on the project machines,
         # a CUDA build on a GPU machine) or keeps a GPU image's own; 2.11 to 2.13 are supported (2.13's
         # all_gather_single/reduce_scatter_single have a fallback in megatron/core/tensor_parallel/mappings.py).
         "torch>=2.11,<2.14",
-        "deepspeed==0.19.8",
-        "numpy==2.4.6",
-        "regex==2026.11.15",
-        "sentencepiece==0.2.3",
-        "pybind11==3.1.0",
-        "tiktoken==0.14.0",
-        "matplotlib==3.11.2",
-        "tqdm==4.70.1",
-        "psutil==7.2.2",
-        "safetensors==0.8.0",
-        "transformers==5.23.0",
-        "tensorboard==2.21.0",
+        "deepspeed==0.19.8",  # exact: the code reads DeepSpeed's checkpoint files and config keys
+        "numpy>=2.0,<3",
+        "regex>=2024.4",
+        "sentencepiece>=0.2,<0.3",
+        "pybind11>=2.12",
+        "tiktoken>=0.7,<1",
+        "matplotlib>=3.8,<4",
+        "tqdm>=4.66,<5",
+        "psutil>=5.9,<8",
+        "safetensors>=0.4.3,<1",
+        "transformers>=5.0,<6",
+        "tensorboard>=2.15,<3",
     ],
     # wandb: --wandb-project (megatron/wandb_writer.py); without it a run that asks says so and trains on. The
     # test extra has it too, so that CI runs the offline wandb test (tests/test_wandb.py) instead of skipping it.
-    extras_require={"wandb": ["wandb==0.31.0"],
-                    "test": ["pytest==9.2.0", "pytest-timeout==2.4.0", "wandb==0.31.0"]},
+    extras_require={"wandb": ["wandb>=0.19,<1"],
+                    "test": ["pytest>=8,<10", "pytest-timeout>=2.3", "wandb>=0.19,<1"]},
     ext_modules=[helpers_extension],
     cmdclass={"build_ext": build_ext},
 )

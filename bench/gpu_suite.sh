@@ -4,8 +4,14 @@
 # analysis/summarize.py over those runs (MFU from the GPU's peak), then bench/bench_gpt_vs_hf.py
 # on CUDA in bf16 without and with --compile. About 15 minutes on one H100.
 #
-# Usage: bash bench/gpu_suite.sh [--dry-run] [--only PARTS]
+# Usage: bash bench/gpu_suite.sh [--dry-run] [--only PARTS | --quick]
 #   --dry-run     print every command, run none (works without a GPU)
+#   --quick       the quick profile, for a GPU machine without network that gives one command a few minutes:
+#                 installs zero-lab from GPU_CARRY (gpu_carry/, made by scripts/gpu_carry.sh) where PYTHON
+#                 lacks it, builds DeepSpeed's CPU Adam in the background while DP to Z3 train, then GPT-2
+#                 125M only, SUITE_ITERS (25) iterations per driver logged every 5, the bench once without
+#                 --compile, and the report. It prints its plan first: each step's expected minutes (written
+#                 down from what the step does, not timed here) and their sum; the report adds what each took.
 #   --only PARTS  comma-separated parts of the suite: a model (125M, 355M: its five drivers), bench,
 #                 report (the summary and the results page); for machines that run one command for
 #                 at most a few minutes. Without it all parts run, after emptying SUITE_RUNS.
@@ -24,21 +30,28 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 source scripts/launch_common.sh
-MODELS=${SUITE_MODELS:-125M 355M}
-ITERS=${SUITE_ITERS:-60}
-RUNS=${SUITE_RUNS:-$REPO/runs/gpu_suite}
-MICRO_BATCH=${MICRO_BATCH:-8}
 
-usage="usage: bench/gpu_suite.sh [--dry-run] [--only PARTS]"
-dry_run=0 only=""
+usage="usage: bench/gpu_suite.sh [--dry-run] [--only PARTS | --quick]"
+dry_run=0 only="" quick=0
 while (( $# )); do
     case "$1" in
         --dry-run) dry_run=1; shift ;;
         --only) [[ $# -ge 2 ]] || zl_die "--only needs a list such as 125M,bench ($usage)"
                 only=$2; shift 2 ;;
+        --quick) quick=1; shift ;;
         *) zl_die "unknown argument $1 ($usage)" ;;
     esac
 done
+[[ -z "$only" ]] || (( ! quick )) || zl_die "--quick runs its own parts: leave out --only ($usage)"
+RUNS=${SUITE_RUNS:-$REPO/runs/gpu_suite}
+MICRO_BATCH=${MICRO_BATCH:-8}
+if (( quick )); then
+    MODELS=125M ITERS=${SUITE_ITERS:-25} LOG_EVERY=5
+    CARRY=$(realpath -m "${GPU_CARRY:-$REPO/gpu_carry}")
+    DATA_DIR=${DATA_DIR:-$CARRY/data} WHEELHOUSE=${WHEELHOUSE:-$CARRY/wheelhouse}
+else
+    MODELS=${SUITE_MODELS:-125M 355M} ITERS=${SUITE_ITERS:-60} LOG_EVERY=10
+fi
 for part in ${only//,/ }; do
     [[ " $MODELS bench report " == *" $part "* ]] \
         || zl_die "--only $only: unknown part $part (expected: ${MODELS// /, }, bench, report)"
@@ -62,7 +75,14 @@ online() {  # $1 answers within 10 s (HF_HUB_OFFLINE=1 and PIP_NO_INDEX=1 say th
 }
 missing=()
 (( gpus > 0 )) || missing+=("a CUDA GPU (torch.cuda.device_count() is 0 for PYTHON=$PYTHON)")
-if ! "$PYTHON" -c 'import deepspeed, megatron.data.helpers' >/dev/null 2>&1; then
+install=0
+if "$PYTHON" -c 'import deepspeed, megatron.data.helpers' >/dev/null 2>&1; then
+    :
+elif (( quick )); then  # installed below, from the carry folder
+    install=1
+    [[ -d "$WHEELHOUSE" ]] || missing+=("the wheelhouse $WHEELHOUSE to install zero-lab's packages from (build \
+the carry folder with bash scripts/gpu_carry.sh where there is network and bring $CARRY here, docs/gpu.md)")
+else
     wheelhouse=${WHEELHOUSE:-$REPO/wheelhouse}
     if online https://pypi.org/simple/; then
         missing+=("zero-lab's packages for PYTHON=$PYTHON (run bash scripts/setup.sh)")
@@ -84,6 +104,9 @@ if drivers_wanted; then
     if (( ${#absent[@]} )); then
         if [[ "$DATA_PATH" != "$DATA_DIR/dolly_text_document" ]]; then
             missing+=("the data ${absent[*]} (DATA_PATH=$DATA_PATH)")
+        elif (( quick )); then
+            missing+=("the data ${absent[*]} (build the carry folder with bash scripts/gpu_carry.sh where there \
+is network and bring $CARRY here)")
         elif online https://huggingface.co; then
             make_data=1  # made once below, before the first driver
         else
@@ -107,15 +130,66 @@ slug=$(tr '[:upper:]' '[:lower:]' <<< "$gpu_name" | tr -cs 'a-z0-9' '-' | sed 's
 RESULTS=$REPO/bench/results/$slug.md
 
 failed=()
-# Every command goes through `step`: printed, then run unless --dry-run; a failure is recorded.
+# Every command goes through `step`: printed, then run unless --dry-run; a failure is recorded. The quick
+# profile also records how long each took (STEP_NAME names it) beside the plan's minutes, for the report.
+STEP_NAME=""
 step() {
     printf '+'; printf ' %q' "$@"; echo
-    (( dry_run )) || "$@" || { echo "[gpu_suite] FAILED: $*" >&2; failed+=("$*"); }
+    (( dry_run )) && return
+    local started=$SECONDS
+    "$@" || { echo "[gpu_suite] FAILED: $*" >&2; failed+=("$*"); }
+    [[ -z "$STEP_NAME" ]] || printf '%s\t%s\n' "$STEP_NAME" "$((SECONDS - started))" >> "$RUNS/steps.tsv"
 }
+
+# The quick profile's plan: minutes each step is expected to take on one GPU of a 16-core machine, written
+# down from what the step does (not timed): a driver's start-up is the deepspeed launcher and the rank each
+# importing torch and DeepSpeed (about 10 s), the start-up probes (about 5 s) and the engine with its data
+# index (about 10 s); 25 iterations of 125M at micro-batch 8 x 1024 tokens in bf16 are about 0.1 s each,
+# Z3_OL's about 0.5 s (CPU Adam over 125M parameters on the host, the parameters copied in and out).
+plan=()
+planned() { plan+=("$1"$'\t'"$2"$'\t'"$3"); }  # NAME MINUTES WHAT (MINUTES "-" for a background step)
+if (( quick )); then
+    (( install )) && planned install 1.0 "install zero-lab from $WHEELHOUSE (a venv beside PYTHON's torch, about 15 wheels, the C++ helper compiled)"
+    planned op_build - "build DeepSpeed's CPU Adam for Z3_OL (about 1.5 min, in the background while DP to Z3 train)"
+    for experiment in DP Z1 Z2 Z3; do planned "$experiment" 0.5 "$experiment driver: start-up 0.4 + $ITERS iterations 0.1"; done
+    planned Z3_OL 0.8 "Z3_OL driver: start-up 0.5 (pinned host buffers) + $ITERS iterations 0.3"
+    planned bench 1.3 "bench_gpt_vs_hf.py, stages 0-3: 8 engines (ours and HF) of 10 steps, about 8 s each, and start-up"
+    planned report 0.3 "summarize.py (tables and plots) and the results page"
+    total=0
+    echo "[gpu_suite] quick profile plan, expected minutes on one GPU (estimates from what each step does):"
+    for row in "${plan[@]}"; do
+        IFS=$'\t' read -r name minutes what <<< "$row"
+        printf '[gpu_suite]   %-6s %-8s %s\n' "$minutes" "$name" "$what"
+        [[ "$minutes" == - ]] || total=$(awk -v a="$total" -v b="$minutes" 'BEGIN { print a + b }')
+    done
+    printf '[gpu_suite]   %-6s %s\n' "$total" "in all (at most 7)"
+fi
 
 echo "[gpu_suite] $gpus x $gpu_name: models $MODELS, $ITERS iterations per driver, runs in $RUNS"
 # The summary reads every run below SUITE_RUNS: none may be left from an earlier suite.
 [[ -n "$only" ]] || step rm -rf "$RUNS"
+(( dry_run )) || mkdir -p "$RUNS"
+if (( install )); then
+    # setup.sh keeps PYTHON's torch (the venv sees its packages) and what it has within setup.py's ranges;
+    # without the [test] extra, which the carried wheelhouse leaves out. Nothing runs without it.
+    STEP_NAME=install step env WHEELHOUSE="$WHEELHOUSE" SETUP_EXTRAS= PYTHON="$PYTHON" bash scripts/setup.sh
+    (( ${#failed[@]} == 0 )) || zl_die "the GPU suite cannot start: installing from $WHEELHOUSE failed" \
+                                       "(scripts/setup.sh's last line above; its log: build/setup.log)"
+    PYTHON=$REPO/.venv/bin/python
+fi
+op_build_pid=""
+if (( quick )); then
+    # DeepSpeed compiles its CPU Adam at the first offloading run; built here beside DP to Z3, Z3_OL finds it
+    # cached (TORCH_EXTENSIONS_DIR). The venv's and PYTHON's tools first: torch builds with the first ninja.
+    build_op=(env PATH="$(dirname "$PYTHON"):$PATH" "$PYTHON" -c
+              'from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder("CPUAdamBuilder").load(verbose=False)')
+    printf '+'; printf ' %q' "${build_op[@]}"; echo ' &'
+    if (( ! dry_run )); then
+        started_op=$SECONDS
+        "${build_op[@]}" > "$RUNS/op_build.log" 2>&1 & op_build_pid=$!
+    fi
+fi
 if (( make_data )); then  # the drivers would make it too, but one at a time and each retrying on failure
     step env DATA_DIR="$DATA_DIR" PYTHON="$PYTHON" bash tools/process_databricks_gpt2.sh
     (( dry_run )) || [[ -f "$DATA_PATH.bin" && -f "$DATA_PATH.idx" ]] \
@@ -126,9 +200,20 @@ fi
 for model in $MODELS; do
     wanted "$model" && (( ! skip_drivers )) || continue
     for experiment in DP Z1 Z2 Z3 Z3_OL; do
-        step env RUNS_DIR="$RUNS" MODEL_SIZE="$model" SEQ_LEN=1024 PRECISION=bf16 MICRO_BATCH="$MICRO_BATCH" \
-            NGPUS="$gpus" TRAIN_ITERS="$ITERS" LOG_INTERVAL=10 EVAL_INTERVAL="$ITERS" EVAL_ITERS=2 \
-            PYTHON="$PYTHON" bash examples_zero/gpt_deepspeed_$experiment.sh --save ''
+        if [[ "$experiment" == Z3_OL && -n "$op_build_pid" ]]; then
+            echo "[gpu_suite] waiting for the CPU Adam build (log: $RUNS/op_build.log)"
+            if wait "$op_build_pid"; then
+                printf 'op_build\t%s\n' "$((SECONDS - started_op))" >> "$RUNS/steps.tsv"
+            else
+                echo "[gpu_suite] FAILED: building DeepSpeed's CPU Adam; its log's end:" >&2
+                tail -n 5 "$RUNS/op_build.log" >&2
+                failed+=("building DeepSpeed's CPU Adam (log: $RUNS/op_build.log)")
+            fi
+        fi
+        STEP_NAME=$experiment step env RUNS_DIR="$RUNS" MODEL_SIZE="$model" SEQ_LEN=1024 PRECISION=bf16 \
+            MICRO_BATCH="$MICRO_BATCH" NGPUS="$gpus" TRAIN_ITERS="$ITERS" LOG_INTERVAL="$LOG_EVERY" \
+            EVAL_INTERVAL="$ITERS" EVAL_ITERS=2 DATA_DIR="$DATA_DIR" PYTHON="$PYTHON" \
+            bash examples_zero/gpt_deepspeed_$experiment.sh --save ''
     done
 done
 
@@ -137,15 +222,16 @@ bench_shape=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-le
              --micro-batch-size "$MICRO_BATCH" --gradient-accumulation 1 --bf16)
 launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$gpus" --master_port 29510)
 if wanted bench; then
-    (( dry_run )) || mkdir -p "$RUNS"
-    step "${launch[@]}" bench/bench_gpt_vs_hf.py "${bench_shape[@]}" --json "$RUNS/bench_gpt_vs_hf.json"
-    step "${launch[@]}" bench/bench_gpt_vs_hf.py "${bench_shape[@]}" --stages 1 --compile \
+    STEP_NAME=bench step "${launch[@]}" bench/bench_gpt_vs_hf.py "${bench_shape[@]}" --json "$RUNS/bench_gpt_vs_hf.json"
+    (( quick )) || step "${launch[@]}" bench/bench_gpt_vs_hf.py "${bench_shape[@]}" --stages 1 --compile \
         --json "$RUNS/bench_gpt_vs_hf_compile.json"
 fi
 if wanted report; then
-    step "$PYTHON" analysis/summarize.py "$RUNS"
+    profile=(); (( quick )) && profile=(--quick --plan "${plan[@]}")
+    STEP_NAME=report step "$PYTHON" analysis/summarize.py "$RUNS"
     step "$PYTHON" bench/gpu_suite_report.py --runs "$RUNS" --out "$RESULTS" --iters "$ITERS" \
-        --models "$MODELS" --micro-batch "$MICRO_BATCH" --failed "${failed[@]}"
+        --log-interval "$LOG_EVERY" --models "$MODELS" --micro-batch "$MICRO_BATCH" "${profile[@]}" \
+        --failed "${failed[@]}"
 fi
 
 if (( dry_run )); then

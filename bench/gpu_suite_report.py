@@ -3,7 +3,10 @@ runs and the GPT-vs-HF tables, in one Markdown file (written under a temporary n
 Beside it, <name>-summary.csv and <name>-summary.json: copies of the runs' summary.
 
     python bench/gpu_suite_report.py --runs runs/gpu_suite --out bench/results/<gpu>.md --iters 60 \
-        --models "125M 355M" --micro-batch 8 [--failed STEP ...]
+        --log-interval 10 --models "125M 355M" --micro-batch 8 [--quick --plan ROW ...] [--failed STEP ...]
+
+With --quick (bench/gpu_suite.sh --quick), the page also holds the plan beside what each step took: --plan
+rows are "NAME<tab>MINUTES<tab>WHAT" (MINUTES "-" for a background step), RUNS/steps.tsv "NAME<tab>SECONDS".
 """
 import argparse
 import datetime
@@ -73,6 +76,26 @@ def bench_lines(path: Path) -> list[str]:
     return lines
 
 
+def step_lines(plan: list[str], steps_file: Path) -> list[str]:
+    """The quick profile's plan beside what each step took (steps.tsv, written as each step ended)."""
+    took = {}
+    if steps_file.is_file():
+        for line in steps_file.read_text().splitlines():
+            name, seconds = line.split("\t")
+            took[name] = int(seconds)
+    lines = ["| step | expected min | took min | what |", "| --- | ---: | ---: | --- |"]
+    planned_total = 0.0
+    for row in plan:
+        name, minutes, what = row.split("\t")
+        planned_total += 0.0 if minutes == "-" else float(minutes)
+        spent = f"{took[name] / 60:.1f}" if name in took else "n/a"
+        lines.append(f"| {name} | {minutes} | {spent} | {what} |")
+    measured = sum(seconds for name, seconds in took.items() if name != "op_build")  # it ran beside the drivers
+    lines.append(f"| in all | {planned_total:.1f} | {measured / 60:.1f} | the steps in line (the report's own "
+                 f"last seconds not counted) |")
+    return lines
+
+
 def main(argv) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=Path, required=True)
@@ -80,23 +103,30 @@ def main(argv) -> int:
     parser.add_argument("--iters", type=int, required=True)
     parser.add_argument("--models", required=True, help="the MODEL_SIZEs the drivers ran, space-separated")
     parser.add_argument("--micro-batch", type=int, required=True)
+    parser.add_argument("--log-interval", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="the quick profile (bench/gpu_suite.sh --quick)")
+    parser.add_argument("--plan", nargs="*", default=[], help="the quick profile's plan rows")
     parser.add_argument("--failed", nargs="*", default=[])
     opts = parser.parse_args(argv)
 
     summary = opts.runs / "summary.md"
+    command = "bash bench/gpu_suite.sh" + (" --quick" if opts.quick else "")
     text = [f"# GPU acceptance run: {opts.out.stem}", "",
-            f"`bash bench/gpu_suite.sh`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.", "",
-            "## Machine", "", *machine_lines(), "", "## Versions", "", *version_lines(), "",
-            "## ZeRO drivers", "",
+            f"`{command}`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.", "",
+            "## Machine", "", *machine_lines(), "", "## Versions", "", *version_lines(), ""]
+    if opts.quick:
+        text += ["## Steps: planned and taken", "", *step_lines(opts.plan, opts.runs / "steps.tsv"), ""]
+    text += ["## ZeRO drivers", "",
             f"GPT-2 {' and '.join(opts.models.split())}, seq 1024, bf16, micro-batch {opts.micro_batch}, "
             f"{opts.iters} iterations per driver "
-            f"(log interval 10; the summary's means leave out the first two intervals as warm-up). "
+            f"(log interval {opts.log_interval}; the summary's means leave out the first two intervals as warm-up). "
             f"Runs and plots: `{opts.runs.relative_to(REPO) if opts.runs.is_relative_to(REPO) else opts.runs}`.", "",
             summary.read_text().strip() if summary.is_file() else "(no summary.md: the summary did not run)", "",
             f"## Ours vs Hugging Face GPT-2 (bench/bench_gpt_vs_hf.py, GPT-2 125M shape, bf16, "
             f"micro-batch {opts.micro_batch})", "",
             "Without --compile:", "", *bench_lines(opts.runs / "bench_gpt_vs_hf.json"), "",
-            "With --compile (stage 1 only):", "", *bench_lines(opts.runs / "bench_gpt_vs_hf_compile.json"), ""]
+            *([] if opts.quick else ["With --compile (stage 1 only):", "",
+                                     *bench_lines(opts.runs / "bench_gpt_vs_hf_compile.json"), ""])]
     if opts.failed:
         text += ["## Failed steps", "", *(f"- `{step}`" for step in opts.failed), ""]
     opts.out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@
 # one warning line says when offload would find no matching nvcc. zero-lab runs on torch 2.11 to 2.13.
 # WHEELHOUSE=DIR: install from DIR only (made by scripts/wheelhouse.sh), never from the network;
 # the torch found in .venv or PYTHON is kept, whatever its build, since DIR holds none.
+# SETUP_EXTRAS=test (default) or empty: setup.py's extras installed with zero-lab (empty: the package alone).
 # SETUP_DRY_RUN=1: print every command a real run would run, and change nothing.
 # Output: one line per step (what it installs or builds, how long it took, what happens next time); the
 # tools' own output (pip, apt, the op builds) is appended to build/setup.log, which a failed step names
@@ -219,15 +220,22 @@ else
         pip_install "${torch_args[@]}"
 fi
 
-zero_lab="installing zero-lab (pip install -e .[test], builds megatron.data.helpers)"
+# SETUP_EXTRAS (default test): the extras of setup.py installed with zero-lab; empty for the package alone
+# (a GPU machine that only trains, from a wheelhouse made with scripts/wheelhouse.sh --no-test).
+extras=${SETUP_EXTRAS-test}
+[[ "$extras" =~ ^[a-z,]*$ ]] || die "SETUP_EXTRAS=$extras: expected extras of setup.py such as test, or nothing"
+target=.${extras:+[$extras]}
+zero_lab="installing zero-lab (pip install -e $target, builds megatron.data.helpers)"
 zero_lab_next="checked again next time: seconds"
 if [[ -z "$WHEELHOUSE" ]]; then
-    step "$zero_lab" "$zero_lab_next" pip_install -e ".[test]"
+    # constraints.txt: the exact versions the project runs, within setup.py's ranges
+    step "$zero_lab" "$zero_lab_next" pip_install -c constraints.txt -e "$target"
 else
+    # No constraints: what the machine has within setup.py's ranges is kept, the wheelhouse adds the rest.
     # Build isolation stays on: pip installs setuptools, wheel and pybind11 for the build from
     # the wheelhouse too. pip's own message for a missing wheel is a page; one line names it.
     try_step "$zero_lab from WHEELHOUSE" "$zero_lab_next" \
-        pip_install --no-index --find-links "$WHEELHOUSE" -e ".[test]" || {
+        pip_install --no-index --find-links "$WHEELHOUSE" -e "$target" || {
         status=$?
         missing=""
         [[ "$VERBOSE" == 1 ]] \

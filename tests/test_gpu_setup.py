@@ -116,7 +116,7 @@ def test_setup_with_a_missing_wheelhouse_folder_is_one_line(tmp_path):
                                      "(make one with scripts/wheelhouse.sh)")
 
 
-WHEELHOUSE_USAGE = "usage: scripts/wheelhouse.sh DIR [--python-version X.Y] [--present FILE]"
+WHEELHOUSE_USAGE = "usage: scripts/wheelhouse.sh DIR [--python-version X.Y] [--present FILE] [--no-test]"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -242,7 +242,9 @@ def test_gpu_suite_runs_only_the_parts_asked_for_and_keeps_earlier_runs(tmp_path
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--fast"], "error: unknown argument --fast (usage: bench/gpu_suite.sh [--dry-run] [--only PARTS])"),
+    (["--fast"], "error: unknown argument --fast (usage: bench/gpu_suite.sh [--dry-run] [--only PARTS | --quick])"),
+    (["--quick", "--only", "bench"],
+     "error: --quick runs its own parts: leave out --only (usage: bench/gpu_suite.sh [--dry-run] [--only PARTS | --quick])"),
     (["--only", "125M,1.3B"], "error: --only 125M,1.3B: unknown part 1.3B (expected: 125M, 355M, bench, report)"),
 ])
 def test_gpu_suite_rejects_bad_arguments_in_one_line(args, message):
