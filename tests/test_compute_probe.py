@@ -9,7 +9,17 @@ import time
 import pytest
 import torch
 
-from megatron.compute_probe import NVME_BLOCK, _buffered_io_seconds, _direct_io_seconds, probe_compute, probe_layer
+from megatron.compute_probe import (
+    COPY_BYTES,
+    NVME_BLOCK,
+    OPTIMIZER_ELEMENTS,
+    _buffered_io_seconds,
+    _direct_io_seconds,
+    _sizes,
+    optimizer_seconds,
+    probe_compute,
+    probe_layer,
+)
 from megatron.model.accounting import TrainingSetup, parameter_groups_on_rank
 from megatron.model.accounting.flops import layer_forward_flops
 from megatron.model.config import GPTConfig
@@ -61,6 +71,36 @@ def test_recomputation_and_bf16_layers_probe():
     for probed, dtype in ((config(64, recompute_activations=True), torch.float32), (config(64), torch.bfloat16)):
         rates = probe_compute(probed, SETUP, CPU, dtype, adamw)
         assert 1e7 <= rates.flops_per_s <= 1e13
+
+
+class FixedCostOptimizer:
+    """An optimizer whose step takes FIXED_S plus PER_ELEMENT_S per element of its parameters (a GPU's fused
+    AdamW: launches and the synchronisation, then memory-bound work): what the probe should read is PER_ELEMENT_S."""
+    FIXED_S, PER_ELEMENT_S = 2e-3, 5e-9
+
+    def __init__(self, params):
+        self.elements = sum(p.numel() for p in params)
+
+    def step(self):
+        time.sleep(self.FIXED_S + self.PER_ELEMENT_S * self.elements)
+
+
+def test_the_optimizer_probe_tells_a_steps_fixed_cost_from_its_per_element_cost():
+    # one size would read (2 ms + 5.2 ms) / 2^20 = 6.9 ns per element; the line through two sizes reads 5 and 2 ms
+    fixed, per_element = optimizer_seconds(FixedCostOptimizer, CPU)
+    assert per_element == pytest.approx(FixedCostOptimizer.PER_ELEMENT_S, rel=0.1)
+    assert fixed == pytest.approx(FixedCostOptimizer.FIXED_S, rel=0.25)
+
+
+def test_probe_sizes_pass_a_gpus_l2_cache_and_keep_a_cpus_probe_short():
+    l2_bytes = 60e6  # an H200's, the larger of H100's and H200's
+    cuda = torch.device("cuda")
+    copies, elements = _sizes(COPY_BYTES, cuda), _sizes(OPTIMIZER_ELEMENTS, cuda)
+    assert len(copies) == 2 and min(copies) > l2_bytes and max(copies) >= 256 * 2**20
+    # the large step's fp32 parameter alone is larger than the L2 cache (its gradient and two moments 3x more)
+    assert len(elements) == 2 and elements[-1] * 4 > l2_bytes
+    assert _sizes(COPY_BYTES, CPU) == (32 * 2**20,)
+    assert _sizes(OPTIMIZER_ELEMENTS, CPU)[-1] == 2**20  # the single size it had, in about the same time
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
