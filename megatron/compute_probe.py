@@ -15,6 +15,7 @@ import mmap
 import os
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
@@ -47,7 +48,7 @@ OPTIMIZER_REPEATS = 5
 COPY_BYTES = {"cpu": (32 * 2**20,), "accelerator": (64 * 2**20, 256 * 2**20)}  # bytes copied, each way
 COPY_REPEATS = 3
 NVME_BYTES = 32 * 2**20  # the swap file written and read back
-NVME_BLOCK = 2**20  # DeepSpeed's aio block_size default
+NVME_BLOCK = 2**20  # DeepSpeed's aio block_size default, the fallback's request size
 BUDGET_S = 0.5  # a timing stops repeating after this long (at least 3 repeats): large layers on a CPU
 
 
@@ -191,36 +192,65 @@ def host_copy_bytes_per_s(device: torch.device) -> float:
     return 1 / fit_line([(2 * size, round_trip_seconds(size)) for size in sizes])[1]
 
 
-def _direct_io_seconds(path: str, buffer: mmap.mmap) -> tuple[float, float] | None:
-    """Seconds to write `buffer` to `path` and read it back with O_DIRECT in NVME_BLOCK blocks, as DeepSpeed's
-    aio op swaps (no page cache, no fsync); None where the file system refuses O_DIRECT (tmpfs)."""
-    blocks = [memoryview(buffer)[start:start + NVME_BLOCK] for start in range(0, len(buffer), NVME_BLOCK)]
+def _direct_io_seconds(path: str, buffer: mmap.mmap, in_flight: int) -> tuple[float, float] | None:
+    """Seconds to write `buffer` to `path` and read it back with O_DIRECT in NVME_BLOCK blocks, `in_flight`
+    requests at a time (threads, each a pwrite or pread of its block), as DeepSpeed's aio op keeps its queue
+    depth of requests in flight (no page cache, no fsync); None where the file system refuses O_DIRECT."""
+    offsets = range(0, len(buffer), NVME_BLOCK)
+    view = memoryview(buffer)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
     except OSError as error:
         if error.errno == errno.EINVAL:
             return None
         raise
     try:
-        start = time.perf_counter()
-        for block in blocks:
-            os.write(fd, block)
-        written = time.perf_counter() - start
+        with ThreadPoolExecutor(max_workers=in_flight) as pool:
+            start = time.perf_counter()
+            list(pool.map(lambda at: os.pwrite(fd, view[at:at + NVME_BLOCK], at), offsets))
+            written = time.perf_counter() - start
+            start = time.perf_counter()
+            list(pool.map(lambda at: os.preadv(fd, [view[at:at + NVME_BLOCK]], at), offsets))
+            read = time.perf_counter() - start
     except OSError as error:
-        if error.errno == errno.EINVAL:  # opened, but the file system does not do direct writes
+        if error.errno == errno.EINVAL:  # opened, but the file system does not do direct I/O
             return None
         raise
     finally:
         os.close(fd)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    return written, read
+
+
+def _aio_op():
+    """DeepSpeed's async I/O op where this process can have it at once: loaded already (a ZeRO-Infinity engine
+    loads it to swap, before the probe runs) or installed prebuilt; None otherwise, since building it takes
+    minutes."""
+    from deepspeed.git_version_info import installed_ops
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+    from deepspeed.ops.op_builder.builder import OpBuilder
+    name = AsyncIOBuilder.NAME
+    if name in OpBuilder._loaded_ops or installed_ops.get(name, False):  # DeepSpeed's own cache of loaded ops
+        return AsyncIOBuilder().load(verbose=False)
+    return None
+
+
+def _aio_seconds(op, path: str, aio: dict) -> tuple[float, float] | None:
+    """Seconds to write NVME_BYTES to `path` and read them back through DeepSpeed's aio handle built as the run's
+    swapper builds it from the config's aio section `aio`; None where the handle does not complete them."""
+    handle = op.aio_handle(aio["block_size"], aio["queue_depth"], aio["single_submit"], aio["overlap_events"],
+                           aio["intra_op_parallelism"])
+    buffer = handle.new_cpu_locked_tensor(NVME_BYTES, torch.empty(0, dtype=torch.uint8))
     try:
+        buffer.copy_(torch.frombuffer(bytearray(os.urandom(NVME_BYTES)), dtype=torch.uint8))
         start = time.perf_counter()
-        for block in blocks:
-            os.readv(fd, [block])
+        done = handle.sync_pwrite(buffer, path)
+        written = time.perf_counter() - start
+        start = time.perf_counter()
+        done += handle.sync_pread(buffer, path)
         read = time.perf_counter() - start
     finally:
-        os.close(fd)
-    return written, read
+        handle.free_cpu_locked_tensor(buffer)
+    return (written, read) if done == 2 else None
 
 
 def _buffered_io_seconds(path: str, buffer: mmap.mmap) -> tuple[float, float]:
@@ -241,29 +271,38 @@ def _buffered_io_seconds(path: str, buffer: mmap.mmap) -> tuple[float, float]:
     return written, read
 
 
-def nvme_bytes_per_s(folder: str) -> float:
-    """Bytes per second of writing NVME_BYTES to a file in `folder` and reading them back as ZeRO-Infinity swaps:
-    DeepSpeed's aio op opens its swap files with O_DIRECT and moves NVME_BLOCK blocks (on a file system without
-    O_DIRECT, buffered I/O with fsync and the page cache dropped). The file is removed."""
+def nvme_bytes_per_s(folder: str, aio_section: dict | None = None) -> float:
+    """Bytes per second of writing NVME_BYTES to a file in `folder` and reading them back as ZeRO-Infinity swaps,
+    with the DeepSpeed config's aio section `aio_section` (None: DeepSpeed's defaults): through DeepSpeed's aio
+    handle where its op is at hand (`_aio_op`), else with O_DIRECT in NVME_BLOCK blocks, queue_depth x
+    intra_op_parallelism requests in flight as the handle keeps them, else (a file system without O_DIRECT)
+    buffered with fsync and the page cache dropped. The file is removed."""
+    from deepspeed.runtime.swap_tensor.aio_config import get_aio_config  # the keys and defaults DeepSpeed reads
+    aio = get_aio_config({"aio": aio_section} if aio_section else {})
     path = os.path.join(folder, f".zero_lab_nvme_probe_{os.getpid()}")
     buffer = mmap.mmap(-1, NVME_BYTES)  # page-aligned, as O_DIRECT needs
     buffer.write(os.urandom(NVME_BYTES))
+    op = _aio_op()
     try:
-        written, read = _direct_io_seconds(path, buffer) or _buffered_io_seconds(path, buffer)
+        seconds = (op is not None and _aio_seconds(op, path, aio)
+                   or _direct_io_seconds(path, buffer, aio["queue_depth"] * aio["intra_op_parallelism"])
+                   or _buffered_io_seconds(path, buffer))
     finally:
         buffer.close()
         if os.path.exists(path):
             os.remove(path)
-    return 2 * NVME_BYTES / (written + read)
+    return 2 * NVME_BYTES / sum(seconds)
 
 
 def probe_compute(config: GPTConfig, setup: TrainingSetup, device: torch.device, dtype: torch.dtype,
-                  optimizer_factory, offload_device_path: str | None = None) -> ComputeRates:
+                  optimizer_factory, offload_device_path: str | None = None,
+                  aio_section: dict | None = None) -> ComputeRates:
     """The rank's ComputeRates for the run described by config and setup: a layer's FLOPs per second
     (`layer_flops_per_s`) and the model ends' per output-layer FLOP (`output_flops_per_s`), the optimizer built by
     `optimizer_factory(params)` (the run's own: fused AdamW, DeepSpeedCPUAdam, ...) a step and per element where it
     runs (the host when the optimizer is offloaded), host copies, copies within the accelerator's memory (on a CPU
-    rank the same) and, given the NVMe swap folder, its read and write rate. All ranks call it together after a
+    rank the same) and, given the NVMe swap folder, its read and write rate with the DeepSpeed config's aio
+    section `aio_section`. All ranks call it together after a
     barrier."""
     optimizer_device = torch.device("cpu") if setup.offload_optimizer else device
     layers = layer_flops_per_s(config, setup, device, dtype)
@@ -277,4 +316,4 @@ def probe_compute(config: GPTConfig, setup: TrainingSetup, device: torch.device,
         flops_per_s=layers, output_flops_per_s=ends, optimizer_s_per_element=optimizer,
         optimizer_step_s=optimizer_fixed,
         host_copy_bytes_per_s=host_copies, device_copy_bytes_per_s=device_copies,
-        nvme_bytes_per_s=nvme_bytes_per_s(offload_device_path) if offload_device_path is not None else None)
+        nvme_bytes_per_s=None if offload_device_path is None else nvme_bytes_per_s(offload_device_path, aio_section))

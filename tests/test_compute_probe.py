@@ -4,11 +4,13 @@ holding exactly its share of the parameters, the NVMe probe leaving nothing behi
 import math
 import mmap
 import os
+import threading
 import time
 
 import pytest
 import torch
 
+from megatron import compute_probe
 from megatron.compute_probe import (
     COPY_BYTES,
     NVME_BLOCK,
@@ -122,12 +124,61 @@ def test_nvme_probe_leaves_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("io", [_direct_io_seconds, _buffered_io_seconds])
+@pytest.mark.parametrize("io", [lambda path, buffer: _direct_io_seconds(path, buffer, 4), _buffered_io_seconds])
 def test_nvme_probe_writes_and_reads_the_whole_file(tmp_path, io):
-    # the swap probe's two ways, O_DIRECT in DeepSpeed's 1 MiB aio blocks (ext4 and tmpfs take it on this
-    # kernel) and buffered with fsync: the file holds every byte written, and both took time
+    # the swap probe's two ways without DeepSpeed's op, O_DIRECT in DeepSpeed's 1 MiB aio blocks (ext4 and tmpfs
+    # take it on this kernel) and buffered with fsync: the file holds every byte written, and both took time
     buffer = mmap.mmap(-1, 4 * NVME_BLOCK)
     buffer.write(os.urandom(len(buffer)))
     seconds = io(str(tmp_path / "swap"), buffer)
     assert seconds is not None and all(s > 0 for s in seconds)
     assert (tmp_path / "swap").read_bytes() == buffer[:]
+
+
+def test_direct_io_keeps_the_queue_depth_in_flight(tmp_path, monkeypatch):
+    # each request held 20 ms on its way to the real pwrite / preadv: 8 requests in flight at the peak, as
+    # DeepSpeed's aio handle keeps queue_depth of them, not one at a time
+    in_flight, peak, lock = 0, 0, threading.Lock()
+
+    def held(call):
+        def request(*args):
+            nonlocal in_flight, peak
+            with lock:
+                in_flight += 1
+                peak = max(peak, in_flight)
+            time.sleep(0.02)
+            try:
+                return call(*args)
+            finally:
+                with lock:
+                    in_flight -= 1
+        return request
+
+    monkeypatch.setattr(os, "pwrite", held(os.pwrite))
+    monkeypatch.setattr(os, "preadv", held(os.preadv))
+    buffer = mmap.mmap(-1, 16 * NVME_BLOCK)
+    buffer.write(os.urandom(len(buffer)))
+    seconds = _direct_io_seconds(str(tmp_path / "swap"), buffer, 8)
+    assert seconds is not None and peak == 8
+    assert (tmp_path / "swap").read_bytes() == buffer[:]
+
+
+def test_nvme_probe_goes_through_deepspeeds_aio_handle_when_the_engine_loaded_it(tmp_path, monkeypatch):
+    # a ZeRO-Infinity engine loads the aio op before the probe runs: the probe then swaps with the handle the run's
+    # aio section describes (its queue depth and threads), as the run will
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+    builder = AsyncIOBuilder()
+    if not builder.is_compatible(verbose=False):
+        pytest.skip("DeepSpeed's async I/O op cannot be built here (no libaio)")
+    op, handles = builder.load(verbose=False), []
+
+    class RecordingOp:  # the real op, noting the arguments each handle is built with
+        def aio_handle(self, *args):
+            handles.append(args)
+            return op.aio_handle(*args)
+
+    monkeypatch.setattr(compute_probe, "_aio_op", RecordingOp)
+    aio = {"queue_depth": 4, "intra_op_parallelism": 2}
+    assert compute_probe.nvme_bytes_per_s(str(tmp_path), aio) > 0
+    assert handles == [(2**20, 4, False, True, 2)]  # block size, queue depth, single submit, overlap, threads
+    assert list(tmp_path.iterdir()) == []
