@@ -133,7 +133,8 @@ def main(argv: list[str]) -> int:
         # before DeepSpeed starts: every collective of the run goes through the counter (docs/zero-tradeoff.md)
         comm = comm_counter.install()
         dist_info = initialize_distributed(args.parallel.distributed_timeout_minutes)
-        comm.on_cuda = dist_info.on_cuda  # time collectives with CUDA events there (comm_counter.py)
+        if dist_info.on_cuda:  # time what the compute stream waits for with CUDA events (comm_counter.py)
+            comm.time_on_cuda(torch.cuda.current_stream())
         peers = Peers.gather(dist_info.address)  # who runs where: a lost host is then named
         check_save_folder_is_shared(args.checkpoint.save)  # every host's ranks must write into the same folder
         heartbeat = Heartbeat(peers).start()  # a silent host ends the job in a minute (megatron/launch/heartbeat.py)

@@ -16,9 +16,14 @@ One op can call another (send calls isend, all_gather_into_tensor calls all_gath
 the outermost counted call counts, so nothing is counted twice.
 
 The counter also times what the rank spends blocked in collectives, per kind: the call itself, and for
-an asynchronous op (async_op=True) its wait(). On CPU ranks that is host time; on CUDA, where a call
-returns once the op is queued, it is the compute stream's stall, timed with CUDA events read at the next
-logging interval (the training loop synchronises there anyway).
+an asynchronous op (async_op=True) its wait(). On CPU ranks that is host time. On CUDA, where a call
+returns once the op is queued, it is what the compute stream (the device's current stream when training
+starts, `time_on_cuda`) waits for, timed with CUDA events on it and read at the next logging interval (the
+training loop synchronises there anyway): a collective issued, or a wait() called, on the compute stream,
+and the compute stream's wait_stream() on a side stream that collectives were issued on since its last such
+wait (ZeRO-3 waits so for its all-gathers, ZeRO 1-2's overlap_comm before each bucket's reduction). A
+collective issued on a side stream (DeepSpeed's overlap_comm reductions, ZeRO-3's gathers and
+reduce-scatters) runs behind compute: its bytes count, its own time does not.
 """
 from __future__ import annotations
 
@@ -86,7 +91,9 @@ class CommCounter:
     sent: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
     calls: dict[str, int] = field(default_factory=dict)  # per torch.distributed function name
     active: bool = False
-    on_cuda: bool = False  # time with CUDA events on the current stream instead of the host clock
+    on_cuda: bool = False  # time with CUDA events on compute_stream instead of the host clock (`time_on_cuda`)
+    compute_stream: object = None
+    _side_streams: dict = field(default_factory=dict)  # side stream -> kind last issued on it, not yet waited for
     _seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
     _pending_events: list = field(default_factory=list)  # (kind, start, end) CUDA events not yet read
     _depth: int = 0
@@ -123,20 +130,34 @@ class CommCounter:
         self.sent[spec.kind] += bytes_sent(spec, buffer_bytes, self.group_size(group))
         self.calls[name] = self.calls.get(name, 0) + 1
 
+    def time_on_cuda(self, compute_stream) -> None:
+        """Time with CUDA events what `compute_stream` (torch.cuda.current_stream() as training starts) waits for,
+        its wait_stream() on side streams included: wraps its class's wait_stream (uninstall puts it back)."""
+        self.on_cuda, self.compute_stream = True, compute_stream
+        stream_class = type(compute_stream)
+        original = getattr(stream_class.wait_stream, "zero_lab_original", stream_class.wait_stream)
+        stream_class.wait_stream = _timed_wait_stream(original, self)
+
     def clock(self):
-        """A start mark for `blocked`: the host clock, or a CUDA event recorded on the current stream."""
+        """A start mark for `blocked`: the host clock, or a CUDA event recorded on the compute stream; None on a
+        side stream, whose collectives run behind compute."""
         if not self.on_cuda:
             return time.perf_counter()
+        if torch.cuda.current_stream() != self.compute_stream:
+            return None
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
     def blocked(self, kind: str, start) -> None:
-        """Add the time from `start` (a `clock()` mark) to now to `kind`."""
+        """Add the time from `start` (a `clock()` mark) to now to `kind`; on a side stream (start None) only
+        note the stream, so that the compute stream's wait for it is timed as `kind`."""
         if not self.on_cuda:
             self._seconds[kind] += time.perf_counter() - start
-            return
-        self._pending_events.append((kind, start, self.clock()))
+        elif start is None:
+            self._side_streams[torch.cuda.current_stream()] = kind
+        else:
+            self._pending_events.append((kind, start, self.clock()))
 
 
 class _TimedWork:
@@ -155,6 +176,25 @@ class _TimedWork:
 
     def __getattr__(self, name):
         return getattr(self._work, name)
+
+
+def _timed_wait_stream(original, counter: CommCounter):
+    """Stream.wait_stream timing, as the kind last issued there, the compute stream's wait for a side stream that
+    counted collectives were issued on: events on the compute stream around the wait."""
+    def wait_stream(self, stream):
+        kind = counter._side_streams.pop(stream, None) if self == counter.compute_stream else None
+        if kind is None or not counter.active:
+            return original(self, stream)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(self)
+        try:
+            return original(self, stream)
+        finally:
+            end.record(self)
+            counter._pending_events.append((kind, start, end))
+
+    wait_stream.zero_lab_original = original
+    return wait_stream
 
 
 def since(now: dict[str, float], before: dict[str, float], iterations: int) -> dict[str, float]:
@@ -218,7 +258,11 @@ def install(counter: CommCounter | None = None) -> CommCounter:
 
 
 def uninstall() -> None:
-    """Put torch.distributed's own functions back (tests and the benchmark switch counting off)."""
+    """Put torch.distributed's own functions, and torch.cuda.Stream's wait_stream, back (tests and the benchmark
+    switch counting off)."""
+    wait_stream = getattr(torch.cuda.Stream, "wait_stream", None)
+    if hasattr(wait_stream, "zero_lab_original"):
+        torch.cuda.Stream.wait_stream = wait_stream.zero_lab_original
     for name in OPS:
         for module in (distributed_c10d, dist):
             wrapped = getattr(module, name, None)

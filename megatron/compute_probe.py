@@ -2,10 +2,10 @@
 divides a step's work by.
 
 `probe_compute` times one transformer layer's and the model's ends' (embeddings, final LayerNorm, output layer and
-loss) forward and backward with the run's shapes, dtype, dropout and recomputation, the run's optimizer over a
-million elements, copies between the accelerator and the host and within the accelerator, and, for
-ZeRO-Infinity, writes and reads of the swap folder. Never the run's own steps: the prediction stays a
-prediction. Every rank of a run probes at the same time, sharing the machine as training does (two CPU ranks
+loss) forward and backward with the run's shapes, dtype, dropout and recomputation, the run's optimizer step and
+copies between the accelerator and the host and within the accelerator (each at two sizes and fitted with a line, so
+that a call's fixed cost stays out of the per-element rate), and, for ZeRO-Infinity, writes and reads of the swap
+folder. Never the run's own steps: the prediction stays a prediction. Every rank of a run probes at the same time, sharing the machine as training does (two CPU ranks
 share the cores): the caller puts a barrier before it so that they start together.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import mmap
 import os
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
@@ -37,11 +38,17 @@ from megatron.model.gpt_model import build_embeddings, embed
 from megatron.model.transformer import ParallelTransformerLayer, layer_norm
 
 LAYER_REPEATS = 5  # timed forward+backward passes after a warm-up, fewer when they take long
-OPTIMIZER_ELEMENTS = 2**20  # fp32 elements the optimizer steps, 4 MiB
+# The optimizer and copies are timed at two sizes and fitted with a line, fixed seconds a call + seconds per element
+# (byte): a call pays a fixed cost (kernel launches, the synchronisation, Python, a CPU's threads waking: 8 ms on the
+# loaded 2-core box), most of a fused AdamW step over 2^20 elements on a GPU, and a step over the run's hundreds of
+# millions pays it once. A copy's fixed cost (us) is left out of its rate. On an accelerator the copies are larger
+# than its L2 cache (50-60 MB on H100 and H200), so that they time its memory; on a CPU one 32 MiB size.
+OPTIMIZER_ELEMENTS = {"cpu": (2**16, 2**20), "accelerator": (2**21, 2**25)}  # fp32 elements the optimizer steps
 OPTIMIZER_REPEATS = 5
-COPY_BYTES = 32 * 2**20  # accelerator <-> host copies and NVMe file
+COPY_BYTES = {"cpu": (32 * 2**20,), "accelerator": (64 * 2**20, 256 * 2**20)}  # bytes copied, each way
 COPY_REPEATS = 3
-NVME_BLOCK = 2**20  # DeepSpeed's aio block_size default
+NVME_BYTES = 32 * 2**20  # the swap file written and read back
+NVME_BLOCK = 2**20  # DeepSpeed's aio block_size default, the fallback's request size
 BUDGET_S = 0.5  # a timing stops repeating after this long (at least 3 repeats): large layers on a CPU
 
 
@@ -60,6 +67,22 @@ def _median_seconds(fn, device: torch.device, repeats: int) -> float:
             torch.cuda.synchronize(device)
         seconds.append(time.perf_counter() - start)
     return statistics.median(seconds)
+
+
+def _sizes(sizes: dict[str, tuple[int, ...]], device: torch.device) -> tuple[int, ...]:
+    return sizes["cpu" if device.type == "cpu" else "accelerator"]
+
+
+def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(fixed seconds a call, seconds per element or byte) of the line through the smallest and the largest of
+    (size, seconds) `points`, kept physical when noise tilts it (as comm_probe.fit): a slope that is not positive
+    becomes the largest point's seconds per unit with no fixed cost, a negative intercept no fixed cost. A single
+    point: its seconds per unit, no fixed cost."""
+    (small, t_small), (large, t_large) = points[0], points[-1]
+    slope = (t_large - t_small) / (large - small) if large > small else 0.0
+    if not slope > 0:
+        return 0.0, t_large / large
+    return max(0.0, t_small - slope * small), slope
 
 
 def probe_layer(config: GPTConfig, tensor_parallel_size: int) -> ParallelTransformerLayer:
@@ -127,65 +150,107 @@ def output_flops_per_s(config: GPTConfig, setup: TrainingSetup, device: torch.de
     return 3 * logit_forward_flops(config, setup.micro_batch_size * config.seq_length) / t / seconds
 
 
-def optimizer_seconds_per_element(optimizer_factory, device: torch.device) -> float:
-    """The optimizer's step over OPTIMIZER_ELEMENTS fp32 elements with a gradient (DeepSpeed's optimizers step
-    fp32 master weights whatever the run's dtype), per element."""
-    param = torch.nn.Parameter(torch.randn(OPTIMIZER_ELEMENTS, device=device))
-    param.grad = torch.randn_like(param)
-    optimizer = optimizer_factory([param])
-    return _median_seconds(optimizer.step, device, OPTIMIZER_REPEATS) / OPTIMIZER_ELEMENTS
+def optimizer_seconds(optimizer_factory, device: torch.device) -> tuple[float, float]:
+    """(fixed seconds a step, seconds per element) of the optimizer's step over fp32 elements with a gradient
+    (DeepSpeed's optimizers step fp32 master weights whatever the run's dtype): the line through
+    OPTIMIZER_ELEMENTS' two sizes."""
+    def step_seconds(elements: int) -> float:
+        param = torch.nn.Parameter(torch.randn(elements, device=device))
+        param.grad = torch.randn_like(param)
+        return _median_seconds(optimizer_factory([param]).step, device, OPTIMIZER_REPEATS)
+
+    return fit_line([(n, step_seconds(n)) for n in _sizes(OPTIMIZER_ELEMENTS, device)])
 
 
 def device_copy_bytes_per_s(device: torch.device) -> float:
-    """Bytes per second of COPY_BYTES copied within the accelerator's memory, as the engine's passes over the
-    gradients copy them; on a CPU rank that is host memory."""
-    source = torch.ones(COPY_BYTES // 4, device=device)
+    """Bytes per second copied within the accelerator's memory at COPY_BYTES' sizes, as the engine's passes over
+    the gradients copy them; on a CPU rank that is host memory."""
+    sizes = _sizes(COPY_BYTES, device)
+    source = torch.ones(sizes[-1] // 4, device=device)
     target = torch.empty_like(source)
-    return COPY_BYTES / _median_seconds(lambda: target.copy_(source), device, COPY_REPEATS)
+
+    def copy_seconds(size: int) -> float:
+        return _median_seconds(lambda: target[:size // 4].copy_(source[:size // 4]), device, COPY_REPEATS)
+
+    return 1 / fit_line([(size, copy_seconds(size)) for size in sizes])[1]
 
 
 def host_copy_bytes_per_s(device: torch.device) -> float:
-    """Bytes per second of COPY_BYTES copied accelerator -> host and back, into pinned host memory as
+    """Bytes per second copied accelerator -> host and back at COPY_BYTES' sizes, into pinned host memory as
     DeepSpeed's offload does on CUDA; on a CPU rank host memory is the accelerator's: its copy rate."""
     if device.type != "cuda":
         return device_copy_bytes_per_s(device)
-    source = torch.ones(COPY_BYTES // 4, device=device)
+    sizes = _sizes(COPY_BYTES, device)
+    source = torch.ones(sizes[-1] // 4, device=device)
     host = torch.empty(source.numel(), pin_memory=True)
-    down = _median_seconds(lambda: host.copy_(source, non_blocking=True), device, COPY_REPEATS)
-    up = _median_seconds(lambda: source.copy_(host, non_blocking=True), device, COPY_REPEATS)
-    return 2 * COPY_BYTES / (down + up)
+
+    def round_trip_seconds(size: int) -> float:
+        n = size // 4
+        down = _median_seconds(lambda: host[:n].copy_(source[:n], non_blocking=True), device, COPY_REPEATS)
+        return down + _median_seconds(lambda: source[:n].copy_(host[:n], non_blocking=True), device, COPY_REPEATS)
+
+    return 1 / fit_line([(2 * size, round_trip_seconds(size)) for size in sizes])[1]
 
 
-def _direct_io_seconds(path: str, buffer: mmap.mmap) -> tuple[float, float] | None:
-    """Seconds to write `buffer` to `path` and read it back with O_DIRECT in NVME_BLOCK blocks, as DeepSpeed's
-    aio op swaps (no page cache, no fsync); None where the file system refuses O_DIRECT (tmpfs)."""
-    blocks = [memoryview(buffer)[start:start + NVME_BLOCK] for start in range(0, len(buffer), NVME_BLOCK)]
+def _direct_io_seconds(path: str, buffer: mmap.mmap, in_flight: int) -> tuple[float, float] | None:
+    """Seconds to write `buffer` to `path` and read it back with O_DIRECT in NVME_BLOCK blocks, `in_flight`
+    requests at a time (threads, each a pwrite or pread of its block), as DeepSpeed's aio op keeps its queue
+    depth of requests in flight (no page cache, no fsync); None where the file system refuses O_DIRECT."""
+    offsets = range(0, len(buffer), NVME_BLOCK)
+    view = memoryview(buffer)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
     except OSError as error:
         if error.errno == errno.EINVAL:
             return None
         raise
     try:
-        start = time.perf_counter()
-        for block in blocks:
-            os.write(fd, block)
-        written = time.perf_counter() - start
+        with ThreadPoolExecutor(max_workers=in_flight) as pool:
+            start = time.perf_counter()
+            list(pool.map(lambda at: os.pwrite(fd, view[at:at + NVME_BLOCK], at), offsets))
+            written = time.perf_counter() - start
+            start = time.perf_counter()
+            list(pool.map(lambda at: os.preadv(fd, [view[at:at + NVME_BLOCK]], at), offsets))
+            read = time.perf_counter() - start
     except OSError as error:
-        if error.errno == errno.EINVAL:  # opened, but the file system does not do direct writes
+        if error.errno == errno.EINVAL:  # opened, but the file system does not do direct I/O
             return None
         raise
     finally:
         os.close(fd)
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    return written, read
+
+
+def _aio_op():
+    """DeepSpeed's async I/O op where this process can have it at once: loaded already (a ZeRO-Infinity engine
+    loads it to swap, before the probe runs) or installed prebuilt; None otherwise, since building it takes
+    minutes."""
+    from deepspeed.git_version_info import installed_ops
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+    from deepspeed.ops.op_builder.builder import OpBuilder
+    name = AsyncIOBuilder.NAME
+    if name in OpBuilder._loaded_ops or installed_ops.get(name, False):  # DeepSpeed's own cache of loaded ops
+        return AsyncIOBuilder().load(verbose=False)
+    return None
+
+
+def _aio_seconds(op, path: str, aio: dict) -> tuple[float, float] | None:
+    """Seconds to write NVME_BYTES to `path` and read them back through DeepSpeed's aio handle built as the run's
+    swapper builds it from the config's aio section `aio`; None where the handle does not complete them."""
+    handle = op.aio_handle(aio["block_size"], aio["queue_depth"], aio["single_submit"], aio["overlap_events"],
+                           aio["intra_op_parallelism"])
+    buffer = handle.new_cpu_locked_tensor(NVME_BYTES, torch.empty(0, dtype=torch.uint8))
     try:
+        buffer.copy_(torch.frombuffer(bytearray(os.urandom(NVME_BYTES)), dtype=torch.uint8))
         start = time.perf_counter()
-        for block in blocks:
-            os.readv(fd, [block])
+        done = handle.sync_pwrite(buffer, path)
+        written = time.perf_counter() - start
+        start = time.perf_counter()
+        done += handle.sync_pread(buffer, path)
         read = time.perf_counter() - start
     finally:
-        os.close(fd)
-    return written, read
+        handle.free_cpu_locked_tensor(buffer)
+    return (written, read) if done == 2 else None
 
 
 def _buffered_io_seconds(path: str, buffer: mmap.mmap) -> tuple[float, float]:
@@ -206,37 +271,49 @@ def _buffered_io_seconds(path: str, buffer: mmap.mmap) -> tuple[float, float]:
     return written, read
 
 
-def nvme_bytes_per_s(folder: str) -> float:
-    """Bytes per second of writing COPY_BYTES to a file in `folder` and reading them back as ZeRO-Infinity swaps:
-    DeepSpeed's aio op opens its swap files with O_DIRECT and moves NVME_BLOCK blocks (on a file system without
-    O_DIRECT, buffered I/O with fsync and the page cache dropped). The file is removed."""
+def nvme_bytes_per_s(folder: str, aio_section: dict | None = None) -> float:
+    """Bytes per second of writing NVME_BYTES to a file in `folder` and reading them back as ZeRO-Infinity swaps,
+    with the DeepSpeed config's aio section `aio_section` (None: DeepSpeed's defaults): through DeepSpeed's aio
+    handle where its op is at hand (`_aio_op`), else with O_DIRECT in NVME_BLOCK blocks, queue_depth x
+    intra_op_parallelism requests in flight as the handle keeps them, else (a file system without O_DIRECT)
+    buffered with fsync and the page cache dropped. The file is removed."""
+    from deepspeed.runtime.swap_tensor.aio_config import get_aio_config  # the keys and defaults DeepSpeed reads
+    aio = get_aio_config({"aio": aio_section} if aio_section else {})
     path = os.path.join(folder, f".zero_lab_nvme_probe_{os.getpid()}")
-    buffer = mmap.mmap(-1, COPY_BYTES)  # page-aligned, as O_DIRECT needs
-    buffer.write(os.urandom(COPY_BYTES))
+    buffer = mmap.mmap(-1, NVME_BYTES)  # page-aligned, as O_DIRECT needs
+    buffer.write(os.urandom(NVME_BYTES))
+    op = _aio_op()
     try:
-        written, read = _direct_io_seconds(path, buffer) or _buffered_io_seconds(path, buffer)
+        seconds = (op is not None and _aio_seconds(op, path, aio)
+                   or _direct_io_seconds(path, buffer, aio["queue_depth"] * aio["intra_op_parallelism"])
+                   or _buffered_io_seconds(path, buffer))
     finally:
         buffer.close()
         if os.path.exists(path):
             os.remove(path)
-    return 2 * COPY_BYTES / (written + read)
+    return 2 * NVME_BYTES / sum(seconds)
 
 
 def probe_compute(config: GPTConfig, setup: TrainingSetup, device: torch.device, dtype: torch.dtype,
-                  optimizer_factory, offload_device_path: str | None = None) -> ComputeRates:
+                  optimizer_factory, offload_device_path: str | None = None,
+                  aio_section: dict | None = None) -> ComputeRates:
     """The rank's ComputeRates for the run described by config and setup: a layer's FLOPs per second
     (`layer_flops_per_s`) and the model ends' per output-layer FLOP (`output_flops_per_s`), the optimizer built by
-    `optimizer_factory(params)` (the run's own: fused AdamW, DeepSpeedCPUAdam, ...) per element where it runs
-    (the host when the optimizer is offloaded), host copies, copies within the accelerator's memory (on a CPU
-    rank the same) and, given the NVMe swap folder, its read and write rate. All ranks call it together after a
+    `optimizer_factory(params)` (the run's own: fused AdamW, DeepSpeedCPUAdam, ...) a step and per element where it
+    runs (the host when the optimizer is offloaded), host copies, copies within the accelerator's memory (on a CPU
+    rank the same) and, given the NVMe swap folder, its read and write rate with the DeepSpeed config's aio
+    section `aio_section`. All ranks call it together after a
     barrier."""
     optimizer_device = torch.device("cpu") if setup.offload_optimizer else device
     layers = layer_flops_per_s(config, setup, device, dtype)
     ends = output_flops_per_s(config, setup, device, dtype)
-    optimizer = optimizer_seconds_per_element(optimizer_factory, optimizer_device)
+    optimizer_fixed, optimizer = optimizer_seconds(optimizer_factory, optimizer_device)
     host_copies = host_copy_bytes_per_s(device)
+    device_copies = device_copy_bytes_per_s(device) if device.type == "cuda" else host_copies
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the largest sizes' buffers (about 1 GiB) go back before the model needs them
     return ComputeRates(
         flops_per_s=layers, output_flops_per_s=ends, optimizer_s_per_element=optimizer,
-        host_copy_bytes_per_s=host_copies,
-        device_copy_bytes_per_s=device_copy_bytes_per_s(device) if device.type == "cuda" else host_copies,
-        nvme_bytes_per_s=nvme_bytes_per_s(offload_device_path) if offload_device_path is not None else None)
+        optimizer_step_s=optimizer_fixed,
+        host_copy_bytes_per_s=host_copies, device_copy_bytes_per_s=device_copies,
+        nvme_bytes_per_s=None if offload_device_path is None else nvme_bytes_per_s(offload_device_path, aio_section))

@@ -50,9 +50,10 @@ def _nvme_section(num_params: int, nvme_path: str) -> dict:
     }
 
 
-# DeepSpeed's async I/O: 1 MiB requests, 8 in flight per thread; one thread, as the CPU ranks share
-# two cores (on a GPU node raise thread_count to the NVMe drive's queue count).
-AIO = {"block_size": 1_048_576, "queue_depth": 8, "thread_count": 1, "single_submit": False, "overlap_events": True}
+# DeepSpeed's async I/O: 1 MiB requests, 8 in flight per thread; one thread, as the CPU ranks share two cores (on
+# a GPU node raise intra_op_parallelism, the key DeepSpeed 0.19 reads for its threads, to the drive's queue count)
+AIO = {"block_size": 1_048_576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+       "overlap_events": True}
 
 
 def _zero_section(args: Args, num_params: int, hidden_size: int, on_cuda: bool) -> dict:

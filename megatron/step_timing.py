@@ -47,7 +47,8 @@ def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict,
     dist.barrier()
     with torch.random.fork_rng(devices=devices):
         rates = probe_compute(args.model, setup, dist_info.device, _DTYPES[args.deepspeed.precision],
-                              _probe_optimizer(args), offload_device_path=args.deepspeed.nvme_path)
+                              _probe_optimizer(args), offload_device_path=args.deepspeed.nvme_path,
+                              aio_section=ds_config.get("aio"))
         log = args.logging
         if log.link_bandwidth_gbps is not None:
             link = link_costs_from_flags(backend, log.link_bandwidth_gbps, log.link_latency_us)

@@ -135,7 +135,7 @@ def probe_line(rates, link, predicted) -> str:
     output = rates.output_flops_per_s or rates.flops_per_s
     costs += "" if link.seconds is None else f" (probed in {link.seconds:.2f} s)"
     return (f" > step time predicted | compute: layers {rates.flops_per_s / 1e9:.1f} GFLOP/s, output layer "
-            f"{output / 1e9:.1f} GFLOP/s, optimizer "
+            f"{output / 1e9:.1f} GFLOP/s, optimizer {rates.optimizer_step_s * 1e6:.0f}us + "
             f"{rates.optimizer_s_per_element * 1e9:.2f} ns/element, host copies "
             f"{rates.host_copy_bytes_per_s / 1e9:.2f} GB/s{copies} | link ({link.source}): {costs} | "
             f"compute={predicted.compute * 1e3:.1f}ms communication={predicted.communication * 1e3:.1f}ms "

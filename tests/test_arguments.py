@@ -165,8 +165,12 @@ def test_generated_nvme_offload_config(data_prefix, tmp_path):
     assert zero["offload_param"]["device"] == "nvme" and zero["offload_param"]["nvme_path"] == str(nvme)
     # a parameter buffer holds the largest partition (at most the model), aligned
     assert zero["offload_param"]["buffer_size"] == 6_843_904 + ALIGNMENT - 6_843_904 % ALIGNMENT
-    assert config["aio"] == {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": False,
-                             "overlap_events": True}
+    # the keys DeepSpeed 0.19.8 reads (deepspeed/runtime/swap_tensor/aio_config.py): intra_op_parallelism, which
+    # an earlier thread_count left at its default
+    assert config["aio"] == {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
+                             "single_submit": False, "overlap_events": True}
+    from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
+    assert get_aio_config(config) == config["aio"] | {"use_gds": False}  # every key read, none left at default
     prepare_run(args, verbose=False)
     assert nvme.is_dir()  # made at start-up
     blocker = tmp_path / "a_file"

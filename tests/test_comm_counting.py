@@ -1,6 +1,8 @@
 """megatron/comm_counter.py on real 2-rank gloo groups: every collective form counted once, with the
 documented bytes-sent rule, also when issued through deepspeed.comm; nothing outside counting();
 uninstall puts torch's functions back. The comm log line's format."""
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -121,6 +123,57 @@ def test_every_collective_form_counted_once():
 @pytest.mark.slow
 def test_collectives_through_deepspeed_comm_counted_once():
     run_ranks(_check_through_deepspeed)
+
+
+class FakeStream:
+    """Stands in for torch.cuda.Stream (no GPU here): which stream is current, and a wait_stream that takes
+    WAIT_S, as a compute stream waiting for a side stream's collective does."""
+    current = None
+
+    def wait_stream(self, stream):
+        time.sleep(WAIT_S)
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: the host clock when recorded (a GPU's: when the stream reaches it)."""
+
+    def __init__(self, enable_timing=False):
+        self.at = None
+
+    def record(self, stream=None):
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1000
+
+
+CALL_S, WAIT_S = 0.05, 0.02
+
+
+def test_on_cuda_only_what_the_compute_stream_waits_for_is_timed(monkeypatch):
+    compute, side = FakeStream(), FakeStream()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream.current)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    counter = comm_counter.CommCounter(_group_sizes={None: 2})
+    FakeStream.current = compute  # as training starts
+    counter.time_on_cuda(compute)
+    all_reduce = comm_counter.wrap(lambda tensor, group=None: time.sleep(CALL_S), comm_counter.OPS["all_reduce"],
+                                   counter)
+    with counter.counting():
+        FakeStream.current = side  # overlap_comm's reduction stream: the reduction runs behind compute
+        all_reduce(torch.ones(N))
+        FakeStream.current = compute
+    assert counter.sent["all_reduce"] == B and counter.seconds()["all_reduce"] == 0
+    with counter.counting():
+        compute.wait_stream(side)  # the compute stream waits for the reduction: that much was not hidden
+        compute.wait_stream(side)  # nothing issued there since: not timed again
+    assert WAIT_S <= counter.seconds()["all_reduce"] < 2 * WAIT_S
+    with counter.counting():
+        all_reduce(torch.ones(N))  # issued on the compute stream: it stalls for the whole call
+    assert counter.sent["all_reduce"] == 2 * B and counter.seconds()["all_reduce"] >= WAIT_S + CALL_S
 
 
 @pytest.mark.parametrize("size, factor, group, expected", [

@@ -4,12 +4,24 @@ holding exactly its share of the parameters, the NVMe probe leaving nothing behi
 import math
 import mmap
 import os
+import threading
 import time
 
 import pytest
 import torch
 
-from megatron.compute_probe import NVME_BLOCK, _buffered_io_seconds, _direct_io_seconds, probe_compute, probe_layer
+from megatron import compute_probe
+from megatron.compute_probe import (
+    COPY_BYTES,
+    NVME_BLOCK,
+    OPTIMIZER_ELEMENTS,
+    _buffered_io_seconds,
+    _direct_io_seconds,
+    _sizes,
+    optimizer_seconds,
+    probe_compute,
+    probe_layer,
+)
 from megatron.model.accounting import TrainingSetup, parameter_groups_on_rank
 from megatron.model.accounting.flops import layer_forward_flops
 from megatron.model.config import GPTConfig
@@ -63,6 +75,36 @@ def test_recomputation_and_bf16_layers_probe():
         assert 1e7 <= rates.flops_per_s <= 1e13
 
 
+class FixedCostOptimizer:
+    """An optimizer whose step takes FIXED_S plus PER_ELEMENT_S per element of its parameters (a GPU's fused
+    AdamW: launches and the synchronisation, then memory-bound work): what the probe should read is PER_ELEMENT_S."""
+    FIXED_S, PER_ELEMENT_S = 2e-3, 5e-9
+
+    def __init__(self, params):
+        self.elements = sum(p.numel() for p in params)
+
+    def step(self):
+        time.sleep(self.FIXED_S + self.PER_ELEMENT_S * self.elements)
+
+
+def test_the_optimizer_probe_tells_a_steps_fixed_cost_from_its_per_element_cost():
+    # one size would read (2 ms + 5.2 ms) / 2^20 = 6.9 ns per element; the line through two sizes reads 5 and 2 ms
+    fixed, per_element = optimizer_seconds(FixedCostOptimizer, CPU)
+    assert per_element == pytest.approx(FixedCostOptimizer.PER_ELEMENT_S, rel=0.1)
+    assert fixed == pytest.approx(FixedCostOptimizer.FIXED_S, rel=0.25)
+
+
+def test_probe_sizes_pass_a_gpus_l2_cache_and_keep_a_cpus_probe_short():
+    l2_bytes = 60e6  # an H200's, the larger of H100's and H200's
+    cuda = torch.device("cuda")
+    copies, elements = _sizes(COPY_BYTES, cuda), _sizes(OPTIMIZER_ELEMENTS, cuda)
+    assert len(copies) == 2 and min(copies) > l2_bytes and max(copies) >= 256 * 2**20
+    # the large step's fp32 parameter alone is larger than the L2 cache (its gradient and two moments 3x more)
+    assert len(elements) == 2 and elements[-1] * 4 > l2_bytes
+    assert _sizes(COPY_BYTES, CPU) == (32 * 2**20,)
+    assert _sizes(OPTIMIZER_ELEMENTS, CPU)[-1] == 2**20  # the single size it had, in about the same time
+
+
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_probed_layer_holds_one_tp_ranks_share(tp):
     layer = probe_layer(config(64), tp)
@@ -82,12 +124,61 @@ def test_nvme_probe_leaves_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("io", [_direct_io_seconds, _buffered_io_seconds])
+@pytest.mark.parametrize("io", [lambda path, buffer: _direct_io_seconds(path, buffer, 4), _buffered_io_seconds])
 def test_nvme_probe_writes_and_reads_the_whole_file(tmp_path, io):
-    # the swap probe's two ways, O_DIRECT in DeepSpeed's 1 MiB aio blocks (ext4 and tmpfs take it on this
-    # kernel) and buffered with fsync: the file holds every byte written, and both took time
+    # the swap probe's two ways without DeepSpeed's op, O_DIRECT in DeepSpeed's 1 MiB aio blocks (ext4 and tmpfs
+    # take it on this kernel) and buffered with fsync: the file holds every byte written, and both took time
     buffer = mmap.mmap(-1, 4 * NVME_BLOCK)
     buffer.write(os.urandom(len(buffer)))
     seconds = io(str(tmp_path / "swap"), buffer)
     assert seconds is not None and all(s > 0 for s in seconds)
     assert (tmp_path / "swap").read_bytes() == buffer[:]
+
+
+def test_direct_io_keeps_the_queue_depth_in_flight(tmp_path, monkeypatch):
+    # each request held 20 ms on its way to the real pwrite / preadv: 8 requests in flight at the peak, as
+    # DeepSpeed's aio handle keeps queue_depth of them, not one at a time
+    in_flight, peak, lock = 0, 0, threading.Lock()
+
+    def held(call):
+        def request(*args):
+            nonlocal in_flight, peak
+            with lock:
+                in_flight += 1
+                peak = max(peak, in_flight)
+            time.sleep(0.02)
+            try:
+                return call(*args)
+            finally:
+                with lock:
+                    in_flight -= 1
+        return request
+
+    monkeypatch.setattr(os, "pwrite", held(os.pwrite))
+    monkeypatch.setattr(os, "preadv", held(os.preadv))
+    buffer = mmap.mmap(-1, 16 * NVME_BLOCK)
+    buffer.write(os.urandom(len(buffer)))
+    seconds = _direct_io_seconds(str(tmp_path / "swap"), buffer, 8)
+    assert seconds is not None and peak == 8
+    assert (tmp_path / "swap").read_bytes() == buffer[:]
+
+
+def test_nvme_probe_goes_through_deepspeeds_aio_handle_when_the_engine_loaded_it(tmp_path, monkeypatch):
+    # a ZeRO-Infinity engine loads the aio op before the probe runs: the probe then swaps with the handle the run's
+    # aio section describes (its queue depth and threads), as the run will
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+    builder = AsyncIOBuilder()
+    if not builder.is_compatible(verbose=False):
+        pytest.skip("DeepSpeed's async I/O op cannot be built here (no libaio)")
+    op, handles = builder.load(verbose=False), []
+
+    class RecordingOp:  # the real op, noting the arguments each handle is built with
+        def aio_handle(self, *args):
+            handles.append(args)
+            return op.aio_handle(*args)
+
+    monkeypatch.setattr(compute_probe, "_aio_op", RecordingOp)
+    aio = {"queue_depth": 4, "intra_op_parallelism": 2}
+    assert compute_probe.nvme_bytes_per_s(str(tmp_path), aio) > 0
+    assert handles == [(2**20, 4, False, True, 2)]  # block size, queue depth, single submit, overlap, threads
+    assert list(tmp_path.iterdir()) == []

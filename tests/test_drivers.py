@@ -39,7 +39,7 @@ REQUIRED_LINES = [
     r"total=\d+\.\dms \| predicted: compute=\d+\.\dms communication=\d+\.\dms offload=\d+\.\dms overlap=\d+\.\dms "
     r"total=\d+\.\dms \|$",
     r"^ > step time predicted \| compute: layers \d+\.\d GFLOP/s, output layer \d+\.\d GFLOP/s, optimizer "
-    r"\d+\.\d\d ns/element, host copies \d+\.\d\d GB/s"
+    r"\d+us \+ \d+\.\d\d ns/element, host copies \d+\.\d\d GB/s"
     r"(, NVMe \d+\.\d\d GB/s)? \| link \(probe\): all_reduce \d+us \+ \d+\.\d{3} GB/s, .* \| compute=\d+\.\dms ",
     r"^\[Rank 0\] progress at iteration +4 \| 4/4 iterations \(100\.0%\) \| elapsed \d+:\d\d:\d\d since launch \| "
     r"ETA 0:00:00 \|",

@@ -202,6 +202,18 @@ def test_gradient_reduction_is_priced_as_the_op_deepspeed_issues():
     assert stage1.communication == pytest.approx(6 + 8928)
 
 
+def test_the_optimizer_steps_fixed_cost_is_paid_once_a_step():
+    # 1 ms a step (launches, synchronisation) on top of 10 ns per element: in compute, or in offload where the
+    # optimizer runs on the host, once whatever the partition's size
+    fixed = replace(RATES, optimizer_step_s=1e-3)
+    for offloaded in (False, True):
+        run = setup(zero_stage=2, offload_optimizer=offloaded)
+        plain = predict_step_time(CONFIG, run, 0, RATES, GLOO, BUCKETS, overlap_comm=False)
+        priced = predict_step_time(CONFIG, run, 0, fixed, GLOO, BUCKETS, overlap_comm=False)
+        assert priced.total - plain.total == pytest.approx(1e-3)
+        assert (priced.offload - plain.offload if offloaded else priced.compute - plain.compute) == pytest.approx(1e-3)
+
+
 def test_engine_gradient_passes_are_priced_at_the_device_copy_rate():
     # 0.5 GB/s copies within the accelerator: the engine's 4.5 (stage 0), 5.25 (1-2) and 6.25 (3) copies of the
     # rank's 4464 fp32 gradients (17856 bytes) on top of the layers' FLOPs and the optimizer's step, whatever the

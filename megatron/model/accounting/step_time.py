@@ -6,7 +6,8 @@ link the user describes with flags), never the run's own step time.
     total = compute + communication + offload - overlap
     compute = hardware FLOPs of the rank's share of the step / flops_per_s
               + the engine's passes over the rank's gradients: GRADIENT_PASSES x their bytes / device_copy_bytes_per_s
-              (+ the optimizer step, partition elements x optimizer_s_per_element, when it runs on the rank)
+              (+ the optimizer step, optimizer_step_s + partition elements x optimizer_s_per_element, when it runs
+              on the rank)
     communication = sum over kinds of messages x latency_s + bytes sent x seconds_per_byte
                     (ZeRO 1-2's gradient reduction at the cost of `reduce`, the op DeepSpeed issues for it)
     offload = host optimizer step + PCIe bytes / host_copy_bytes_per_s + NVMe bytes / nvme_bytes_per_s
@@ -70,6 +71,9 @@ class ComputeRates:
     # copies within the accelerator's memory: the engine's passes over the gradients (GRADIENT_PASSES); on a CPU
     # rank the host copies' rate; None: those passes left out
     device_copy_bytes_per_s: float | None = None
+    # the optimizer step's fixed seconds (kernel launches, synchronisation, Python), paid once a step whatever its
+    # elements: the probe fits fixed + per element through two sizes, so neither holds the other's part
+    optimizer_step_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -457,8 +461,9 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
 
     compute: the rank's hardware FLOPs, hardware_flops_per_iteration over the global batch (recomputed forwards
     included) / world size, the layers' at rates.flops_per_s and the output layer's at rates.output_flops_per_s;
-    plus the engine's passes over the gradients (gradient_pass_seconds); plus the optimizer's step over
-    optimizer_elements at rates.optimizer_s_per_element unless the optimizer is offloaded. communication: per
+    plus the engine's passes over the gradients (gradient_pass_seconds); plus the optimizer's step,
+    rates.optimizer_step_s and optimizer_elements at rates.optimizer_s_per_element, unless the optimizer is
+    offloaded. communication: per
     kind, link.costs[kind] of zero_traffic_per_step's bytes and messages_per_step's messages (a pipeline's bubble is not modelled), the
     data-parallel gradient reduction at link.gradient_reduction(gradient_reduction_op(setup, buckets)).
     offload: with the optimizer offloaded, its step on the host over the same elements; and
@@ -477,7 +482,7 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     output_layer = 3 * logit_forward_flops(config, global_batch * config.seq_length)
     forward_backward = ((hardware - output_layer) / rates.flops_per_s
                         + output_layer / (rates.output_flops_per_s or rates.flops_per_s)) / setup.world_size
-    optimizer = optimizer_elements(config, setup, stage) * rates.optimizer_s_per_element
+    optimizer = rates.optimizer_step_s + optimizer_elements(config, setup, stage) * rates.optimizer_s_per_element
     traffic = zero_traffic_per_step(config, setup, stage)
     messages = messages_per_step(config, setup, stage, buckets)
     if model_parallel_link is None:
