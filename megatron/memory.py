@@ -84,6 +84,10 @@ _FP32_MASTER = {"DeepSpeedZeroOptimizer": "single_partition_of_fp32_groups",
 _GRADIENT_BUFFERS = {"DeepSpeedZeroOptimizer": ("averaged_gradients", "all_grad_tensors"),
                      "DeepSpeedZeroOptimizer_Stage3": ("averaged_gradients", "grad_partitions_flat_buffer"),
                      "BF16_Optimizer": ("fp32_groups_gradients_flat",)}
+# With the optimizer offloaded (to host memory or NVMe) stage 3 allocates its gradient accumulation buffer on the
+# optimizer's device, the host (pinned on request); the accelerator keeps only the reduce buckets. Stages 1 and 2
+# copy each reduced bucket straight into the host's fp32 partition gradient, which optimizer_bytes counts.
+_HOST_GRADIENT_BUFFERS = {"DeepSpeedZeroOptimizer_Stage3": ("grad_partitions_flat_buffer",)}
 
 
 class DeepSpeedInternalsError(RuntimeError):
@@ -118,11 +122,29 @@ def param_bytes(engine) -> int:
     return unique_storage_bytes(params)
 
 
+def gradient_buffers(optimizer_name: str, offload_optimizer: bool) -> dict[str, tuple[str, ...]]:
+    """The optimizer's gradient buffers by where DeepSpeed keeps them, "accelerator" or "host". On CPU ranks
+    both are host memory, so the place comes from the configuration, not from the tensors' device."""
+    names = _GRADIENT_BUFFERS.get(optimizer_name, ())
+    host = tuple(name for name in _HOST_GRADIENT_BUFFERS.get(optimizer_name, ()) if offload_optimizer)
+    return {"accelerator": tuple(name for name in names if name not in host), "host": host}
+
+
 def grad_bytes(engine) -> int:
-    """Gradients this rank holds now (call after a backward, before engine.step())."""
+    """Gradients this rank holds on the accelerator now (call after a backward, before engine.step())."""
     tensors = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    return unique_storage_bytes(tensors + _gradient_buffer_tensors(engine, "accelerator"))
+
+
+def host_gradient_bytes(engine) -> int:
+    """Gradients DeepSpeed keeps in host memory beside the offloaded optimizer (stage 3's accumulation buffer)."""
+    return unique_storage_bytes(_gradient_buffer_tensors(engine, "host"))
+
+
+def _gradient_buffer_tensors(engine, where: str) -> list[torch.Tensor]:
     optimizer = _deepspeed_optimizer(engine)
-    for name in _GRADIENT_BUFFERS.get(type(optimizer).__name__, ()):
+    tensors = []
+    for name in gradient_buffers(type(optimizer).__name__, engine.zero_use_cpu_optimizer())[where]:
         buffers = _private(optimizer, name)
         if isinstance(buffers, dict):  # parameter group -> list of gradients (or None)
             tensors.extend(t for grads in buffers.values() for t in grads or [])
@@ -130,7 +152,7 @@ def grad_bytes(engine) -> int:
             tensors.extend(buffers)
         elif buffers is not None:
             tensors.append(buffers)
-    return unique_storage_bytes(tensors)
+    return tensors
 
 
 def optimizer_bytes(engine) -> int:

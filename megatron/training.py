@@ -276,13 +276,15 @@ class Reporter:
         mem = self.tracker.sample(end_interval=False)  # mid-interval: the next memory line keeps this peak
         ds = self.args.deepspeed
         params, optim = memory.param_bytes(engine), memory.optimizer_bytes(engine)
-        held = params + optim + memory.grad_bytes(engine)
+        host_grads = memory.host_gradient_bytes(engine)
+        held = params + optim + memory.grad_bytes(engine) + host_grads
         # Offloaded states are the ones DeepSpeed keeps in host memory, or in this rank's files for NVMe: on
         # CPU ranks host memory is the accelerator's, so they are told apart by where DeepSpeed puts them.
+        # Stage 3's gradient accumulation buffer stays in host memory with either offload device.
         if ds.nvme_path is not None:
-            offloaded = memory.swap_file_bytes(ds.nvme_path, self.dist_info.rank)
+            offloaded = memory.swap_file_bytes(ds.nvme_path, self.dist_info.rank) + host_grads
         else:
-            offloaded = (optim if ds.offload_optimizer else 0) + (params if ds.offload_params else 0)
+            offloaded = (optim if ds.offload_optimizer else 0) + (params if ds.offload_params else 0) + host_grads
         measured = {"params": 0 if ds.offload_params else params, "grads": probed.grad_bytes,
                     "optim": 0 if ds.offload_optimizer else optim, "offloaded": offloaded}
         if probed.activation_bytes is not None:

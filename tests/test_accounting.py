@@ -96,10 +96,40 @@ def test_zero_estimate_pads_uneven_partitions():
 
 
 def test_zero_estimate_offload():
+    """With the optimizer offloaded DeepSpeed copies each reduced gradient partition to host memory, at stage 3
+    too: the accelerator keeps the parameters, and with them offloaded nothing."""
     assert zero_model_state_estimate(PSI, 2, 2, "bf16", offload_optimizer=True) == dict(
-        params=2 * PSI, grads=PSI, optim=0, total=3 * PSI)
+        params=2 * PSI, grads=0, optim=0, total=2 * PSI)
+    assert zero_model_state_estimate(PSI, 3, 2, "bf16", offload_optimizer=True) == dict(
+        params=PSI, grads=0, optim=0, total=PSI)
     assert zero_model_state_estimate(PSI, 3, 2, "bf16", offload_optimizer=True, offload_param=True) == dict(
-        params=0, grads=PSI, optim=0, total=PSI)
+        params=0, grads=0, optim=0, total=0)
+
+
+@pytest.mark.parametrize("precision, grad_bytes", [("bf16", 4), ("fp32", 4), ("fp16", 2)])
+def test_stage_3_offload_counts_its_gradients_on_the_host(precision, grad_bytes):
+    """Stage 3 accumulates its gradient partition in the accumulation dtype (fp32 in bf16), on the accelerator
+    without offload; with the optimizer offloaded in pinned host memory, where the host optimizer also keeps an
+    fp32 gradient of its master partition: both count offloaded, neither on the accelerator."""
+    c = config()
+    partition = math.ceil(count_parameters(c) / 2)
+    param_bytes = {"bf16": 2, "fp16": 2, "fp32": 4}[precision]
+    optim_bytes = 12  # fp32 master, Adam m and v (DeepSpeed clones the master from fp32 parameters too)
+
+    def memory(**offload):
+        return memory_per_rank(c, TrainingSetup(world_size=2, micro_batch_size=2, precision=precision,
+                                                zero_stage=3, **offload))
+    on_gpu = memory()
+    assert (on_gpu["grads"], on_gpu["offloaded"]) == (grad_bytes * partition, 0)
+    assert on_gpu["model_states"] == (param_bytes + grad_bytes + optim_bytes) * partition
+    host_grads = (grad_bytes + 4) * partition
+    optimizer = memory(offload_optimizer=True)
+    assert (optimizer["grads"], optimizer["optim"], optimizer["model_states"]) == (0, 0, param_bytes * partition)
+    assert optimizer["offloaded"] == optim_bytes * partition + host_grads
+    assert optimizer["total"] == on_gpu["total"] - (grad_bytes + optim_bytes) * partition
+    everything = memory(offload_optimizer=True, offload_params=True)
+    assert everything["model_states"] == 0
+    assert everything["offloaded"] == (param_bytes + optim_bytes) * partition + host_grads
 
 
 @pytest.mark.parametrize(

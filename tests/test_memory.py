@@ -24,8 +24,29 @@ def _assigned_attributes(cls) -> set[str]:
 @pytest.mark.parametrize("class_name", sorted(memory._FP32_MASTER))
 def test_every_private_attribute_read_exists_in_deepspeed(class_name):
     assigned = _assigned_attributes(_deepspeed_class(class_name))
-    wanted = {memory._FP32_MASTER[class_name], *memory._GRADIENT_BUFFERS.get(class_name, ())}
+    wanted = {memory._FP32_MASTER[class_name], *memory._GRADIENT_BUFFERS.get(class_name, ()),
+              *memory._HOST_GRADIENT_BUFFERS.get(class_name, ())}
     assert wanted <= assigned, wanted - assigned
+
+
+def test_offloaded_stage_3_keeps_its_gradient_partition_on_the_host():
+    """With the optimizer offloaded, stage 3's gradient accumulation buffer counts as host memory (offloaded), not
+    as the accelerator's gradients; without offload, and at stages 1 and 2 either way, every buffer read is the
+    accelerator's. DeepSpeed 0.19.8 allocates that buffer on the optimizer's device, the CPU under offload."""
+    stage3 = "DeepSpeedZeroOptimizer_Stage3"
+    assert memory.gradient_buffers(stage3, offload_optimizer=True) == {
+        "accelerator": ("averaged_gradients",), "host": ("grad_partitions_flat_buffer",)}
+    assert memory.gradient_buffers(stage3, offload_optimizer=False) == {
+        "accelerator": ("averaged_gradients", "grad_partitions_flat_buffer"), "host": ()}
+    for offload in (True, False):
+        assert memory.gradient_buffers("DeepSpeedZeroOptimizer", offload) == {
+            "accelerator": ("averaged_gradients", "all_grad_tensors"), "host": ()}
+    assert memory.gradient_buffers("NoneType", True) == {"accelerator": (), "host": ()}
+    source = inspect.getsource(_deepspeed_class(stage3))
+    assert "self.device = get_accelerator().current_device_name() if not self.offload_optimizer else " \
+           "OffloadDeviceEnum.cpu" in source
+    assert re.search(r"self\.grad_partitions_flat_buffer: Tensor = torch\.zeros\([^\n]*\n\s*dtype=self\."
+                     r"gradient_accumulation_dtype,\s*device=self\.device\)", source)
 
 
 def test_a_missing_attribute_raises_naming_it():

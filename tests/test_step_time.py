@@ -267,6 +267,24 @@ def test_overlap_hides_gradient_reductions_behind_the_backward_on_cuda_only():
     assert predict_step_time(CONFIG, setup(zero_stage=2), 0, RATES, fast, BUCKETS, overlap_comm=True).overlap == 0
 
 
+def test_stage3_prefetched_gathers_overlap_the_passes_on_cuda_only():
+    """With overlap_comm DeepSpeed gathers stage 3's parameters on a CUDA side stream, ahead of their module: the
+    forward's 6 gathers (8928 bytes) hide behind the forward's compute, the backward's 6 with the 4 gradient
+    reduce-scatters (8928 bytes) behind the backward's. On CPU ranks (gloo, no side streams) nothing overlaps."""
+    fast = link_costs_from_flags("nccl", bandwidth_gbps=8, latency_us=10)  # 1e9 bytes/s
+    slow = link_costs_from_flags("nccl", bandwidth_gbps=8e-6, latency_us=0)  # 1000 bytes/s
+    gathers, reductions = 12 * 1e-5 + 2 * 8928 / 1e9, 4 * 1e-5 + 8928 / 1e9
+    cuda, cpu = setup(zero_stage=3, device="cuda"), setup(zero_stage=3)
+    on_cuda = predict_step_time(CONFIG, cuda, 0, RATES, fast, BUCKETS, overlap_comm=True)
+    assert on_cuda.overlap == pytest.approx(gathers + reductions)
+    on_cpu = predict_step_time(CONFIG, cpu, 0, RATES, fast, BUCKETS, overlap_comm=True)
+    assert on_cpu.overlap == 0 and on_cpu.total == pytest.approx(on_cuda.total + gathers + reductions)
+    assert predict_step_time(CONFIG, cuda, 0, RATES, fast, BUCKETS, overlap_comm=False).overlap == 0
+    # a slow link: each pass hides at most its own compute, a third of the forward and backward for the forward
+    assert predict_step_time(CONFIG, cuda, 0, RATES, slow, BUCKETS, overlap_comm=True).overlap == pytest.approx(
+        417792 / 1e9)
+
+
 def test_step_time_total():
     assert StepTime(compute=1.0, communication=0.5, offload=0.25, overlap=0.3).total == pytest.approx(1.45)
     assert isinstance(GLOO, LinkCosts)

@@ -117,14 +117,16 @@ def test_two_nodes_tensor_parallel_by_hand(capsys):
     # bf16: params 2 and optimizer states 12 bytes per parameter; the gradients accumulate in bf16 at stage 0
     # (2 bytes, every one), in fp32 at stages 1-3: stage 1's bf16 optimizer keeps every gradient in bf16 and in
     # an fp32 buffer (2 + 4), stage 2 an fp32 buffer of exactly its 1/8 of each group (matrices 657,719,296 / 8
-    # = 82,214,912, vectors 471,040 / 8 = 58,880: the partition), stage 3 its fp32 gradient partition (4), with
-    # the optimizer offloaded too; offload moves the optimizer states, then the parameters, off the GPU
+    # = 82,214,912, vectors 471,040 / 8 = 58,880: the partition), stage 3 its fp32 gradient partition (4); offload
+    # moves the optimizer states and that gradient partition (pinned host memory), then the parameters, off the
+    # GPU, where the host optimizer adds an fp32 gradient of its master partition (4)
     assert 657_719_296 // 8 + 471_040 // 8 == partition
     model_states = {
         "DP": (2 + 2 + 12) * rank, "Z1": 2 * rank + (2 + 4) * rank + 12 * partition,
         "Z2": 2 * rank + 4 * partition + 12 * partition, "Z3": (2 + 4 + 12) * partition,
-        "Z3 + optimizer offload": (2 + 4) * partition, "Z3 + full offload": 4 * partition,
-        "Z3 + NVMe offload": 4 * partition}
+        "Z3 + optimizer offload": 2 * partition, "Z3 + full offload": 0, "Z3 + NVMe offload": 0}
+    offloaded = {"Z3 + optimizer offload": (12 + 4 + 4) * partition, "Z3 + full offload": (2 + 12 + 4 + 4) * partition,
+                 "Z3 + NVMe offload": (2 + 12 + 4 + 4) * partition}
     assert model_states["DP"] == 10_531_045_376 and model_states["Z1"] == 6_252_808_192
     assert model_states["Z2"] == 2_632_761_344 and model_states["Z3"] == 1_480_928_256
     # Korthikanti et al. 2022 per layer with TP t: s b h (10 + 24 / t) bytes, fp32 log-sum-exp 4 a s b / t,
@@ -146,6 +148,7 @@ def test_two_nodes_tensor_parallel_by_hand(capsys):
     for option, states in model_states.items():
         plan = plans[option]
         assert plan["model_states_gb"] * 2**30 == pytest.approx(states, rel=1e-12), option
+        assert plan["offloaded_gb"] * 2**30 == pytest.approx(offloaded.get(option, 0), rel=1e-12), option
         assert plan["activations_gb"] * 2**30 == pytest.approx(activations, rel=1e-12), option
         assert plan["output_buffer_gb"] * 2**30 == pytest.approx(output_buffer, rel=1e-12), option
         assert plan["total_gb"] * 2**30 == pytest.approx(states + activations + output_buffer, rel=1e-12), option

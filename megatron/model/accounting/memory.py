@@ -26,7 +26,10 @@ def zero_model_state_estimate(num_params: int, zero_stage: int, dp_size: int, pr
 
     Stage 1 partitions optimizer states over the dp_size ranks, stage 2 also gradients,
     stage 3 also parameters; a partition is ceil(num_params / dp_size) elements (DeepSpeed
-    pads to equal partitions). Offloaded states live in host memory and count 0 here.
+    pads to equal partitions). Offloaded states live in host memory and count 0 here; with the optimizer
+    offloaded so do the gradients (DeepSpeed 0.19.8 copies each reduced gradient partition to host memory:
+    stages 1 and 2 into the fp32 partition's gradient, stage 3 into a pinned accumulation buffer, its
+    grad_partitions_flat_buffer; the accelerator keeps only the reduce buckets, which are not counted).
     gradient_elements: the gradients a rank really keeps (gradient_elements_held: DeepSpeed keeps more
     than the paper's partition at stages 1 and 2); by default the paper's. gradient_bytes: the bytes each of
     them takes (gradient_bytes_per_element: fp32 accumulation); by default the paper's 16-bit.
@@ -51,7 +54,7 @@ def zero_model_state_estimate(num_params: int, zero_stage: int, dp_size: int, pr
     grads = gradient_elements * (grad_bytes if gradient_bytes is None else gradient_bytes)
     optim = (partition if zero_stage >= 1 else num_params) * optim_bytes
     if offload_optimizer:
-        optim = 0
+        optim = grads = 0
     if offload_param:
         params = 0
     return dict(params=params, grads=grads, optim=optim, total=params + grads + optim)
@@ -75,8 +78,9 @@ def gradient_elements_held(config: GPTConfig, setup: TrainingSetup, stage: int =
     partition, but keep the whole gradient of every parameter that starts inside it (each optimizer group is
     flattened and cut into dp equal partitions), so a partition that falls inside a large parameter (the
     word embedding) holds all of it; stage 1 reduces only at the last micro-batch, so with accumulation it
-    holds every gradient until then; with the optimizer offloaded they keep none (the host does); stage 3
-    holds its flat partition. In bf16 the gradients accumulate in fp32 (gradient_bytes_per_element): stage 1's
+    holds every gradient until then; with the optimizer offloaded they keep none (the host's fp32 gradient
+    partition does). Stage 3 holds its flat partition, in host memory with the optimizer offloaded
+    (zero_model_state_estimate counts it off the accelerator). In bf16 the gradients accumulate in fp32 (gradient_bytes_per_element): stage 1's
     bf16 optimizer keeps every gradient, stage 2 an fp32 buffer of exactly its partition of each group."""
     sizes = parameter_groups_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
     every, dp = sum(map(sum, sizes)), setup.data_parallel_size
@@ -192,7 +196,8 @@ def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> 
     keeps them, optimizer states and their total; offloaded ones count 0), activations, the output-layer
     buffer (last stage only) and their total (the peak, with the one layer recomputed at a time under
     full recomputation); and the bytes offloaded to host memory or NVMe: the offloaded states, and with
-    the optimizer offloaded the fp32 gradient partition it steps with."""
+    the optimizer offloaded the fp32 gradient partition it steps with and, at stage 3, the gradient partition
+    it accumulates in host memory."""
     on_rank = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
     args = (on_rank, setup.zero_stage, setup.data_parallel_size, setup.precision)
     held = dict(gradient_elements=gradient_elements_held(config, setup, stage),

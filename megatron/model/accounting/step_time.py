@@ -11,7 +11,8 @@ link the user describes with flags), never the run's own step time.
     communication = sum over kinds of messages x latency_s + bytes sent x seconds_per_byte
                     (ZeRO 1-2's gradient reduction at the cost of `reduce`, the op DeepSpeed issues for it)
     offload = host optimizer step + PCIe bytes / host_copy_bytes_per_s + NVMe bytes / nvme_bytes_per_s
-    overlap = ZeRO's gradient reductions hidden behind the backward (CUDA with overlap_comm; 0 on gloo)
+    overlap = ZeRO's gradient reductions hidden behind the backward, and stage 3's prefetched parameter
+              gathers behind the pass they serve (CUDA with overlap_comm; 0 on gloo)
 
 Bytes sent are the ZeRO paper's volumes (traffic.py, megatron/comm_counter.py's definition); what the wire
 costs per such byte is in seconds_per_byte, whose per-backend factors COST_FACTORS gives when the link comes
@@ -376,6 +377,14 @@ def _tensor_parallel_messages(config: GPTConfig, setup: TrainingSetup, stage: in
                 all_reduce=first + 3 * last + 6 * layers + 2 * last)
 
 
+def _bucket_sizes(buckets: dict | None) -> dict[str, int]:
+    """The run's bucket sizes, DeepSpeed's defaults for the keys `buckets` leaves out."""
+    if buckets is None:
+        raise AccountingError("messages_per_step needs the run's DeepSpeed bucket sizes "
+                              "(megatron/deepspeed_config.py's bucket_sizes)")
+    return {key: int(buckets.get(key, default)) for key, default in _DEEPSPEED_BUCKETS.items()}
+
+
 def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, buckets: dict | None = None
                       ) -> dict[str, int]:
     """Collectives one rank of pipeline `stage` issues per optimizer step on groups of two or more ranks, per
@@ -397,10 +406,7 @@ def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, b
     parallelism, its all-reduce on the last. Measured against megatron/comm_counter.py's calls on 2 CPU ranks
     for stages 0-3 in fp32 and bf16 (tests/test_step_time_calibration.py); fp16, offload and CUDA's
     overlap_comm follow DeepSpeed's code unmeasured."""
-    if buckets is None:
-        raise AccountingError("messages_per_step needs the run's DeepSpeed bucket sizes "
-                              "(megatron/deepspeed_config.py's bucket_sizes)")
-    buckets = {key: int(buckets.get(key, default)) for key, default in _DEEPSPEED_BUCKETS.items()}
+    buckets = _bucket_sizes(buckets)
     tp, pp, dp, g = (setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.data_parallel_size,
                      setup.gradient_accumulation_steps)
     zero, mixed = setup.zero_stage, setup.precision != "fp32"
@@ -447,6 +453,21 @@ def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, b
 
 
 # --- The step's time --------------------------------------------------------------------------------------------
+def stage3_gather_seconds(config: GPTConfig, setup: TrainingSetup, stage: int, link: LinkCosts, buckets: dict
+                          ) -> float:
+    """Seconds of ZeRO-3's parameter all-gathers in the forwards and backwards of a step on the data-parallel
+    group (zero_traffic_per_step's 2 g P of all-gathers, `_stage3_gathers` calls per micro-batch; the persistent
+    parameters' gathers after the step are left out); 0 below stage 3. With overlap_comm DeepSpeed 0.19.8 issues
+    them on a side stream (partitioned_param_coordinator.py), the prefetched ones ahead of their module."""
+    if setup.zero_stage != 3 or setup.data_parallel_size == 1:
+        return 0.0
+    data_parallel = replace(setup, sequence_parallel=False)  # TP's all-gathers become all-reduces
+    gathered = zero_traffic_per_step(config, data_parallel, stage)["all_gather"]
+    modules = _modules(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
+    calls = setup.gradient_accumulation_steps * _stage3_gathers(modules, _bucket_sizes(buckets))
+    return link.costs["all_gather"].seconds(gathered, calls)
+
+
 def optimizer_elements(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
     """Parameter elements this rank's optimizer steps: its ZeRO partition (1/dp of its parameters, rounded up),
     or all of them at stage 0."""
@@ -469,9 +490,12 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     offload: with the optimizer offloaded, its step on the host over the same elements; and
     offload_transfer_per_step's PCIe bytes at rates.host_copy_bytes_per_s and NVMe bytes at
     rates.nvme_bytes_per_s. overlap: with overlap_comm on CUDA, ZeRO 1-3's gradient reductions (the
-    reduce-scatter kind of the data-parallel traffic) run during the backward, so up to the backward's compute
-    (the forward+backward compute less the forward's third of the model FLOPs) of them is hidden; gloo runs
-    collectives on the host thread, in line: nothing overlaps there.
+    reduce-scatter kind of the data-parallel traffic) run during the backward, and stage 3's parameter gathers
+    (stage3_gather_seconds, half in each pass) on the coordinator's all-gather stream while the modules before
+    the ones they serve compute: the forward's gathers are hidden up to the forward's compute (its third of the
+    model FLOPs), the backward's with the reductions up to the backward's (the rest), an upper bound, as each
+    pass's first gather waits for its module (the word embedding's, on the first stage); gloo runs collectives on
+    the host thread, in line, and DeepSpeed makes no side streams on a CPU accelerator: nothing overlaps there.
 
     `model_parallel_link`: where tensor and pipeline parallelism's collectives run on other links than the
     data-parallel group's (tools/zero_plan.py's projection), their traffic and messages (those of the same
@@ -511,7 +535,8 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     overlap = 0.0
     if overlap_comm and setup.device == "cuda" and setup.zero_stage >= 1 and not runs_bf16_optimizer(setup):
         backward = forward_backward * (1 - model_flops_per_iteration(config, global_batch) / 3 / hardware)
-        overlap = min(reduction_seconds, backward)
+        gathers = stage3_gather_seconds(config, setup, stage, link, buckets) / 2  # per pass
+        overlap = min(gathers, forward_backward - backward) + min(reduction_seconds + gathers, backward)
     compute = forward_backward + gradient_pass_seconds(config, setup, stage, rates)
     compute += 0.0 if setup.offload_optimizer else optimizer
     bubble = pipeline_bubble(forward_backward, setup) if with_bubble else 0.0
