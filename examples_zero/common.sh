@@ -143,9 +143,12 @@ case "$LAUNCHER" in
                [[ -z "$ds_include" ]] \
                    || launch=("$PYTHON" -m deepspeed.launcher.runner --include "$ds_include" --master_port "$MASTER_PORT") ;;
     # Each task finds its rank and the rendezvous in SLURM_* (megatron/launch/dist_env.py); one OpenMP
-    # thread per CPU of the task, as torchrun's one per rank when tasks get no --cpus-per-task.
+    # thread per CPU of the task, as torchrun's one per rank when tasks get no --cpus-per-task. srun is given
+    # the job's --cpus-per-task itself: since Slurm 22.05 it no longer takes it from the job (only from
+    # SRUN_CPUS_PER_TASK), and would bind each task to one CPU.
     srun)      export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
-               launch=(srun --ntasks "$NGPUS" --kill-on-bad-exit=1 "$PYTHON") ;;
+               launch=(srun --ntasks "$NGPUS" ${SLURM_CPUS_PER_TASK:+--cpus-per-task "$SLURM_CPUS_PER_TASK"}
+                       --kill-on-bad-exit=1 "$PYTHON") ;;
     # MPICH (Hydra), PALS or Open MPI on this host: each rank finds its rank in the MPI variables
     # (megatron/launch/dist_env.py) and MASTER_PORT in the environment mpiexec passes on; one OpenMP thread
     # per rank, as torchrun sets.

@@ -6,7 +6,8 @@
 # torch: without an NVIDIA GPU, torch==TORCH_VERSION as pip finds it (the CPU build on the project
 # machines). With one (nvidia-smi answers), the CUDA build for the newest CUDA the driver runs that
 # matches the CUDA toolkit's nvcc, when there is one (DeepSpeed builds its CPU Adam for offload with
-# that nvcc and refuses another CUDA), from PyTorch's index (TORCH_INDEX_URL overrides), unless PYTHON
+# that nvcc and refuses another CUDA; a CUDA 12.0-12.5 driver gets the 12.6 build, which it runs through
+# minor-version compatibility), from PyTorch's index (TORCH_INDEX_URL overrides), unless PYTHON
 # already imports a CUDA torch: that one is kept, and the new .venv sees PYTHON's packages. Either way
 # one warning line says when offload would find no matching nvcc. zero-lab runs on torch 2.11 to 2.13.
 # WHEELHOUSE=DIR: install from DIR only (made by scripts/wheelhouse.sh), never from the network;
@@ -115,8 +116,19 @@ warn_offload_nvcc() {
     fi
 }
 
+# CUDA minor-version compatibility: a build for CUDA M.y runs on any driver for CUDA M.x (R525 onward for
+# 12.x, R580 for 13.x). The oldest build of the driver's major, since a newer one's PTX could not be
+# compiled by that driver for a GPU the build has no code for. Empty when torch has no build of that major.
+minor_compatible_build() {
+    local build found=""
+    for build in $TORCH_CUDA_BUILDS; do [[ "${build%%.*}" == "${1%%.*}" ]] && found=$build; done
+    echo "$found"
+}
+minimum_driver() { if [[ "${1%%.*}" == 12 ]]; then echo 525; else echo 580; fi; }
+
 # The pip arguments that install torch here: the CUDA wheels for the newest CUDA the driver runs (the
 # "CUDA Version" in nvidia-smi's header) that nvcc matches, else torch==TORCH_VERSION as pip finds it.
+# A 12.0-12.5 driver, older than every 12.x build, runs the oldest one (minor-version compatibility).
 torch_install_args() {
     if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
         echo "torch==$TORCH_VERSION --index-url $TORCH_INDEX_URL"; return
@@ -138,9 +150,14 @@ torch_install_args() {
         [[ -n "$chosen" ]] || chosen=$build  # the newest the driver runs, when nvcc matches none
         if [[ -n "$nvcc" ]] && cuda_matches "$nvcc" "$build"; then chosen=$build; break; fi
     done
-    [[ -n "$chosen" ]] \
-        || die "the NVIDIA driver runs CUDA $driver, older than every CUDA build of torch $TORCH_VERSION" \
-               "(${TORCH_CUDA_BUILDS// /, }): update the driver, or set TORCH_INDEX_URL"
+    if [[ -z "$chosen" ]]; then
+        chosen=$(minor_compatible_build "$driver")
+        [[ -n "$chosen" ]] \
+            || die "the NVIDIA driver runs CUDA $driver, older than every CUDA build of torch $TORCH_VERSION" \
+                   "(${TORCH_CUDA_BUILDS// /, }): update the driver, or set TORCH_INDEX_URL"
+        echo "[setup] the driver runs CUDA $driver; torch's cu${chosen/./} build runs on it through CUDA" \
+             "minor-version compatibility (driver >= $(minimum_driver "$chosen"))" >&2
+    fi
     warn_offload_nvcc "$chosen" "$nvcc"
     echo "torch==$TORCH_VERSION --index-url https://download.pytorch.org/whl/cu${chosen/./}"
 }

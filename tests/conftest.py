@@ -246,12 +246,31 @@ if _rank == "1" and "ZL_FAULT_LOG" in os.environ:
 '''
 
 
-def fault_env(tmp_path: Path, log_glob: str, env: dict) -> dict:
-    """env with a real fault for MAX_RESTARTS (tests/test_restarts.py): rank 1 SIGKILLs itself, as the out-of-memory
-    killer would, once a log matching log_glob shows iteration 2, on the first attempt only (the flag file
-    tmp_path/fault-happened says it happened), from a sitecustomize.py put first on the ranks' PYTHONPATH."""
+# Rank 0 raises torch.OutOfMemoryError in its main thread, wherever the training loop is, once the log shows
+# iteration 1, on every attempt (a GPU's memory too small for the run: the next attempt meets it again)
+RAISE_OOM_ON_RANK_0_AT_ITERATION_1 = '''
+import glob, os, re, signal, threading, time
+if os.environ.get("RANK") == "0" and "ZL_FAULT_LOG" in os.environ:
+    def _raise(signum, frame):
+        import torch
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (the test's fault hook)")
+    signal.signal(signal.SIGUSR1, _raise)
+    def _signal_at_iteration_1():
+        while not any(re.search(r"^ iteration +1/", open(path, errors="replace").read(), re.M)
+                      for path in glob.glob(os.environ["ZL_FAULT_LOG"])):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGUSR1)
+    threading.Thread(target=_signal_at_iteration_1, daemon=True).start()
+'''
+
+
+def fault_env(tmp_path: Path, log_glob: str, env: dict, hook_code: str = KILL_RANK_1_AT_ITERATION_2) -> dict:
+    """env with a real fault for MAX_RESTARTS (tests/test_restarts.py): by default rank 1 SIGKILLs itself, as the
+    out-of-memory killer would, once a log matching log_glob shows iteration 2, on the first attempt only (the flag
+    file tmp_path/fault-happened says it happened), from a sitecustomize.py put first on the ranks' PYTHONPATH;
+    hook_code: another such sitecustomize.py."""
     hook = tmp_path / "fault-hook"
     hook.mkdir(exist_ok=True)
-    (hook / "sitecustomize.py").write_text(KILL_RANK_1_AT_ITERATION_2)
+    (hook / "sitecustomize.py").write_text(hook_code)
     return {**env, "PYTHONPATH": f"{hook}{os.pathsep}{env.get('PYTHONPATH', '')}", "ZL_FAULT_LOG": log_glob,
             "ZL_FAULT_FLAG": str(tmp_path / "fault-happened")}

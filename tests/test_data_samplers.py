@@ -76,6 +76,40 @@ def test_worker_processes_give_the_same_batches(train_dataset):
         assert torch.equal(a, b)
 
 
+# A rank whose loader workers start by `method`: SIGTERM from the rank to its worker, as the rank's exit sends it.
+SIGTERM_FROM_THE_RANK = """
+import multiprocessing, os, signal, subprocess, sys
+from megatron.data.data_samplers import build_pretraining_data_loader
+from megatron.data.gpt_dataset import build_train_valid_test_datasets
+if __name__ == "__main__":
+    multiprocessing.set_start_method(sys.argv[2])
+    train, _, _ = build_train_valid_test_datasets([sys.argv[1]], "1", (96, 0, 0), 8, 1234)
+    batches = iter(build_pretraining_data_loader(train, 0, 4, 0, 1, num_workers=1))
+    next(batches)
+    [worker] = batches._workers
+    subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)  # the job's SIGTERM, from another process
+    worker.join(timeout=2)
+    print("worker alive after the job's SIGTERM:", worker.is_alive())
+    os.kill(worker.pid, signal.SIGTERM)
+    worker.join(timeout=20)
+    print("worker exit code:", worker.exitcode)
+    os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])  # forkserver: Python 3.14's default on Linux
+def test_a_loader_worker_ends_at_its_ranks_sigterm_under_every_start_method(tmp_path, method):
+    """A worker outlives the job's SIGTERM (the rank saves first) and ends at its rank's (the rank exiting), told
+    apart by the sender's pid. Under forkserver its parent is the fork server, not the rank, and it starts with the
+    server's signal mask: the loader forks its workers from the rank whatever the default."""
+    prefix = write_corpus(tmp_path / "corpus")
+    result = subprocess.run([sys.executable, "-c", SIGTERM_FROM_THE_RANK, prefix, method], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-2:] == ["worker alive after the job's SIGTERM: True", "worker exit code: 0"], \
+        result.stdout + result.stderr[-3000:]
+
+
 def test_ranks_take_contiguous_slices_of_each_step():
     batches = [list(MegatronPretrainingSampler(26, 0, 3, rank, 2)) for rank in range(2)]
     assert batches[0] == [[0, 1, 2], [6, 7, 8], [12, 13, 14], [18, 19, 20]]

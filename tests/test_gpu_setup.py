@@ -65,6 +65,18 @@ def test_setup_without_a_gpu_installs_the_pinned_torch_as_today(tmp_path):
     assert "index-url" not in result.stdout
 
 
+@pytest.mark.parametrize("driver_cuda", ["12.2", "12.4", "12.0"])  # R535, R550, R525
+def test_setup_installs_the_oldest_12x_build_on_an_older_12x_driver(tmp_path, driver_cuda):
+    bin_dir = fake_nvidia_smi(tmp_path / "bin", NVIDIA_SMI_HEADER.format(cuda=driver_cuda))
+    fake_nvcc(bin_dir, "12.4")
+    result = dry_setup(tmp_path, bin_dir, CUDA_HOME="", CUDA_PATH="")
+    assert result.returncode == 0, result.stderr
+    assert "[setup] pip_install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126\n" in result.stdout
+    assert result.stderr.splitlines() == [
+        f"[setup] the driver runs CUDA {driver_cuda}; torch's cu126 build runs on it through CUDA minor-version "
+        "compatibility (driver >= 525)"]
+
+
 def test_setup_stops_on_a_driver_older_than_every_cuda_build(tmp_path):
     bin_dir = fake_nvidia_smi(tmp_path / "bin", NVIDIA_SMI_HEADER.format(cuda="11.8"))
     result = dry_setup(tmp_path, bin_dir)

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ITERATION_LOSS, REPO_ROOT, driver_env, fault_env, iteration_losses, test_env
-from megatron.launch.restart import HOSTS_MISSING_STATUS, RESTART_STATUS, hosts_missing, worth_restarting
+from conftest import (ITERATION_LOSS, RAISE_OOM_ON_RANK_0_AT_ITERATION_1, REPO_ROOT, driver_env, fault_env,
+                      iteration_losses, test_env)
+from megatron.launch.restart import (HOSTS_MISSING_STATUS, RESTART_STATUS, hosts_missing, recurring_failure,
+                                     worth_restarting)
 
 def summary_row(runs_dir: Path, out: Path) -> dict:
     result = subprocess.run([sys.executable, str(REPO_ROOT / "analysis" / "summarize.py"), str(runs_dir), "--out",
@@ -41,6 +43,101 @@ def summary_row(runs_dir: Path, out: Path) -> dict:
 ])
 def test_what_is_restarted(first_error, signalled, restart):
     assert worth_restarting(first_error, signalled)[0] is restart
+
+
+# What ranks print when they die of a failure the next attempt meets again: torchrun's "[rankN]: " prefixes and all.
+CUDA_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of "
+            "79.19 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this process has 78.16 GiB memory in "
+            "use. Of the allocated memory 75.31 GiB is allocated by PyTorch, and 1.29 GiB is reserved by PyTorch but "
+            "unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+            "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+OOM_OUTPUT = f"""[rank0]: Traceback (most recent call last):
+[rank0]:   File "/work/zero-lab/pretrain_gpt.py", line 161, in <module>
+[rank0]:     sys.exit(main(sys.argv[1:]))
+[rank0]:   File "/work/zero-lab/megatron/training/step.py", line 88, in train_step
+[rank0]:     loss = model(tokens, position_ids, labels=labels)
+[rank0]:            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+[rank0]: {CUDA_OOM}
+"""
+OLD_OOM_OUTPUT = """Traceback (most recent call last):
+  File "/work/zero-lab/megatron/model/gpt.py", line 140, in forward
+    raise torch.cuda.OutOfMemoryError(message)
+torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity)
+"""
+NCCL_DUPLICATE_GPU_OUTPUT = """[rank1]: Traceback (most recent call last):
+[rank1]:   File "/work/zero-lab/megatron/launch/lost_peer.py", line 40, in gather
+[rank1]:     torch.distributed.all_gather_object(addresses, address)
+[rank1]:   File "/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", line 3041, in all_gather_object
+[rank1]:     all_gather(object_size_list, local_size, group=group)
+[rank1]: torch.distributed.DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, \
+invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.27.3
+[rank1]: ncclInvalidUsage: This usually reflects invalid usage of NCCL library.
+[rank1]: Last error:
+[rank1]: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000
+"""
+OP_BUILD_OUTPUT = """[1/3] /usr/local/cuda/bin/nvcc -ccbin gcc -DTORCH_EXTENSION_NAME=cpu_adam -c csrc/common/custom_cuda_kernel.cu
+FAILED: custom_cuda_kernel.cuda.o
+nvcc fatal   : Unsupported gpu architecture 'compute_100'
+ninja: build stopped: subcommand failed.
+Traceback (most recent call last):
+  File "/usr/lib/python3/dist-packages/torch/utils/cpp_extension.py", line 2595, in _run_ninja_build
+    subprocess.run(
+subprocess.CalledProcessError: Command '['ninja', '-v']' returned non-zero exit status 1.
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/usr/lib/python3/dist-packages/deepspeed/ops/op_builder/builder.py", line 560, in load
+    return self.jit_load(verbose)
+RuntimeError: Error building extension 'cpu_adam'
+"""
+RECURRING_CASES = [
+    (OOM_OUTPUT, "ran out of GPU memory", CUDA_OOM),
+    (OLD_OOM_OUTPUT, "ran out of GPU memory",
+     "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity)"),
+    (NCCL_DUPLICATE_GPU_OUTPUT, "shares its GPU with another rank",
+     "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000"),
+    (OP_BUILD_OUTPUT, "could not build a CUDA op", "RuntimeError: Error building extension 'cpu_adam'"),
+    (OP_BUILD_OUTPUT.split("Traceback")[0], "could not build a CUDA op", "ninja: build stopped: subcommand failed."),
+]
+
+
+def attempt_of(tmp_path, output: str, status: int = 1):
+    """megatron.launch.attempt --restartable over a command that prints `output` and exits `status`."""
+    (tmp_path / "output.txt").write_text(output)
+    command = [sys.executable, "-c", f"import sys; sys.stderr.write(open({str(tmp_path / 'output.txt')!r}).read()); "
+                                     f"sys.exit({status})"]
+    return subprocess.run([sys.executable, "-m", "megatron.launch.attempt", "--run-dir", str(tmp_path / "run"),
+                           "--log", str(tmp_path / "train.log"), "--launcher", "torchrun", "--restartable", "--",
+                           *command], env=test_env(), capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("output, what, line", RECURRING_CASES)
+def test_a_rank_that_dies_of_a_recurring_failure_is_not_restarted(tmp_path, output, what, line):
+    """Out of GPU memory, two ranks on one GPU, a CUDA op that does not build: a traceback and no error line, which
+    the next attempt would print again. The attempt ends with the line naming it, not with RESTART_STATUS."""
+    lines = output.splitlines()
+    assert recurring_failure(None, [re.sub(r"^\[rank\d+\]: ", "", text) for text in lines]) == (what, line)
+    # the ranks left say they lost the one that died of it: still not restarted
+    assert recurring_failure("error: lost rank 0 on node0 (10.0.0.1): its connection closed", lines) == (what, line)
+    assert not worth_restarting("error: lost rank 0 on node0 (10.0.0.1): its connection closed", None,
+                                (what, line))[0]
+    result = attempt_of(tmp_path, output)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"[run] not restarting (MAX_RESTARTS): a rank {what}: the next attempt would fail the same way" \
+        in result.stdout
+    assert result.stderr.splitlines()[-1] == f"error: a rank {what}: {line} (its traceback is in the log)"
+
+
+def test_a_crash_or_a_users_error_line_is_not_taken_for_a_recurring_failure(tmp_path):
+    crash = "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nRuntimeError: CUDA error: an illegal " \
+            "memory access was encountered\n"
+    assert recurring_failure(None, crash.splitlines()) is None
+    result = attempt_of(tmp_path, crash)
+    assert result.returncode == RESTART_STATUS, result.stdout + result.stderr
+    # a rank's own error line about the input says more than the exception that followed it
+    assert recurring_failure("error: --data-path d: d.bin does not exist", OOM_OUTPUT.splitlines()) is None
 
 
 def test_restart_status_is_the_one_the_scripts_read():
@@ -98,6 +195,29 @@ def test_a_failure_that_would_fail_again_is_not_restarted(dolly_data_dir, tmp_pa
         in run.stdout
     assert run.stderr.rstrip().splitlines()[-1].startswith("error: --lr-decay-style must be cosine, linear or constant")
     assert (tmp_path / "runs" / "gpt_tiny_Z1" / "command.txt").read_text().count("# attempt ") == 1
+
+
+@pytest.mark.slow
+def test_a_rank_out_of_gpu_memory_ends_the_run_at_once(dolly_data_dir, tmp_path):
+    """One rank that raises torch.OutOfMemoryError at iteration 1 for real: MAX_RESTARTS=2 starts no second attempt,
+    and the run ends with the exception's line."""
+    env = fault_env(tmp_path, str(tmp_path / "runs" / "gpt_tiny_Z1" / "train.log"),
+                    driver_env(dolly_data_dir, tmp_path / "runs", MAX_RESTARTS=2, NGPUS=1),
+                    RAISE_OOM_ON_RANK_0_AT_ITERATION_1)
+    run = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "[run] not restarting (MAX_RESTARTS): a rank ran out of GPU memory: the next attempt would fail the same " \
+           "way" in run.stdout
+    assert run.stderr.rstrip().splitlines()[-1].startswith(
+        "error: a rank ran out of GPU memory: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB "
+        "(the test's fault hook) (its traceback is in the log)")
+    # a restart without a checkpoint would start afresh, moving the first attempt's files aside
+    assert "[run] restarting the run" not in run.stdout
+    assert [path.name for path in (tmp_path / "runs").iterdir()] == ["gpt_tiny_Z1"]
+    run_dir = tmp_path / "runs" / "gpt_tiny_Z1"
+    assert (run_dir / "command.txt").read_text().count("# attempt ") == 1
+    assert "[zero-lab] restarting after" not in (run_dir / "train.log").read_text()
 
 
 @pytest.mark.slow

@@ -117,6 +117,34 @@ def test_dry_run_prints_the_srun_line(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing written
 
 
+def sbatch_headers() -> list[str]:
+    """The options of train.sbatch's #SBATCH lines, those before its first command (as sbatch reads them)."""
+    headers = []
+    for line in SBATCH.read_text().splitlines()[1:]:
+        if line and not line.startswith("#"):
+            break
+        if line.startswith("#SBATCH "):
+            headers.append(line[len("#SBATCH "):])
+    return headers
+
+
+def test_sbatch_script_gives_each_rank_cpus():
+    """Without --cpus-per-task a task gets one CPU, to which srun binds the rank's loader workers, OpenMP threads
+    (the offloaded Adam's) and heartbeat."""
+    [cpus] = [header for header in sbatch_headers() if header.startswith("--cpus-per-task=")]
+    assert int(cpus.split("=")[1]) >= 4
+
+
+@pytest.mark.slow
+def test_dry_run_passes_the_jobs_cpus_per_task_to_srun(tmp_path):
+    """Since Slurm 22.05 srun no longer takes --cpus-per-task from the job (SLURM_CPUS_PER_TASK): the driver
+    passes it on; a job without one runs srun as before."""
+    line = srun_line(dry_run(two_node_allocation(tmp_path, SLURM_CPUS_PER_TASK="8")))
+    assert line.startswith("srun --ntasks 8 --cpus-per-task 8 --kill-on-bad-exit=1 ")
+    line = srun_line(dry_run(two_node_allocation(tmp_path, SLURM_CPUS_PER_TASK="")))
+    assert line.startswith("srun --ntasks 8 --kill-on-bad-exit=1 ")
+
+
 @pytest.mark.slow
 def test_dry_run_of_a_job_whose_run_folder_has_a_checkpoint_resumes(tmp_path):
     """The drivers' one resume rule: a requeued job or a new one resumes an intact checkpoint; FRESH=1 does not."""
@@ -186,11 +214,27 @@ def job_env(slurm, dolly_data_dir, runs_dir, **extra):
 
 
 def submit(slurm, env, *args) -> str:
-    """sbatch from node0 (where slurmctld is), in the repository."""
+    """sbatch from node0 (where slurmctld is), in the repository. One CPU per task unless args say: the virtual hosts
+    have this machine's CPUs each, fewer than train.sbatch's --cpus-per-task=8 for its 2 tasks."""
+    if not any(arg.startswith("--cpus-per-task") for arg in args):
+        args = ("--cpus-per-task=1", *args)
     result = slurm.cluster.run(slurm.host, ["sbatch", "--parsable", *args], cwd=REPO_ROOT, env=env,
                                capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().split(";")[0]
+
+
+@pytest.mark.slow
+def test_a_job_passes_its_cpus_per_task_to_srun(slurm, tmp_path):
+    """`DRY_RUN=1 sbatch --ntasks-per-node=1 --cpus-per-task=2 train.sbatch`: the srun line the job would run asks for the job's
+    2 CPUs per task (Slurm 22.05's srun does not take them from the job)."""
+    env = slurm.env(subprocess_env(RUNS_DIR=tmp_path, DATA_PATH=tmp_path / "nowhere", DRY_RUN="1", EXPERIMENT="Z1"))
+    job = submit(slurm, env, "--ntasks-per-node=1", "--cpus-per-task=2", f"--output={tmp_path}/slurm-%j.out",
+                 str(SBATCH))
+    info = slurm.wait(job, timeout=120)
+    output = (tmp_path / f"slurm-{job}.out").read_text()
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), output
+    assert "not starting: srun --ntasks 1 --cpus-per-task 2 --kill-on-bad-exit=1 " in output, output
 
 
 @pytest.mark.slow

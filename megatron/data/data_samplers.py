@@ -6,6 +6,7 @@ global batch (micro batches of all ranks and all accumulation steps) is therefor
 run of sample ids whatever the data-parallel size, and resuming from consumed_samples
 continues exactly where a run stopped.
 """
+import functools
 import os
 import signal
 import threading
@@ -53,14 +54,14 @@ def collate_samples(samples: list[dict]) -> dict[str, torch.Tensor]:
     return {"text": torch.stack([torch.as_tensor(sample["text"], dtype=torch.int64) for sample in samples])}
 
 
-def _end_only_at_the_ranks_sigterm(worker_id: int) -> None:
+def _end_only_at_the_ranks_sigterm(rank_pid: int, worker_id: int) -> None:
     # A SIGTERM to the whole job (PBS at walltime, Slurm) reaches the loader's workers too; one that died of it
     # would make the rank raise at its next batch instead of saving (--exit-signal-handler). So a worker ends
     # at a SIGTERM from its own rank only: the rank's exit (Python's multiprocessing terminates and then joins
     # its daemonic children) and torch's shutdown send that one, and a worker ignoring it would hang the rank's
     # exit forever. The worker starts with SIGTERM blocked (_SigtermBlockingLoader), so a signal sent before
-    # this ran waits here too; a worker whose rank was killed exits on its own (torch's watchdog).
-    rank_pid = os.getppid()
+    # this ran waits here too; a worker whose rank was killed exits on its own (torch's watchdog). rank_pid is
+    # taken in the rank, not read as os.getppid(), which is the fork server's under the forkserver start method.
 
     def wait_for_the_ranks_sigterm() -> None:
         while signal.sigwaitinfo({signal.SIGTERM}).si_pid != rank_pid:
@@ -73,7 +74,13 @@ def _end_only_at_the_ranks_sigterm(worker_id: int) -> None:
 
 class _SigtermBlockingLoader(DataLoader):
     """Starts its workers with SIGTERM blocked (a worker inherits the mask), so none can die of one in the
-    moment before its worker_init_fn runs; a SIGTERM to the rank meanwhile is delivered once they started."""
+    moment before its worker_init_fn runs; a SIGTERM to the rank meanwhile is delivered once they started.
+    The workers are forked from the rank whatever Python's default start method: one forked by the fork server
+    (the default from Python 3.14) gets the server's mask instead, and a thread it starts before worker_init_fn
+    then dies of the job's SIGTERM."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, multiprocessing_context="fork", **kwargs)
 
     def __iter__(self):
         blocked_before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -106,4 +113,4 @@ def build_pretraining_data_loader(dataset, consumed_samples: int, micro_batch_si
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_samples, pin_memory=pin_memory)
     return _SigtermBlockingLoader(dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
                                   collate_fn=collate_samples, persistent_workers=True,
-                                  worker_init_fn=_end_only_at_the_ranks_sigterm)
+                                  worker_init_fn=functools.partial(_end_only_at_the_ranks_sigterm, os.getpid()))

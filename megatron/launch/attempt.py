@@ -44,7 +44,7 @@ import psutil
 
 from megatron.launch.launcher_output import LAUNCHER, OutputSorter, failure_cause
 from megatron.launch.restart import (HOSTS_MISSING_CAUSE, HOSTS_MISSING_STATUS, RESTART_LINE, RESTART_STATUS,
-                                     hosts_missing, worth_restarting)
+                                     hosts_missing, recurring_failure, worth_restarting)
 
 ATTEMPT_HEADER = "[zero-lab] attempt {number} started {time} UTC on {host}{note}"
 _COMMAND_HEADER = re.compile(r"^# attempt (\d+) \|", re.M)
@@ -171,13 +171,16 @@ class Attempt:
             return 0
         rank_lines = ([self.first_error] if self.first_error else []) + list(self.tail)
         cause, users_mistake = failure_cause(rank_lines, self.report_lines, self.launcher, status)
+        recurring = recurring_failure(self.first_error, list(self.tail))
+        if recurring is not None:
+            cause, users_mistake = f"a rank {recurring[0]}: {recurring[1]} (its traceback is in the log)", False
         if not self.first_error and hosts_missing(self.report_lines):
             cause = HOSTS_MISSING_CAUSE
             if self.restartable:  # the launch script decides whether the hosts left go on
                 self.log.write(RESTART_LINE.format(cause=cause) + "\n")
                 return self.fail(cause, HOSTS_MISSING_STATUS)
         if self.restartable:
-            restart, why = worth_restarting(self.first_error, self.signalled)
+            restart, why = worth_restarting(self.first_error, self.signalled, recurring)
             if restart:
                 self.log.write(RESTART_LINE.format(cause=cause) + "\n")
                 return self.fail(cause, RESTART_STATUS)

@@ -4,7 +4,9 @@ A fault that the next attempt can get past is restarted: a rank or a host lost (
 say `error: lost rank ...`), a rank that died without an error line of its own (a signal, the out-of-memory
 killer, a crash), a save that could not be written (a full disk). A failure that would fail again is not: a
 rank's own error line about the input (a flag, the data, a checkpoint it refuses, a run that diverged) ends the
-run at once with that line, and so does a signal the job itself was sent (a scheduler stopping it).
+run at once with that line, and so does a signal the job itself was sent (a scheduler stopping it), and an
+exception that says the set-up cannot run (`recurring_failure`: out of GPU memory, two ranks on one GPU, a CUDA
+op that does not build), though a rank dies of it with a traceback and no error line.
 """
 from __future__ import annotations
 
@@ -30,16 +32,51 @@ _FAULT_LINES = (re.compile(r"^error: lost ranks? "),
                 re.compile(r"^error: --save \S+: writing checkpoint \S+ failed on rank \d+ "))
 
 
-def worth_restarting(first_error: str | None, signalled: str | None) -> tuple[bool, str]:
-    """(restart?, why) for an attempt that failed: its first rank `error:` line (None: no rank said one) and
-    the signal the job was sent while it ran (None: none)."""
+# What a rank prints when it dies, without an `error:` line, of a failure the same set-up meets again: (what
+# the rank did, the line's pattern, a group the part to show). Looked for in this order, so that an op build's
+# exception wins over ninja's line before it.
+_RECURRING = (
+    ("ran out of GPU memory", re.compile(r"(torch\.(?:cuda\.)?OutOfMemoryError(?::.*)?)$")),
+    # NCCL's "Last error:" line under its DistBackendError: CUDA_VISIBLE_DEVICES or a launcher's binding gave
+    # two ranks one GPU
+    ("shares its GPU with another rank", re.compile(r"(Duplicate GPU detected\b.*)")),
+    ("could not build a CUDA op", re.compile(r"(RuntimeError: Error building extension '.*)"
+                                             r"|(\S*CUDAMismatchException: .*)")),
+    ("could not build a CUDA op", re.compile(r"(ninja: build stopped: subcommand failed\.?)")),
+)
+
+
+def _is_fault_line(first_error: str) -> bool:
+    return any(pattern.match(first_error) for pattern in _FAULT_LINES)
+
+
+def recurring_failure(first_error: str | None, rank_lines: list[str]) -> tuple[str, str] | None:
+    """(what the rank did, the line naming it) for an exception in the ranks' output that the next attempt would
+    die of too (`_RECURRING`); None: none, or a rank's own `error:` line about the input, which says more.
+    Indented lines (a traceback's frames and source) are not read."""
+    if first_error is not None and not _is_fault_line(first_error):
+        return None
+    for what, pattern in _RECURRING:
+        for line in rank_lines:
+            match = None if line[:1].isspace() else pattern.search(line)
+            if match:
+                return what, next(group for group in match.groups() if group)
+    return None
+
+
+def worth_restarting(first_error: str | None, signalled: str | None,
+                     recurring: tuple[str, str] | None = None) -> tuple[bool, str]:
+    """(restart?, why) for an attempt that failed: its first rank `error:` line (None: no rank said one), the
+    signal the job was sent while it ran (None: none) and what `recurring_failure` found (None: nothing)."""
     if signalled is not None:
         return False, f"the job was sent {signalled}: not restarting"
+    if first_error is not None and not _is_fault_line(first_error):
+        return False, "a rank's own error line: the next attempt would fail the same way"
+    if recurring is not None:  # though the ranks left may say they lost the one that died of it
+        return False, f"a rank {recurring[0]}: the next attempt would fail the same way"
     if first_error is None:
         return True, "a rank ended without an error line of its own (a signal, a crash)"
-    if any(pattern.match(first_error) for pattern in _FAULT_LINES):
-        return True, first_error[len("error: "):]
-    return False, "a rank's own error line: the next attempt would fail the same way"
+    return True, first_error[len("error: "):]
 
 
 def hosts_missing(launcher_report: list[str]) -> bool:
