@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from functools import partial
 
 import psutil
 import pytest
@@ -117,6 +118,68 @@ if os.environ.get("RANK") == os.environ["ZL_KILL_RANK"]:
         return real_open(file, mode, *args, **kwargs)
     builtins.open = open_then_die
 '''
+
+
+def _save_perturb_and_resume(rank, folder):
+    """On each of 2 ranks (ZeRO-1, a real DeepSpeed engine): generators unlike the other rank's, a save, other
+    draws, a resume; the states the resume hands set_rng_state must be this rank's own."""
+    import deepspeed
+    from megatron.arguments import parse_args
+    from megatron.checkpointing.rng import rng_state, set_rng_state
+    from megatron.checkpointing.save_load import load_checkpoint, save_checkpoint
+    from megatron.model import MODEL_PRESETS, GPTConfig, GPTModel
+
+    args = parse_args(["--model-size", "tiny", "--seq-length", "16", "--micro-batch-size", "1", "--train-iters", "2",
+                       "--data-path", "unread", "--vocab-file", "unread", "--merge-file", "unread",
+                       "--zero-stage", "1", "--save", folder, "--load", folder], world_size=2)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    torch.manual_seed(1234 + rank)  # as the tracker's stream differs per TP rank, and a GPU's per device
+    model = GPTModel(GPTConfig(**dict(MODEL_PRESETS["tiny"], num_layers=1, seq_length=16,
+                                      max_position_embeddings=16, padded_vocab_size=64)))
+    with model.rng_tracker.fork(torch.device("cpu")):
+        torch.rand(rank + 1)
+    # a stand-in for the GPUs' generators: rank r has drawn r + 1 times from the device it runs on
+    devices = [torch.tensor([rank, 0], dtype=torch.uint8), torch.tensor([0, rank + 1], dtype=torch.uint8)]
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_rng_state_all = lambda: [state.clone() for state in devices]
+    torch.cuda.set_rng_state_all = lambda states: devices.__setitem__(slice(None), [s.clone() for s in states])
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
+        "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}})
+    saved = rng_state(model)
+    save_checkpoint(engine, args, 2, 4, rank)
+    torch.rand(7)
+    with model.rng_tracker.fork(torch.device("cpu")):
+        torch.rand(3)
+    devices[:] = [torch.zeros(2, dtype=torch.uint8)] * 2
+    _, _, resumed = load_checkpoint(engine, args)
+    set_rng_state(resumed, model)
+    assert torch.equal(torch.get_rng_state(), saved["torch"]), f"rank {rank}: CPU generator"
+    assert [state.tolist() for state in devices] == [state.tolist() for state in saved["cuda"]], \
+        f"rank {rank}: the GPUs' generators"
+    tracker = model.rng_tracker.get_states()
+    assert tracker.keys() == saved["model_parallel_tracker"].keys()
+    assert all(torch.equal(tracker[key], saved["model_parallel_tracker"][key]) for key in tracker), \
+        f"rank {rank}: tensor-parallel tracker"
+
+
+def test_a_resume_gives_each_rank_its_own_random_generators(tmp_path):
+    """At ZeRO 0-2 DeepSpeed writes the client state from rank 0 only; each rank's generators are saved in a
+    file of its own, in the manifest, and each rank gets its own back (issue 40 item 5)."""
+    from test_parallel_training import _spawned
+    folder = tmp_path / "ckpt"
+    torch.multiprocessing.spawn(_spawned, args=(2, free_port(), partial(_save_perturb_and_resume, folder=str(folder))),
+                                nprocs=2, join=True)
+    marker = json.loads((folder / "global_step2" / "zero_lab_state.json").read_text())
+    for rank in range(2):
+        assert f"rng_state_rank{rank}.pt" in marker["crc32"]
+
+
+def test_a_checkpoint_without_per_rank_generators_resumes_the_client_states(tmp_path):
+    """A checkpoint saved before each rank had its file: every rank takes the client state's, as before."""
+    from megatron.checkpointing.rng import own_rng_state
+    client = {"rng_state": {"torch": torch.get_rng_state()}}
+    assert own_rng_state(str(tmp_path), 1, client) is client["rng_state"]
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Hugging Face GPT-2 conversion both ways, on real checkpoints of real 2-rank DeepSpeed runs (the suite's
 driver runs and parallel layouts, conftest.py):
-exports load in transformers offline with equal logits, ZeRO-3 + offload exports equal ZeRO-0
-exports, converted GPT-2 weights start a --finetune run under ZeRO-3, and bad inputs fail in one line."""
+exports load in transformers offline with equal logits, every ZeRO stage in fp32 and in bf16 exports the weights
+the run ended with, ZeRO-3 + offload exports equal ZeRO-0 exports, converted GPT-2 weights start a --finetune run under ZeRO-3, and bad inputs fail in one line."""
 import shutil
 import socket
 import subprocess
@@ -16,6 +16,7 @@ from megatron.saved_model.reader import (build_model, check_state_dict, load_che
 from megatron.inference.hf_folder import load_hf_folder
 from megatron.inference.hf_gpt2 import from_hf_config, state_dict_from_hf
 from megatron.model import MODEL_PRESETS, accounting
+from megatron.safe_load import load_file
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -129,6 +130,65 @@ def test_tensor_and_pipeline_parallel_exports_equal_the_serial_export(parallel_l
     files = {p.name for p in (parallel_layout_runs[layout][1] / f"global_step{PARALLEL_ITERS}").iterdir()}
     assert ("layer_03-model_00-model_states.pt" in files) == (layout == "pp2_z1")
     assert ("zero_pp_rank_0_mp_rank_01_model_states.pt" in files) == (layout == "tp2_sp_z3")
+
+
+DRIVERS = {0: "DP", 1: "Z1", 2: "Z2", 3: "Z3"}
+
+
+@pytest.fixture(scope="module")
+def bf16_runs(dolly_data_dir, tmp_path_factory):
+    """One seeded iteration in bf16 on 2 CPU ranks at each ZeRO stage: stage -> checkpoint folder. Stage 1
+    (fp32 gradient accumulation) runs DeepSpeed's BF16_Optimizer, whose files zero_to_fp32 does not read."""
+    root = tmp_path_factory.mktemp("bf16_runs")
+    for stage in DRIVERS:
+        run = pretrain(dolly_data_dir, "--bf16", "--zero-stage", stage, "--save", root / f"z{stage}", iters=1)
+        assert run.returncode == 0, run.stderr[-3000:]
+    return {stage: root / f"z{stage}" for stage in DRIVERS}
+
+
+def run_checkpoint(request, precision, stage):
+    """fp32: the suite's driver run of that stage (4 iterations); bf16: bf16_runs."""
+    if precision == "bf16":
+        return request.getfixturevalue("bf16_runs")[stage]
+    runs_dir, result = request.getfixturevalue("six_driver_runs")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return runs_dir / f"gpt_tiny_{DRIVERS[stage]}" / "checkpoints"
+
+
+def exported_weights(capsys, checkpoint, out):
+    """checkpoint_to_hf.py's export, in our names (the vocabulary's padding rows dropped), and its output."""
+    code, stdout, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", checkpoint, "--output", out)
+    assert code == 0, err
+    config = load_checkpoint_weights(str(checkpoint)).config
+    weights = state_dict_from_hf(safetensors_torch.load_file(out / "model.safetensors"), config)
+    weights["word_embeddings.weight"] = weights["word_embeddings.weight"][:GPT2_VOCAB]
+    return weights, stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("stage", list(DRIVERS))
+def test_export_from_every_zero_stage_and_precision_holds_the_trained_weights(request, capsys, tmp_path, stage,
+                                                                             precision):
+    """Below ZeRO-3 the model-states file holds the module's weights the run ended with: the export is them
+    (in bf16, the fp32 master weights it takes round to them). Under ZeRO-3 that file holds none, so the export
+    is held against stage 2's of the same seeded run (only the order of the gradient sums differs)."""
+    checkpoint = run_checkpoint(request, precision, stage)
+    exported, stdout = exported_weights(capsys, checkpoint, tmp_path / "hf")
+    fp32_module = stage == 0 and precision == "fp32"  # no other fp32 copy than the module's
+    source = "the module's float32 weights" if fp32_module else "the optimizer's fp32 master weights"
+    assert stdout.rstrip().endswith(f"; weights: {source})"), stdout
+    if stage == 3:
+        reference, _ = exported_weights(capsys, run_checkpoint(request, precision, 2), tmp_path / "hf_z2")
+        for key, tensor in reference.items():
+            torch.testing.assert_close(exported[key], tensor, rtol=0, atol=1e-4, msg=key)
+        return
+    tag = (checkpoint / "latest").read_text()
+    module = load_file(str(checkpoint / tag / "mp_rank_00_model_states.pt"))["module"]
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    for key, tensor in module.items():
+        rows = slice(0, GPT2_VOCAB) if key == "word_embeddings.weight" else slice(None)
+        assert tensor.dtype == dtype and torch.equal(exported[key].to(dtype), tensor[rows]), key
 
 
 @pytest.mark.slow

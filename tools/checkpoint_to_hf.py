@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"wrote {args.output} from {loaded.path} (iteration {loaded.iteration}, {loaded.config.num_layers} layers, "
-          f"hidden {loaded.config.hidden_size}, vocab {vocab_size})")
+          f"hidden {loaded.config.hidden_size}, vocab {vocab_size}; weights: {loaded.weights_from})")
     return 0
 
 

@@ -22,7 +22,7 @@ from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
 from megatron.checkpointing import protocol
 from megatron.checkpointing.protocol import CheckpointError
 from megatron.checkpointing.resume_check import check_layout, current_layout
-from megatron.checkpointing.rng import rng_state
+from megatron.checkpointing.rng import own_rng_state, rng_state, save_own_rng_state
 from megatron.checkpointing.writer import FlushingCheckpointEngine
 from megatron.safe_load import restricted_unpickling
 
@@ -41,8 +41,9 @@ def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, r
     if rank == 0:
         protocol.prepare_save(save_dir, tag)
     dist.barrier()  # no rank writes before an interrupted save's leftovers are gone
+    generators = rng_state(engine.module)
     client_state = {"iteration": iteration, "consumed_samples": consumed_samples,
-                    "rng_state": rng_state(engine.module), "args": asdict(args),
+                    "rng_state": generators, "args": asdict(args),
                     # the model shape and layout in the one form megatron/saved_model reads back
                     "model_config": args.model.to_dict(),
                     "tensor_model_parallel_size": args.parallel.tensor_model_parallel_size}
@@ -51,6 +52,9 @@ def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, r
     try:
         engine.save_checkpoint(save_dir, tag=protocol.staging_tag(tag), client_state=client_state,
                                save_latest=False)
+        # DeepSpeed keeps one rank's client state at ZeRO 0-2; every rank's generators are its own
+        save_own_rng_state(engine.checkpoint_engine, os.path.join(save_dir, protocol.staging_tag(tag)), rank,
+                           generators)
     except OSError as err:  # a full disk, a file-size limit, a vanished folder
         kept = f"'latest' still names {previous}" if previous else "no checkpoint is complete there yet"
         raise CheckpointError(f"--save {save_dir}: writing checkpoint {tag} failed on rank {rank} "
@@ -142,4 +146,5 @@ def load_checkpoint(engine, args: Args) -> tuple[int, int, dict | None]:
         raise CheckpointError(f"--load {ckpt.load}: DeepSpeed found no loadable checkpoint in {tag}")
     if dist.get_rank() == 0:
         print(f"  loaded checkpoint {path} at iteration {client_state['iteration']}", flush=True)
-    return client_state["iteration"], client_state["consumed_samples"], client_state["rng_state"]
+    generators = own_rng_state(os.path.join(ckpt.load, tag), dist.get_rank(), client_state, ckpt.trust_checkpoint)
+    return client_state["iteration"], client_state["consumed_samples"], generators

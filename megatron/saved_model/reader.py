@@ -4,7 +4,10 @@ A checkpoint folder holds `latest` (the tag) and `<tag>/`. Inside the tag, the r
 file carries our metadata (`args` from pretrain_gpt.py, or `model_config` from
 tools/hf_to_checkpoint.py) and, below ZeRO-3, the module's weights. When ZeRO optimizer files
 are present their fp32 master weights are consolidated with DeepSpeed's own zero_to_fp32
-(under ZeRO-3 they are the only copy of the weights). Tensor-parallel shards are merged and
+(under ZeRO-3 they are the only copy of the weights; DeepSpeed's BF16_Optimizer files, ZeRO-1 in
+bf16, through its stage-2 reconstruction); at stage 0 in bf16 the fp32 masters are in the
+model-states file. The module's own weights are taken only where there are no masters, and
+LoadedCheckpoint.weights_from says which were taken. Tensor-parallel shards are merged and
 pipeline layer files gathered by megatron.saved_model.layouts.
 """
 from __future__ import annotations
@@ -44,6 +47,7 @@ class LoadedCheckpoint:
     tokenizer: TokenizerConfig | None  # None when the checkpoint does not say (give --vocab-file/--merge-file)
     data_path: list[str] | None  # what the run trained on (eval_dolly's default)
     split: str | None
+    weights_from: str = "the model-states file"  # which copy of the weights state_dict is, for the tools' output
 
 
 def tag_folder(path: str, tag: str | None = None) -> str:
@@ -100,29 +104,90 @@ def _consolidated_zero_weights(folder: str, tp_rank: int, tp_size: int) -> dict[
         # zero_to_fp32 reports progress on stdout; keep stdout for the tools' real output
         with contextlib.redirect_stdout(sys.stderr):
             try:
+                if _bf16_optimizer_files(os.path.join(root, tag)):
+                    return _bf16_optimizer_weights(os.path.join(root, tag))
                 return get_fp32_state_dict_from_zero_checkpoint(root, tag=tag)
             except (FileNotFoundError, ValueError, KeyError, RuntimeError) as err:
                 raise SavedModelError(f"{folder}: cannot consolidate the ZeRO checkpoint ({err})") from None
 
 
-def _tp_shard(folder: str, tp_rank: int, tp_size: int, layer_files: dict, zero: bool) -> dict[str, torch.Tensor]:
-    """One TP rank's weights in GPTModel names: from the pipeline's layer files, the ZeRO
-    partitions (fp32 master weights), or the rank's model-states file."""
+def _bf16_optimizer_files(folder: str) -> list[str]:
+    """The optimizer files of DeepSpeed's BF16_Optimizer (ZeRO-1 in bf16 with fp32 gradient accumulation),
+    which zero_to_fp32 refuses: they hold no ZeRO stage (DeepSpeed 0.19.8). Empty for any other checkpoint."""
+    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, ZERO_STAGE
+    files = sorted(glob.glob(os.path.join(folder, "bf16_zero_pp_rank_*_optim_states.pt")))
+    if not files or ZERO_STAGE in _torch_load(files[0])[OPTIMIZER_STATE_DICT]:
+        return []
+    return files
+
+
+def _bf16_optimizer_weights(folder: str) -> dict[str, torch.Tensor]:
+    """The fp32 master weights of a BF16_Optimizer checkpoint. Each rank's file holds, per parameter
+    group, its equal share of the group's flat fp32 copy (the group's parameters end to end, in the
+    order of the model-states file's param_shapes, padded at the end only): ZeRO-1/2's layout, so
+    zero_to_fp32's own stage-2 reconstruction puts them together, with its checks of the sizes."""
+    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, PARTITION_COUNT, SINGLE_PARTITION_OF_FP32_GROUPS
+    from deepspeed.utils import zero_to_fp32
+
+    states = [_torch_load(path)[OPTIMIZER_STATE_DICT] for path in _bf16_optimizer_files(folder)]
+    counts = states[0][PARTITION_COUNT]
+    world_size = max(counts) if isinstance(counts, list) else counts
+    if world_size != len(states):
+        raise ValueError(f"expected {world_size} bf16_zero_pp_rank_*_optim_states.pt files, found {len(states)}")
+    model_states = zero_to_fp32.parse_model_states(zero_to_fp32.get_model_state_files(folder))
+    merged = zero_to_fp32._get_fp32_state_dict_from_zero2_checkpoint(
+        world_size, [state[SINGLE_PARTITION_OF_FP32_GROUPS] for state in states], model_states,
+        exclude_frozen_parameters=False)
+    return zero_to_fp32.to_torch_tensor(merged)
+
+
+def _stage0_master_weights(states: dict) -> dict[str, torch.Tensor] | None:
+    """The fp32 copy of each parameter that DeepSpeed's bf16 optimizer keeps at ZeRO stage 0, in the
+    model-states file: `fp32_groups`, per parameter group one tensor per parameter, without names. The
+    groups are megatron.optimizer.param_groups': the matrices, then the 1-D parameters, each in the
+    module's order. Taken only when every copy has its parameter's shape and rounds to exactly the
+    module's 16-bit weight (DeepSpeed copies the masters into the module after each step); None
+    otherwise, and where there are none (an fp32 run: its module weights are the fp32 ones)."""
+    optimizer, module = states.get("optimizer"), states["module"]
+    groups = optimizer.get("fp32_groups") if isinstance(optimizer, dict) else None
+    if not isinstance(groups, list) or not all(isinstance(group, list) for group in groups):
+        return None
+    buffers = set(states.get("buffer_names") or ())
+    params = [name for name in module if name not in buffers]
+    names = [name for name in params if module[name].dim() >= 2] + [name for name in params if module[name].dim() < 2]
+    masters = [tensor for group in groups for tensor in group]
+    if len(masters) != len(names):
+        return None
+    for name, master in zip(names, masters):
+        if master.shape != module[name].shape or not torch.equal(master.to(module[name].dtype), module[name]):
+            return None
+    weights = {name: module[name].float() for name in buffers if name in module}
+    return weights | {name: master.detach().float() for name, master in zip(names, masters)}
+
+
+def _tp_shard(folder: str, tp_rank: int, tp_size: int, layer_files: dict, zero: bool) -> tuple[dict, str]:
+    """One TP rank's weights in GPTModel names, and which copy they are: from the pipeline's layer
+    files, the ZeRO partitions (fp32 master weights), or the rank's model-states file."""
     if layer_files:
         try:
-            return gather_pipeline_layers(layer_files, tp_rank)
+            return gather_pipeline_layers(layer_files, tp_rank), "the pipeline's layer files (the module's weights)"
         except ValueError as err:
             raise SavedModelError(f"{folder}: {err}") from None
     if zero:
-        return _consolidated_zero_weights(folder, tp_rank, tp_size)
+        return _consolidated_zero_weights(folder, tp_rank, tp_size), "the optimizer's fp32 master weights"
     for name in (f"mp_rank_{tp_rank:02d}_model_states.pt", f"zero_pp_rank_0_mp_rank_{tp_rank:02d}_model_states.pt"):
         path = os.path.join(folder, name)
         if os.path.isfile(path):
-            module = _torch_load(path)["module"] or {}
+            states = _torch_load(path)
+            module = states["module"] or {}
             if not module or any(tensor.numel() == 0 for tensor in module.values()):
                 raise SavedModelError(f"{folder}: the weights are not in the model-states file and no ZeRO optimizer "
                                       "files (*_optim_states.pt) are there to consolidate them from")
-            return {name: tensor.float() for name, tensor in module.items()}
+            masters = _stage0_master_weights(states)
+            if masters is not None:
+                return masters, "the optimizer's fp32 master weights"
+            dtype = str(next(iter(module.values())).dtype).removeprefix("torch.")
+            return {name: tensor.float() for name, tensor in module.items()}, f"the module's {dtype} weights"
     raise SavedModelError(f"{folder}: --tensor-model-parallel-size {tp_size} but no model-states file of "
                           f"TP rank {tp_rank} (mp_rank_{tp_rank:02d})")
 
@@ -182,7 +247,8 @@ def _load_weights(folder: str) -> LoadedCheckpoint:
     tp_size = int(states.get("tensor_model_parallel_size", 1))
     layer_files = pipeline_layer_files(folder)
     zero = bool(glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")))
-    weights = merge_tensor_parallel([_tp_shard(folder, rank, tp_size, layer_files, zero) for rank in range(tp_size)])
+    shards = [_tp_shard(folder, rank, tp_size, layer_files, zero) for rank in range(tp_size)]
+    weights = merge_tensor_parallel([shard for shard, _ in shards])
     if "word_embeddings.weight" not in weights:
         raise SavedModelError(f"{folder}: no word_embeddings.weight among the weights (not a GPT checkpoint)")
     config = _config_from_metadata(states, states_file)
@@ -190,7 +256,8 @@ def _load_weights(folder: str) -> LoadedCheckpoint:
     args = states.get("args", {})
     return LoadedCheckpoint(path=folder, iteration=int(states.get("iteration", 0)), config=config,
                             state_dict=weights, tokenizer=_tokenizer_from_metadata(states, os.path.dirname(folder)),
-                            data_path=args.get("data", {}).get("data_path"), split=args.get("data", {}).get("split"))
+                            data_path=args.get("data", {}).get("data_path"), split=args.get("data", {}).get("split"),
+                            weights_from=shards[0][1])
 
 
 def build_model(config: GPTConfig, state_dict: dict[str, torch.Tensor], device: str = "cpu") -> GPTModel:
