@@ -142,19 +142,21 @@ step() {
 }
 
 # The quick profile's plan: minutes each step is expected to take on one GPU of a 16-core machine, written
-# down from what the step does (not timed): a driver's start-up is the deepspeed launcher and the rank each
-# importing torch and DeepSpeed (about 10 s), the start-up probes (about 5 s) and the engine with its data
-# index (about 10 s); 25 iterations of 125M at micro-batch 8 x 1024 tokens in bf16 are about 0.1 s each,
-# Z3_OL's about 0.5 s (CPU Adam over 125M parameters on the host, the parameters copied in and out).
+# down from what the step does and set against the first quick run, on one H100
+# (bench/results/nvidia-h100-80gb-hbm3.md, which lists each step's minutes): a driver's start-up is the
+# driver's shell (about 7 s: Python started for the checks and the resume rule), the deepspeed launcher and
+# the rank each importing torch and DeepSpeed (about 10 s), the start-up probes and the engine with its data
+# index (about 20 s); 25 iterations of 125M at micro-batch 8 x 1024 tokens in bf16 take 1 to 7 s, Z3_OL's
+# about 8 s (CPU Adam over 125M parameters on the host). The CPU Adam build is one compile of about 3 min.
 plan=()
 planned() { plan+=("$1"$'\t'"$2"$'\t'"$3"); }  # NAME MINUTES WHAT (MINUTES "-" for a background step)
 if (( quick )); then
-    (( install )) && planned install 1.0 "install zero-lab from $WHEELHOUSE (a venv beside PYTHON's torch, about 15 wheels, the C++ helper compiled)"
-    planned op_build - "build DeepSpeed's CPU Adam for Z3_OL (about 1.5 min, in the background while DP to Z3 train)"
-    for experiment in DP Z1 Z2 Z3; do planned "$experiment" 0.5 "$experiment driver: start-up 0.4 + $ITERS iterations 0.1"; done
-    planned Z3_OL 0.8 "Z3_OL driver: start-up 0.5 (pinned host buffers) + $ITERS iterations 0.3"
-    planned bench 1.3 "bench_gpt_vs_hf.py, stages 0-3: 8 engines (ours and HF) of 10 steps, about 8 s each, and start-up"
-    planned report 0.3 "summarize.py (tables and plots) and the results page"
+    (( install )) && planned install 0.6 "install zero-lab from $WHEELHOUSE (a venv beside PYTHON's torch, about 15 wheels, the C++ helper compiled)"
+    planned op_build - "build DeepSpeed's CPU Adam for Z3_OL (about 3 min, in the background while DP to Z3 train)"
+    for experiment in DP Z1 Z2 Z3; do planned "$experiment" 0.8 "$experiment driver: start-up 0.7 + $ITERS iterations 0.1"; done
+    planned Z3_OL 1.0 "Z3_OL driver: start-up 0.8 (pinned host buffers) + $ITERS iterations 0.2"
+    planned bench 1.7 "bench_gpt_vs_hf.py, stages 0-3: 8 engines (ours and HF) of 10 steps, about 12 s each, and start-up"
+    planned report 0.2 "summarize.py (tables and plots) and the results page"
     total=0
     echo "[gpu_suite] quick profile plan, expected minutes on one GPU (estimates from what each step does):"
     for row in "${plan[@]}"; do
@@ -187,7 +189,7 @@ get_accelerator().create_op_builder("CPUAdamBuilder").load(verbose=False)')
     printf '+'; printf ' %q' "${build_op[@]}"; echo ' &'
     if (( ! dry_run )); then
         started_op=$SECONDS
-        "${build_op[@]}" > "$RUNS/op_build.log" 2>&1 & op_build_pid=$!
+        "${build_op[@]}" > "$RUNS/op_build.out" 2>&1 & op_build_pid=$!
     fi
 fi
 if (( make_data )); then  # the drivers would make it too, but one at a time and each retrying on failure
@@ -201,13 +203,13 @@ for model in $MODELS; do
     wanted "$model" && (( ! skip_drivers )) || continue
     for experiment in DP Z1 Z2 Z3 Z3_OL; do
         if [[ "$experiment" == Z3_OL && -n "$op_build_pid" ]]; then
-            echo "[gpu_suite] waiting for the CPU Adam build (log: $RUNS/op_build.log)"
+            echo "[gpu_suite] waiting for the CPU Adam build (log: $RUNS/op_build.out)"
             if wait "$op_build_pid"; then
                 printf 'op_build\t%s\n' "$((SECONDS - started_op))" >> "$RUNS/steps.tsv"
             else
                 echo "[gpu_suite] FAILED: building DeepSpeed's CPU Adam; its log's end:" >&2
-                tail -n 5 "$RUNS/op_build.log" >&2
-                failed+=("building DeepSpeed's CPU Adam (log: $RUNS/op_build.log)")
+                tail -n 5 "$RUNS/op_build.out" >&2
+                failed+=("building DeepSpeed's CPU Adam (log: $RUNS/op_build.out)")
             fi
         fi
         STEP_NAME=$experiment step env RUNS_DIR="$RUNS" MODEL_SIZE="$model" SEQ_LEN=1024 PRECISION=bf16 \

@@ -51,6 +51,10 @@ def version_lines() -> list[str]:
             return "not installed"
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
+    changed = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=normal"],
+                             capture_output=True, text=True).stdout.strip()
+    if changed:  # what ran is not that commit alone
+        commit += f" with {len(changed.splitlines())} changed or new files not committed"
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return [f"- Python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}, "
             f"cuDNN {cudnn}), deepspeed {version('deepspeed')}, transformers {version('transformers')}",

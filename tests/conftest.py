@@ -192,11 +192,13 @@ def one_host_z1_losses(six_driver_runs):
 
 
 def driver_env(dolly_data_dir, runs_dir, **overrides):
-    """The drivers' settings in the tests: tiny model, 2 CPU ranks, 2 epochs of 2 iterations."""
-    return test_env(DATA_PATH=dolly_data_dir / "dolly_text_document", VOCAB_FILE=dolly_data_dir / "gpt2-vocab.json",
+    """The drivers' settings in the tests: tiny model, 2 CPU ranks, 2 epochs of 2 iterations; `overrides`
+    replace any of them (tests/test_gpu.py's SEQ_LEN and MICRO_BATCH, say)."""
+    settings = dict(DATA_PATH=dolly_data_dir / "dolly_text_document", VOCAB_FILE=dolly_data_dir / "gpt2-vocab.json",
                     MERGE_FILE=dolly_data_dir / "gpt2-merges.txt", RUNS_DIR=runs_dir, TRAIN_EPOCHS=2,
                     SEQ_LEN=64, MICRO_BATCH=4, LOG_INTERVAL=1, EVAL_INTERVAL=2, EVAL_ITERS=1,
-                    MASTER_PORT=free_port(), LR="1e-3", SPLIT="2,97,1", **overrides)
+                    MASTER_PORT=free_port(), LR="1e-3", SPLIT="2,97,1")
+    return test_env(**{**settings, **overrides})
 
 
 def tool_in_process(capsys, name, *args):

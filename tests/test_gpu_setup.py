@@ -54,7 +54,7 @@ def test_setup_installs_the_cuda_torch_the_driver_runs(tmp_path, driver_cuda, in
     result = dry_setup(tmp_path, bin_dir)
     assert result.returncode == 0, result.stderr
     assert f"[setup] pip_install torch==2.13.0 --index-url https://download.pytorch.org/whl/{index}\n" in result.stdout
-    assert "[setup] pip_install -e .[test]" in result.stdout
+    assert "[setup] pip_install -c constraints.txt -e .[test]" in result.stdout
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a real nvidia-smi")

@@ -72,6 +72,9 @@ class Engine(torch.nn.Module):
     def get_global_grad_norm(self):
         return 1.0
 
+    def zero_use_cpu_optimizer(self):
+        return False
+
     def get_lr(self):
         return [0.1]
 

@@ -112,10 +112,10 @@ def test_a_failed_step_names_the_log_in_one_error_line_after_the_end_of_its_outp
     assert re.fullmatch(rf"\[setup\] {re.escape(step)} \.\.\. failed after \d+ s", result.stdout.splitlines()[-1])
     errors = result.stderr.splitlines()
     assert errors[-1] == f"error: {step} failed (exit 3); its output: {log}"
-    assert errors[:-1] == ["    pip: install --quiet --disable-pip-version-check -e .[test]",
+    assert errors[:-1] == ["    pip: install --quiet --disable-pip-version-check -c constraints.txt -e .[test]",
                            "    pip: a warning"]  # the failed step's output, none of the log's earlier lines
-    assert log.read_text().endswith(f"--- {step}: pip_install -e .[test]\n"
-                                    "pip: install --quiet --disable-pip-version-check -e .[test]\n"
+    assert log.read_text().endswith(f"--- {step}: pip_install -c constraints.txt -e .[test]\n"
+                                    "pip: install --quiet --disable-pip-version-check -c constraints.txt -e .[test]\n"
                                     "pip: a warning\n")
 
 
