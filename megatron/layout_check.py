@@ -9,7 +9,7 @@ which prints "data_parallel_size global_batch_size gradient_accumulation_steps",
 import argparse
 import sys
 
-from megatron.core.parallel_state import ParallelLayout
+from megatron.core.layout import ParallelLayout
 from megatron.errors import ZeroLabError
 from megatron.launch.flag_sources import name_sources
 

@@ -6,6 +6,7 @@ import re
 import subprocess
 
 from conftest import REPO_ROOT
+from megatron.launch import settings
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 
 SCRIPTS = [*sorted((REPO_ROOT / "examples_zero").glob("*.sh")), REPO_ROOT / "examples_zero" / "slurm" / "train.sbatch",
@@ -33,12 +34,22 @@ def read_by_name(text: str) -> set[str]:
     return {word for args in NAMED_TO_A_READER.findall(code) for word in re.findall(r"\b[A-Z][A-Z0-9_]+\b", args)}
 
 
+def settings_read() -> set[str]:
+    """What the launch planner's settings (megatron/launch/settings.py, which scripts/defaults.sh runs) read from
+    the script: its READ, which must name every upper-case string of the module but its outputs."""
+    source = (REPO_ROOT / "megatron" / "launch" / "settings.py").read_text()
+    named = set(re.findall(r'"([A-Z][A-Z0-9_]+)"', source))
+    assert sorted(named - set(settings.READ) - {"DPSIZE", "ZERO_LAB_FLAG_SOURCES", "MODEL_SIZE"}) == [], \
+        "read by megatron/launch/settings.py, missing from its READ"
+    return set(settings.READ)
+
+
 def test_every_variable_the_scripts_read_is_in_the_table():
     text = "\n".join(path.read_text() for path in SCRIPTS)
-    read = set(READ_FROM_CALLER.findall(text)) | read_by_name(text)
+    read = set(READ_FROM_CALLER.findall(text)) | read_by_name(text) | settings_read()
     documented = table_variables()
     assert sorted(read - documented) == [], "read by the scripts, missing from docs/environment.md"
-    referenced = set(ANY_REFERENCE.findall(text)) | read_by_name(text)
+    referenced = set(ANY_REFERENCE.findall(text)) | read_by_name(text) | settings_read()
     assert sorted(documented - referenced) == [], "in docs/environment.md, read by no script"
 
 

@@ -1,0 +1,323 @@
+"""The training settings every launch path shares, from the environment: each variable checked once (one line
+naming it, its value and what is expected), given one default by one rule, and turned into the pretrain_gpt.py
+flags, with the variable behind each flag (so that an error about the flag names the variable:
+megatron/launch/flag_sources.py). docs/environment.md lists the variables.
+
+The first part of the launch planner: scripts/defaults.sh runs it (`python -m megatron.launch.settings`,
+which prints bash assignments) for both launch paths. It imports no torch. tests/test_planner_settings.py holds
+it to the flags and errors the shell's own rules gave before (tests/fixtures/launch_settings.json).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from megatron.core.layout import ParallelLayout
+from megatron.deepspeed_json import DeepSpeedJSONError, refuse_unused_sections
+from megatron.errors import ZeroLabError
+from megatron.launch.flag_sources import name_sources
+from megatron.layout_check import batch_split
+
+REPO = Path(__file__).resolve().parents[2]
+
+_NUMBER = r"([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?"
+# kind: (pattern, what the message says is expected), as scripts/launch_common.sh's zl_check has them
+KINDS = {
+    "int": (r"[1-9][0-9]*", "a positive integer"),
+    "count": (r"[0-9]+", "an integer >= 0"),
+    "number": (_NUMBER, "a number >= 0"),
+    "fraction": (_NUMBER, "a number from 0 to 1"),
+    "flag": (r"[01]", "0 or 1"),
+    "port": (r"[1-9][0-9]{0,4}", "a TCP port, 1 to 65535"),
+}
+
+# GPT-3 paper (Brown et al. 2020, Table 2.1): peak learning rate by model size, decayed to a tenth; the sizes it
+# has no row for take the nearest smaller row's (tiny: 125M's)
+GPT3_LR = {"tiny": "6.0e-4", "125M": "6.0e-4", "355M": "3.0e-4", "760M": "2.5e-4", "774M": "2.5e-4",
+           "1.3B": "2.0e-4", "1.5B": "2.0e-4", "2.7B": "1.6e-4", "6.7B": "1.2e-4", "13B": "1.0e-4",
+           "25B": "1.0e-4", "175B": "0.6e-4"}
+# GPT-3 paper optimizer: cosine decay after 1% warm-up, AdamW betas (0.9, 0.95), weight decay 0.1, gradients
+# clipped at norm 1; the rest as Megatron's scripts run them
+DEFAULTS = {"SPLIT": "969,30,1", "LR_DECAY_STYLE": "cosine", "LR_WARMUP_FRACTION": "0.01", "ADAM_BETA1": "0.9",
+            "ADAM_BETA2": "0.95", "WEIGHT_DECAY": "0.1", "SEED": "1234", "DISTRIBUTED_TIMEOUT_MINUTES": "10",
+            "LOG_INTERVAL": "5", "EVAL_INTERVAL": "50", "EVAL_ITERS": "5", "SAVE_INTERVAL": "1000",
+            "USE_ACTIVATION_CHECKPOINTING": "0", "CLIP_GRAD": "1.0"}
+# the DeepSpeed JSON keys that take the place of a variable (docs/bad-input.md)
+JSON_KEYS = ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps", "gradient_clipping")
+
+
+class LaunchError(ZeroLabError):
+    """A setting the launch refuses; the message is one line naming the variable."""
+
+
+def check(env: Mapping[str, str], kind: str, *names: str) -> None:
+    """Each variable that is set (not empty) must be of `kind` (a KINDS key, or choices "a|b|c")."""
+    pattern, expected = KINDS.get(kind, (f"({kind})", f"one of {kind.replace('|', ', ')}"))
+    for name in names:
+        value = env.get(name, "")
+        if not value:
+            continue
+        ok = re.fullmatch(pattern, value) is not None
+        if ok and kind == "fraction":
+            ok = float(value) <= 1
+        if ok and kind == "port":
+            ok = int(value) <= 65535
+        if not ok:
+            raise LaunchError(f"{name}={value}: expected {expected}")
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """What the launch paths read back: the flags, their sources and the values the launch itself uses."""
+    flags: list[str]
+    sources: dict[str, str]  # flag -> the variable it came from
+    values: dict[str, str]  # every variable with its default applied (SEQ_LEN, MICRO_BATCH, GAS, GLOBAL_BATCH, ...)
+
+    def sources_text(self) -> str:
+        """ZERO_LAB_FLAG_SOURCES's form."""
+        return " ".join(f"{flag}={variable}" for flag, variable in self.sources.items())
+
+
+def _json_keys(path: str) -> set[str]:
+    """Which of JSON_KEYS (and bf16.enabled, fp16.enabled) a user's DeepSpeed JSON gives; one line where it
+    would lose a section to the flags or is not a JSON object."""
+    try:
+        config = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        raise LaunchError(f"DS_CONFIG={path}: not a readable JSON object") from None
+    if not isinstance(config, dict):
+        raise LaunchError(f"DS_CONFIG={path}: not a readable JSON object")
+    try:
+        refuse_unused_sections(config, path)
+    except DeepSpeedJSONError as error:
+        raise LaunchError(f"DS_CONFIG={path}: {str(error).split(': ', 1)[1]}") from None
+    keys = {key for key in JSON_KEYS if key in config}
+    for precision in ("bf16", "fp16"):
+        section = config.get(precision) or {}
+        if not isinstance(section, dict):
+            raise LaunchError(f"DS_CONFIG={path}: not a readable JSON object")
+        if section.get("enabled") is True:
+            keys.add(f"{precision}.enabled")
+    return keys
+
+
+def _checked(env: Mapping[str, str]) -> None:
+    """Step 1: each variable as the user gave it, before any default or arithmetic reads it."""
+    check(env, "int", "SEQ_LEN", "MICRO_BATCH", "GLOBAL_BATCH", "GAS", "TP", "PP", "MPSIZE", "PPSIZE", "TRAIN_ITERS",
+          "LOG_INTERVAL", "EVAL_INTERVAL", "SAVE_INTERVAL", "OMP_NUM_THREADS")
+    check(env, "port", "MASTER_PORT")
+    check(env, "count", "EVAL_ITERS", "SEED", "MAX_RESTARTS")
+    check(env, "number", "LR", "MIN_LR", "WEIGHT_DECAY", "CLIP_GRAD", "TRAIN_EPOCHS", "DISTRIBUTED_TIMEOUT_MINUTES")
+    check(env, "fraction", "LR_WARMUP_FRACTION", "LR_WARMUP_FRAC", "ADAM_BETA1", "ADAM_BETA2")
+    check(env, "flag", "SP", "USE_ACTIVATION_CHECKPOINTING", "FRESH", "DRY_RUN")
+    check(env, "fp32|bf16|fp16", "PRECISION", "DTYPE")
+    check(env, "cosine|linear|constant", "LR_DECAY_STYLE")
+    if env.get("DS_CONFIG") and not Path(env["DS_CONFIG"]).is_file():
+        raise LaunchError(f"DS_CONFIG={env['DS_CONFIG']}: no such file (expected a DeepSpeed JSON)")
+    for name in ("SPLIT", "DATA_SPLIT"):
+        if env.get(name) and not re.fullmatch(r"[0-9.]+(,[0-9.]+){0,2}", env[name]):
+            raise LaunchError(f"{name}={env[name]}: expected up to three comma-separated weights, e.g. 969,30,1")
+
+
+def _aliased(env: Mapping[str, str], alcf_names: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """Step 2: Megatron's and ALCF's names for one setting; both given must agree. Returns the variables with
+    each pair merged under the first name, and for each pair the name a message about it uses: the one given,
+    else the path's own (ALCF's, the second, with alcf_names)."""
+    values = {name: value for name, value in env.items() if value}
+    names = {}
+    for name, other in (("TP", "MPSIZE"), ("PP", "PPSIZE"), ("PRECISION", "DTYPE"), ("SPLIT", "DATA_SPLIT"),
+                        ("LR_WARMUP_FRACTION", "LR_WARMUP_FRAC")):
+        names[name] = name if name in values else other if other in values or alcf_names else name
+    for name, other in (("TP", "MPSIZE"), ("PP", "PPSIZE"), ("PRECISION", "DTYPE"), ("SPLIT", "DATA_SPLIT"),
+                        ("LR_WARMUP_FRACTION", "LR_WARMUP_FRAC")):
+        if name in values and other in values and values[name] != values[other]:
+            raise LaunchError(f"{name}={values[name]} and {other}={values[other]} name the same setting: set one of them")
+        if name not in values and other in values:
+            values[name] = values[other]
+    return values, names
+
+
+def _batch_flags(v: dict[str, str], json_keys: set[str], world: int, names: dict[str, str],
+                 micro_default: str) -> list[str]:
+    """MICRO_BATCH per rank, GAS micro-batches per step, global = MICRO_BATCH x GAS x data-parallel size
+    (Megatron's rule); a user's DeepSpeed JSON gives what no variable sets (docs/bad-input.md)."""
+    ds_config = v.get("DS_CONFIG", "")
+    if "GAS" in v and "MICRO_BATCH" not in v and "train_micro_batch_size_per_gpu" in json_keys:
+        raise LaunchError(f"GAS={v['GAS']}: DS_CONFIG={ds_config} gives the micro batch, so set "
+                          "gradient_accumulation_steps there (or MICRO_BATCH here too)")
+    flags = []
+    if "MICRO_BATCH" in v or "train_micro_batch_size_per_gpu" not in json_keys:
+        v.setdefault("MICRO_BATCH", micro_default)
+        flags += ["--micro-batch-size", v["MICRO_BATCH"]]
+    json_batch = json_keys & {"train_batch_size", "gradient_accumulation_steps", "train_micro_batch_size_per_gpu"}
+    if "GLOBAL_BATCH" not in v and "GAS" not in v and json_batch:
+        return flags
+    v.setdefault("GAS", "1")
+    if "MICRO_BATCH" not in v:  # GLOBAL_BATCH with the JSON's micro batch: pretrain_gpt.py checks the two
+        return flags + ["--global-batch-size", v["GLOBAL_BATCH"]]
+    micro, given_global = int(v["MICRO_BATCH"]), v.get("GLOBAL_BATCH")
+    argv = ["--world-size", str(world), "--tensor-model-parallel-size", v["TP"], "--pipeline-model-parallel-size",
+            v["PP"], "--micro-batch-size", v["MICRO_BATCH"], *(["--global-batch-size", given_global] if given_global else [])]
+    sources = {"ZERO_LAB_FLAG_SOURCES": f"--micro-batch-size=MICRO_BATCH --global-batch-size=GLOBAL_BATCH "
+                                        f"--tensor-model-parallel-size={names['TP']} "
+                                        f"--pipeline-model-parallel-size={names['PP']}"}
+    try:
+        layout = ParallelLayout(world, int(v["TP"]), int(v["PP"]))
+        global_batch, accumulation = batch_split(layout, micro, int(given_global) if given_global else None)
+    except ZeroLabError as error:
+        raise LaunchError(name_sources(str(error), argv, sources)) from None
+    v["DPSIZE"] = str(layout.data_parallel_size)
+    if given_global:
+        if v["GAS"] != "1" and v["GAS"] != str(accumulation):
+            dp, gas = layout.data_parallel_size, int(v["GAS"])
+            raise LaunchError(f"GLOBAL_BATCH={given_global} and GAS={v['GAS']} disagree: MICRO_BATCH {micro} x "
+                              f"data-parallel size {dp} x GAS {gas} is {micro * dp * gas}: set one of them")
+        v["GAS"] = str(accumulation)
+    else:
+        v["GLOBAL_BATCH"] = str(global_batch * int(v["GAS"]))
+    return flags + ["--global-batch-size", v["GLOBAL_BATCH"]]
+
+
+def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, model_size: str,
+                      model_variable: str = "MODEL_SIZE", alcf_names: bool = False,
+                      sp_variable: str = "SP") -> TrainingSettings:
+    """scripts/defaults.sh's rules: `env` is the environment (empty values count as unset), `accelerator`
+    cuda or cpu (the defaults follow it), `world` every rank of the job, `model_size` the preset and
+    `model_variable` the variable it came from."""
+    _checked(env)
+    v, names = _aliased(env, alcf_names)
+    v.setdefault("TP", "1")
+    v.setdefault("PP", "1")
+    v.setdefault("SP", "0")
+    precision_set = "PRECISION" in v  # with DS_CONFIG, an unset PRECISION leaves the precision to the JSON
+    if accelerator == "cuda":
+        v.setdefault("SEQ_LEN", "1024")
+        v.setdefault("PRECISION", "bf16")
+        micro_default = "8"
+    else:
+        v.setdefault("SEQ_LEN", "128")
+        v.setdefault("PRECISION", "fp32")
+        micro_default = "4"
+        if v["PRECISION"] == "fp16":
+            raise LaunchError("PRECISION=fp16: DeepSpeed's CPU accelerator has no fp16; expected fp32 or bf16 "
+                              "without a GPU")
+    if "TRAIN_ITERS" in v and "TRAIN_EPOCHS" in v:
+        raise LaunchError(f"TRAIN_ITERS={v['TRAIN_ITERS']} and TRAIN_EPOCHS={v['TRAIN_EPOCHS']} both set the run's "
+                          "length: set one of them")
+    if "TRAIN_ITERS" not in v and "TRAIN_EPOCHS" not in v:  # one pass over dolly on GPUs, 60 iterations on CPU ranks
+        v["TRAIN_EPOCHS" if accelerator == "cuda" else "TRAIN_ITERS"] = "1" if accelerator == "cuda" else "60"
+    for name in ("USE_ACTIVATION_CHECKPOINTING", "LOG_INTERVAL", "EVAL_INTERVAL", "EVAL_ITERS", "SAVE_INTERVAL"):
+        v.setdefault(name, DEFAULTS[name])
+
+    ds_config = v.get("DS_CONFIG", "")
+    json_keys = _json_keys(ds_config) if ds_config else set()
+    if precision_set and v["PRECISION"] == "fp32":  # fp32 has no flag: a JSON's bf16 or fp16 would win silently
+        for key in ("bf16.enabled", "fp16.enabled"):
+            if key in json_keys:
+                raise LaunchError(f"{names['PRECISION']}=fp32 disagrees with {key} true in DS_CONFIG={ds_config}: "
+                                  "drop one of them or make them agree")
+    batch_flags = _batch_flags(v, json_keys, world, names, micro_default)
+
+    size_lr = GPT3_LR.get(model_size, "6.0e-4")
+    v.setdefault("LR", size_lr)
+    v.setdefault("MIN_LR", f"{float(size_lr) / 10:.2e}")
+    data_dir = v.setdefault("DATA_DIR", str(REPO / "data"))
+    v.setdefault("DATA_PATH", f"{data_dir}/dolly_text_document")  # one prefix, or "weight prefix weight prefix ..."
+    v.setdefault("VOCAB_FILE", f"{data_dir}/gpt2-vocab.json")
+    v.setdefault("MERGE_FILE", f"{data_dir}/gpt2-merges.txt")
+    for name in ("SPLIT", "LR_DECAY_STYLE", "LR_WARMUP_FRACTION", "ADAM_BETA1", "ADAM_BETA2", "WEIGHT_DECAY", "SEED",
+                 "DISTRIBUTED_TIMEOUT_MINUTES"):
+        v.setdefault(name, DEFAULTS[name])
+    clip_flags = []
+    if "CLIP_GRAD" in v or "gradient_clipping" not in json_keys:
+        clip_flags = ["--clip-grad", v.setdefault("CLIP_GRAD", DEFAULTS["CLIP_GRAD"])]
+
+    length = ["--train-iters", v["TRAIN_ITERS"]] if "TRAIN_ITERS" in v else ["--train-epochs", v["TRAIN_EPOCHS"]]
+    precision = [] if v["PRECISION"] == "fp32" or (ds_config and not precision_set) else [f"--{v['PRECISION']}"]
+    parallel = ["--tensor-model-parallel-size", v["TP"], "--pipeline-model-parallel-size", v["PP"]]
+    parallel += ["--no-pipeline-parallel"] if int(v["PP"]) == 1 else []
+    parallel += ["--sequence-parallel"] if v["SP"] == "1" else []
+    parallel += ["--checkpoint-activations"] if v["USE_ACTIVATION_CHECKPOINTING"] == "1" else []
+    parallel += ["--deepspeed_config", ds_config] if ds_config else []
+    wandb = ["--wandb-project", v["WANDB_PROJECT"]] if v.get("WANDB_PROJECT") else []
+    flags = ["--model-size", model_size, "--seq-length", v["SEQ_LEN"], "--max-position-embeddings", v["SEQ_LEN"],
+             *batch_flags, *length, *precision, *parallel,
+             "--data-path", *v["DATA_PATH"].split(), "--vocab-file", v["VOCAB_FILE"], "--merge-file", v["MERGE_FILE"],
+             "--split", v["SPLIT"], "--lr", v["LR"], "--min-lr", v["MIN_LR"], "--lr-decay-style", v["LR_DECAY_STYLE"],
+             "--lr-warmup-fraction", v["LR_WARMUP_FRACTION"], "--adam-beta1", v["ADAM_BETA1"],
+             "--adam-beta2", v["ADAM_BETA2"], "--weight-decay", v["WEIGHT_DECAY"], *clip_flags,
+             "--seed", v["SEED"], "--distributed-timeout-minutes", v["DISTRIBUTED_TIMEOUT_MINUTES"],
+             "--log-interval", v["LOG_INTERVAL"], "--eval-interval", v["EVAL_INTERVAL"],
+             "--eval-iters", v["EVAL_ITERS"], "--save-interval", v["SAVE_INTERVAL"], *wandb]
+    sources = {"--model-size": model_variable, "--seq-length": "SEQ_LEN", "--micro-batch-size": "MICRO_BATCH",
+               "--global-batch-size": "GLOBAL_BATCH", "--train-iters": "TRAIN_ITERS", "--train-epochs": "TRAIN_EPOCHS",
+               "--bf16": names["PRECISION"], "--fp16": names["PRECISION"],
+               "--tensor-model-parallel-size": names["TP"], "--pipeline-model-parallel-size": names["PP"],
+               "--sequence-parallel": sp_variable, "--checkpoint-activations": "USE_ACTIVATION_CHECKPOINTING",
+               "--deepspeed_config": "DS_CONFIG", "--data-path": "DATA_PATH", "--vocab-file": "VOCAB_FILE",
+               "--merge-file": "MERGE_FILE", "--split": names["SPLIT"], "--lr": "LR", "--min-lr": "MIN_LR",
+               "--lr-decay-style": "LR_DECAY_STYLE", "--lr-warmup-fraction": names["LR_WARMUP_FRACTION"],
+               "--adam-beta1": "ADAM_BETA1", "--adam-beta2": "ADAM_BETA2", "--weight-decay": "WEIGHT_DECAY",
+               "--clip-grad": "CLIP_GRAD", "--seed": "SEED",
+               "--distributed-timeout-minutes": "DISTRIBUTED_TIMEOUT_MINUTES", "--log-interval": "LOG_INTERVAL",
+               "--eval-interval": "EVAL_INTERVAL", "--eval-iters": "EVAL_ITERS", "--save-interval": "SAVE_INTERVAL",
+               "--wandb-project": "WANDB_PROJECT"}
+    return TrainingSettings(flags=flags, sources=sources, values=v)
+
+
+# The variables the settings read, and write back to a shell caller with their defaults applied
+VARIABLES = ("SEQ_LEN", "MICRO_BATCH", "GLOBAL_BATCH", "GAS", "DPSIZE", "TP", "PP", "MPSIZE", "PPSIZE", "SP",
+             "PRECISION", "DTYPE", "TRAIN_ITERS", "TRAIN_EPOCHS", "USE_ACTIVATION_CHECKPOINTING", "LOG_INTERVAL",
+             "EVAL_INTERVAL", "EVAL_ITERS", "SAVE_INTERVAL", "DS_CONFIG", "LR", "MIN_LR", "DATA_DIR", "DATA_PATH",
+             "VOCAB_FILE", "MERGE_FILE", "SPLIT", "DATA_SPLIT", "LR_DECAY_STYLE", "LR_WARMUP_FRACTION",
+             "LR_WARMUP_FRAC", "ADAM_BETA1", "ADAM_BETA2", "WEIGHT_DECAY", "SEED", "DISTRIBUTED_TIMEOUT_MINUTES",
+             "CLIP_GRAD", "WANDB_PROJECT")
+# every variable the settings read from the caller: docs/environment.md lists each (tests/test_environment_table.py)
+READ = tuple(name for name in VARIABLES if name != "DPSIZE") + ("OMP_NUM_THREADS", "MASTER_PORT", "MAX_RESTARTS",
+                                                                 "FRESH", "DRY_RUN")
+
+
+def shell_assignments(settings: TrainingSettings, given: Mapping[str, str]) -> str:
+    """Bash lines that set the caller's variables: each of VARIABLES the settings hold, precision_set (1 when
+    PRECISION or DTYPE was given), TRAINING_DEFAULT_FLAGS (an array) and TRAINING_DEFAULT_SOURCES."""
+    quote = shlex.quote
+    lines = [f"{name}={quote(settings.values[name])}" for name in VARIABLES if name in settings.values]
+    lines.append(f"precision_set={'1' if given.get('PRECISION') or given.get('DTYPE') else ''}")
+    lines.append("TRAINING_DEFAULT_FLAGS=(" + " ".join(quote(flag) for flag in settings.flags) + ")")
+    lines.append(f"TRAINING_DEFAULT_SOURCES={quote(settings.sources_text())}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """python -m megatron.launch.settings --accelerator cuda|cpu --world N --model-size S [--model-variable V]
+    [--alcf-names] [--sp-variable V] [NAME=VALUE ...]: the launch script's variables in, bash assignments out
+    (scripts/defaults.sh evaluates them), or one `error:` line and exit 1."""
+    parser = argparse.ArgumentParser(prog="python -m megatron.launch.settings", description=main.__doc__)
+    parser.add_argument("--accelerator", choices=("cuda", "cpu"), required=True)
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--model-size", required=True)
+    parser.add_argument("--model-variable", default="MODEL_SIZE")
+    parser.add_argument("--alcf-names", action="store_true")
+    parser.add_argument("--sp-variable", default="SP")
+    parser.add_argument("variables", nargs="*", metavar="NAME=VALUE")
+    opts = parser.parse_args(argv)
+    given = dict(word.split("=", 1) for word in opts.variables if "=" in word)
+    try:
+        settings = training_settings(given, accelerator=opts.accelerator, world=opts.world, model_size=opts.model_size,
+                                     model_variable=opts.model_variable, alcf_names=opts.alcf_names,
+                                     sp_variable=opts.sp_variable)
+    except LaunchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(shell_assignments(settings, given))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
