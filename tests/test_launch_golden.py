@@ -1,0 +1,40 @@
+"""The golden dry-run command lines (tests/golden/launch/) agree with their case list (tests/golden/launch_cases.py).
+
+No script runs here (that takes minutes: `python tests/golden/record_launch.py --check` does it); this only checks
+that every case has its golden file, written from the case as it now reads, and that each file parses.
+"""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
+from launch_cases import CASES  # noqa: E402
+from record_launch import FIXTURES, LAUNCH_DIR, REPO_ROOT, case_description, parse  # noqa: E402
+
+
+def test_every_case_has_one_golden_file_and_no_file_is_stray():
+    names = [case.name for case in CASES]
+    assert len(names) == len(set(names)), "two cases share a name"
+    files = {path.stem for path in LAUNCH_DIR.glob("*")}
+    assert {path.suffix for path in LAUNCH_DIR.glob("*")} == {".txt"}
+    assert sorted(set(names) - files) == [], "cases without a golden file: run tests/golden/record_launch.py NAME"
+    assert sorted(files - set(names)) == [], "golden files of no case: remove them"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_each_golden_file_parses_and_was_recorded_from_its_case(case):
+    header, golden = parse((LAUNCH_DIR / f"{case.name}.txt").read_text())
+    # the header is the case as recorded: a case changed since is re-recorded
+    assert header == f"# {case.name}: {case_description(case)}"
+    assert (REPO_ROOT / case.script).is_file()
+    for value in case.env.values():
+        if value and value.startswith("{fixtures}/"):
+            assert (FIXTURES / value.removeprefix("{fixtures}/")).exists(), value
+    if case.error:
+        assert golden.status != 0 and not golden.command and golden.error.startswith("error: ")
+    else:
+        assert golden.status == 0 and not golden.error
+        assert "<repo>/pretrain_gpt.py" in golden.command
+        assert golden.command[0] in ("<python>", "mpiexec", "srun")
+        assert len(golden.notes) == 1 and golden.notes[0].startswith("[run] ")  # the resume rule's decision
