@@ -307,8 +307,8 @@ def test_signalled_job_requeues_and_resumes_without_losing_a_step(slurm, dolly_d
     assert " > run info | zero stage: 1 | offload: none | model: tiny | world size: 2 |" in output
     commands = [line for line in (run_dir / "command.txt").read_text().splitlines() if not line.startswith("#")]
     assert len(commands) == 2  # both attempts (each passes --load: what each resumed is the rule's line, below)
-    assert all(c.startswith("srun --ntasks 2 --kill-on-bad-exit=1 ") and " --exit-signal-handler" in c
-               for c in commands)
+    srun = "srun --ntasks 2 --cpus-per-task 1 --kill-on-bad-exit=1 "  # submit() asks for one CPU per task
+    assert all(c.startswith(srun) and " --exit-signal-handler" in c for c in commands)
 
     stopped = re.search(r"^\[slurm\] stopped early at checkpoint global_step(\d+): requeueing job", output, re.M)
     assert stopped, output[-4000:]
