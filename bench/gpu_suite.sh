@@ -19,7 +19,7 @@
 # the name with several GPUs) and <gpu-name>-summary.{csv,json} beside it; the runs, the full
 # summary and its plots stay in SUITE_RUNS (runs/gpu_suite, emptied first). Settings: SUITE_MODELS ("125M 355M"),
 # SUITE_ITERS (60), SUITE_RUNS, MICRO_BATCH (8; the drivers' GPU default), PYTHON (default the repo's .venv,
-# else python3 on PATH: scripts/launch_common.sh); DATA_DIR, DATA_PATH, VOCAB_FILE, MERGE_FILE as the drivers
+# else python3 on PATH: scripts/find_python.sh); DATA_DIR, DATA_PATH, VOCAB_FILE, MERGE_FILE as the drivers
 # read them, WHEELHOUSE (wheelhouse/) where there is no network.
 # Before the first run it checks that the GPU, zero-lab's packages and the data are there and stops in one
 # line naming what is missing (the dry run prints that line as a note); missing default data is made once
@@ -29,7 +29,7 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
-source scripts/launch_common.sh
+source scripts/find_python.sh
 
 usage="usage: bench/gpu_suite.sh [--dry-run] [--only PARTS | --quick]"
 dry_run=0 only="" quick=0
@@ -59,12 +59,14 @@ done
 wanted() { [[ -z "$only" || ",$only," == *",$1,"* ]]; }
 drivers_wanted() { local model; for model in $MODELS; do wanted "$model" && return 0; done; return 1; }
 
-zl_find_python "$REPO"  # the one way every script finds Python; ZL_CUDA_GPUS: the GPUs torch sees
-gpus=$ZL_CUDA_GPUS
+zl_find_python "$REPO"  # the one way every script finds Python
+gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null) \
+    || zl_die "PYTHON=$PYTHON cannot import torch: run 'bash scripts/setup.sh' (it makes $REPO/.venv), or set PYTHON" \
+              "to a Python that has torch"
 
 # What the runs need, checked once before the first, so that a missing piece is one line here rather than
 # ten drivers each retrying the hub and failing: the GPU, zero-lab's packages (installed from a wheelhouse
-# where there is no network) and the data the drivers read (named as scripts/defaults.sh names it).
+# where there is no network) and the data the drivers read (named as the launch planner's settings name it).
 DATA_DIR=${DATA_DIR:-$REPO/data}
 DATA_PATH=${DATA_PATH:-$DATA_DIR/dolly_text_document}
 VOCAB_FILE=${VOCAB_FILE:-$DATA_DIR/gpt2-vocab.json}

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# GPT pretraining on dolly with plain data parallel (ZeRO stage 0).
-# Settings: environment variables read by examples_zero/common.sh (MODEL_SIZE, SEQ_LEN, MICRO_BATCH,
-# GLOBAL_BATCH, TRAIN_ITERS or TRAIN_EPOCHS, NGPUS, LR, DATA_PATH, RUNS_DIR, RUN_NAME, ...);
-# extra arguments go to pretrain_gpt.py. Output: ${RUNS_DIR:-runs}/gpt_<model>_DP/.
-zl_driver_stage=0  # a ZERO_STAGE of the environment other than this is refused
-EXPERIMENT=DP
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
+# GPT pretraining on dolly, one experiment: ZeRO stage 0 (plain data parallel); no offload.
+# Settings: the environment variables of docs/environment.md (MODEL_SIZE, SEQ_LEN, MICRO_BATCH, GLOBAL_BATCH,
+# TRAIN_ITERS or TRAIN_EPOCHS, NGPUS, LR, DATA_PATH, RUNS_DIR, RUN_NAME, ...); another ZERO_STAGE or OFFLOAD is
+# refused. Extra arguments go to pretrain_gpt.py last. Output: ${RUNS_DIR:-runs}/gpt_<model>_DP/.
+# The launch planner (megatron/launch/drivers.py) holds this experiment's stage and offload.
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/plan.sh" driver DP -- "$@"

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# GPT pretraining on dolly with ZeRO stage 2.
-# Settings: environment variables read by examples_zero/common.sh (MODEL_SIZE, SEQ_LEN, MICRO_BATCH,
-# GLOBAL_BATCH, TRAIN_ITERS or TRAIN_EPOCHS, NGPUS, LR, DATA_PATH, RUNS_DIR, RUN_NAME, ...);
-# extra arguments go to pretrain_gpt.py. Output: ${RUNS_DIR:-runs}/gpt_<model>_Z2/.
-zl_driver_stage=2  # a ZERO_STAGE of the environment other than this is refused
-EXPERIMENT=Z2
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh" "$@"
+# GPT pretraining on dolly, one experiment: ZeRO stage 2 (optimizer states and gradients partitioned); no offload.
+# Settings: the environment variables of docs/environment.md (MODEL_SIZE, SEQ_LEN, MICRO_BATCH, GLOBAL_BATCH,
+# TRAIN_ITERS or TRAIN_EPOCHS, NGPUS, LR, DATA_PATH, RUNS_DIR, RUN_NAME, ...); another ZERO_STAGE or OFFLOAD is
+# refused. Extra arguments go to pretrain_gpt.py last. Output: ${RUNS_DIR:-runs}/gpt_<model>_Z2/.
+# The launch planner (megatron/launch/drivers.py) holds this experiment's stage and offload.
+exec bash "$(dirname "${BASH_SOURCE[0]}")/../scripts/plan.sh" driver Z2 -- "$@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The six ZeRO experiments with the same settings (stages 0-3, stage 3 with CPU offload and with NVMe
 # offload), then the comparison tables, plots and report.
-# Environment variables and extra arguments are passed to every driver (see common.sh).
+# Environment variables and extra arguments are passed to every driver (docs/environment.md).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 RUNS_DIR=${RUNS_DIR:-$HERE/../runs}

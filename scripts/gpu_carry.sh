@@ -34,7 +34,7 @@ mkdir -p "$(dirname "$dir")"
 tmp=$(mktemp -d "$dir.partial.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 bash "$REPO/scripts/wheelhouse.sh" "$tmp/wheelhouse" --python-version "$python_version" --no-test "${present[@]}"
-# The drivers read these four files (scripts/defaults.sh's DATA_PATH, VOCAB_FILE, MERGE_FILE under DATA_DIR);
+# The drivers read these four files (megatron/launch/settings.py's DATA_PATH, VOCAB_FILE, MERGE_FILE under DATA_DIR);
 # the sidecar (PREFIX.meta.json) says what the data was made from.
 DATA_DIR=$tmp/data bash "$REPO/tools/process_databricks_gpt2.sh"
 for file in dolly_text_document.bin dolly_text_document.idx gpt2-vocab.json gpt2-merges.txt; do

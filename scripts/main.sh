@@ -2,7 +2,7 @@
 # The main job on a fresh machine: set up, prepare the dolly dataset, run the ZeRO-1
 # experiment (GPT-2 125M on the GPUs, or the tiny preset on 2 CPU ranks without a GPU),
 # and summarize the run. Everything the experiment takes is overridable by environment
-# variables (see examples_zero/common.sh).
+# variables (docs/environment.md).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -19,6 +19,7 @@ import torch
 
 from conftest import REPO_ROOT
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
+from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.launch.dist_env import DistEnvError, LauncherEnv, export_launcher_env, resolve_launcher_env
 from test_presets import PUBLISHED
 
@@ -183,7 +184,7 @@ def test_open_mpi_spelling(cluster):
 # ---- bad input: one clear line, exit 1, nothing written ----
 
 @pytest.mark.parametrize("env, message", [
-    (dict(MODEL_SIZE_KEY="GPT7B"), r"MODEL_SIZE_KEY=GPT7B is not a known model; valid keys: .*GPT13B.*GPT_TINY"),
+    (dict(MODEL_SIZE_KEY="GPT7B"), r"MODEL_SIZE_KEY=GPT7B is not a known model; valid keys: GPT_TINY, GPT125M, .*, GPT13B, GPT25B, GPT175B$"),
     (dict(PBS_NODEFILE="/nonexistent/nodefile"), r"PBS_NODEFILE=/nonexistent/nodefile: hostfile does not exist"),
     # a flag the script made from a variable is named with it (megatron/launch/flag_sources.py)
     (dict(MPSIZE=3), r"world size 8 is not divisible by --tensor-model-parallel-size 3 \(from MPSIZE\) x "
@@ -403,14 +404,16 @@ PUBLISHED_KEYS = [key for key, preset in ALCF_KEYS.items() if preset in PUBLISHE
 
 @functools.cache
 def models_sh_shapes() -> dict[str, tuple[str, int, int, int]]:
-    """Every key's (preset, layers, hidden, heads) as ALCF/models.sh, sourced in bash, sets them."""
-    script = (f'zl_die() {{ echo "error: $*" >&2; exit 1; }}; REPO_ROOT={REPO_ROOT}; PYTHON={sys.executable}; '
-              f'for key in {" ".join(ALCF_KEYS)}; do (MODEL_SIZE_KEY=$key; source {REPO_ROOT}/ALCF/models.sh '
-              f'>/dev/null; echo "$key $MODEL_SIZE $NLAYERS $HIDDEN $HEADS"); done')
-    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
-    rows = [line.split() for line in result.stdout.splitlines()]
-    return {key: (preset, int(layers), int(hidden), int(heads)) for key, preset, layers, hidden, heads in rows}
+    """Every key's (preset, layers, hidden, heads) as `bash ALCF/models.sh` prints them."""
+    shapes = {}
+    for key in ALCF_KEYS:
+        result = subprocess.run(["bash", str(REPO_ROOT / "ALCF" / "models.sh")], capture_output=True, text=True,
+                                timeout=60, env=subprocess_env(MODEL_SIZE_KEY=key, CUDA_VISIBLE_DEVICES=""))
+        assert result.returncode == 0, result.stderr
+        said = re.fullmatch(r"\[models\] (\S+): preset (\S+), layers=(\d+) hidden=(\d+) heads=(\d+)\n", result.stdout)
+        assert said and said.group(1) == key, result.stdout
+        shapes[key] = (said.group(2), *map(int, said.groups()[2:]))
+    return shapes
 
 
 @pytest.mark.parametrize("key", PUBLISHED_KEYS)

@@ -1,7 +1,7 @@
-"""docs/environment.md lists every environment variable the launch scripts read, and nothing else: the table
-cannot drift from the scripts. A variable a script reads from its caller appears with a default or a test
-(`${NAME:-...}`, `${NAME:+...}`, `${NAME-...}`, `${NAME+...}`); the scripts' own variables are lower-case or
-set before they are read."""
+"""docs/environment.md lists every environment variable the launch scripts and the launch planner read, and nothing
+else: the table cannot drift from them. A variable a script reads from its caller appears with a default or a test
+(`${NAME:-...}`, `${NAME:+...}`, `${NAME-...}`, `${NAME+...}`); the planner (megatron/launch/) reads the environment
+as `v`/`env` (`v.get("NAME")`, `v["NAME"]`, `"NAME" in v`, `setdefault`), and its settings list theirs in READ."""
 import re
 import subprocess
 
@@ -10,10 +10,14 @@ from megatron.launch import settings
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 
 SCRIPTS = [*sorted((REPO_ROOT / "examples_zero").glob("*.sh")), REPO_ROOT / "examples_zero" / "slurm" / "train.sbatch",
-           *sorted((REPO_ROOT / "ALCF").glob("*.sh")), REPO_ROOT / "scripts" / "defaults.sh",
-           REPO_ROOT / "scripts" / "launch_common.sh"]
+           *sorted((REPO_ROOT / "ALCF").glob("*.sh")), REPO_ROOT / "scripts" / "plan.sh",
+           REPO_ROOT / "scripts" / "find_python.sh"]
+PLANNER = [REPO_ROOT / "megatron" / "launch" / f"{name}.py" for name in ("plan", "drivers", "alcf", "slurm")]
 READ_FROM_CALLER = re.compile(r"\$\{!?([A-Z][A-Z0-9_]*):?[-+]")
 ANY_REFERENCE = re.compile(r"\$\{?!?([A-Z][A-Z0-9_]*)")
+PLANNER_READS = re.compile(r"""\b(?:v|env)\.(?:get|setdefault)\(["']([A-Z][A-Z0-9_]*)["']"""
+                           r"""|\b(?:v|env)\[["']([A-Z][A-Z0-9_]*)["']\]|"([A-Z][A-Z0-9_]*)" (?:not )?in (?:v|env)\b""")
+CHECKED = re.compile(r'\bcheck\(v, "[^"]*", ([^)]*)\)')  # settings.check(env, kind, NAME, ...) reads each NAME
 
 
 def table_variables() -> set[str]:
@@ -25,18 +29,17 @@ def table_variables() -> set[str]:
     return names
 
 
-# scripts/launch_common.sh's zl_check and scripts/defaults.sh's zl_alias/zl_given read the variables they name
-NAMED_TO_A_READER = re.compile(r"\bzl_(?:check|alias|given) ([^\n;)]*)")
-
-
-def read_by_name(text: str) -> set[str]:
-    code = re.sub(r"(?m)(^|\s)#.*$", "", text)  # comments name the readers' arguments in capitals too
-    return {word for args in NAMED_TO_A_READER.findall(code) for word in re.findall(r"\b[A-Z][A-Z0-9_]+\b", args)}
+def planner_read() -> set[str]:
+    """What the planner's paths read from the environment."""
+    text = "\n".join(path.read_text() for path in PLANNER)
+    # PATH: where the tools are found, not a setting
+    read = {name for match in PLANNER_READS.findall(text) for name in match if name}
+    read |= {name for names in CHECKED.findall(text) for name in re.findall(r'"([A-Z][A-Z0-9_]*)"', names)}
+    return read - {"PATH"}
 
 
 def settings_read() -> set[str]:
-    """What the launch planner's settings (megatron/launch/settings.py, which scripts/defaults.sh runs) read from
-    the script: its READ, which must name every upper-case string of the module but its outputs."""
+    """What the launch planner's settings (megatron/launch/settings.py) read from the environment: its READ, which must name every upper-case string of the module but its outputs."""
     source = (REPO_ROOT / "megatron" / "launch" / "settings.py").read_text()
     named = set(re.findall(r'"([A-Z][A-Z0-9_]+)"', source))
     assert sorted(named - set(settings.READ) - {"DPSIZE", "ZERO_LAB_FLAG_SOURCES", "MODEL_SIZE"}) == [], \
@@ -46,11 +49,11 @@ def settings_read() -> set[str]:
 
 def test_every_variable_the_scripts_read_is_in_the_table():
     text = "\n".join(path.read_text() for path in SCRIPTS)
-    read = set(READ_FROM_CALLER.findall(text)) | read_by_name(text) | settings_read()
+    read = set(READ_FROM_CALLER.findall(text)) | planner_read() | settings_read()
     documented = table_variables()
-    assert sorted(read - documented) == [], "read by the scripts, missing from docs/environment.md"
-    referenced = set(ANY_REFERENCE.findall(text)) | read_by_name(text) | settings_read()
-    assert sorted(documented - referenced) == [], "in docs/environment.md, read by no script"
+    assert sorted(read - documented) == [], "read by the scripts or the planner, missing from docs/environment.md"
+    referenced = set(ANY_REFERENCE.findall(text)) | planner_read() | settings_read()
+    assert sorted(documented - referenced) == [], "in docs/environment.md, read by no script and not by the planner"
 
 
 # The variables whose default is a flag value both launch paths pass, by the flag it becomes.

@@ -108,7 +108,7 @@ def dry_run_line(script, **env) -> subprocess.CompletedProcess:
 
 
 def test_every_launch_script_finds_the_repositorys_venv_and_says_how_to_get_torch(tmp_path):
-    """scripts/launch_common.sh: PYTHON, else the repository's .venv, else python3 on PATH; without torch, one
+    """scripts/find_python.sh: PYTHON, else the repository's .venv, else python3 on PATH; without torch, one
     line saying how to set up and activate .venv (drivers, ALCF, the data script alike)."""
     venv_python = REPO_ROOT / ".venv" / "bin" / "python"
     if not venv_python.exists():

@@ -8,7 +8,7 @@
 #                else the committed sample data/samples/dolly-sample.jsonl)
 #   VOCAB_FILE, MERGE_FILE  GPT-2 vocab.json / merges.txt (default $DATA_DIR/gpt2-vocab.json, gpt2-merges.txt,
 #                fetched from the hub, or converted from the openai-whisper sdist on PyPI by tools/gpt2_vocab.py)
-#   PYTHON       interpreter (default the repo's .venv, else python3 on PATH: scripts/launch_common.sh);
+#   PYTHON       interpreter (default the repo's .venv, else python3 on PATH: scripts/find_python.sh);
 #   WORKERS      tokenizer processes (default nproc, at most 8)
 #   HF_HUB_OFFLINE=1 skips every Hugging Face download.
 # Safe to run again: the data is rebuilt only when its sidecar (dolly_text_document.meta.json) says it
@@ -18,8 +18,9 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DATA_DIR=${DATA_DIR:-$REPO/data}
-source "$REPO/scripts/launch_common.sh"
+source "$REPO/scripts/find_python.sh"
 zl_find_python "$REPO"  # the one way every script finds Python (and REPO on PYTHONPATH)
+zl_require_torch
 # dolly is ~13 MB (about 13 one-MB chunks): more than 8 workers would mostly fork idle processes.
 WORKERS=${WORKERS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))}
 HUB=https://huggingface.co

@@ -37,7 +37,7 @@ CHECKPOINTS = "checkpoints"
 
 
 _FURTHER_HOSTS_FILES = re.compile(r"^(?:(?:train|launcher)\.node\d+\.log|command\.node\d+\.txt)$")
-# the launch lock (scripts/launch_common.sh), held by the launch asking the rule: never moved from under it
+# the launch lock (megatron/launch/plan.py), held by the launch asking the rule: never moved from under it
 LOCK_FILES = re.compile(r"^\.zero-lab(?:\.node\d+)?\.lock$")
 
 

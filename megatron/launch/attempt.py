@@ -2,8 +2,7 @@
 
     python -m megatron.launch.attempt --run-dir RUN --log LOG --launcher NAME [--note TEXT] -- LAUNCH COMMAND...
 
-Every launch path (examples_zero/common.sh, ALCF/launch.sh, and so examples_zero/slurm/train.sbatch) runs
-its launcher through this, in place of `tee`:
+The launch planner (megatron/launch/plan.py) runs every launch path's launcher through this, in place of `tee`:
 - the attempt is numbered, and `RUN/command.txt` gets `# attempt N | <UTC time> | <host>` and the command,
   appended (a resumed run keeps every attempt's command); LOG gets `[zero-lab] attempt N started ...`
   and then everything the ranks print, appended (a resumed run keeps every attempt's output);
@@ -19,9 +18,9 @@ its launcher through this, in place of `tee`:
   stop this process: the ranks' `--exit-signal-handler` saves and exits, the launcher ends, and this
   process reads their output to the end. When the ranks stopped on the signal with a checkpoint saved,
   the attempt exits 0 even if the signalled launcher (torchrun) exits non-zero;
-- with --restartable (the launch scripts' MAX_RESTARTS, restarts left), a failure of a fault the next attempt
+- with --restartable (MAX_RESTARTS, restarts left), a failure of a fault the next attempt
   can get past (megatron/launch/restart.py) is said in LOG (`[zero-lab] restarting after: <cause>`) and the
-  attempt exits RESTART_STATUS: the launch script then starts the run again by the one resume rule; a launcher
+  attempt exits RESTART_STATUS: the planner then starts the run again by the one resume rule; a launcher
   that gave up waiting for the other hosts at its rendezvous exits HOSTS_MISSING_STATUS instead (host 0 then
   goes on with the hosts left).
 """
@@ -140,7 +139,8 @@ class Attempt:
             with contextlib.suppress(psutil.NoSuchProcess):
                 member.kill()
 
-    def run(self, command: list[str]) -> int:
+    def run(self, command: list[str], env: dict[str, str] | None = None) -> int:
+        """env: the launcher's environment (default: this process's)."""
         def remember(signum, frame):
             self.signalled = signal.Signals(signum).name
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -149,7 +149,7 @@ class Attempt:
         sorter = OutputSorter()
         try:
             process = self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                      stdin=subprocess.DEVNULL)
+                                                      stdin=subprocess.DEVNULL, env=env)
         except OSError as err:
             return self.fail(f"cannot start {command[0]} ({err.strerror})", 127)
         for raw in process.stdout:
@@ -176,7 +176,7 @@ class Attempt:
             cause, users_mistake = f"a rank {recurring[0]}: {recurring[1]} (its traceback is in the log)", False
         if not self.first_error and hosts_missing(self.report_lines):
             cause = HOSTS_MISSING_CAUSE
-            if self.restartable:  # the launch script decides whether the hosts left go on
+            if self.restartable:  # the planner decides whether the hosts left go on
                 self.log.write(RESTART_LINE.format(cause=cause) + "\n")
                 return self.fail(cause, HOSTS_MISSING_STATUS)
         if self.restartable:

@@ -16,7 +16,7 @@ import re
 # when the caller has restarts left (megatron/launch/attempt.py --restartable)
 RESTART_STATUS = 75
 # the exit status of an attempt whose launcher gave up waiting for the other hosts at the rendezvous (a host gone for
-# good): host 0 of a run over several hosts may then go on with the hosts left (scripts/launch_common.sh)
+# good): host 0 of a run over several hosts may then go on with the hosts left (megatron/launch/plan.py)
 HOSTS_MISSING_STATUS = 76
 # torchrun's error when the hosts did not all join its rendezvous within join_timeout (HOST_WAIT_SECONDS)
 _RENDEZVOUS_TIMEOUT = "RendezvousTimeoutError"

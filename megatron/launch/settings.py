@@ -3,17 +3,14 @@ naming it, its value and what is expected), given one default by one rule, and t
 flags, with the variable behind each flag (so that an error about the flag names the variable:
 megatron/launch/flag_sources.py). docs/environment.md lists the variables.
 
-The first part of the launch planner: scripts/defaults.sh runs it (`python -m megatron.launch.settings`,
-which prints bash assignments) for both launch paths. It imports no torch. tests/test_planner_settings.py holds
-it to the flags and errors the shell's own rules gave before (tests/fixtures/launch_settings.json).
+Part of the launch planner (megatron/launch/plan.py): the drivers' and ALCF's paths both read it. It imports no
+torch. tests/test_planner_settings.py holds it to the flags and errors the shell's own rules gave before the planner
+(tests/fixtures/launch_settings.json).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -27,7 +24,7 @@ from megatron.layout_check import batch_split
 REPO = Path(__file__).resolve().parents[2]
 
 _NUMBER = r"([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?"
-# kind: (pattern, what the message says is expected), as scripts/launch_common.sh's zl_check has them
+# kind: (pattern, what the message says is expected)
 KINDS = {
     "int": (r"[1-9][0-9]*", "a positive integer"),
     "count": (r"[0-9]+", "an integer >= 0"),
@@ -187,7 +184,7 @@ def _batch_flags(v: dict[str, str], json_keys: set[str], world: int, names: dict
 def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, model_size: str,
                       model_variable: str = "MODEL_SIZE", alcf_names: bool = False,
                       sp_variable: str = "SP") -> TrainingSettings:
-    """scripts/defaults.sh's rules: `env` is the environment (empty values count as unset), `accelerator`
+    """The shared rules: `env` is the environment (empty values count as unset), `accelerator`
     cuda or cpu (the defaults follow it), `world` every rank of the job, `model_size` the preset and
     `model_variable` the variable it came from."""
     _checked(env)
@@ -271,7 +268,7 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
     return TrainingSettings(flags=flags, sources=sources, values=v)
 
 
-# The variables the settings read, and write back to a shell caller with their defaults applied
+# The variables the settings read, and give back with their defaults applied (TrainingSettings.values)
 VARIABLES = ("SEQ_LEN", "MICRO_BATCH", "GLOBAL_BATCH", "GAS", "DPSIZE", "TP", "PP", "MPSIZE", "PPSIZE", "SP",
              "PRECISION", "DTYPE", "TRAIN_ITERS", "TRAIN_EPOCHS", "USE_ACTIVATION_CHECKPOINTING", "LOG_INTERVAL",
              "EVAL_INTERVAL", "EVAL_ITERS", "SAVE_INTERVAL", "DS_CONFIG", "LR", "MIN_LR", "DATA_DIR", "DATA_PATH",
@@ -281,43 +278,3 @@ VARIABLES = ("SEQ_LEN", "MICRO_BATCH", "GLOBAL_BATCH", "GAS", "DPSIZE", "TP", "P
 # every variable the settings read from the caller: docs/environment.md lists each (tests/test_environment_table.py)
 READ = tuple(name for name in VARIABLES if name != "DPSIZE") + ("OMP_NUM_THREADS", "MASTER_PORT", "MAX_RESTARTS",
                                                                  "FRESH", "DRY_RUN")
-
-
-def shell_assignments(settings: TrainingSettings, given: Mapping[str, str]) -> str:
-    """Bash lines that set the caller's variables: each of VARIABLES the settings hold, precision_set (1 when
-    PRECISION or DTYPE was given), TRAINING_DEFAULT_FLAGS (an array) and TRAINING_DEFAULT_SOURCES."""
-    quote = shlex.quote
-    lines = [f"{name}={quote(settings.values[name])}" for name in VARIABLES if name in settings.values]
-    lines.append(f"precision_set={'1' if given.get('PRECISION') or given.get('DTYPE') else ''}")
-    lines.append("TRAINING_DEFAULT_FLAGS=(" + " ".join(quote(flag) for flag in settings.flags) + ")")
-    lines.append(f"TRAINING_DEFAULT_SOURCES={quote(settings.sources_text())}")
-    return "\n".join(lines)
-
-
-def main(argv: list[str]) -> int:
-    """python -m megatron.launch.settings --accelerator cuda|cpu --world N --model-size S [--model-variable V]
-    [--alcf-names] [--sp-variable V] [NAME=VALUE ...]: the launch script's variables in, bash assignments out
-    (scripts/defaults.sh evaluates them), or one `error:` line and exit 1."""
-    parser = argparse.ArgumentParser(prog="python -m megatron.launch.settings", description=main.__doc__)
-    parser.add_argument("--accelerator", choices=("cuda", "cpu"), required=True)
-    parser.add_argument("--world", type=int, required=True)
-    parser.add_argument("--model-size", required=True)
-    parser.add_argument("--model-variable", default="MODEL_SIZE")
-    parser.add_argument("--alcf-names", action="store_true")
-    parser.add_argument("--sp-variable", default="SP")
-    parser.add_argument("variables", nargs="*", metavar="NAME=VALUE")
-    opts = parser.parse_args(argv)
-    given = dict(word.split("=", 1) for word in opts.variables if "=" in word)
-    try:
-        settings = training_settings(given, accelerator=opts.accelerator, world=opts.world, model_size=opts.model_size,
-                                     model_variable=opts.model_variable, alcf_names=opts.alcf_names,
-                                     sp_variable=opts.sp_variable)
-    except LaunchError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(shell_assignments(settings, given))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

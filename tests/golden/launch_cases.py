@@ -3,7 +3,7 @@
 Each case is one dry run of one launch path as a user starts it: a script, the environment variables the
 user sets, the extra arguments. tests/golden/record_launch.py runs them with DRY_RUN=1 in a clean environment
 (README.md says which) and writes, per case, the exit status and the command line, or for a refused setting
-its one error line. Issue 41's Python planner must give the same files from the same cases.
+its one error line. The Python launch planner gives the same files from the same cases (README.md).
 
 In env values, {tmp} is the case's own temporary folder (RUNS_DIR, OUTPUT_ROOT and LOGFILES are under it),
 {repo} the repository and {fixtures} tests/golden/fixtures. A value of None unsets a variable the recorder
@@ -81,8 +81,8 @@ DRIVER_CASES = [
     Case("driver_Z1_two_hosts_rank1", Z1, dict(TWO_HOSTS, NODE_RANK="1")),
     Case("driver_Z1_two_hosts_wait_port", Z1, dict(TWO_HOSTS, NODE_RANK="0", HOST_WAIT_SECONDS="120",
                                                    MASTER_PORT="29700", MAX_RESTARTS="2")),
-    # what scripts/launch_common.sh's zl_run_attempt re-runs when the other hosts did not come back: host 0
-    # alone, the global batch kept, through the universal checkpoint
+    # what the planner's supervisor plans again when the other hosts did not come back: host 0 alone, the global
+    # batch kept, through the universal checkpoint
     Case("driver_Z1_restart_host0_alone", Z1, dict(NNODES="1", GAS="", GLOBAL_BATCH="16", MAX_RESTARTS="2", FRESH="0"),
          ("--universal-checkpoint",), checkpoint="runs/gpt_tiny_Z1"),
     Case("driver_Z1_resumes", Z1, checkpoint="runs/gpt_tiny_Z1"),

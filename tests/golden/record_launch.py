@@ -1,12 +1,13 @@
 """Record, or check, the golden dry-run command lines of the launch cases (tests/golden/launch_cases.py).
 
-    python tests/golden/record_launch.py [--check] [NAME ...]
+    python tests/golden/record_launch.py [--check] [--repo CHECKOUT] [NAME ...]
 
 runs each case's script with DRY_RUN=1 in a clean environment and a temporary folder of its own, and writes
 tests/golden/launch/<name>.txt: the exit status, then the command line the script would start (one argument
 per line) and what the resume rule decided, or for a refused setting its error line. --check compares
 instead of writing: a unified diff per case that differs, exit status 1 if any does. It prints how long each
-dry run took, and the total: issue 41's planner is measured against it.
+dry run took, and the total. --repo runs the scripts of another checkout of zero-lab instead (its paths read
+<repo> all the same): bench/bench_dry_run.sh times an older one beside this one.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from launch_cases import CASES, Case  # noqa: E402  (the case list lives beside 
 
 GOLDEN_DIR = Path(__file__).resolve().parent
 REPO_ROOT = GOLDEN_DIR.parent.parent
+SCRIPTS_ROOT = REPO_ROOT  # the checkout whose scripts run (--repo)
 LAUNCH_DIR = GOLDEN_DIR / "launch"
 FIXTURES = GOLDEN_DIR / "fixtures"
 # the line each path prints its command in: the drivers (and train.sbatch through them) with printf %q, ALCF's
@@ -35,8 +37,9 @@ COMMAND_MARKERS = ("[examples_zero] DRY_RUN=1, not starting: ", "[launch] ")
 MPI_BANNERS = {"pals": "mpiexec version 1.2.12 (HPE PALS stand-in)",
                "hydra": "HYDRA build details:\n    Version:                                 4.0.2",
                "openmpi": "mpiexec (OpenRTE) 4.1.2"}
-# torch.cuda.device_count() as the drivers' zl_find_python asks it, answered by a stand-in: this machine has
-# no GPU. Only that probe is answered, so no other Python of the dry run imports torch on its account.
+# torch.cuda.device_count() as the drivers asked it before the launch planner (which asks nvidia-smi, a stand-in
+# too), answered by a stand-in: this machine has no GPU. Only that probe is answered, so no other Python of the dry
+# run imports torch on its account (--repo with a checkout from before the planner).
 GPU_SITECUSTOMIZE = """import os, sys
 if any("torch.cuda.device_count()" in arg for arg in sys.orig_argv):
     import torch
@@ -125,7 +128,7 @@ def prepare(case: Case, tmp: Path) -> dict[str, str]:
         "HOME": os.environ.get("HOME", str(tmp)), "USER": "tester", "LC_ALL": "C",
         # tests/conftest.py's test_env
         "DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "PYTHON": python,
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *([str(tmp / "site")] if case.gpus else [])]),
+        "PYTHONPATH": os.pathsep.join([str(SCRIPTS_ROOT), *([str(tmp / "site")] if case.gpus else [])]),
         "DRY_RUN": "1", "RUNS_DIR": str(tmp / "runs"), "OUTPUT_ROOT": str(tmp / "outputs"),
         "LOGFILES": str(tmp / "logfiles"),
     }
@@ -137,7 +140,7 @@ def prepare(case: Case, tmp: Path) -> dict[str, str]:
         if value is None:
             env.pop(name, None)
         else:
-            env[name] = value.replace("{tmp}", str(tmp)).replace("{repo}", str(REPO_ROOT)).replace(
+            env[name] = value.replace("{tmp}", str(tmp)).replace("{repo}", str(SCRIPTS_ROOT)).replace(
                 "{fixtures}", str(FIXTURES))
     return env
 
@@ -155,7 +158,7 @@ def normalise(text: str, tmp: Path) -> str:
     """What differs between machines and runs: the interpreter, the case's folder, the repository."""
     python = sys.executable
     for real, token in ((python, "<python>"), (os.path.realpath(python), "<python>"), (str(tmp), "<tmp>"),
-                        (str(REPO_ROOT), "<repo>")):
+                        (str(SCRIPTS_ROOT), "<repo>")):
         text = text.replace(real, token)
     return text
 
@@ -166,7 +169,7 @@ def run_case(case: Case) -> tuple[Golden, float]:
         tmp = Path(os.path.realpath(folder))  # the scripts resolve their run folders (realpath)
         env = prepare(case, tmp)
         start = time.perf_counter()
-        result = subprocess.run(["bash", str(REPO_ROOT / case.script), *case.args], cwd=REPO_ROOT, env=env,
+        result = subprocess.run(["bash", str(SCRIPTS_ROOT / case.script), *case.args], cwd=SCRIPTS_ROOT, env=env,
                                 capture_output=True, text=True, timeout=300)
         seconds = time.perf_counter() - start
         stdout, stderr = normalise(result.stdout, tmp), normalise(result.stderr, tmp)
@@ -188,8 +191,11 @@ def run_case(case: Case) -> tuple[Golden, float]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the golden files instead of writing")
+    parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="run this checkout's scripts (default: this one)")
     parser.add_argument("names", nargs="*", metavar="NAME", help="only these cases (default: all)")
     ns = parser.parse_args(argv)
+    global SCRIPTS_ROOT
+    SCRIPTS_ROOT = ns.repo.resolve()
     by_name = {case.name: case for case in CASES}
     unknown = [name for name in ns.names if name not in by_name]
     if unknown:
