@@ -1,14 +1,20 @@
 """Each training default is written once: pretrain_gpt.py's flags are made from the typed sections' fields
 (megatron/arguments.py), and the launch scripts' defaults are one named preset (megatron/training_defaults.py)."""
 import ast
+import re
+import subprocess
+import sys
 from dataclasses import MISSING, fields
 
 from conftest import REPO_ROOT
+from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron import arguments
 from megatron.arguments import build_parser
 from megatron.core.layout import ParallelLayout
+from megatron.launch import settings
 from megatron.model.config import GPTConfig
 from megatron.tokenizer import TokenizerConfig
+from megatron.training_defaults import GPT3_PRESET, PRESETS
 
 SECTIONS = (arguments.ParallelArgs, arguments.OptimizerArgs, arguments.TrainingArgs, arguments.DataArgs,
             arguments.LoggingArgs, arguments.CheckpointArgs, arguments.DeepSpeedArgs)
@@ -82,3 +88,45 @@ def test_the_check_finds_a_default_written_twice():
                           '_value(shared, "clip_grad", 0.999)', 1)
     assert sorted(line.split(": ", 1)[1] for line in literal_defaults_written_twice(again)) == \
         ["0.01", "0.999", "add_argument(default=0.01)"]
+
+
+def test_the_gpt3_preset_sets_pretrain_gpt_flags():
+    """Each preset field is a pretrain_gpt.py flag, and its value parses to itself."""
+    assert PRESETS["gpt3"] is GPT3_PRESET
+    parser = build_parser()
+    for name, value in GPT3_PRESET.flag_values().items():
+        option = "--" + name.replace("_", "-")
+        argv = ([option] if value else []) if isinstance(value, bool) else [option, str(value)]
+        assert getattr(parser.parse_args(argv), name) == value, name
+    assert (GPT3_PRESET.adam_beta1, GPT3_PRESET.adam_beta2, GPT3_PRESET.weight_decay) == (0.9, 0.95, 0.1)
+    for size, lr in GPT3_PRESET.lr_by_model_size.items():
+        assert parser.parse_args(["--model-size", size, "--lr", lr]).lr == float(lr)
+
+
+def test_the_launch_settings_take_the_preset():
+    """megatron/launch/settings.py defines no default of its own for what the preset sets."""
+    assert settings.DEFAULTS == GPT3_PRESET.environment()
+    assert settings.GPT3_LR is GPT3_PRESET.lr_by_model_size
+    flags = settings.training_settings({}, accelerator="cpu", world=2, model_size="175B").flags
+    passed = {flags[i]: flags[i + 1] for i, word in enumerate(flags[:-1]) if word.startswith("--")}
+    assert (passed["--adam-beta2"], passed["--weight-decay"], passed["--log-interval"], passed["--lr"],
+            passed["--min-lr"]) == ("0.95", "0.1", "5", "0.6e-4", "6.00e-06")
+    source = (REPO_ROOT / "megatron" / "launch" / "settings.py").read_text()
+    assert '"0.95"' not in source and '"6.0e-4"' not in source
+
+
+def test_the_launch_planner_imports_no_torch():
+    code = "import sys, megatron.launch.settings; assert 'torch' not in sys.modules, 'torch imported'"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=subprocess_env(), capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_docs_state_pretrain_gpts_own_defaults():
+    """docs/environment.md's "Which defaults apply where" gives Megatron's defaults as --help has them."""
+    text = (REPO_ROOT / "docs" / "environment.md").read_text()
+    paragraph = text.split("**Which defaults apply where.**", 1)[1].split("\n\n", 1)[0]
+    stated = re.findall(r"`(--[a-z0-9-]+)` ([0-9][0-9.e-]*[0-9])", paragraph)
+    assert len(stated) >= 7
+    defaults = {option: action.default for action in build_parser()._actions for option in action.option_strings}
+    assert [(option, float(value)) for option, value in stated] == [(option, defaults[option]) for option, _ in stated]
