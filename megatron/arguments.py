@@ -8,7 +8,10 @@ files: the data, the tokenizer, the output folders and a checkpoint to resume ar
 parsing, by megatron/startup.py (which also fills in the padded vocabulary from the tokenizer).
 """
 import argparse
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import MISSING as NO_DEFAULT
+from dataclasses import Field, dataclass, field, fields
 
 import deepspeed
 import torch
@@ -39,13 +42,22 @@ def _require(condition, message):
         raise ConfigError(message)
 
 
+def flag(default=NO_DEFAULT, help=None, *, names=(), from_json=False, **kwargs) -> Field:
+    """A section's field that is also a pretrain_gpt.py flag: its default is written here once and build_parser
+    makes the argparse argument from the field (the flag is --field-name unless `names` says otherwise; help
+    may say {default}). from_json: the flag's own default is None, as a --deepspeed_config JSON may give the
+    value (megatron/deepspeed_json.py); the field's default applies where neither does."""
+    return field(default=default, metadata=dict(flag=True, help=help, names=names, from_json=from_json), **kwargs)
+
+
 @dataclass
 class ParallelArgs:
     """The parallel layout (built and checked once, here), Megatron's --sequence-parallel, and how long a
     collective may wait before the run ends (--distributed-timeout-minutes: a lost host ends the job)."""
     layout: ParallelLayout
-    sequence_parallel: bool = False
-    distributed_timeout_minutes: float = 10.0
+    sequence_parallel: bool = flag(False)
+    distributed_timeout_minutes: float = flag(
+        10.0, "a collective that waits longer ends the run (a lost host); Megatron's default, {default:g}")
 
     def __post_init__(self):
         _require(self.distributed_timeout_minutes > 0,
@@ -70,17 +82,18 @@ class ParallelArgs:
 
 @dataclass
 class OptimizerArgs:
-    lr: float = 1.0e-4
-    min_lr: float = 0.0
-    lr_decay_style: str = "cosine"
-    lr_warmup_iters: int = 0
-    lr_warmup_fraction: float | None = None
-    lr_decay_iters: int | None = None
-    weight_decay: float = 0.01
-    clip_grad: float = 1.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
+    """Megatron's defaults; the launch scripts pass the gpt3 preset's instead (megatron/training_defaults.py)."""
+    lr: float = flag(1.0e-4)
+    min_lr: float = flag(0.0)
+    lr_decay_style: str = flag("cosine")
+    lr_warmup_iters: int = flag(0)
+    lr_warmup_fraction: float | None = flag(None)
+    lr_decay_iters: int | None = flag(None)
+    weight_decay: float = flag(0.01)
+    clip_grad: float = flag(1.0, "default: the JSON's gradient_clipping, else {default}", from_json=True)
+    adam_beta1: float = flag(0.9)
+    adam_beta2: float = flag(0.999)
+    adam_eps: float = flag(1e-8)
 
     def __post_init__(self):
         _require(self.lr_decay_style in ("cosine", "linear", "constant"),
@@ -92,20 +105,22 @@ class OptimizerArgs:
         _require(self.clip_grad >= 0, f"--clip-grad must be >= 0, got {self.clip_grad}")
 
 
-@dataclass
+@dataclass(kw_only=True)  # keywords only: the fields keep the order of the flags in --help
 class TrainingArgs:
-    micro_batch_size: int
-    global_batch_size: int
+    train_iters: int | None = flag(None)
+    train_samples: int | None = flag(None)
+    train_epochs: float | None = flag(None, "zero-lab extra: passes over the train split")
+    micro_batch_size: int = flag(help="required unless the JSON gives train_micro_batch_size_per_gpu")
+    global_batch_size: int = flag(help="default: the JSON's train_batch_size, else micro batch x the JSON's "
+                                       "gradient_accumulation_steps (else 1) x data-parallel size")
     gradient_accumulation_steps: int
-    train_iters: int | None = None
-    train_samples: int | None = None
-    train_epochs: float | None = None
-    seed: int = 1234
-    max_nan_iterations: int = 10
-    exit_interval: int | None = None
-    eod_mask_loss: bool = False
-    compile: bool = False
-    exit_signal_handler: bool = False
+    seed: int = flag(1234)
+    max_nan_iterations: int = flag(10)
+    exit_interval: int | None = flag(None, "stop (after saving with --save) when the iteration is a multiple of this")
+    exit_signal_handler: bool = flag(
+        False, "on SIGTERM: save a checkpoint after the current step and exit 0 (docs/checkpoints.md)")
+    eod_mask_loss: bool = flag(False)
+    compile: bool = flag(False, "torch.compile the model")
 
     def __post_init__(self):
         given = [flag for flag, value in (("--train-iters", self.train_iters),
@@ -121,14 +136,16 @@ class TrainingArgs:
 @dataclass
 class DataArgs(TokenizerConfig):
     """--data-path and --split, plus the tokenizer flags that build_tokenizer reads."""
-    data_path: list[str] = field(default_factory=list)
-    split: str = "969, 30, 1"
+    data_path: list[str] = flag(default_factory=list)
+    split: str = flag("969, 30, 1")
     # Megatron's --data-path cache folder for the index arrays; None: next to the data, or, where the data's
     # folder is read-only, the one megatron/startup.py picks
-    data_cache_path: str | None = None
-    # data-loader worker processes per rank (Megatron's --num-workers); None: 2 on CUDA, 0 on CPU ranks, where
-    # the workers compete with the ranks for the cores (bench/results/cpu-2core.md, bench_host_work.py)
-    num_workers: int | None = None
+    data_cache_path: str | None = flag(None, "folder for the dataset index caches (default: next to the data; a "
+                                             "read-only data folder: <--run-dir>/index-cache)")
+    # None: 2 on CUDA, 0 on CPU ranks, where the workers compete with the ranks for the cores
+    # (bench/results/cpu-2core.md, bench_host_work.py)
+    num_workers: int | None = flag(None, "data-loader worker processes per rank (0: load on the training thread); "
+                                         "default 2 on CUDA, 0 on CPU ranks")
 
     def __post_init__(self):
         _require(bool(self.data_path), "--data-path is required (a dataset prefix, or weight prefix ...)")
@@ -141,18 +158,25 @@ class DataArgs(TokenizerConfig):
 
 @dataclass
 class LoggingArgs:
-    log_interval: int = 100
-    eval_interval: int = 1000
-    eval_iters: int = 10
-    tensorboard_dir: str | None = None
+    """Megatron's intervals; the launch scripts pass the gpt3 preset's (megatron/training_defaults.py)."""
+    log_interval: int = flag(100)
+    eval_interval: int = flag(1000)
+    eval_iters: int = flag(10)
+    tensorboard_dir: str | None = flag(None)
     # Weights & Biases (megatron/wandb_writer.py): logging needs a project; the name and folder default to the
     # --run-dir folder's name and the folder itself
-    wandb_project: str | None = None
-    wandb_exp_name: str | None = None
-    wandb_save_dir: str | None = None
+    wandb_project: str | None = flag(
+        None, "log the TensorBoard scalars, the run's config and the DeepSpeed JSON to this Weights & Biases "
+              "project (pip install -e .[wandb]; WANDB_MODE=offline keeps them local)")
+    wandb_exp_name: str | None = flag(
+        None, "the wandb run's name, with --wandb-project (default: the --run-dir folder's name)")
+    wandb_save_dir: str | None = flag(
+        None, "where wandb writes its files, with --wandb-project (default: --run-dir, else wandb's own)")
     # the data-parallel link the step-time prediction assumes; None: measured at start-up (comm_probe.py)
-    link_bandwidth_gbps: float | None = None
-    link_latency_us: float | None = None
+    link_bandwidth_gbps: float | None = flag(
+        None, "the data-parallel link's bandwidth (Gbit/s) for the predicted step time; with --link-latency-us, "
+              "instead of measuring both at start-up (docs/zero-tradeoff.md)")
+    link_latency_us: float | None = flag(None, "the latency of one collective on that link, in microseconds")
 
     def __post_init__(self):
         _require(self.log_interval > 0, "--log-interval must be >= 1")
@@ -166,13 +190,18 @@ class LoggingArgs:
 
 @dataclass
 class CheckpointArgs:
-    save: str | None = None
-    load: str | None = None
-    save_interval: int | None = None
-    finetune: bool = False
-    trust_checkpoint: bool = False
-    universal_checkpoint: bool = False
-    mtbf_hours: float | None = None  # the cluster's mean time between failures: prints the interval that fits
+    save: str | None = flag(None, "checkpoint folder; an empty string saves nothing, as no --save")
+    load: str | None = flag(None)
+    save_interval: int | None = flag(None)
+    finetune: bool = flag(False)
+    trust_checkpoint: bool = flag(False, "unpickle any object a checkpoint holds (it can run code; "
+                                         "docs/checkpoints.md)")
+    universal_checkpoint: bool = flag(False, "resume --load on another data-parallel size or ZeRO stage "
+                                             "(docs/checkpoints.md)")
+    # the cluster's mean time between failures: prints the interval that fits
+    mtbf_hours: float | None = flag(
+        None, "the cluster's mean time between failures: after the first save, print the checkpoint interval "
+              "that loses the least time in expectation beside --save-interval (docs/faults.md)")
 
     def __post_init__(self):
         _require(not self.universal_checkpoint or (self.load is not None and not self.finetune),
@@ -184,14 +213,17 @@ class CheckpointArgs:
 
 @dataclass
 class DeepSpeedArgs:
-    zero_stage: int = 0
-    offload_optimizer: bool = False
-    offload_params: bool = False
-    bf16: bool = False
-    fp16: bool = False
-    deepspeed_config: str | None = None
-    run_dir: str | None = None
-    nvme_path: str | None = None  # ZeRO-Infinity: optimizer states and parameters offloaded to files here
+    zero_stage: int = flag(0, "default: the JSON's stage, else {default}", from_json=True)
+    offload_optimizer: bool = flag(False, "ZeRO optimizer state (and step) on the CPU",
+                                   names=("--zero-offload-optimizer", "--cpu-optimizer"))
+    offload_params: bool = flag(False, "ZeRO-3 parameters on the CPU", names=("--zero-offload-params",))
+    bf16: bool = flag(False)
+    fp16: bool = flag(False)
+    deepspeed_config: str | None = None  # deepspeed.add_config_arguments makes its flag
+    run_dir: str | None = flag(None, "folder where the DeepSpeed JSON actually used is written")
+    # ZeRO-Infinity: optimizer states and parameters offloaded to files here
+    nvme_path: str | None = flag(None, "ZeRO-3 optimizer states and parameters offloaded to files in this folder "
+                                       "(async I/O)", names=("--zero-nvme-path",))
     # the --deepspeed_config JSON with the flags merged in (megatron/deepspeed_json.py); None: generated
     user_config: dict | None = None
 
@@ -225,116 +257,69 @@ class Args:
     argv: list[str] = field(default_factory=list)
 
 
+def _flag_type(annotation):
+    """int, float, str, bool or list from a field's annotation (`X | None` is X)."""
+    if isinstance(annotation, types.UnionType):
+        [annotation] = [kind for kind in typing.get_args(annotation) if kind is not type(None)]
+    return typing.get_origin(annotation) or annotation
+
+
+def _add_flags(group, section, *names: str) -> None:
+    """Add the flags of `section`'s fields `names` (default: every field made by `flag`), each with the field's
+    default, so that no default is written twice. A field from elsewhere (the model's shape, the tokenizer's)
+    is the flag --its-name, and None by default where it has no default."""
+    hints = typing.get_type_hints(section)
+    specs = {spec.name: spec for spec in fields(section)}
+    for spec in [specs[name] for name in names] or [spec for spec in specs.values() if spec.metadata.get("flag")]:
+        meta = spec.metadata
+        options = meta.get("names") or (f"--{spec.name.replace('_', '-')}",)
+        given = spec.default is not NO_DEFAULT and not meta.get("from_json")
+        default = spec.default if given else None
+        help_text = meta["help"].format(default=spec.default) if meta.get("help") else None
+        kind = _flag_type(hints[spec.name])
+        if kind is bool:
+            group.add_argument(*options, action="store_true", help=help_text)
+        elif kind is list:
+            group.add_argument(*options, nargs="*", default=default, help=help_text)
+        else:
+            group.add_argument(*options, type=None if kind is str else kind, default=default, help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """Megatron's flags, made from the sections' fields (GPTConfig's, the tokenizer's and the layout's for those):
+    each default is the field's, written once."""
     parser = argparse.ArgumentParser(description="Pretrain a GPT with DeepSpeed (Megatron-DeepSpeed flags)",
                                      allow_abbrev=False)
     model = parser.add_argument_group("model")
     model.add_argument("--model-size", default=None, help=f"preset: {', '.join(MODEL_PRESETS)}")
-    for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size"):
-        model.add_argument(flag, type=int, default=None)
-    model.add_argument("--seq-length", type=int, default=None)
-    model.add_argument("--max-position-embeddings", type=int, default=None)
-    model.add_argument("--hidden-dropout", type=float, default=0.1)
-    model.add_argument("--attention-dropout", type=float, default=0.1)
-    model.add_argument("--init-method-std", type=float, default=0.02)
-    model.add_argument("--checkpoint-activations", action="store_true")
+    _add_flags(model, GPTConfig, "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+               "seq_length", "max_position_embeddings", "hidden_dropout", "attention_dropout", "init_method_std")
+    model.add_argument("--checkpoint-activations", action="store_true")  # GPTConfig's recompute_activations
 
     par = parser.add_argument_group("parallelism")
-    par.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    par.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    _add_flags(par, ParallelLayout, "tensor_model_parallel_size", "pipeline_model_parallel_size")
     par.add_argument("--no-pipeline-parallel", action="store_true")
-    par.add_argument("--sequence-parallel", action="store_true")
-    par.add_argument("--distributed-timeout-minutes", type=float, default=10.0,
-                     help="a collective that waits longer ends the run (a lost host); Megatron's default, 10")
+    _add_flags(par, ParallelArgs)
 
-    opt = parser.add_argument_group("optimizer and schedule")
-    opt.add_argument("--lr", type=float, default=1.0e-4)
-    opt.add_argument("--min-lr", type=float, default=0.0)
-    opt.add_argument("--lr-decay-style", default="cosine")
-    opt.add_argument("--lr-warmup-iters", type=int, default=0)
-    opt.add_argument("--lr-warmup-fraction", type=float, default=None)
-    opt.add_argument("--lr-decay-iters", type=int, default=None)
-    opt.add_argument("--weight-decay", type=float, default=0.01)
-    opt.add_argument("--clip-grad", type=float, default=None, help="default: the JSON's gradient_clipping, else 1.0")
-    opt.add_argument("--adam-beta1", type=float, default=0.9)
-    opt.add_argument("--adam-beta2", type=float, default=0.999)
-    opt.add_argument("--adam-eps", type=float, default=1e-8)
+    _add_flags(parser.add_argument_group("optimizer and schedule"), OptimizerArgs)
 
     train = parser.add_argument_group("training")
-    train.add_argument("--train-iters", type=int, default=None)
-    train.add_argument("--train-samples", type=int, default=None)
-    train.add_argument("--train-epochs", type=float, default=None, help="zero-lab extra: passes over the train split")
-    train.add_argument("--micro-batch-size", type=int, default=None,
-                       help="required unless the JSON gives train_micro_batch_size_per_gpu")
-    train.add_argument("--global-batch-size", type=int, default=None,
-                       help="default: the JSON's train_batch_size, else micro batch x the JSON's "
-                            "gradient_accumulation_steps (else 1) x data-parallel size")
-    train.add_argument("--seed", type=int, default=1234)
-    train.add_argument("--max-nan-iterations", type=int, default=10)
-    train.add_argument("--exit-interval", type=int, default=None,
-                       help="stop (after saving with --save) when the iteration is a multiple of this")
-    train.add_argument("--exit-signal-handler", action="store_true",
-                       help="on SIGTERM: save a checkpoint after the current step and exit 0 (docs/checkpoints.md)")
+    _add_flags(train, TrainingArgs)
     # the deepspeed launcher passes --local_rank=N to every rank (LOCAL_RANK in the environment says the same)
     train.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    train.add_argument("--eod-mask-loss", action="store_true")
-    train.add_argument("--compile", action="store_true", help="torch.compile the model")
-    train.add_argument("--bf16", action="store_true")
-    train.add_argument("--fp16", action="store_true")
+    _add_flags(train, DeepSpeedArgs, "bf16", "fp16")
 
     data = parser.add_argument_group("data")
-    data.add_argument("--data-path", nargs="*", default=None)
-    data.add_argument("--split", default="969, 30, 1")
-    data.add_argument("--data-cache-path", default=None,
-                      help="folder for the dataset index caches (default: next to the data; a read-only data folder: "
-                           "<--run-dir>/index-cache)")
-    data.add_argument("--num-workers", type=int, default=None,
-                      help="data-loader worker processes per rank (0: load on the training thread); default 2 on "
-                           "CUDA, 0 on CPU ranks")
-    data.add_argument("--tokenizer-type", default="GPT2BPETokenizer")
-    data.add_argument("--vocab-file", default=None)
-    data.add_argument("--merge-file", default=None)
-    data.add_argument("--tokenizer-model", default=None)
-    data.add_argument("--vocab-size", type=int, default=None)
-    data.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    _add_flags(data, DataArgs)
+    _add_flags(data, TokenizerConfig, "tokenizer_type", "vocab_file", "merge_file", "tokenizer_model", "vocab_size",
+               "make_vocab_size_divisible_by")
 
     log = parser.add_argument_group("logging and checkpoints")
-    log.add_argument("--log-interval", type=int, default=100)
-    log.add_argument("--eval-interval", type=int, default=1000)
-    log.add_argument("--eval-iters", type=int, default=10)
-    log.add_argument("--tensorboard-dir", default=None)
-    log.add_argument("--wandb-project", default=None,
-                     help="log the TensorBoard scalars, the run's config and the DeepSpeed JSON to this Weights & "
-                          "Biases project (pip install -e .[wandb]; WANDB_MODE=offline keeps them local)")
-    log.add_argument("--wandb-exp-name", default=None,
-                     help="the wandb run's name, with --wandb-project (default: the --run-dir folder's name)")
-    log.add_argument("--wandb-save-dir", default=None,
-                     help="where wandb writes its files, with --wandb-project (default: --run-dir, else wandb's own)")
-    log.add_argument("--link-bandwidth-gbps", type=float, default=None,
-                     help="the data-parallel link's bandwidth (Gbit/s) for the predicted step time; with "
-                          "--link-latency-us, instead of measuring both at start-up (docs/zero-tradeoff.md)")
-    log.add_argument("--link-latency-us", type=float, default=None,
-                     help="the latency of one collective on that link, in microseconds")
-    log.add_argument("--save", default=None, help="checkpoint folder; an empty string saves nothing, as no --save")
-    log.add_argument("--load", default=None)
-    log.add_argument("--save-interval", type=int, default=None)
-    log.add_argument("--finetune", action="store_true")
-    log.add_argument("--trust-checkpoint", action="store_true",
-                     help="unpickle any object a checkpoint holds (it can run code; docs/checkpoints.md)")
-    log.add_argument("--universal-checkpoint", action="store_true",
-                     help="resume --load on another data-parallel size or ZeRO stage (docs/checkpoints.md)")
-    log.add_argument("--mtbf-hours", type=float, default=None,
-                     help="the cluster's mean time between failures: after the first save, print the checkpoint "
-                          "interval that loses the least time in expectation beside --save-interval (docs/faults.md)")
+    _add_flags(log, LoggingArgs)
+    _add_flags(log, CheckpointArgs)
 
     zero = parser.add_argument_group("ZeRO")
-    zero.add_argument("--zero-stage", type=int, default=None, help="default: the JSON's stage, else 0")
-    zero.add_argument("--zero-offload-optimizer", "--cpu-optimizer", dest="zero_offload_optimizer",
-                      action="store_true", help="ZeRO optimizer state (and step) on the CPU")
-    zero.add_argument("--zero-offload-params", action="store_true", help="ZeRO-3 parameters on the CPU")
-    zero.add_argument("--zero-nvme-path", default=None,
-                      help="ZeRO-3 optimizer states and parameters offloaded to files in this folder (async I/O)")
-    zero.add_argument("--run-dir", default=None, help="folder where the DeepSpeed JSON actually used is written")
+    _add_flags(zero, DeepSpeedArgs, "zero_stage", "offload_optimizer", "offload_params", "nvme_path", "run_dir")
     deepspeed.add_config_arguments(parser)
     # every Megatron-DeepSpeed script passes --deepspeed; every zero-lab run uses DeepSpeed, so it changes nothing
     next(action for action in parser._actions if "--deepspeed" in action.option_strings).help = (
@@ -403,12 +388,23 @@ def _batch_sizes(ns, layout: ParallelLayout, shared: dict, user_config: dict | N
 
 def _training_args(ns, layout: ParallelLayout, shared: dict, user_config: dict | None) -> TrainingArgs:
     micro, global_batch, accumulation = _batch_sizes(ns, layout, shared, user_config)
-    return TrainingArgs(micro_batch_size=micro, global_batch_size=global_batch,
-                        gradient_accumulation_steps=accumulation,
-                        train_iters=ns.train_iters, train_samples=ns.train_samples, train_epochs=ns.train_epochs,
-                        seed=ns.seed, max_nan_iterations=ns.max_nan_iterations,
-                        exit_interval=ns.exit_interval, eod_mask_loss=ns.eod_mask_loss,
-                        compile=ns.compile, exit_signal_handler=ns.exit_signal_handler)
+    return _section(TrainingArgs, ns, micro_batch_size=micro, global_batch_size=global_batch,
+                    gradient_accumulation_steps=accumulation)
+
+
+def _section(section, ns, **values):
+    """`section` from the flags made from its fields (each by its argparse destination), `values` instead where
+    given."""
+    for spec in fields(section):
+        if spec.metadata.get("flag") and spec.name not in values:
+            option = (spec.metadata["names"] or (spec.name,))[0]
+            values[spec.name] = getattr(ns, option.lstrip("-").replace("-", "_"))
+    return section(**values)
+
+
+def _default(section, name: str):
+    """The default of a section's field: where neither the flag nor the JSON gives the value."""
+    return next(spec.default for spec in fields(section) if spec.name == name)
 
 
 def _value(shared: dict, dest: str, default=None):
@@ -432,7 +428,7 @@ def _deepspeed_args(ns, user_config: dict | None, shared: dict) -> DeepSpeedArgs
     nvme_path = _value(shared, "zero_nvme_path") or None  # "": the JSON offloads somewhere else
     offload_params = _value(shared, "zero_offload_params", False) or nvme_path is not None
     return DeepSpeedArgs(
-        zero_stage=_value(shared, "zero_stage", 0),
+        zero_stage=_value(shared, "zero_stage", _default(DeepSpeedArgs, "zero_stage")),
         offload_optimizer=_value(shared, "zero_offload_optimizer", False) or offload_params,
         offload_params=offload_params, nvme_path=nvme_path,
         bf16=_value(shared, "bf16", False), fp16=_value(shared, "fp16", False),
@@ -479,31 +475,21 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
     args = Args(
         model=_model_config(ns, PARAMS_DTYPES[deepspeed_args.precision]),
         model_name=ns.model_size or "custom",
-        parallel=ParallelArgs(layout=layout, sequence_parallel=ns.sequence_parallel,
-                              distributed_timeout_minutes=ns.distributed_timeout_minutes),
-        optimizer=OptimizerArgs(lr=ns.lr, min_lr=ns.min_lr, lr_decay_style=ns.lr_decay_style,
-                                lr_warmup_iters=ns.lr_warmup_iters, lr_warmup_fraction=ns.lr_warmup_fraction,
-                                lr_decay_iters=ns.lr_decay_iters, weight_decay=ns.weight_decay,
-                                clip_grad=_value(shared, "clip_grad", 1.0), adam_beta1=ns.adam_beta1,
-                                adam_beta2=ns.adam_beta2, adam_eps=ns.adam_eps),
+        parallel=_section(ParallelArgs, ns, layout=layout),
+        optimizer=_section(OptimizerArgs, ns,
+                           clip_grad=_value(shared, "clip_grad", _default(OptimizerArgs, "clip_grad"))),
         training=_training_args(ns, layout, shared, user_config),
-        data=DataArgs(data_path=ns.data_path or [], split=ns.split, data_cache_path=ns.data_cache_path,
-                      num_workers=ns.num_workers,
-                      tokenizer_type=ns.tokenizer_type,
-                      vocab_file=ns.vocab_file, merge_file=ns.merge_file, tokenizer_model=ns.tokenizer_model,
-                      vocab_size=ns.vocab_size, make_vocab_size_divisible_by=ns.make_vocab_size_divisible_by,
-                      tensor_model_parallel_size=ns.tensor_model_parallel_size),
-        logging=LoggingArgs(log_interval=ns.log_interval, eval_interval=ns.eval_interval,
-                            eval_iters=ns.eval_iters, tensorboard_dir=ns.tensorboard_dir,
-                            # '' as no flag, as --save '' (a driver's variable left empty)
-                            wandb_project=ns.wandb_project or None, wandb_exp_name=ns.wandb_exp_name or None,
-                            wandb_save_dir=ns.wandb_save_dir or None,
-                            link_bandwidth_gbps=ns.link_bandwidth_gbps, link_latency_us=ns.link_latency_us),
+        data=_section(DataArgs, ns, data_path=ns.data_path or [],
+                      **{name: getattr(ns, name) for name in ("tokenizer_type", "vocab_file", "merge_file",
+                                                              "tokenizer_model", "vocab_size",
+                                                              "make_vocab_size_divisible_by",
+                                                              "tensor_model_parallel_size")}),
+        # '' as no flag, as --save '' (a driver's variable left empty)
+        logging=_section(LoggingArgs, ns, wandb_project=ns.wandb_project or None,
+                         wandb_exp_name=ns.wandb_exp_name or None, wandb_save_dir=ns.wandb_save_dir or None),
         # --save '' (bench/gpu_suite.sh after a driver's own --save) means no checkpoints, as Megatron's `if
         # args.save:` reads it; kept as '' it would reach os.makedirs('') on one rank while the others wait
-        checkpoint=CheckpointArgs(save=ns.save or None, load=ns.load, save_interval=ns.save_interval,
-                                  finetune=ns.finetune, trust_checkpoint=ns.trust_checkpoint,
-                                  universal_checkpoint=ns.universal_checkpoint, mtbf_hours=ns.mtbf_hours),
+        checkpoint=_section(CheckpointArgs, ns, save=ns.save or None),
         deepspeed=deepspeed_args,
         argv=list(argv),
     )

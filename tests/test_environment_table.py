@@ -7,6 +7,7 @@ import subprocess
 
 from conftest import REPO_ROOT
 from megatron.launch import settings
+from megatron.training_defaults import GPT3_PRESET
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 
 SCRIPTS = [*sorted((REPO_ROOT / "examples_zero").glob("*.sh")), REPO_ROOT / "examples_zero" / "slurm" / "train.sbatch",
@@ -66,11 +67,12 @@ FLAG_OF = {"SEQ_LEN": "--seq-length", "MICRO_BATCH": "--micro-batch-size", "TRAI
            "DISTRIBUTED_TIMEOUT_MINUTES": "--distributed-timeout-minutes"}
 
 
-def documented_cpu_defaults() -> dict[str, str]:
-    """NAME -> the default docs/environment.md gives it without a GPU (`X CPU / Y GPU` -> X; a row naming
-    several variables gives one default each, comma-separated)."""
+def documented_cpu_defaults(text: str | None = None) -> dict[str, str]:
+    """NAME -> the default docs/environment.md (or `text`) gives it without a GPU (`X CPU / Y GPU` -> X; a row
+    naming several variables gives one default each, comma-separated)."""
     defaults = {}
-    for line in (REPO_ROOT / "docs" / "environment.md").read_text().splitlines():
+    text = (REPO_ROOT / "docs" / "environment.md").read_text() if text is None else text
+    for line in text.splitlines():
         if not line.startswith("| `"):
             continue
         cells = [cell.strip() for cell in line.split("|")[1:-1]]
@@ -109,3 +111,31 @@ def test_the_documented_defaults_are_what_both_paths_pass(tmp_path):
                 assert float(value) == float(expected), (script, name, value, expected)
             else:
                 assert value == expected, (script, name, value, expected)
+
+
+def preset_disagreements(text: str) -> list[str]:
+    """Where the table's default for a variable the gpt3 preset sets (megatron/training_defaults.py), or its
+    GPT-3 learning rate by model size (`6.0e-4 at 125M, ...`), is not the preset's."""
+    documented = documented_cpu_defaults(text)
+    wrong = []
+    for name, value in GPT3_PRESET.environment().items():
+        stated = documented.get(name)
+        same = stated is not None and (float(stated) == float(value) if re.fullmatch(r"[0-9.eE+-]+", value)
+                                       else stated == value)
+        wrong += [] if same else [f"{name}: table {stated}, preset {value}"]
+    [lr_row] = [line for line in text.splitlines() if line.startswith("| `LR`, `MIN_LR`")]
+    for lr, sizes in re.findall(r"([0-9.]+e-[0-9]+) at ([0-9A-Za-z./]+)", lr_row):
+        wrong += [f"LR at {size}: table {lr}, preset {GPT3_PRESET.lr_by_model_size.get(size)}"
+                  for size in sizes.split("/") if GPT3_PRESET.lr_by_model_size.get(size) != lr]
+    return wrong
+
+
+def test_the_table_states_the_gpt3_presets_defaults():
+    assert preset_disagreements((REPO_ROOT / "docs" / "environment.md").read_text()) == []
+
+
+def test_the_preset_check_finds_a_wrong_default():
+    text = (REPO_ROOT / "docs" / "environment.md").read_text()
+    text = text.replace("| D A | 0.9, 0.95 |", "| D A | 0.9, 0.999 |").replace("3.0e-4 at 355M", "3.5e-4 at 355M")
+    assert preset_disagreements(text) == ["ADAM_BETA2: table 0.999, preset 0.95",
+                                          "LR at 355M: table 3.5e-4, preset 3.0e-4"]

@@ -20,6 +20,7 @@ from megatron.deepspeed_json import DeepSpeedJSONError, refuse_unused_sections
 from megatron.errors import ZeroLabError
 from megatron.launch.flag_sources import name_sources
 from megatron.layout_check import batch_split
+from megatron.training_defaults import GPT3_PRESET
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,17 +35,10 @@ KINDS = {
     "port": (r"[1-9][0-9]{0,4}", "a TCP port, 1 to 65535"),
 }
 
-# GPT-3 paper (Brown et al. 2020, Table 2.1): peak learning rate by model size, decayed to a tenth; the sizes it
-# has no row for take the nearest smaller row's (tiny: 125M's)
-GPT3_LR = {"tiny": "6.0e-4", "125M": "6.0e-4", "355M": "3.0e-4", "760M": "2.5e-4", "774M": "2.5e-4",
-           "1.3B": "2.0e-4", "1.5B": "2.0e-4", "2.7B": "1.6e-4", "6.7B": "1.2e-4", "13B": "1.0e-4",
-           "25B": "1.0e-4", "175B": "0.6e-4"}
-# GPT-3 paper optimizer: cosine decay after 1% warm-up, AdamW betas (0.9, 0.95), weight decay 0.1, gradients
-# clipped at norm 1; the rest as Megatron's scripts run them
-DEFAULTS = {"SPLIT": "969,30,1", "LR_DECAY_STYLE": "cosine", "LR_WARMUP_FRACTION": "0.01", "ADAM_BETA1": "0.9",
-            "ADAM_BETA2": "0.95", "WEIGHT_DECAY": "0.1", "SEED": "1234", "DISTRIBUTED_TIMEOUT_MINUTES": "10",
-            "LOG_INTERVAL": "5", "EVAL_INTERVAL": "50", "EVAL_ITERS": "5", "SAVE_INTERVAL": "1000",
-            "USE_ACTIVATION_CHECKPOINTING": "0", "CLIP_GRAD": "1.0"}
+# the launch scripts' defaults: the gpt3 preset (megatron/training_defaults.py), by the variable that sets each;
+# pretrain_gpt.py run alone keeps Megatron's own
+GPT3_LR = GPT3_PRESET.lr_by_model_size
+DEFAULTS = GPT3_PRESET.environment()
 # the DeepSpeed JSON keys that take the place of a variable (docs/bad-input.md)
 JSON_KEYS = ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps", "gradient_clipping")
 
@@ -221,7 +215,7 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
                                   "drop one of them or make them agree")
     batch_flags = _batch_flags(v, json_keys, world, names, micro_default)
 
-    size_lr = GPT3_LR.get(model_size, "6.0e-4")
+    size_lr = GPT3_LR.get(model_size, GPT3_LR["125M"])
     v.setdefault("LR", size_lr)
     v.setdefault("MIN_LR", f"{float(size_lr) / 10:.2e}")
     data_dir = v.setdefault("DATA_DIR", str(REPO / "data"))
