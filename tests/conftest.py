@@ -1,5 +1,7 @@
 """Fixtures shared by the whole suite: paths, the real dolly sample, a prepared dataset."""
+import contextlib
 import importlib.util
+import io
 import os
 import re
 import shutil
@@ -39,6 +41,38 @@ def test_env(**overrides):
 
 
 test_env.__test__ = False  # a helper, not a test, although its name starts with test_
+
+
+def _planner_argv(script: Path, args) -> list[str] | None:
+    """The launch planner's arguments for a launch script (megatron/launch/plan.py), None for another script."""
+    script = Path(script).resolve()
+    if script.parent == REPO_ROOT / "examples_zero" and script.name.startswith("gpt_deepspeed_"):
+        return ["driver", script.stem.removeprefix("gpt_deepspeed_"), "--", *map(str, args)]
+    if script == REPO_ROOT / "ALCF" / "train-gpt3.sh":
+        return ["alcf", "--", *map(str, args)]
+    if script.parent == REPO_ROOT / "ALCF" and script.stem in ("models", "args", "launch"):
+        return ["alcf", "--show", script.stem, "--", *map(str, args)]
+    if script == REPO_ROOT / "examples_zero" / "slurm" / "train.sbatch":
+        return ["slurm", "--", *map(str, args)]
+    return None
+
+
+def launch_script(script: Path, args=(), env: dict | None = None, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
+    """A launch script run as `bash SCRIPT ARGS` with `env`. A dry run (DRY_RUN=1) of a script that only hands over
+    to the launch planner runs the planner in this process instead: what it prints and its exit status are the
+    script's (the scripts' own few lines are run by tests/test_launch_golden.py and the real launches)."""
+    env = test_env() if env is None else {key: str(value) for key, value in env.items()}
+    argv = _planner_argv(script, args)
+    another_python = env.get("PYTHON", sys.executable) != sys.executable  # e.g. one without torch, refused
+    if env.get("DRY_RUN") != "1" or argv is None or env.get("VENV_DIR") or another_python:
+        return subprocess.run(["bash", str(script), *map(str, args)], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=300)
+    from megatron.launch import plan
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = plan.main(argv, environ=env)
+    return subprocess.CompletedProcess(["bash", str(script), *map(str, args)], status, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="session")

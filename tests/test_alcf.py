@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, launch_script
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.launch.dist_env import DistEnvError, LauncherEnv, export_launcher_env, resolve_launcher_env
@@ -63,8 +63,7 @@ def run_script(workdir: Path, script: Path = TRAIN, args=(), gpus=True, **env):
         full["PATH"] = f"{workdir / 'bin'}{os.pathsep}{full['PATH']}"
     else:
         full["CUDA_VISIBLE_DEVICES"] = ""  # hides any real GPU too
-    return subprocess.run(["bash", str(script), *args], cwd=workdir, env=full, capture_output=True,
-                          text=True, timeout=300)
+    return launch_script(script, args, full, cwd=workdir)
 
 
 def launch_line(result) -> str:

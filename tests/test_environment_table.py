@@ -5,7 +5,7 @@ as `v`/`env` (`v.get("NAME")`, `v["NAME"]`, `"NAME" in v`, `setdefault`), and it
 import re
 import subprocess
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, launch_script
 from megatron.launch import settings
 from megatron.training_defaults import GPT3_PRESET
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
@@ -89,8 +89,7 @@ def printed_flags(script: str, **env) -> dict[str, str]:
     environment = subprocess_env(DRY_RUN=1, CUDA_VISIBLE_DEVICES="", **env)
     for name in FLAG_OF:
         environment.pop(name, None)
-    result = subprocess.run(["bash", str(REPO_ROOT / script)], cwd=REPO_ROOT, env=environment, capture_output=True,
-                            text=True, timeout=120)
+    result = launch_script(REPO_ROOT / script, (), environment)
     assert result.returncode == 0, result.stderr
     [line] = [line for line in result.stdout.splitlines() if "/pretrain_gpt.py " in line]
     words = line.split("/pretrain_gpt.py ", 1)[1].replace("\\,", ",").split()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO_ROOT, test_env
+from conftest import REPO_ROOT, launch_script, test_env
 
 # what torchrun prints when rank 0 fails with zero-lab's one-line error (captured from torch 2.13)
 TORCHRUN_FAILURE = r'''
@@ -103,8 +103,7 @@ def dry_run_line(script, **env) -> subprocess.CompletedProcess:
     environment = test_env(DRY_RUN=1, **env)
     for name in [name for name, value in env.items() if value is None]:
         environment.pop(name)
-    return subprocess.run(["bash", str(REPO_ROOT / script)], cwd=REPO_ROOT, env=environment, capture_output=True,
-                          text=True, timeout=120)
+    return launch_script(REPO_ROOT / script, (), environment)
 
 
 def test_every_launch_script_finds_the_repositorys_venv_and_says_how_to_get_torch(tmp_path):

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ITERATION_LOSS, REPO_ROOT, driver_env, fault_env, iteration_losses, waiting_driver_launch
+from conftest import (ITERATION_LOSS, REPO_ROOT, driver_env, fault_env, iteration_losses, launch_script,
+                      waiting_driver_launch)
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.checkpointing import protocol
 from megatron.launch.dist_env import SLURM_PORT_BASE, DistEnvError, LauncherEnv, resolve_launcher_env
@@ -91,8 +92,7 @@ def two_node_allocation(runs_dir, **extra):
 
 
 def dry_run(env, *args):
-    return subprocess.run(["bash", str(SBATCH), *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return launch_script(SBATCH, args, env)
 
 
 def srun_line(result) -> str:
@@ -101,7 +101,6 @@ def srun_line(result) -> str:
     return lines[0].split("not starting: ", 1)[1]
 
 
-@pytest.mark.slow
 def test_dry_run_prints_the_srun_line(tmp_path):
     result = dry_run(two_node_allocation(tmp_path, EXPERIMENT="Z3", PYTHON=sys.executable), "--seed", "7")
     assert result.returncode == 0, result.stderr
@@ -135,7 +134,6 @@ def test_sbatch_script_gives_each_rank_cpus():
     assert int(cpus.split("=")[1]) >= 4
 
 
-@pytest.mark.slow
 def test_dry_run_passes_the_jobs_cpus_per_task_to_srun(tmp_path):
     """Since Slurm 22.05 srun no longer takes --cpus-per-task from the job (SLURM_CPUS_PER_TASK): the driver
     passes it on; a job without one runs srun as before."""
@@ -145,7 +143,6 @@ def test_dry_run_passes_the_jobs_cpus_per_task_to_srun(tmp_path):
     assert line.startswith("srun --ntasks 8 --kill-on-bad-exit=1 ")
 
 
-@pytest.mark.slow
 def test_dry_run_of_a_job_whose_run_folder_has_a_checkpoint_resumes(tmp_path):
     """The drivers' one resume rule: a requeued job or a new one resumes an intact checkpoint; FRESH=1 does not."""
     checkpoints = tmp_path / "gpt_tiny_Z1" / "checkpoints"
@@ -181,7 +178,6 @@ def test_sbatch_script_outside_a_job(tmp_path):
         (1, "error: not inside a Slurm job (no SLURM_JOB_ID): submit with sbatch\n")
 
 
-@pytest.mark.slow
 def test_driver_with_srun_outside_an_allocation(tmp_path):
     env = subprocess_env(RUNS_DIR=tmp_path, LAUNCHER="srun", DATA_PATH=tmp_path / "data")
     env.pop("SLURM_JOB_ID", None)
