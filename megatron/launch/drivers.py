@@ -74,6 +74,57 @@ class DriverPlanner(Planner):
         hf_positions = None
         if "INIT_HF" in v:
             v["MODEL_SIZE"], hf_positions = init_hf_shape(v["INIT_HF"], v.get("MODEL_SIZE"))
+        accelerator, include = self._ranks(v, env, launch_env)
+        launcher, ngpus, nnodes, node_rank = v["LAUNCHER"], int(v["NGPUS"]), int(v["NNODES"]), int(v["NODE_RANK"])
+        model_size = v["MODEL_SIZE"]
+        # srun's and mpiexec's NGPUS count every rank of the job; NNODES is 1 there
+        settings = training.training_settings(v, accelerator=accelerator, world=ngpus * nnodes,
+                                              model_size=model_size, model_variable="MODEL_SIZE")
+        s = settings.values
+        port = launch_env["MASTER_PORT"] = v.get("MASTER_PORT", "29500")
+
+        tag = "".join([f"_tp{s['TP']}" * (s["TP"] != "1"), f"_pp{s['PP']}" * (s["PP"] != "1"), "_sp" * (s["SP"] == "1")])
+        run_name = v.get("RUN_NAME", f"gpt_{model_size}_{self.experiment}{tag}")
+        run_dir = os.path.realpath(os.path.join(v.get("RUNS_DIR", str(REPO / "runs")), run_name))
+        prepare = []
+        if not dry_run:
+            prepare.append(lambda: self._make_dolly(s, python, launch_env))
+        print(f"[examples_zero] {run_name} -> {run_dir}", flush=True)
+        # one launch per run folder (host k of a torchrun run: one per host); host k asks the same resume rule
+        # without acting on it (host 0 moves and converts; the folder is shared): both hosts pass the same --load
+        lock_name = f".zero-lab.node{node_rank}.lock" if node_rank > 0 else ".zero-lab.lock"
+        if supervisor is not None:
+            supervisor.take_lock(run_dir, lock_name)
+        resume = resume_rule(run_dir, v.get("FRESH") == "1", dry_run or node_rank > 0, env)
+        load_flags = self._load_flags(v, run_dir, resume, hf_positions)
+        init_dir = load_flags[load_flags.index("--load") + 1]
+        if not dry_run and node_rank == 0 and "--finetune" in load_flags and not os.path.isfile(f"{init_dir}/latest"):
+            prepare.append(lambda: self._convert_hf(python, v["INIT_HF"], init_dir, launch_env))
+        offload_flags = {"0": [], "1": ["--zero-offload-optimizer", "--zero-offload-params"],
+                         "nvme": ["--zero-nvme-path", v.get("NVME_PATH", f"{run_dir}/nvme")]}[self.offload]
+
+        command = [*self._launcher(v, launcher, ngpus, python, port, include, run_name, launch_env),
+                   str(REPO / "pretrain_gpt.py"), *settings.flags, "--zero-stage", str(self.stage), *offload_flags,
+                   "--save", f"{run_dir}/checkpoints", *load_flags,
+                   "--tensorboard-dir", f"{run_dir}/tensorboard", "--run-dir", run_dir,
+                   "--exit-signal-handler", *args]  # SIGTERM (preemption): save this iteration, exit 0
+        # an error about one of these flags names the variable it came from (megatron/launch/flag_sources.py)
+        launch_env["ZERO_LAB_FLAG_SOURCES"] = f"--zero-nvme-path=NVME_PATH {settings.sources_text()}"
+        note = f"resuming from {resume}" if resume else "fresh start"
+        node = None
+        log = f"{run_dir}/train.log"
+        if node_rank > 0:  # host k's ranks: their output beside host 0's (which holds the run's log)
+            note, node, log = f"host {node_rank} of {nnodes}", f"node{node_rank}", f"{run_dir}/train.node{node_rank}.log"
+        alone = None
+        if nnodes > 1 and node_rank == 0:  # the other hosts gone for good: host 0 goes on with its own ranks
+            alone = dict(NNODES="1", GAS="", GLOBAL_BATCH=s.get("GLOBAL_BATCH", ""), NGPUS=str(ngpus))
+        return Launch(run_dir=run_dir, command=command, launcher=launcher, log=log, env=launch_env,
+                      dry_run_line=f"[examples_zero] DRY_RUN=1, not starting: {shlex.join(command)}", note=note,
+                      node=node, alone=alone, prepare=prepare)
+
+    def _ranks(self, v: dict[str, str], env: dict[str, str], launch_env: dict[str, str]) -> tuple[str, str]:
+        """The launcher, the ranks and hosts, the accelerator and the model, checked, with their defaults in `v`:
+        (the accelerator, the deepspeed launcher's --include or "")."""
         check(v, "torchrun|deepspeed|mpiexec|srun", "LAUNCHER")
         check(v, "int", "NGPUS", "NNODES", "HOST_WAIT_SECONDS")
         check(v, "count", "NODE_RANK")
@@ -100,62 +151,21 @@ class DriverPlanner(Planner):
                 "the ranks of every host themselves")
         if nnodes > 1 and "MASTER_ADDR" not in v:
             die(f"NNODES={nnodes}: set MASTER_ADDR to the first host (NODE_RANK 0), the same on every host")
-        model_size = v["MODEL_SIZE"]
-        if model_size not in MODEL_PRESETS:
-            die(f"MODEL_SIZE={model_size}: expected a preset ({', '.join(MODEL_PRESETS)})")
-        # srun's and mpiexec's NGPUS count every rank of the job; NNODES is 1 there
-        settings = training.training_settings(v, accelerator=accelerator, world=ngpus * nnodes,
-                                              model_size=model_size, model_variable="MODEL_SIZE")
-        s = settings.values
-        port = launch_env["MASTER_PORT"] = v.get("MASTER_PORT", "29500")
+        if v["MODEL_SIZE"] not in MODEL_PRESETS:
+            die(f"MODEL_SIZE={v['MODEL_SIZE']}: expected a preset ({', '.join(MODEL_PRESETS)})")
+        return accelerator, include
 
-        tag = "".join([f"_tp{s['TP']}" * (s["TP"] != "1"), f"_pp{s['PP']}" * (s["PP"] != "1"), "_sp" * (s["SP"] == "1")])
-        run_name = v.get("RUN_NAME", f"gpt_{model_size}_{self.experiment}{tag}")
-        run_dir = os.path.realpath(os.path.join(v.get("RUNS_DIR", str(REPO / "runs")), run_name))
-        prepare = []
-        if not dry_run:
-            prepare.append(lambda: self._make_dolly(s, python, launch_env))
-        print(f"[examples_zero] {run_name} -> {run_dir}", flush=True)
-        # one launch per run folder (host k of a torchrun run: one per host); host k asks the same resume rule
-        # without acting on it (host 0 moves and converts; the folder is shared): both hosts pass the same --load
-        lock_name = f".zero-lab.node{node_rank}.lock" if node_rank > 0 else ".zero-lab.lock"
-        if supervisor is not None:
-            supervisor.take_lock(run_dir, lock_name)
-        resume = resume_rule(run_dir, v.get("FRESH") == "1", dry_run or node_rank > 0, env)
-        # --load always, as Megatron's scripts pass it: pretrain_gpt.py resumes what <run>/checkpoints holds then
-        resume_flags = ["--load", f"{run_dir}/checkpoints"]
-        init_flags = []
-        if "INIT_HF" in v:
-            # converted once into the run folder, then loaded with --finetune (iteration and optimizer start afresh);
-            # GPT-2's position table replaces --max-position-embeddings SEQ_LEN. A resumed run loads its own.
-            init_flags = ["--max-position-embeddings", hf_positions]
-            if resume is None:
-                init_dir = f"{run_dir}/hf_init_{os.path.basename(v['INIT_HF'].rstrip('/'))}"
-                resume_flags = []
-                init_flags += ["--load", init_dir, "--finetune"]
-                if not dry_run and node_rank == 0 and not os.path.isfile(f"{init_dir}/latest"):
-                    prepare.append(lambda: self._convert_hf(python, v["INIT_HF"], init_dir, launch_env))
-        offload_flags = {"0": [], "1": ["--zero-offload-optimizer", "--zero-offload-params"],
-                         "nvme": ["--zero-nvme-path", v.get("NVME_PATH", f"{run_dir}/nvme")]}[self.offload]
-
-        command = [*self._launcher(v, launcher, ngpus, python, port, include, run_name, launch_env),
-                   str(REPO / "pretrain_gpt.py"), *settings.flags, "--zero-stage", str(self.stage), *offload_flags,
-                   "--save", f"{run_dir}/checkpoints", *init_flags, *resume_flags,
-                   "--tensorboard-dir", f"{run_dir}/tensorboard", "--run-dir", run_dir,
-                   "--exit-signal-handler", *args]  # SIGTERM (preemption): save this iteration, exit 0
-        # an error about one of these flags names the variable it came from (megatron/launch/flag_sources.py)
-        launch_env["ZERO_LAB_FLAG_SOURCES"] = f"--zero-nvme-path=NVME_PATH {settings.sources_text()}"
-        note = f"resuming from {resume}" if resume else "fresh start"
-        node = None
-        log = f"{run_dir}/train.log"
-        if node_rank > 0:  # host k's ranks: their output beside host 0's (which holds the run's log)
-            note, node, log = f"host {node_rank} of {nnodes}", f"node{node_rank}", f"{run_dir}/train.node{node_rank}.log"
-        alone = None
-        if nnodes > 1 and node_rank == 0:  # the other hosts gone for good: host 0 goes on with its own ranks
-            alone = dict(NNODES="1", GAS="", GLOBAL_BATCH=s.get("GLOBAL_BATCH", ""), NGPUS=str(ngpus))
-        return Launch(run_dir=run_dir, command=command, launcher=launcher, log=log, env=launch_env,
-                      dry_run_line=f"[examples_zero] DRY_RUN=1, not starting: {shlex.join(command)}", note=note,
-                      node=node, lock_name=lock_name, alone=alone, prepare=prepare)
+    @staticmethod
+    def _load_flags(v: dict[str, str], run_dir: str, resume: str | None, hf_positions: str | None) -> list[str]:
+        """--load always, as Megatron's scripts pass it: pretrain_gpt.py resumes what <run>/checkpoints holds then.
+        INIT_HF is converted once into the run folder, then loaded with --finetune (iteration and optimizer start
+        afresh); GPT-2's position table replaces --max-position-embeddings SEQ_LEN. A resumed run loads its own."""
+        if "INIT_HF" not in v:
+            return ["--load", f"{run_dir}/checkpoints"]
+        if resume is not None:
+            return ["--max-position-embeddings", hf_positions, "--load", f"{run_dir}/checkpoints"]
+        init_dir = f"{run_dir}/hf_init_{os.path.basename(v['INIT_HF'].rstrip('/'))}"
+        return ["--max-position-embeddings", hf_positions, "--load", init_dir, "--finetune"]
 
     @staticmethod
     def _deepspeed_include(v: dict[str, str], launcher: str, ngpus: int) -> str:

@@ -49,7 +49,6 @@ class Launch:
     dry_run_line: str  # how DRY_RUN=1 prints the command
     note: str = "fresh start"  # the attempt header's note
     node: str | None = None  # a further host of a torchrun run: its launcher files are named after it
-    lock_name: str = ".zero-lab.lock"
     # restarts: the variables to change when the other hosts are gone and this host goes on alone (None: it cannot)
     alone: dict[str, str] | None = None
     prepare: list[Callable[[], None]] = field(default_factory=list)  # run before the first attempt, not in a dry run
