@@ -3,8 +3,8 @@
     python bench/bench_dry_run.py [--base COMMIT] [--rounds N] [--out FILE]
 
 Runs every golden launch case (tests/golden/launch_cases.py: drivers, ALCF, Slurm, refused settings) with
-DRY_RUN=1, as tests/golden/record_launch.py does, from a worktree of COMMIT (default 54458b1, the last commit
-before the launch planner, when bash held the launch logic) and from this checkout, the two interleaved case by case so that both see the same
+DRY_RUN=1, as tests/golden/record_launch.py does, from a worktree of COMMIT (default b03faa0, where the golden files
+were recorded from the bash launch layer) and from this checkout, the two interleaved case by case so that both see the same
 load; N rounds (default 1). Prints, per launch path, the mean seconds per dry run of each and the ratio, and
 whether each case's command line still equals its golden file.
 """
@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "tests" / "golden"))
 import record_launch  # noqa: E402  (the golden cases' runner)
 from launch_cases import CASES  # noqa: E402
 
-BEFORE_THE_PLANNER = "54458b1"
+BEFORE_THE_PLANNER = "b03faa0"
 
 
 def timed(case, checkout: Path) -> tuple[float, bool]:

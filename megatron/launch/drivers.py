@@ -81,7 +81,7 @@ class DriverPlanner(Planner):
         settings = training.training_settings(v, accelerator=accelerator, world=ngpus * nnodes,
                                               model_size=model_size, model_variable="MODEL_SIZE")
         s = settings.values
-        port = launch_env["MASTER_PORT"] = v.get("MASTER_PORT", "29500")
+        port = v.get("MASTER_PORT", "29500")
 
         tag = "".join([f"_tp{s['TP']}" * (s["TP"] != "1"), f"_pp{s['PP']}" * (s["PP"] != "1"), "_sp" * (s["SP"] == "1")])
         run_name = v.get("RUN_NAME", f"gpt_{model_size}_{self.experiment}{tag}")
@@ -207,7 +207,9 @@ class DriverPlanner(Planner):
             return ["srun", "--ntasks", str(ngpus), *(["--cpus-per-task", cpus] if cpus else []),
                     "--kill-on-bad-exit=1", python]
         # mpiexec (MPICH's Hydra, PALS or Open MPI) on this host: each rank finds its rank in the MPI variables and
-        # MASTER_PORT in the environment mpiexec passes on; one OpenMP thread per rank, as torchrun sets
+        # MASTER_PORT in the environment mpiexec passes on; one OpenMP thread per rank, as torchrun sets. (srun's
+        # ranks take their port from the job id unless MASTER_PORT is set: two jobs on one node do not meet.)
+        launch_env["MASTER_PORT"] = port
         launch_env["OMP_NUM_THREADS"] = v.get("OMP_NUM_THREADS", "1")
         return ["mpiexec", "-n", str(ngpus), python]
 

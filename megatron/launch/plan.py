@@ -149,10 +149,13 @@ class Supervisor:
             os.makedirs(launch.run_dir, exist_ok=True)
             attempt = attempts.Attempt(launch.run_dir, launch.log, launch.launcher, note, launch.node,
                                        restartable=restart < self.max_restarts)
+            handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
             try:
                 status = attempt.run(launch.command, env=launch.env)
             finally:
                 attempt.close()
+                for signum, handler in handlers.items():  # the attempt only noted signals while its ranks ran
+                    signal.signal(signum, handler)
             signalled = attempt.signalled is not None
             if status == RESTART_STATUS and not signalled:
                 restart += 1

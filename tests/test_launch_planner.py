@@ -1,0 +1,129 @@
+"""The launch planner in-process (megatron/launch/plan.py): what each path hands its launcher besides the command
+line (the golden files hold the command lines: tests/test_launch_golden.py), the run lock, and one process
+supervising every attempt of a run."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import REPO_ROOT
+from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
+from megatron.launch.alcf import AlcfPlanner
+from megatron.launch.drivers import DriverPlanner
+from megatron.launch.plan import RunLock
+from megatron.launch.settings import LaunchError
+
+
+def driver_launch(tmp_path, experiment="Z1", **env):
+    environment = subprocess_env(RUNS_DIR=tmp_path, CUDA_VISIBLE_DEVICES="", DRY_RUN=1, **env)
+    return DriverPlanner(experiment).plan(environment, [], dry_run=True)
+
+
+def test_srun_ranks_take_their_port_from_the_job_unless_master_port_is_set(tmp_path):
+    """Two jobs sharing a node must not meet at one port: srun's ranks derive theirs from the job id
+    (megatron/launch/dist_env.py), so the launch does not export a MASTER_PORT of its own default."""
+    environment = subprocess_env(RUNS_DIR=tmp_path, CUDA_VISIBLE_DEVICES="", LAUNCHER="srun", SLURM_JOB_ID="7",
+                                 SLURM_NTASKS="2", SLURM_CPUS_PER_TASK="3")
+    environment.pop("MASTER_PORT", None)
+    launch = DriverPlanner("Z1").plan(environment, [], dry_run=True)
+    assert "MASTER_PORT" not in launch.env
+    assert launch.env["OMP_NUM_THREADS"] == "3" and launch.command[:6] == ["srun", "--ntasks", "2", "--cpus-per-task",
+                                                                         "3", "--kill-on-bad-exit=1"]
+    given = DriverPlanner("Z1").plan(dict(environment, MASTER_PORT="29999"), [], dry_run=True)
+    assert given.env["MASTER_PORT"] == "29999"
+
+
+def test_mpiexec_ranks_find_the_port_in_their_environment(tmp_path):
+    launch = driver_launch(tmp_path, LAUNCHER="mpiexec", NGPUS=4)
+    assert launch.env["MASTER_PORT"] == "29500" and launch.env["OMP_NUM_THREADS"] == "1"
+    assert launch.command[:3] == ["mpiexec", "-n", "4"]
+
+
+def test_a_drivers_launcher_gets_this_pythons_tools_first_and_the_flag_sources(tmp_path):
+    launch = driver_launch(tmp_path, GLOBAL_BATCH=16)
+    assert launch.env["PATH"].split(os.pathsep)[0] == os.path.dirname(sys.executable)
+    assert launch.env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO_ROOT)
+    assert launch.env["DS_ACCELERATOR"] == "cpu"
+    assert "--global-batch-size=GLOBAL_BATCH" in launch.env["ZERO_LAB_FLAG_SOURCES"].split()
+    assert launch.launcher == "torchrun" and launch.log == f"{launch.run_dir}/train.log" and launch.node is None
+
+
+def test_host_k_of_a_torchrun_run_writes_its_own_files_and_cannot_go_on_alone(tmp_path):
+    host1 = driver_launch(tmp_path, NNODES=2, NODE_RANK=1, MASTER_ADDR="10.0.0.1")
+    assert (host1.node, host1.log, host1.note) == ("node1", f"{host1.run_dir}/train.node1.log", "host 1 of 2")
+    assert host1.alone is None
+    host0 = driver_launch(tmp_path, NNODES=2, NODE_RANK=0, MASTER_ADDR="10.0.0.1", GAS=2)
+    # the global batch host 0 keeps when it goes on alone: 4 x 2 ranks x 2 hosts x GAS 2
+    assert host0.alone == dict(NNODES="1", GAS="", GLOBAL_BATCH="32", NGPUS="2")
+
+
+def test_alcf_ranks_share_the_hosts_cores_and_keep_kernels_in_order(tmp_path):
+    environment = subprocess_env(OUTPUT_ROOT=tmp_path, CUDA_VISIBLE_DEVICES="", NGPU_PER_HOST=2, DRY_RUN=1)
+    environment.pop("OMP_NUM_THREADS", None)
+    launch = AlcfPlanner().plan(environment, [], dry_run=True)
+    assert launch.env["OMP_NUM_THREADS"] == str(max(len(os.sched_getaffinity(0)) // 2, 1))
+    assert launch.env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and launch.env["IBV_FORK_SAFE"] == "1"
+    assert launch.env["DS_ACCELERATOR"] == "cpu" and launch.launcher == "mpiexec"
+    assert launch.log.startswith(f"{launch.run_dir}/logs/") and launch.log.endswith(".log")
+
+
+def test_the_run_lock_is_held_by_one_process_and_names_it(tmp_path):
+    """A second lock on the run folder, from another process, is refused naming the first; the first's line stays;
+    the lock goes with the process that held it."""
+    held = RunLock(str(tmp_path), ".zero-lab.lock")
+    holder = (tmp_path / ".zero-lab.lock").read_text()
+    assert holder.startswith(f"pid {os.getpid()} on ")
+    code = textwrap.dedent(f"""
+        from megatron.launch.plan import RunLock
+        from megatron.launch.settings import LaunchError
+        try:
+            RunLock({str(tmp_path)!r}, ".zero-lab.lock")
+        except LaunchError as error:
+            print(error)
+    """)
+    second = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True,
+                            timeout=60)
+    assert second.stdout.strip() == (f"run folder {tmp_path} is in use by another launch ({holder.strip()}): wait for "
+                                     "it to end or stop it; a second launch would mix its checkpoints and logs with "
+                                     "the first's")
+    assert (tmp_path / ".zero-lab.lock").read_text() == holder
+    os.close(held.fd)
+    again = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True,
+                           timeout=60)
+    assert again.returncode == 0 and again.stdout == ""
+
+
+def test_a_driver_refuses_a_stage_not_its_own_before_anything_else(tmp_path):
+    with pytest.raises(LaunchError, match=r"^ZERO_STAGE=2: gpt_deepspeed_Z3_OL.sh runs ZeRO stage 3 "):
+        driver_launch(tmp_path, "Z3_OL", ZERO_STAGE=2)
+    assert not any(tmp_path.iterdir())
+
+
+def test_restarts_run_in_one_supervising_process(tmp_path):
+    """MAX_RESTARTS: the planner process that started the run supervises every attempt (no script started again):
+    a launcher that dies without an error line (a fault) is restarted, each attempt planned afresh by the resume
+    rule, and every attempt's header names the same supervisor."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # a stand-in torch.distributed.run: prints its parent (the supervisor) and dies of a signal, like a killed rank
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(textwrap.dedent("""
+        import os, sys
+        if "torch.distributed.run" in sys.orig_argv:
+            print(f"supervisor {os.getppid()}", flush=True)
+            os.kill(os.getpid(), 9)
+    """))
+    env = subprocess_env(RUNS_DIR=tmp_path / "runs", CUDA_VISIBLE_DEVICES="", MAX_RESTARTS=2, DATA_PATH=tmp_path / "d",
+                         PYTHONPATH=f"{tmp_path / 'site'}{os.pathsep}{REPO_ROOT}")
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    supervisors = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("supervisor ")]
+    assert len(supervisors) == 3 and len(set(supervisors)) == 1, result.stdout + result.stderr
+    assert result.stdout.count("[run] restarting the run from its newest intact checkpoint") == 2, result.stdout
+    # no checkpoint was saved: each restart starts afresh by the resume rule, the failed attempt's files moved aside
+    assert result.stderr.count("[run] starting afresh (no checkpoint to resume there)") == 2, result.stderr
+    log = (tmp_path / "runs" / "gpt_tiny_Z1" / "train.log").read_text()
+    assert ": restart 2 of 2, fresh start" in log.splitlines()[0]
