@@ -3,9 +3,9 @@
     python bench/bench_dry_run.py [--base COMMIT] [--rounds N] [--out FILE]
 
 Runs every golden launch case (tests/golden/launch_cases.py: drivers, ALCF, Slurm, refused settings) with
-DRY_RUN=1, as tests/golden/record_launch.py does, from a worktree of COMMIT (default b03faa0, where the golden files
-were recorded from the bash launch layer) and from this checkout, the two interleaved case by case so that both see the same
-load; N rounds (default 1). Prints, per launch path, the mean seconds per dry run of each and the ratio, and
+DRY_RUN=1, as tests/golden/record_launch.py does, from a worktree of COMMIT (default b03faa0, where the golden
+files were recorded from the bash launch layer) and from this checkout, the two interleaved case by case so that
+both see the same load; N rounds (default 1). Prints, per launch path, the mean seconds per dry run of each and the ratio, and
 whether each case's command line still equals its golden file.
 """
 from __future__ import annotations
@@ -56,12 +56,14 @@ def main(argv: list[str]) -> int:
                             differing[label].append(case.name)
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(base)], check=False)
-    lines = [f"| path | cases | {ns.base} s/dry run | this checkout s/dry run | faster |", "| --- | --- | --- | --- | --- |"]
+    lines = [f"| path | cases | {ns.base} s/dry run | this checkout s/dry run | faster |",
+             "| --- | --- | --- | --- | --- |"]
     for path in ("driver", "alcf", "slurm", "all"):
         before = [t for (label, p), ts in times.items() if label == ns.base and path in (p, "all") for t in ts]
         now = [t for (label, p), ts in times.items() if label == "this checkout" and path in (p, "all") for t in ts]
-        lines.append(f"| {path} | {len(now) // ns.rounds} | {statistics.mean(before):.3f} | {statistics.mean(now):.3f} | "
-                     f"{statistics.mean(before) / statistics.mean(now):.1f}x |")
+        mean_before, mean_now = statistics.mean(before), statistics.mean(now)
+        lines.append(f"| {path} | {len(now) // ns.rounds} | {mean_before:.3f} | {mean_now:.3f} | "
+                     f"{mean_before / mean_now:.1f}x |")
     for label in (ns.base, "this checkout"):
         lines.append(f"\n{label}: {len(differing[label])} cases differ from their golden files"
                      + (f" ({', '.join(differing[label])})" if differing[label] else ""))

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPT pretraining on dolly, one experiment: ZeRO stage 3 (optimizer states, gradients and parameters partitioned); no offload.
+# GPT pretraining on dolly, one experiment: ZeRO stage 3 (optimizer states, gradients and parameters
+# partitioned); no offload.
 # Settings: the environment variables of docs/environment.md (MODEL_SIZE, SEQ_LEN, MICRO_BATCH, GLOBAL_BATCH,
 # TRAIN_ITERS or TRAIN_EPOCHS, NGPUS, LR, DATA_PATH, RUNS_DIR, RUN_NAME, ...); another ZERO_STAGE or OFFLOAD is
 # refused. Extra arguments go to pretrain_gpt.py last. Output: ${RUNS_DIR:-runs}/gpt_<model>_Z3/.

@@ -1,8 +1,8 @@
 """megatron/launch/attempt.py, the way every launch path runs its launcher: the ranks' output appended to the
 run's log, the launcher's own lines set aside, the cause of a failure as the last line, every attempt's command
 kept, and a SIGTERM to the whole process group ending in the ranks' clean stop. And what the launch scripts
-share (scripts/launch_common.sh): one way to find Python, a user's DeepSpeed JSON. The launcher here is a small
-shell script printing what torchrun prints; the real launchers are run in tests/test_drivers.py,
+share (the launch planner, megatron/launch/plan.py): one way to find Python, a user's DeepSpeed JSON. The launcher
+here is a small shell script printing what torchrun prints; the real launchers are run in tests/test_drivers.py,
 tests/test_alcf.py and tests/test_slurm.py."""
 import os
 import signal

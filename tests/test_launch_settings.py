@@ -155,7 +155,7 @@ def training(flags: dict[str, str]) -> dict[str, str]:
                       DATA_SPLIT="90,8,2")),
 ])
 def test_the_drivers_and_alcf_train_the_same_run_from_the_same_settings(tmp_path, settings):
-    """One set of defaults and one precedence (scripts/defaults.sh): the same variables give the same
+    """One set of defaults and one precedence (megatron/launch/settings.py): the same variables give the same
     pretrain_gpt.py flags through examples_zero/ and ALCF/, whichever of the two names (TP or MPSIZE, PRECISION
     or DTYPE, SPLIT or DATA_SPLIT) they are given by."""
     driver = training(driver_flags(tmp_path / "d", **settings))

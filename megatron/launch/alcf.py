@@ -154,7 +154,8 @@ class AlcfPlanner(Planner):
         megatron_args += ["--load", checkpoints]
         prepare = [] if dry_run else [lambda: self._prepare(run_dir, hostfile, hosts, log, v)]
         if shutil.which("mpiexec", path=launch_env.get("PATH")) is None:
-            die("mpiexec not found on PATH: load the MPI module (PBS clusters) or install MPICH (apt-get install mpich)")
+            die("mpiexec not found on PATH: load the MPI module (PBS clusters) or install MPICH "
+                "(apt-get install mpich)")
         command = [*self._mpiexec(launch_env, world, per_host, job_hostfile), *v.get("MPIEXEC_EXTRA_ARGS", "").split(),
                    python, str(REPO / "pretrain_gpt.py"), *megatron_args, *args]
         print(f"[launch] {shlex.join(command)}", flush=True)

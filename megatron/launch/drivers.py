@@ -83,7 +83,8 @@ class DriverPlanner(Planner):
         s = settings.values
         port = v.get("MASTER_PORT", "29500")
 
-        tag = "".join([f"_tp{s['TP']}" * (s["TP"] != "1"), f"_pp{s['PP']}" * (s["PP"] != "1"), "_sp" * (s["SP"] == "1")])
+        tag = "".join([f"_tp{s['TP']}" * (s["TP"] != "1"), f"_pp{s['PP']}" * (s["PP"] != "1"),
+                       "_sp" * (s["SP"] == "1")])
         run_name = v.get("RUN_NAME", f"gpt_{model_size}_{self.experiment}{tag}")
         run_dir = os.path.realpath(os.path.join(v.get("RUNS_DIR", str(REPO / "runs")), run_name))
         prepare = []
@@ -114,7 +115,8 @@ class DriverPlanner(Planner):
         node = None
         log = f"{run_dir}/train.log"
         if node_rank > 0:  # host k's ranks: their output beside host 0's (which holds the run's log)
-            note, node, log = f"host {node_rank} of {nnodes}", f"node{node_rank}", f"{run_dir}/train.node{node_rank}.log"
+            note, node = f"host {node_rank} of {nnodes}", f"node{node_rank}"
+            log = f"{run_dir}/train.node{node_rank}.log"
         alone = None
         if nnodes > 1 and node_rank == 0:  # the other hosts gone for good: host 0 goes on with its own ranks
             alone = dict(NNODES="1", GAS="", GLOBAL_BATCH=s.get("GLOBAL_BATCH", ""), NGPUS=str(ngpus))
