@@ -135,8 +135,8 @@ def test_a_users_deepspeed_json_decides_what_no_variable_set(tmp_path):
     line = next(line for line in alcf.stdout.splitlines() if line.startswith("[launch] "))
     assert f" --deepspeed_config {user}" in line and " --zero-stage " not in line
     assert "| zero from DS_CONFIG |" in alcf.stdout
-    given = dry_run_line("ALCF/train-gpt3.sh", DS_CONFIG=user, ZERO_STAGE=2, MODEL_SIZE_KEY="GPT_TINY",
+    given = dry_run_line("ALCF/train-gpt3.sh", DS_CONFIG=user, ZERO_STAGE=3, MODEL_SIZE_KEY="GPT_TINY",
                          OUTPUT_ROOT=tmp_path, CUDA_VISIBLE_DEVICES="")
-    assert " --zero-stage 2 " in next(line for line in given.stdout.splitlines() if line.startswith("[launch] "))
+    assert " --zero-stage 3 " in next(line for line in given.stdout.splitlines() if line.startswith("[launch] "))
     driver = dry_run_line("examples_zero/gpt_deepspeed_Z3.sh", DS_CONFIG=user, RUNS_DIR=tmp_path)
     assert driver.returncode == 0 and f" --deepspeed_config {user} " in driver.stdout

@@ -127,3 +127,56 @@ def test_restarts_run_in_one_supervising_process(tmp_path):
     assert result.stderr.count("[run] starting afresh (no checkpoint to resume there)") == 2, result.stderr
     log = (tmp_path / "runs" / "gpt_tiny_Z1" / "train.log").read_text()
     assert ": restart 2 of 2, fresh start" in log.splitlines()[0]
+
+
+def test_a_users_json_asking_for_another_stage_is_refused_before_anything_is_written(tmp_path):
+    """The Z1 driver with a JSON of stage 3: one line naming the driver whose stage that is, exit 1, no run folder
+    (a real launch, not a dry run); ALCF with ZERO_STAGE and a JSON that disagree, likewise."""
+    user = tmp_path / "ds.json"
+    user.write_text('{"zero_optimization": {"stage": 3}}')
+    runs = tmp_path / "runs"
+    env = subprocess_env(RUNS_DIR=runs, CUDA_VISIBLE_DEVICES="", DS_CONFIG=user, DATA_PATH=tmp_path / "d")
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        f"error: DS_CONFIG={user} asks for ZeRO stage 3 (zero_optimization.stage) but gpt_deepspeed_Z1.sh runs "
+        "stage 1: run gpt_deepspeed_Z3.sh, whose stage it is, or leave the stage out of the JSON")
+    assert not runs.exists()
+    alcf = subprocess.run(["bash", str(REPO_ROOT / "ALCF" / "train-gpt3.sh")], capture_output=True, text=True,
+                          timeout=120, env=subprocess_env(OUTPUT_ROOT=runs, CUDA_VISIBLE_DEVICES="", DS_CONFIG=user,
+                                                          ZERO_STAGE=2))
+    assert alcf.returncode == 1 and not runs.exists()
+    assert alcf.stderr.splitlines()[-1] == (
+        f"error: ZERO_STAGE=2 and zero_optimization.stage 3 in DS_CONFIG={user} disagree: set one of them (without "
+        "ZERO_STAGE the JSON's stage is the run's)")
+
+
+def test_a_broken_json_is_named_with_its_line_and_column(tmp_path):
+    user = tmp_path / "ds.json"
+    user.write_text('{"zero_optimization": {"stage": 1},\n  "bf16": }')
+    with pytest.raises(LaunchError) as refused:
+        driver_launch(tmp_path, DS_CONFIG=user)
+    assert str(refused.value) == (f"DS_CONFIG={user}: not a readable JSON object (line 2, column 11: Expecting "
+                                  "value)")
+
+
+def test_run_all_analyses_in_the_projects_python(tmp_path):
+    """examples_zero/run_all.sh with no PYTHON set and another python3 first on PATH (one without the project's
+    packages): the six drivers and the analysis run in the repository's .venv, as each driver does."""
+    venv_python = REPO_ROOT / ".venv" / "bin" / "python"
+    if not venv_python.exists():
+        pytest.skip("no .venv in the repository (scripts/setup.sh makes it)")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "python3").symlink_to(os.path.join(sys.base_prefix, "bin", "python3"))  # the venv's base: no matplotlib
+    (tmp_path / "runs").mkdir()
+    env = subprocess_env(RUNS_DIR=tmp_path / "runs", DRY_RUN=1, CUDA_VISIBLE_DEVICES="")
+    env.pop("PYTHON")
+    env["PATH"] = f"{bare}{os.pathsep}{env['PATH']}"
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "run_all.sh")], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.stdout.count(f"DRY_RUN=1, not starting: {venv_python} -m torch.distributed.run ") == 6
+    assert "Traceback" not in result.stderr and "No module named" not in result.stderr
+    assert result.stderr.splitlines()[-1] == (f"error: {tmp_path / 'runs'}: no training runs found (no log with "
+                                              "iteration lines)")

@@ -133,6 +133,10 @@ class AlcfPlanner(Planner):
                                               model_variable="MODEL_SIZE_KEY", alcf_names=True,
                                               sp_variable=sp_variable)
         s = settings.values
+        json_stage = training.json_zero_stage(v["DS_CONFIG"]) if "DS_CONFIG" in v else None
+        if zero_stage_set and json_stage is not None and str(json_stage) != zero_stage:
+            die(f"ZERO_STAGE={zero_stage} and zero_optimization.stage {json_stage} in DS_CONFIG={v['DS_CONFIG']} "
+                "disagree: set one of them (without ZERO_STAGE the JSON's stage is the run's)")
         run_dir, run_name = self._run_folder(v, s, zero_stage)
         user = env.get("USER") or pwd.getpwuid(os.getuid()).pw_name
         log = (f"{run_dir}/logs/{user}-{socket.gethostname()}-nhosts{len(hosts)}-ngpu{world}-"

@@ -64,6 +64,17 @@ class DriverPlanner(Planner):
                 "OFFLOAD=nvme; the others offload nothing): run that driver, or leave OFFLOAD unset")
         v["ZERO_STAGE"], v["OFFLOAD"] = str(self.stage), self.offload
 
+    def _json_stage(self, path: str) -> None:
+        """A user's DeepSpeed JSON that asks for another ZeRO stage than this driver's, refused before anything is
+        written, naming the driver of that stage."""
+        stage = training.json_zero_stage(path)
+        if stage is None or stage == self.stage:
+            return
+        driver = {0: "DP", 1: "Z1", 2: "Z2", 3: "Z3"}.get(stage)
+        hint = f"run gpt_deepspeed_{driver}.sh, whose stage it is" if driver else "ZeRO's stages are 0 to 3"
+        die(f"DS_CONFIG={path} asks for ZeRO stage {stage} (zero_optimization.stage) but "
+            f"gpt_deepspeed_{self.experiment}.sh runs stage {self.stage}: {hint}, or leave the stage out of the JSON")
+
     def plan(self, env: dict[str, str], args: list[str], dry_run: bool, supervisor=None) -> Launch:
         python = python_of(env)
         v = given(env)
@@ -81,6 +92,8 @@ class DriverPlanner(Planner):
         settings = training.training_settings(v, accelerator=accelerator, world=ngpus * nnodes,
                                               model_size=model_size, model_variable="MODEL_SIZE")
         s = settings.values
+        if "DS_CONFIG" in v:
+            self._json_stage(v["DS_CONFIG"])
         port = v.get("MASTER_PORT", "29500")
 
         tag = "".join([f"_tp{s['TP']}" * (s["TP"] != "1"), f"_pp{s['PP']}" * (s["PP"] != "1"),

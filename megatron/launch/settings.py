@@ -75,15 +75,33 @@ class TrainingSettings:
         return " ".join(f"{flag}={variable}" for flag, variable in self.sources.items())
 
 
+def read_ds_config(path: str) -> dict:
+    """A user's DeepSpeed JSON (DS_CONFIG); one line where it is not a JSON object, with the line and column where
+    the JSON breaks."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, ValueError):
+        raise LaunchError(f"DS_CONFIG={path}: not a readable JSON object") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise LaunchError(f"DS_CONFIG={path}: not a readable JSON object (line {error.lineno}, column "
+                          f"{error.colno}: {error.msg})") from None
+    if not isinstance(config, dict):
+        raise LaunchError(f"DS_CONFIG={path}: not a readable JSON object")
+    return config
+
+
+def json_zero_stage(path: str):
+    """The ZeRO stage a user's DeepSpeed JSON asks for (zero_optimization.stage), None when it names none."""
+    section = read_ds_config(path).get("zero_optimization")
+    return section.get("stage") if isinstance(section, dict) else None
+
+
 def _json_keys(path: str) -> set[str]:
     """Which of JSON_KEYS (and bf16.enabled, fp16.enabled) a user's DeepSpeed JSON gives; one line where it
     would lose a section to the flags or is not a JSON object."""
-    try:
-        config = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        raise LaunchError(f"DS_CONFIG={path}: not a readable JSON object") from None
-    if not isinstance(config, dict):
-        raise LaunchError(f"DS_CONFIG={path}: not a readable JSON object")
+    config = read_ds_config(path)
     try:
         refuse_unused_sections(config, path)
     except DeepSpeedJSONError as error:

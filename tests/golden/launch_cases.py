@@ -111,6 +111,7 @@ DRIVER_ERRORS = [
     Case("driver_error_fp16_on_cpu", Z1, dict(PRECISION="fp16"), error=True),
     Case("driver_error_iters_and_epochs", Z1, dict(TRAIN_ITERS="3", TRAIN_EPOCHS="1"), error=True),
     Case("driver_error_ds_config_optimizer", Z1, dict(DS_CONFIG="{fixtures}/ds_config_optimizer.json"), error=True),
+    Case("driver_error_ds_config_stage", driver("Z2"), dict(DS_CONFIG="{fixtures}/ds_config.json"), error=True),
     Case("driver_error_init_hf_not_a_model", Z1, dict(INIT_HF="{tmp}"), error=True),
 ]
 
@@ -132,7 +133,7 @@ ALCF_CASES = [
     Case("alcf_hydra", ALCF, dict(NGPU_PER_HOST="4"), mpi="hydra"),
     Case("alcf_openmpi", ALCF, dict(MASTER_PORT="29612"), mpi="openmpi"),
     Case("alcf_ds_config", ALCF, dict(DS_CONFIG="{fixtures}/ds_config.json")),
-    Case("alcf_ds_config_zero_stage", ALCF, dict(DS_CONFIG="{fixtures}/ds_config.json", ZERO_STAGE="2")),
+    Case("alcf_ds_config_zero_stage", ALCF, dict(DS_CONFIG="{fixtures}/ds_config.json", ZERO_STAGE="1")),
     Case("alcf_megatron_names_epochs", ALCF, dict(TP="2", SP="1", PRECISION="bf16", TRAIN_EPOCHS="1",
                                                   SPLIT="98,1,1", NGPU_PER_HOST="4")),
     Case("alcf_pp2_zero0", ALCF, dict(PPSIZE="2", ZERO_STAGE="0", MODEL_SIZE_KEY="GPT125M", GLOBAL_BATCH="8")),
@@ -143,6 +144,9 @@ ALCF_ERRORS = [
     Case("alcf_error_model_size_key", ALCF, dict(MODEL_SIZE_KEY="GPT7B"), error=True),
     Case("alcf_error_sp_type_deepspeed", ALCF, dict(SP_TYPE="deepspeed"), error=True),
     Case("alcf_error_zero_stage", ALCF, dict(ZERO_STAGE="4"), error=True),
+    # the JSON's zero_optimization.stage is 1 (recorded from bash as a command that pretrain_gpt.py then refused)
+    Case("alcf_error_ds_config_zero_stage", ALCF, dict(DS_CONFIG="{fixtures}/ds_config.json", ZERO_STAGE="2"),
+         error=True),
     Case("alcf_error_ngpu_per_host", ALCF, dict(NGPU_PER_HOST="0"), error=True),
     Case("alcf_error_no_hostfile", ALCF, dict(HOSTFILE="{tmp}/no_hostfile"), error=True),
     Case("alcf_error_global_batch_not_divisible", ALCF, dict(GLOBAL_BATCH="6"), error=True),
