@@ -89,7 +89,11 @@ def run(args: argparse.Namespace) -> int:
     for entry in found.skipped:
         print(f"skipped {entry}", file=sys.stderr)
     if not found.runs:
-        raise SummarizeError(f"{args.path}: no training runs found (no log with iteration lines)")
+        hint = ""
+        if (args.path / "reference.json").is_file():  # a reference sweep keeps its summary, not its logs
+            hint = (f"; it is a reference sweep: compare runs with it by python analysis/summarize.py runs/ --compare "
+                    f"{args.path}")
+        raise SummarizeError(f"{args.path}: no training runs found (no log with iteration lines){hint}")
     out = args.out or (args.path.parent if args.path.is_file() else args.path)
     out.mkdir(parents=True, exist_ok=True)
     table = markdown_table(found.runs)

@@ -176,3 +176,15 @@ def test_cli_bad_flags_and_empty_prompt_file(hf_folder, tmp_path):
     assert result.returncode == 1 and "no prompts" in result.stderr and "Traceback" not in result.stderr
     result = run_tool("--load", checkpoint, "--prompt", "x", "--max-new-tokens", 64)
     assert result.returncode == 1 and "--max-new-tokens 64 leaves no room" in result.stderr
+
+
+def test_generate_text_given_a_run_folder_points_to_its_checkpoints(tmp_path):
+    """--load <run folder> (which holds checkpoints/latest): the one line names the folder to load instead."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest").write_text("global_step60")
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "generate_text.py"), "--load", str(tmp_path),
+                             "--prompt", "Hello"], env=test_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: --load {tmp_path}: not a checkpoint (no 'latest' file and no *model_states.pt): a run folder? its "
+        f"checkpoints are in --load {tmp_path / 'checkpoints'}")

@@ -794,3 +794,14 @@ def test_summary_of_a_real_resumed_run(dolly_data_dir, tmp_path):
     # Epochs once each: epoch 2's whole line is attempt 1's (attempt 2's timed iteration 4 only)
     assert (s.epochs_done, s.partial_epochs, s.epoch_time_source) == (3, [], "measured")
     assert s.epoch_time_s == pytest.approx((epochs[0][1] + epochs[0][2] + epochs[1][3]) / 3)
+
+
+def test_summarizing_a_reference_sweep_points_to_compare():
+    """A reference sweep's folder keeps its summary, not its logs: summarizing it says how to compare with it."""
+    reference = REPO_ROOT / "runs" / "reference" / "cpu-2rank"
+    result = subprocess.run([sys.executable, str(REPO_ROOT / "analysis" / "summarize.py"), str(reference)],
+                            env=test_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (f"error: {reference}: no training runs found (no log with iteration lines); it "
+                                     "is a reference sweep: compare runs with it by python analysis/summarize.py "
+                                     f"runs/ --compare {reference}")

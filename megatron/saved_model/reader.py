@@ -59,7 +59,10 @@ def tag_folder(path: str, tag: str | None = None) -> str:
     if tag is None:
         latest = os.path.join(path, "latest")
         if not os.path.isfile(latest):
-            raise SavedModelError(f"--load {path}: not a checkpoint (no 'latest' file and no *model_states.pt)")
+            inside = os.path.join(path, "checkpoints")
+            hint = f": a run folder? its checkpoints are in --load {inside}" if os.path.isfile(
+                os.path.join(inside, "latest")) else ""
+            raise SavedModelError(f"--load {path}: not a checkpoint (no 'latest' file and no *model_states.pt){hint}")
         with open(latest) as handle:
             tag = handle.read().strip()
     folder = os.path.join(path, tag)
