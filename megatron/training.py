@@ -376,6 +376,11 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
     exit_signal = ExitSignalHandler() if args.training.exit_signal_handler else None
     poll_every = min(log.log_interval, EXIT_SIGNAL_POLL_STEPS)
     clock, clock_from = _StepClock(dist_info).start(), state.iteration
+    if 0 < schedule.train_iters <= state.iteration:  # resumed past the end: else the run would end saying nothing
+        reporter.print_line(f"nothing to train: the checkpoint resumed is at iteration {state.iteration}, already "
+                            f"at or past the {schedule.train_iters} iterations asked for; ask for more iterations, or "
+                            "start afresh with FRESH=1 or under another RUN_NAME (pretrain_gpt.py alone: another "
+                            "--load folder)")
     while state.iteration < schedule.train_iters:
         with reporter.counting():
             result = step_fn(engine, train_iterator, args, dist_info, eod, probe_memory=first_step)
