@@ -74,6 +74,23 @@ def _worker(rank, world_size, port, checks, results_dir):
         dist.destroy_process_group()
 
 
+def _single_worker(rank, world_size, port, fn):
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size)
+        dist.barrier()  # gloo's threads are torn down only once no rank still talks to them
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn, world_size=2):
+    """Run fn(rank, world_size) on world_size real processes; a failing rank fails the caller (the other test
+    files' multi-rank checks use this)."""
+    mp.spawn(_single_worker, args=(world_size, _free_port(), fn), nprocs=world_size, join=True)
+
+
 def run_checks(checks: dict, world_size: int, results_dir: Path) -> dict:
     """All of `checks` in one spawn of world_size real processes: {name: {rank: None or the failure}}."""
     try:
