@@ -6,6 +6,7 @@ offloaded optimizer's step takes (host Adam, its copies, NVMe swaps) is timed he
 """
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -13,11 +14,26 @@ import torch.distributed as dist
 
 from megatron.arguments import Args
 from megatron.comm_counter import CommCounter
+from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
 from megatron.model.accounting import TrainingSetup
 from megatron.model.accounting.step_time import ComputeRates, LinkCosts, StepTime
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# 1: no start-up probes, so no prediction and no time lines (the suite's runs that do not test them, to start
+# faster); docs/log-lines.md
+SKIP_PROBES = "ZERO_LAB_SKIP_PROBES"
+PROBES_SKIPPED_LINE = f" > step time not predicted: {SKIP_PROBES}=1 skips the start-up probes (no time lines)"
+
+
+def probes_skipped(environ=os.environ) -> bool:
+    """Whether SKIP_PROBES asks to skip the probes; a value other than 0 or 1 is refused in one line."""
+    value = environ.get(SKIP_PROBES, "0")
+    if value not in ("0", "1"):
+        raise ZeroLabError(f"{SKIP_PROBES}={value}: expected 0 (probe, the default) or 1 (skip the probes)")
+    return value == "1"
 
 
 def _probe_optimizer(args: Args):

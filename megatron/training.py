@@ -23,7 +23,7 @@ from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
 from megatron.launch.dist_env import all_ranks_on_this_host
 from megatron.model.accounting.step_time import StepTime
-from megatron.step_timing import OffloadStepClock, predict_at_startup
+from megatron.step_timing import PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup, probes_skipped
 from megatron.training_log import (IterationStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
                                    iteration_line, iteration_scalars, memory_line, memory_scalars, model_state_line,
                                    peak_line, probe_line, progress_line, run_info_line, time_line, time_scalars,
@@ -516,8 +516,11 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
         reporter.writers = open_writers(args, schedule, ds_config, reporter.print_line)
     reporter.print_line(peak_line(device_name, accounting.accelerator_part(device_name),
                                   accounting.matmul_precision(ds.precision, tf32), peak))
-    reporter.predicted_time, rates, link = predict_at_startup(args, dist_info, ds_config, setup)
-    reporter.print_line(probe_line(rates, link, reporter.predicted_time))
+    if probes_skipped():
+        reporter.print_line(PROBES_SKIPPED_LINE)
+    else:
+        reporter.predicted_time, rates, link = predict_at_startup(args, dist_info, ds_config, setup)
+        reporter.print_line(probe_line(rates, link, reporter.predicted_time))
     if engine is not None and ds.offload_optimizer and par.pipeline_model_parallel_size == 1:
         reporter.offload_clock = OffloadStepClock(comm, dist_info.on_cuda)
         reporter.offload_clock.install(engine)

@@ -149,6 +149,21 @@ def six_driver_runs(dolly_data_dir, tmp_path_factory):
     return runs_dir, result
 
 
+@pytest.fixture(scope="session")
+def shared_runs(dolly_data_dir, tmp_path_factory):
+    """tests/runs.py's memoised runner: a run asked for twice (same flags) runs once per session."""
+    from runs import SharedRuns
+    return SharedRuns(tmp_path_factory.mktemp("shared_runs"), dolly_data_dir)
+
+
+@pytest.fixture(scope="session")
+def checkpoint_run(shared_runs):
+    """tests/runs.py's saved-checkpoint run, which the fault and manifest tests share: its log and checkpoint
+    folder (global_step2, 4, 6, 8)."""
+    from runs import CHECKPOINT_RUN
+    return shared_runs.get(*CHECKPOINT_RUN)
+
+
 # Tensor, pipeline and sequence parallel layouts of one seeded run (fp32, dropout off: its streams differ per
 # TP rank), name -> (ranks, flags); the serial run at ZeRO 0 is the reference. TP=t pads the vocabulary to
 # 128/t x t, so every layout has the serial run's 50304 rows and the same initial weights.
@@ -172,7 +187,9 @@ def parallel_pretrain(data_dir, ranks: int, *extra: str) -> subprocess.Completed
            "--eval-iters", "1", "--lr", "1e-3", "--seed", "7", "--hidden-dropout", "0", "--attention-dropout", "0",
            "--data-path", str(data_dir / "dolly_text_document"), "--vocab-file", str(data_dir / "gpt2-vocab.json"),
            "--merge-file", str(data_dir / "gpt2-merges.txt"), *extra]
-    run = subprocess.run(cmd, env=test_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=400)
+    # no start-up probes: the layouts' tests read the memory, traffic and loss lines, not the time lines
+    run = subprocess.run(cmd, env=test_env(OMP_NUM_THREADS="1", ZERO_LAB_SKIP_PROBES="1"), capture_output=True,
+                         text=True, timeout=400)
     assert run.returncode == 0, f"{' '.join(extra)}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     return run
 

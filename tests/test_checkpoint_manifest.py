@@ -2,21 +2,19 @@
 and kept in the completion marker; at a resume a file that does not match is named in one line and the
 newest intact checkpoint before it is resumed instead.
 
-Real 2-rank runs (ZeRO-1, dropout off): one saves global_step2 and global_step4; a byte flipped in a
-shard of global_step4, or a truncated file, makes the resumed run skip it, resume global_step2 and repeat
-the first run's losses; a checkpoint saved before manifests existed loads as before, with a note."""
+Real 2-rank runs (ZeRO-1, dropout off): tests/runs.py's saved-checkpoint run saves global_step2, 4, 6 and 8; a
+byte flipped in a shard of global_step8, or a truncated file, makes the resumed run skip it, resume global_step6
+and repeat the first run's losses; a checkpoint saved before manifests existed loads as before, with a note."""
 import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import zlib
 
 import pytest
 import torch
 
-from conftest import REPO_ROOT, free_port, test_env
+from runs import CHECKPOINT_ITERS, CHECKPOINT_RUN, run_pretrain
 from megatron.checkpointing import protocol
 from megatron.checkpointing.checksum import StreamCRC, crc32_combine, file_crc32, format_crc
 from megatron.checkpointing.protocol import CheckpointError, resume_tag
@@ -24,6 +22,7 @@ from megatron.checkpointing.run_folder import decide
 
 LOSS = re.compile(r" iteration +(\d+)/ +\d+ \|.*?\| lm loss: (\S+) \|")
 SHARD = "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+TAGS = ("global_step2", "global_step4", "global_step6", "global_step8")  # what the saved-checkpoint run saves
 
 
 def flip_byte(path, offset=None):
@@ -168,16 +167,8 @@ def test_launch_rule_says_what_it_skipped(tmp_path):
 # ---- real 2-rank runs ----
 
 def pretrain(data_dir, *extra, expect=0):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(REPO_ROOT / "pretrain_gpt.py"), "--model-size", "tiny", "--seq-length", "64", "--micro-batch-size", "2",
-           "--global-batch-size", "8", "--train-iters", "4", "--log-interval", "1", "--eval-interval", "100",
-           "--eval-iters", "0", "--lr", "1e-3", "--lr-warmup-iters", "2", "--hidden-dropout", "0",
-           "--attention-dropout", "0", "--zero-stage", "1", "--data-path", str(data_dir / "dolly_text_document"),
-           "--vocab-file", str(data_dir / "gpt2-vocab.json"), "--merge-file", str(data_dir / "gpt2-merges.txt"), *extra]
-    run = subprocess.run(cmd, env=test_env(), capture_output=True, text=True, timeout=600)
-    if expect is not None:
-        assert run.returncode == expect, run.stdout[-3000:] + run.stderr[-3000:]
-    return run
+    """A run from the saved-checkpoint run's flags (tests/runs.py), which it resumes."""
+    return run_pretrain(data_dir, *CHECKPOINT_RUN[:2], *extra, expect=expect)
 
 
 def losses(log: str) -> dict[int, float]:
@@ -185,13 +176,12 @@ def losses(log: str) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def saved(dolly_data_dir, tmp_path_factory):
-    """The uninterrupted run, 4 iterations, saving global_step2 and global_step4: its losses and folder."""
-    folder = tmp_path_factory.mktemp("manifest") / "ckpt"
-    run = pretrain(dolly_data_dir, "--save", str(folder), "--save-interval", "2")
-    found = losses(run.stdout)
-    assert sorted(found) == [1, 2, 3, 4]
-    return found, folder
+def saved(checkpoint_run):
+    """The uninterrupted run, 8 iterations saving global_step2, 4, 6 and 8 (tests/runs.py's saved-checkpoint run,
+    shared with the fault tests): its losses and folder. Tests damage copies of it."""
+    found = losses(checkpoint_run.stdout)
+    assert sorted(found) == list(range(1, CHECKPOINT_ITERS + 1))
+    return found, checkpoint_run.folder
 
 
 def copy_of(folder, target):
@@ -202,7 +192,7 @@ def copy_of(folder, target):
 @pytest.mark.slow
 def test_a_real_save_lists_every_file_with_its_checksum(saved):
     _, folder = saved
-    for tag in ("global_step2", "global_step4"):
+    for tag in TAGS:
         marker = json.loads((folder / tag / "zero_lab_state.json").read_text())
         assert SHARD in marker["files"] and "mp_rank_00_model_states.pt" in marker["files"]
         assert sorted(marker["crc32"]) == sorted(marker["files"])  # every rank's files, each with its CRC-32
@@ -216,12 +206,12 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_the_one_befo
                                                                                   damage):
     ref_losses, ref_folder = saved
     folder = copy_of(ref_folder, tmp_path / "ckpt")
-    shard = folder / "global_step4" / SHARD
+    shard = folder / "global_step8" / SHARD
     size = shard.stat().st_size
     if damage == "flipped byte":
         flip_byte(shard)
         crc = format_crc(file_crc32(str(shard)))
-        saved_crc = json.loads((folder / "global_step4" / "zero_lab_state.json").read_text())["crc32"][SHARD]
+        saved_crc = json.loads((folder / "global_step8" / "zero_lab_state.json").read_text())["crc32"][SHARD]
         why = f"{SHARD} has CRC-32 {crc}, {saved_crc} when it was saved (its contents changed after the save)"
     else:
         with open(shard, "r+b") as handle:
@@ -229,42 +219,42 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_the_one_befo
         why = f"{SHARD} is {size - 1000} bytes, {size} when it was saved"
     resumed = pretrain(dolly_data_dir, "--load", str(folder), "--save", str(folder), "--save-interval", "2")
     assert [line for line in resumed.stdout.splitlines() if "skipped checkpoint" in line] == [
-        f"warning: --load {folder}: skipped checkpoint global_step4: {why}; resuming from global_step2"]
-    assert re.search(rf"loaded checkpoint {re.escape(str(folder / 'global_step2'))}\S* at iteration 2$", resumed.stdout,
+        f"warning: --load {folder}: skipped checkpoint global_step8: {why}; resuming from global_step6"]
+    assert re.search(rf"loaded checkpoint {re.escape(str(folder / 'global_step6'))}\S* at iteration 6$", resumed.stdout,
                      re.M)
-    assert losses(resumed.stdout) == {3: ref_losses[3], 4: ref_losses[4]}
-    # the resumed run's own save of global_step4 replaced the damaged one
-    assert resume_tag(str(folder)).tag == "global_step4" and resume_tag(str(folder)).skipped == []
+    assert losses(resumed.stdout) == {7: ref_losses[7], 8: ref_losses[8]}
+    # the resumed run's own save of global_step8 replaced the damaged one
+    assert resume_tag(str(folder)).tag == "global_step8" and resume_tag(str(folder)).skipped == []
 
 
 @pytest.mark.slow
 def test_no_intact_checkpoint_is_one_line_and_a_non_zero_exit(dolly_data_dir, saved, tmp_path):
     _, ref_folder = saved
     folder = copy_of(ref_folder, tmp_path / "ckpt")
-    for tag in ("global_step2", "global_step4"):
+    for tag in TAGS:
         flip_byte(folder / tag / SHARD)
     run = pretrain(dolly_data_dir, "--load", str(folder), expect=None)
     assert run.returncode != 0
     errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
     assert errors and set(errors) == {errors[0]}
-    assert re.fullmatch(rf"error: --load {re.escape(str(folder))}: no intact checkpoint to resume: global_step4: "
+    assert re.fullmatch(rf"error: --load {re.escape(str(folder))}: no intact checkpoint to resume: global_step8: "
                         rf"{SHARD} has CRC-32 \w{{8}}, \w{{8}} when it was saved \(its contents changed after the "
-                        rf"save\); global_step2: {SHARD} has CRC-32 .*", errors[0]), errors
+                        rf"save\); global_step6: {SHARD} has CRC-32 .*", errors[0]), errors
 
 
 @pytest.mark.slow
 def test_a_checkpoint_saved_before_manifests_loads_with_a_note(dolly_data_dir, saved, tmp_path):
     ref_losses, ref_folder = saved
     folder = copy_of(ref_folder, tmp_path / "ckpt")
-    for tag in ("global_step2", "global_step4"):
+    for tag in TAGS:
         marker = folder / tag / "zero_lab_state.json"
         record = json.loads(marker.read_text())
         del record["crc32"]
         marker.write_text(json.dumps(record))
-    resumed = pretrain(dolly_data_dir, "--load", str(folder), "--train-iters", "5")
-    note = (f"note: --load {folder}: global_step4 has no checksums (saved before zero-lab wrote them, or through "
+    resumed = pretrain(dolly_data_dir, "--load", str(folder), "--train-iters", str(CHECKPOINT_ITERS + 1))
+    note = (f"note: --load {folder}: global_step8 has no checksums (saved before zero-lab wrote them, or through "
             "another checkpoint engine): its files' sizes were checked, their contents cannot be")
     assert note in resumed.stdout.splitlines()
-    assert re.search(rf"loaded checkpoint {re.escape(str(folder / 'global_step4'))}\S* at iteration 4$", resumed.stdout,
+    assert re.search(rf"loaded checkpoint {re.escape(str(folder / 'global_step8'))}\S* at iteration 8$", resumed.stdout,
                      re.M)
-    assert sorted(losses(resumed.stdout)) == [5]
+    assert sorted(losses(resumed.stdout)) == [CHECKPOINT_ITERS + 1]

@@ -2,8 +2,9 @@
 save, a file-size limit (as a full disk) during an overwrite, a crafted checkpoint that would run code, a
 resume on another layout (DeepSpeed's universal checkpoint), and the start-up checks of the paths.
 
-One uninterrupted run (2 CPU ranks, ZeRO-1, dropout off, 8 iterations, a checkpoint every 2) is the
-reference the resumed runs must repeat loss for loss."""
+One uninterrupted run (2 CPU ranks, ZeRO-1, dropout off, 8 iterations, a checkpoint every 2: tests/runs.py's
+saved-checkpoint run, shared with the manifest tests) is the reference the resumed runs must
+repeat loss for loss; they start from its flags (runs.pretrain_cmd)."""
 import json
 import os
 import re
@@ -18,28 +19,12 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, free_port, test_env
+from runs import SKIP_PROBES, pretrain_cmd
+from runs import run_pretrain as pretrain
 from megatron.checkpointing.checksum import file_crc32, format_crc
 from megatron.checkpointing.protocol import check_resumable, incomplete_reason
 
 LOSS = re.compile(r" iteration +(\d+)/ +\d+ \|.*?\| lm loss: (\S+) \|")
-
-
-def pretrain_cmd(data_dir, ranks=2, *extra):
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-            "--master_port", str(free_port()), str(REPO_ROOT / "pretrain_gpt.py"), "--model-size", "tiny",
-            "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "8",
-            "--log-interval", "1", "--eval-interval", "100", "--eval-iters", "0", "--lr", "1e-3",
-            "--lr-warmup-iters", "2", "--hidden-dropout", "0", "--attention-dropout", "0",
-            "--data-path", str(data_dir / "dolly_text_document"), "--vocab-file", str(data_dir / "gpt2-vocab.json"),
-            "--merge-file", str(data_dir / "gpt2-merges.txt"), *extra]
-
-
-def pretrain(data_dir, *extra, ranks=2, env=None, expect=0):
-    run = subprocess.run(pretrain_cmd(data_dir, ranks, *extra), env=env or test_env(), capture_output=True,
-                         text=True, timeout=600)
-    if expect is not None:
-        assert run.returncode == expect, run.stdout[-3000:] + run.stderr[-3000:]
-    return run
 
 
 def losses(log: str) -> dict[int, float]:
@@ -59,13 +44,12 @@ def copy_checkpoints(source, target, tags, latest):
 
 
 @pytest.fixture(scope="module")
-def reference(dolly_data_dir, tmp_path_factory):
-    """The uninterrupted run: its losses and its checkpoints global_step2, 4, 6, 8."""
-    folder = tmp_path_factory.mktemp("reference")
-    run = pretrain(dolly_data_dir, "--zero-stage", "1", "--save", str(folder), "--save-interval", "2")
-    found = losses(run.stdout)
+def reference(checkpoint_run):
+    """The uninterrupted run (tests/runs.py's saved-checkpoint run, shared with the manifest tests): its losses
+    and its checkpoints global_step2, 4, 6, 8. Tests copy what they change."""
+    found = losses(checkpoint_run.stdout)
     assert sorted(found) == list(range(1, 9))
-    return found, folder
+    return found, checkpoint_run.folder
 
 
 @pytest.mark.slow
@@ -74,7 +58,7 @@ def test_sigterm_saves_the_current_iteration_and_resume_repeats_the_losses(dolly
     save = tmp_path / "ckpt"
     proc = subprocess.Popen(pretrain_cmd(dolly_data_dir, 2, "--zero-stage", "1", "--save", str(save),
                                          "--exit-signal-handler"),
-                            env=test_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=test_env(**SKIP_PROBES), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = []
     for line in proc.stdout:
         log.append(line)
@@ -163,6 +147,7 @@ def _save_perturb_and_resume(rank, folder):
         f"rank {rank}: tensor-parallel tracker"
 
 
+@pytest.mark.slow  # two ranks of a real DeepSpeed engine
 def test_a_resume_gives_each_rank_its_own_random_generators(tmp_path):
     """At ZeRO 0-2 DeepSpeed writes the client state from rank 0 only; each rank's generators are saved in a
     file of its own, in the manifest, and each rank gets its own back (issue 40 item 5)."""
@@ -221,7 +206,7 @@ def test_an_interrupted_overwrite_keeps_the_checkpoint_it_was_replacing(dolly_da
     cmd = pretrain_cmd(dolly_data_dir, 2, "--zero-stage", "1", "--seed", "99", "--save", str(folder),
                        "--save-interval", "2")
     # 10 MiB per file: the dataset's index files exist already; each checkpoint file is larger
-    run = subprocess.run(["bash", "-c", 'ulimit -f 10240 && exec "$@"', "bash", *cmd], env=test_env(),
+    run = subprocess.run(["bash", "-c", 'ulimit -f 10240 && exec "$@"', "bash", *cmd], env=test_env(**SKIP_PROBES),
                          capture_output=True, text=True, timeout=600)
     assert run.returncode != 0
     lines = error_lines(run)

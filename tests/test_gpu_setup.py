@@ -165,7 +165,7 @@ def offline_env(**overrides):
     return env
 
 
-@pytest.mark.slow
+@pytest.mark.network  # pip downloads every wheel and a torch from the package index
 def test_wheelhouse_installs_offline_next_to_a_preinstalled_torch(tmp_path):
     wheelhouse = tmp_path / "wheelhouse"
     built = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "wheelhouse.sh"), str(wheelhouse)],

@@ -339,3 +339,29 @@ def test_pipeline_bubble_and_model_parallel_link():
     mp_only = predict_step_time(CONFIG, tp2dp2, 0, RATES, free, BUCKETS, overlap_comm=False, model_parallel_link=GLOO)
     assert dp_only.communication + mp_only.communication == pytest.approx(whole.communication, rel=1e-6)
     assert 0 < mp_only.communication < whole.communication
+
+
+@pytest.mark.parametrize("environ, skipped", [({}, False), ({"ZERO_LAB_SKIP_PROBES": "0"}, False),
+                                              ({"ZERO_LAB_SKIP_PROBES": "1"}, True)])
+def test_zero_lab_skip_probes_says_whether_to_probe(environ, skipped):
+    from megatron.step_timing import probes_skipped
+    assert probes_skipped(environ) is skipped
+
+
+def test_zero_lab_skip_probes_of_another_value_is_one_line():
+    from megatron.errors import ZeroLabError
+    from megatron.step_timing import probes_skipped
+    with pytest.raises(ZeroLabError) as error:
+        probes_skipped({"ZERO_LAB_SKIP_PROBES": "yes"})
+    assert str(error.value) == "ZERO_LAB_SKIP_PROBES=yes: expected 0 (probe, the default) or 1 (skip the probes)"
+
+
+@pytest.mark.slow
+def test_a_run_without_the_probes_says_so_and_prints_no_time_lines(checkpoint_run):
+    """tests/runs.py's runs set ZERO_LAB_SKIP_PROBES=1; the drivers' runs (tests/test_drivers.py) probe and
+    print the prediction and the time lines."""
+    from megatron.step_timing import PROBES_SKIPPED_LINE
+    log = checkpoint_run.stdout
+    assert log.splitlines().count(PROBES_SKIPPED_LINE) == 1
+    assert "step time predicted" not in log and " time at iteration " not in log
+    assert " iteration        8/       8 |" in log

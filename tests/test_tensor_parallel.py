@@ -1,8 +1,13 @@
 """Tensor parallelism on real 2-rank gloo groups (tests marked slow): layers, loss, RNG, the whole
 GPT model, DeepSpeed with our mpu and the pipeline form against their serial counterparts;
-the parallel layout's rank order and errors."""
+the parallel layout's rank order and errors. The checks of one world size run in one spawn of its ranks
+(the fixtures world_2, world_4); each test asserts on its check's result on every rank."""
+import datetime
+import json
 import os
 import socket
+import traceback
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,7 +39,42 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world_size, port, fn):
+# A check that hangs in a collective (its peer failed before it) fails after this many seconds, not the suite's.
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+def _worker(rank, world_size, port, checks, results_dir):
+    """Run each of `checks` (name -> fn(rank, world_size)) in order on this rank, writing {name: None, or the
+    failure} to results_dir/rank<rank>.json. After the first failure on any rank the ranks may no longer agree
+    on which collective comes next, so the rest are not run (recorded as such)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=COLLECTIVE_TIMEOUT)
+    results, failed = {}, None
+    try:
+        for name, fn in checks.items():
+            if failed is not None:
+                results[name] = f"not run: check {failed} failed before it"
+                continue
+            try:
+                fn(rank, world_size)
+                results[name] = None
+            except BaseException:  # noqa: BLE001 - the test reports it, with its traceback
+                results[name], failed = traceback.format_exc(), name
+            ok = torch.tensor([0.0 if failed else 1.0])
+            if failed is None:  # every rank's verdict, so a failure on one stops the others too
+                dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+                if ok.item() == 0.0:
+                    failed = f"{name} (on another rank)"
+        if failed is None:
+            dist.barrier()  # gloo's threads are torn down only once no rank still talks to them
+    finally:
+        (Path(results_dir) / f"rank{rank}.json").write_text(json.dumps(results))
+        dist.destroy_process_group()
+
+
+def _single_worker(rank, world_size, port, fn):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
@@ -46,8 +86,24 @@ def _worker(rank, world_size, port, fn):
 
 
 def run_ranks(fn, world_size=2):
-    """Run fn(rank, world_size) on world_size real processes; a failing rank fails the test."""
-    mp.spawn(_worker, args=(world_size, _free_port(), fn), nprocs=world_size, join=True)
+    """Run fn(rank, world_size) on world_size real processes; a failing rank fails the caller (the other test
+    files' multi-rank checks use this)."""
+    mp.spawn(_single_worker, args=(world_size, _free_port(), fn), nprocs=world_size, join=True)
+
+
+def run_checks(checks: dict, world_size: int, results_dir: Path) -> dict:
+    """All of `checks` in one spawn of world_size real processes: {name: {rank: None or the failure}}."""
+    try:
+        mp.spawn(_worker, args=(world_size, _free_port(), checks, str(results_dir)), nprocs=world_size, join=True)
+    except mp.ProcessRaisedException as error:  # a rank died outside the checks: every check reports it
+        return {name: {0: f"the ranks failed: {error}"} for name in checks}
+    per_rank = [json.loads((results_dir / f"rank{rank}.json").read_text()) for rank in range(world_size)]
+    return {name: {rank: found[name] for rank, found in enumerate(per_rank)} for name in checks}
+
+
+def assert_passed(results: dict, name: str) -> None:
+    failures = {rank: failure for rank, failure in results[name].items() if failure is not None}
+    assert not failures, "\n".join(f"{name} on rank {rank}:\n{failure}" for rank, failure in failures.items())
 
 
 def _shard(full, dim, rank, world=2):
@@ -107,8 +163,8 @@ def _check_linear_layers(rank, world):
 
 
 @pytest.mark.slow
-def test_column_and_row_parallel_linear_match_serial():
-    run_ranks(_check_linear_layers)
+def test_column_and_row_parallel_linear_match_serial(world_2):
+    assert_passed(world_2, "_check_linear_layers")
 
 
 def _check_embedding(rank, world):
@@ -129,8 +185,8 @@ def _check_embedding(rank, world):
 
 
 @pytest.mark.slow
-def test_vocab_parallel_embedding_matches_serial():
-    run_ranks(_check_embedding)
+def test_vocab_parallel_embedding_matches_serial(world_2):
+    assert_passed(world_2, "_check_embedding")
 
 
 def _check_fused_lm_loss(rank, world):
@@ -157,8 +213,8 @@ def _check_fused_lm_loss(rank, world):
 
 
 @pytest.mark.slow
-def test_fused_output_layer_loss_matches_torch_over_vocab_shards():
-    run_ranks(_check_fused_lm_loss)
+def test_fused_output_layer_loss_matches_torch_over_vocab_shards(world_2):
+    assert_passed(world_2, "_check_fused_lm_loss")
 
 
 def _check_sequence_parallel_mappings(rank, world):
@@ -180,8 +236,8 @@ def _check_sequence_parallel_mappings(rank, world):
 
 
 @pytest.mark.slow
-def test_sequence_parallel_gather_and_reduce_scatter():
-    run_ranks(_check_sequence_parallel_mappings)
+def test_sequence_parallel_gather_and_reduce_scatter(world_2):
+    assert_passed(world_2, "_check_sequence_parallel_mappings")
 
 
 def _check_mappings_on_torch_before_2_13(rank, world):
@@ -192,7 +248,8 @@ def _check_mappings_on_torch_before_2_13(rank, world):
 
     from megatron import comm_counter
 
-    for name in ("all_gather_single", "reduce_scatter_single"):
+    removed = {name: getattr(dist, name) for name in ("all_gather_single", "reduce_scatter_single")}
+    for name in removed:
         delattr(dist, name)
     counter = comm_counter.install()
     try:
@@ -201,14 +258,16 @@ def _check_mappings_on_torch_before_2_13(rank, world):
             _check_sequence_parallel_mappings(rank, world)
     finally:
         comm_counter.uninstall()
+        for name, fn in removed.items():  # the checks after this one run on torch 2.13 again
+            setattr(dist, name, fn)
     # forward gather + its backward reduce-scatter, forward reduce-scatter + its backward gather
     assert counter.calls == {"all_gather_into_tensor": 2, "reduce_scatter_tensor": 2}, counter.calls
     assert counter.sent["all_gather"] == counter.sent["reduce_scatter"] == 2 * (24 * 4 / 2)  # 24 fp32, half sent
 
 
 @pytest.mark.slow
-def test_sequence_parallel_mappings_without_the_torch_2_13_collectives():
-    run_ranks(_check_mappings_on_torch_before_2_13)
+def test_sequence_parallel_mappings_without_the_torch_2_13_collectives(world_2):
+    assert_passed(world_2, "_check_mappings_on_torch_before_2_13")
 
 
 def _check_rng_tracker(rank, world):
@@ -230,8 +289,8 @@ def _check_rng_tracker(rank, world):
 
 
 @pytest.mark.slow
-def test_rng_tracker_differs_inside_tensor_parallel_region_only():
-    run_ranks(_check_rng_tracker)
+def test_rng_tracker_differs_inside_tensor_parallel_region_only(world_2):
+    assert_passed(world_2, "_check_rng_tracker")
 
 
 def _gpt_config(**overrides):
@@ -294,8 +353,8 @@ def _check_gpt_tp2_matches_tp1(rank, world):
 
 
 @pytest.mark.slow
-def test_gpt_tp2_matches_tp1_loss_and_gradients():
-    run_ranks(_check_gpt_tp2_matches_tp1)
+def test_gpt_tp2_matches_tp1_loss_and_gradients(world_2):
+    assert_passed(world_2, "_check_gpt_tp2_matches_tp1")
 
 
 def _check_gpt_tp2_dropout_and_recompute(rank, world):
@@ -320,8 +379,8 @@ def _check_gpt_tp2_dropout_and_recompute(rank, world):
 
 
 @pytest.mark.slow
-def test_gpt_tp2_dropout_consistent_and_recompute_exact():
-    run_ranks(_check_gpt_tp2_dropout_and_recompute)
+def test_gpt_tp2_dropout_consistent_and_recompute_exact(world_2):
+    assert_passed(world_2, "_check_gpt_tp2_dropout_and_recompute")
 
 
 def test_layout_rank_order_matches_megatron_world_8_tp2_pp2():
@@ -383,8 +442,8 @@ def _check_state_groups(rank, world):
 
 
 @pytest.mark.slow
-def test_parallel_state_builds_real_groups_world_4():
-    run_ranks(_check_state_groups, world_size=4)
+def test_parallel_state_builds_real_groups_world_4(world_4):
+    assert_passed(world_4, "_check_state_groups")
 
 
 def _check_deepspeed_zero_with_mpu(rank, world):
@@ -427,8 +486,8 @@ def _check_deepspeed_zero_with_mpu(rank, world):
 
 
 @pytest.mark.slow
-def test_deepspeed_zero_accepts_parallel_state_as_mpu():
-    run_ranks(_check_deepspeed_zero_with_mpu)
+def test_deepspeed_zero_accepts_parallel_state_as_mpu(world_2):
+    assert_passed(world_2, "_check_deepspeed_zero_with_mpu")
 
 
 def _pipe_to_serial_name(name: str, num_layers: int) -> str:
@@ -491,5 +550,23 @@ def _check_pipeline_matches_serial(rank, world):
 
 
 @pytest.mark.slow
-def test_pipeline_form_two_stages_matches_serial_training():
-    run_ranks(_check_pipeline_matches_serial)
+def test_pipeline_form_two_stages_matches_serial_training(world_2):
+    assert_passed(world_2, "_check_pipeline_matches_serial")
+
+
+# One spawn per world size runs every check of that size (each spawn costs an interpreter, torch and gloo
+# start-up per rank); each test asserts on its own check's result. The pipeline check goes last: it
+# initializes deepspeed.comm over the group.
+CHECKS_WORLD_2 = [_check_linear_layers, _check_embedding, _check_fused_lm_loss, _check_sequence_parallel_mappings,
+                  _check_mappings_on_torch_before_2_13, _check_rng_tracker, _check_gpt_tp2_matches_tp1,
+                  _check_gpt_tp2_dropout_and_recompute, _check_deepspeed_zero_with_mpu, _check_pipeline_matches_serial]
+
+
+@pytest.fixture(scope="module")
+def world_2(tmp_path_factory):
+    return run_checks({fn.__name__: fn for fn in CHECKS_WORLD_2}, 2, tmp_path_factory.mktemp("tp_world_2"))
+
+
+@pytest.fixture(scope="module")
+def world_4(tmp_path_factory):
+    return run_checks({_check_state_groups.__name__: _check_state_groups}, 4, tmp_path_factory.mktemp("tp_world_4"))

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO_ROOT, test_env
+from runs import SKIP_PROBES
 
 pytestmark = pytest.mark.slow
 
@@ -25,14 +26,15 @@ def free_port() -> int:
 
 
 def pretrain(data_dir, *extra, iters=4):
-    """Launch pretrain_gpt.py on 2 CPU ranks with torchrun; returns the CompletedProcess."""
+    """Launch pretrain_gpt.py on 2 CPU ranks with torchrun, without the start-up probes (no test here reads the
+    time lines); returns the CompletedProcess."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            str(REPO_ROOT / "pretrain_gpt.py"), "--model-size", "tiny", "--seq-length", "64",
            "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(iters),
            "--log-interval", "1", "--eval-iters", "0", "--lr", "1e-3", "--seed", "7",
            "--data-path", str(data_dir / "dolly_text_document"), "--vocab-file", str(data_dir / "gpt2-vocab.json"),
            "--merge-file", str(data_dir / "gpt2-merges.txt"), *extra]
-    return subprocess.run(cmd, env=test_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, env=test_env(**SKIP_PROBES), capture_output=True, text=True, timeout=300)
 
 
 def losses(log: str) -> list[float]:
