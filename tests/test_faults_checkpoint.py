@@ -397,3 +397,18 @@ def test_universal_refusals(saved, run, refused):
     assert (reason is None) if refused is None else (refused in reason)
     layouts[1]["tensor_model_parallel_size"] = 2
     assert model_parallel_refusal(*layouts).startswith("it was saved with tensor-parallel size 1, this run has 2;")
+
+
+@pytest.mark.slow
+def test_a_run_resumed_past_its_length_says_it_has_nothing_to_train(dolly_data_dir, reference, tmp_path):
+    """Resuming global_step8 with --train-iters 4: no iteration runs, and one line says why and what to do (it
+    ended before with `[after training is done]` alone)."""
+    _, saved = reference
+    ckpt = copy_checkpoints(saved, tmp_path / "ckpt", ["global_step8"], "global_step8")
+    run = pretrain(dolly_data_dir, "--zero-stage", "1", "--load", str(ckpt), "--save", str(ckpt),
+                   "--train-iters", "4")
+    assert losses(run.stdout) == {}
+    assert ("nothing to train: the checkpoint resumed is at iteration 8, already at or past the 4 iterations asked "
+            "for; ask for more iterations, or start afresh with FRESH=1 or under another RUN_NAME (pretrain_gpt.py "
+            "alone: another --load folder)") in run.stdout.splitlines()
+    assert "[after training is done]" in run.stdout
