@@ -67,11 +67,11 @@ def launch_script(script: Path, args=(), env: dict | None = None, cwd=REPO_ROOT)
     if env.get("DRY_RUN") != "1" or argv is None or env.get("VENV_DIR") or another_python:
         return subprocess.run(["bash", str(script), *map(str, args)], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=300)
-    from megatron.launch import plan
+    from megatron.launch import cli
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = plan.main(argv, environ=env)
+        status = cli.main(argv, environ=env)
     return subprocess.CompletedProcess(["bash", str(script), *map(str, args)], status, out.getvalue(), err.getvalue())
 
 

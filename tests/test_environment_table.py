@@ -3,7 +3,6 @@ else: the table cannot drift from them. A variable a script reads from its calle
 (`${NAME:-...}`, `${NAME:+...}`, `${NAME-...}`, `${NAME+...}`); the planner (megatron/launch/) reads the environment
 as `v`/`env` (`v.get("NAME")`, `v["NAME"]`, `"NAME" in v`, `setdefault`), and its settings list theirs in READ."""
 import re
-import subprocess
 
 from conftest import REPO_ROOT, launch_script
 from megatron.launch import settings

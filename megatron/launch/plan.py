@@ -1,11 +1,8 @@
 """The launch planner: the environment and the arguments of a launch script in, one run out.
 
-    python -m megatron.launch.plan driver Z1 [-- pretrain_gpt.py flags]
-    python -m megatron.launch.plan alcf [-- flags]
-    python -m megatron.launch.plan slurm [-- flags]
-
 Every launch script (examples_zero/gpt_deepspeed_*.sh, ALCF/train-gpt3.sh, examples_zero/slurm/train.sbatch) is a
-few lines that find Python (scripts/plan.sh) and run this. One process, without torch, does what a launch is:
+few lines that find Python (scripts/plan.sh) and run `python -m megatron.launch.cli` (the paths' entry). One
+process, without torch, does what a launch is:
 - the path's own rules turn the variables into a `Launch` (megatron/launch/drivers.py, alcf.py; the training
   settings both share are megatron/launch/settings.py), or one `error:` line naming the variable, exit 1;
 - the run lock (one launch per run folder), the one resume rule (megatron/checkpointing/run_folder.py, FRESH=1);
@@ -17,7 +14,6 @@ few lines that find Python (scripts/plan.sh) and run this. One process, without 
 """
 from __future__ import annotations
 
-import argparse
 import fcntl
 import importlib.util
 import os
@@ -33,7 +29,7 @@ from typing import Callable, Mapping
 
 from megatron.checkpointing import run_folder
 from megatron.errors import ZeroLabError
-from megatron.launch.settings import LaunchError, check
+from megatron.launch.settings import LaunchError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -188,40 +184,3 @@ def launch(planner: Planner, env: dict[str, str], args: list[str]) -> int:
         print(launch_plan.dry_run_line, flush=True)
         return 0
     return Supervisor(planner, env, args).run()
-
-
-def main(argv: list[str], environ: Mapping[str, str] | None = None) -> int:
-    """The launch scripts' entry: `env` is the script's environment (default: this process's)."""
-    from megatron.launch import alcf, drivers, slurm
-
-    parser = argparse.ArgumentParser(prog="python -m megatron.launch.plan", description=__doc__.splitlines()[0])
-    paths = parser.add_subparsers(dest="path", required=True)
-    driver = paths.add_parser("driver", help="an examples_zero/gpt_deepspeed_*.sh experiment")
-    driver.add_argument("experiment", choices=drivers.EXPERIMENTS, help="its ZeRO stage and offload")
-    alcf_path = paths.add_parser("alcf", help="ALCF/train-gpt3.sh: mpiexec over the job's hosts")
-    alcf_path.add_argument("--show", choices=alcf.STEPS,
-                           help="print only what this step decides (ALCF/setup.sh, models.sh, args.sh, launch.sh)")
-    paths.add_parser("slurm", help="examples_zero/slurm/train.sbatch: one experiment as a Slurm job")
-    if "--" in argv:
-        split = argv.index("--")
-        argv, args = argv[:split], argv[split + 1:]
-    else:
-        args = []
-    opts = parser.parse_args(argv)
-    env = dict(os.environ if environ is None else environ)
-    try:
-        if opts.path == "driver":
-            return launch(drivers.DriverPlanner(opts.experiment), env, args)
-        if opts.path == "alcf" and opts.show:
-            return alcf.show(opts.show, env, args)
-        if opts.path == "alcf":
-            return launch(alcf.AlcfPlanner(), env, args)
-        return slurm.run(env, args)
-    except LaunchError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        return 1
-
-
-if __name__ == "__main__":
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    sys.exit(main(sys.argv[1:]))
