@@ -32,6 +32,10 @@ from megatron.errors import ZeroLabError
 from megatron.launch.settings import LaunchError
 
 REPO = Path(__file__).resolve().parents[2]
+# A further host of a torchrun run restarts this long after its attempt failed: host 0's launcher holds the
+# rendezvous store and ends its own failed attempt first (it notices the lost rank within seconds); a host k that
+# came back sooner would join the old store as it closes, and fail once more for nothing.
+HOST_K_RESTART_DELAY_SECONDS = 10
 
 
 @dataclass
@@ -155,6 +159,10 @@ class Supervisor:
             signalled = attempt.signalled is not None
             if status == RESTART_STATUS and not signalled:
                 restart += 1
+                if launch.node is not None:
+                    print(f"[run] {launch.node} restarts in {HOST_K_RESTART_DELAY_SECONDS} s, once host 0 (which holds "
+                          "the rendezvous) has ended its attempt", flush=True)
+                    time.sleep(HOST_K_RESTART_DELAY_SECONDS)
                 print(f"[run] restarting the run from its newest intact checkpoint ({restart} of {self.max_restarts}, "
                       "MAX_RESTARTS)", flush=True)
                 self.env["FRESH"] = "0"
