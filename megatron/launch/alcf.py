@@ -20,7 +20,7 @@ import subprocess
 import time
 
 from megatron.launch import settings as training
-from megatron.launch.plan import REPO, Launch, Planner, die, given, python_of, resume_rule, visible_gpus
+from megatron.launch.plan import REPO, Launch, die, given, python_of, resume_rule, visible_gpus
 from megatron.launch.settings import check
 from megatron.model.presets import MODEL_PRESETS
 
@@ -61,7 +61,7 @@ def mpiexec_flavour(env: dict[str, str]) -> str:
     return "hydra" if "HYDRA" in text else "pals"
 
 
-class AlcfPlanner(Planner):
+class AlcfPlanner:
     def _setup(self, v: dict[str, str], launch_env: dict[str, str]) -> tuple[list[str], str | None, str, int]:
         """(hosts, the job's hostfile or None, accelerator, ranks per host)."""
         if "PBS_NODEFILE" in v:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 from megatron.launch import settings as training
-from megatron.launch.plan import REPO, Launch, Planner, die, given, python_of, resume_rule, visible_gpus
+from megatron.launch.plan import REPO, Launch, die, given, python_of, resume_rule, visible_gpus
 from megatron.launch.settings import check
 from megatron.model.presets import MODEL_PRESETS
 
@@ -46,7 +46,7 @@ def init_hf_shape(init_hf: str, model_size: str | None) -> tuple[str, str]:
     return preset, str(config.get("n_positions"))
 
 
-class DriverPlanner(Planner):
+class DriverPlanner:
     def __init__(self, experiment: str):
         self.experiment = experiment
         self.stage, self.offload = EXPERIMENTS[experiment]

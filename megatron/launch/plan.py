@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Protocol
 
 from megatron.checkpointing import run_folder
 from megatron.errors import ZeroLabError
@@ -54,12 +54,11 @@ class Launch:
     prepare: list[Callable[[], None]] = field(default_factory=list)  # run before the first attempt, not in a dry run
 
 
-class Planner:
-    """A launch path: `plan(env, args, dry_run)` gives the Launch of one attempt (taking the lock and applying the
-    resume rule through `self.resume` when not a dry run)."""
+class Planner(Protocol):
+    """A launch path (drivers.DriverPlanner, alcf.AlcfPlanner): `plan` gives the Launch of one attempt, taking the
+    run lock through `supervisor.take_lock` and applying the resume rule when not a dry run."""
     def plan(self, env: dict[str, str], args: list[str], dry_run: bool,
-             supervisor: "Supervisor | None" = None) -> Launch:
-        raise NotImplementedError
+             supervisor: "Supervisor | None" = None) -> Launch: ...
 
 
 def die(message: str) -> None:
