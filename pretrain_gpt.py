@@ -97,7 +97,8 @@ def pretrain(args: Args, tokenizer, dist_info: DistInfo, comm=None) -> LoopState
 
 
 def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
-    from megatron.deepspeed_config import write_deepspeed_config
+    from megatron.deepspeed_config import tuned_keys_added, write_deepspeed_config
+    from megatron.training_log import tuned_keys_line
     from megatron.model import GPTModel, accounting
     from megatron.run_record import write_environment_record
     from megatron.training import setup_engine
@@ -109,6 +110,9 @@ def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
     else:
         builder = partial(GPTModel, args.model, parallel.get_tensor_model_parallel_group())
     engine, ds_config = setup_engine(builder, accounting.count_parameters(args.model), args, dist_info, train_iters)
+    user = args.deepspeed.user_config
+    if user is not None and dist_info.rank == 0 and (added := tuned_keys_added(user, ds_config)):
+        print(tuned_keys_line(args.deepspeed.deepspeed_config, added), flush=True)
     if args.deepspeed.run_dir and dist_info.rank == 0:
         write_deepspeed_config(ds_config, args.deepspeed.run_dir)
         write_environment_record(args.deepspeed.run_dir, dist_info)

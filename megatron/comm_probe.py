@@ -54,7 +54,7 @@ def probe_buffers(config, setup, stage: int, zero: dict) -> dict[str, int]:
     params = parameters_on_rank(config, tp, setup.pipeline_parallel_size, stage)
     message = min(params, max(int(zero.get("reduce_bucket_size", _DEFAULT_BUCKET)), largest))
     elements = min(LARGEST, max(LARGE, message))
-    traffic = zero_traffic_per_step(config, setup, stage)
+    traffic = zero_traffic_per_step(config, setup, stage, zero)
     gradient = gradient_reduction_op(setup, zero)
     buffers = {kind: elements if traffic[kind] > 0 else LARGE for kind in PROBED if kind != "reduce"}
     if gradient == "reduce":

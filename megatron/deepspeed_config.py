@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from megatron.arguments import Args
+from megatron.model.accounting.traffic import OWNER_REDUCTION
 
 # DeepSpeed's defaults (5e8 elements per bucket) are larger than a whole GPT-2 125M model, so
 # the communication buffers would dominate and hide what ZeRO saves; size them from the model.
@@ -67,8 +68,7 @@ def _zero_section(args: Args, num_params: int, hidden_size: int, on_cuda: bool) 
     if ds.zero_stage in (1, 2):
         # reduce each gradient partition to its owner: DeepSpeed's default all-reduces buckets that span
         # several partitions, which sends twice the ZeRO paper's volume for the same result
-        zero.update(allgather_bucket_size=sizes["allgather_bucket_size"], reduce_scatter=True,
-                    use_multi_rank_bucket_allreduce=False)
+        zero.update(allgather_bucket_size=sizes["allgather_bucket_size"], **OWNER_REDUCTION)
     else:
         zero.update({key: value for key, value in sizes.items() if key.startswith("stage3_")})
     if ds.nvme_path is not None:
@@ -114,24 +114,44 @@ def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool
     return config
 
 
-def _complete_user_config(user: dict, args: Args) -> dict:
+# The zero_optimization keys of the generated config that a user's JSON takes where it leaves them out: the
+# communication settings the traffic and step-time predictions assume (the stage and offload are the flags')
+_TUNED_ZERO_SKIP = ("stage", "offload_optimizer", "offload_param")
+
+
+def _complete_user_config(user: dict, args: Args, tuned: dict) -> dict:
     """The user's JSON (the flags merged in) with all three batch keys and the clipping the run uses: the batch
     keys it gives agree with the flags and with each other (checked when the flags were parsed, by DeepSpeed's
-    rule), the others follow from them and the layout; its gradient_clipping is --clip-grad's default."""
+    rule), the others follow from them and the layout; its gradient_clipping is --clip-grad's default. Every key
+    it sets is kept; `tuned`, the config zero-lab would generate, fills its tuned zero_optimization keys, the bf16
+    gradient accumulation's data_types and NVMe's aio where the JSON leaves them out (`tuned_keys_added`)."""
     train = args.training
-    config = dict(user)
+    config = json.loads(json.dumps(user))  # a deep copy: the parsed flags keep the user's JSON as read
     config.update(train_batch_size=train.global_batch_size, train_micro_batch_size_per_gpu=train.micro_batch_size,
                   gradient_accumulation_steps=train.gradient_accumulation_steps,
                   gradient_clipping=deepspeed_clipping(args))
     config.setdefault("zero_allow_untested_optimizer", True)
+    zero = config.setdefault("zero_optimization", {})
+    for key, value in tuned["zero_optimization"].items():
+        if key not in _TUNED_ZERO_SKIP:
+            zero.setdefault(key, value)
+    for key in ("data_types", "aio"):
+        if key in tuned:
+            config.setdefault(key, tuned[key])
     return config
 
 
+def tuned_keys_added(user: dict, config: dict) -> list[str]:
+    """The keys, dotted, that zero-lab's tuned settings added to a user's JSON (`_complete_user_config`)."""
+    added = [f"zero_optimization.{key}" for key in config.get("zero_optimization", {})
+             if key not in _TUNED_ZERO_SKIP and key not in user.get("zero_optimization", {})]
+    return added + [key for key in ("data_types", "aio") if key in config and key not in user]
+
+
 def deepspeed_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool) -> dict:
+    config = generate_config(args, num_params, hidden_size, on_cuda)
     if args.deepspeed.user_config is not None:
-        config = _complete_user_config(args.deepspeed.user_config, args)
-    else:
-        config = generate_config(args, num_params, hidden_size, on_cuda)
+        config = _complete_user_config(args.deepspeed.user_config, args, config)
     if args.checkpoint.universal_checkpoint:  # DeepSpeed then loads the per-parameter files ds_to_universal wrote
         config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
     if args.parallel.sequence_parallel and args.parallel.pipeline_model_parallel_size > 1:

@@ -508,7 +508,8 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
         peak_tflops=peak, model_state_estimate=estimate,
         tracker=memory.MemoryTracker(on_cuda=dist_info.on_cuda), log_rank=log_rank, comm=comm,
         num_params=accounting.count_parameters(model_config),
-        predicted_traffic=sum(accounting.zero_traffic_per_step(model_config, setup, last_stage).values()))
+        predicted_traffic=sum(accounting.zero_traffic_per_step(model_config, setup, last_stage,
+                                                               ds_config.get("zero_optimization", {})).values()))
     reporter.print_line(run_info_line(ds.zero_stage, ds.offload, args.model_name, dist_info.world_size,
                                   args.training.micro_batch_size, args.training.global_batch_size,
                                   args.model.seq_length, schedule.samples_per_epoch))

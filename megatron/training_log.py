@@ -148,6 +148,12 @@ def _rate(seconds_per_byte: float) -> str:
     return "free" if seconds_per_byte <= 0 else f"{1 / seconds_per_byte / 1e9:.3f} GB/s"
 
 
+def tuned_keys_line(path: str, added: list[str]) -> str:
+    """Once at start-up, with a user's DeepSpeed JSON: the keys zero-lab's tuned settings filled in."""
+    return (f" > --deepspeed_config {path} leaves out {len(added)} key(s) zero-lab tunes; added: {', '.join(added)} "
+            "(set a key in the JSON to keep your own value)")
+
+
 def training_done_line() -> str:
     """Megatron's end-of-training marker: analysis tells finished runs from cut-off ones by it."""
     return f"[after training is done] datetime: {datetime.now():%Y-%m-%d %H:%M:%S} "

@@ -16,6 +16,7 @@ from megatron.comm_probe import LARGE, LARGEST, fit, probe_buffers, probe_link
 from megatron.deepspeed_config import bucket_sizes
 from megatron.model.accounting import TrainingSetup, count_parameters
 from megatron.model.accounting.step_time import CollectiveCost
+from megatron.model.accounting.traffic import OWNER_REDUCTION
 from megatron.model.config import GPTConfig
 from test_tensor_parallel import run_ranks
 
@@ -44,7 +45,7 @@ def test_bandwidth_point_is_the_steps_largest_message():
     tiny = GPTConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=128,
                      max_position_embeddings=128, padded_vocab_size=50304)
     two = TrainingSetup(world_size=2, micro_batch_size=4, device="cpu", zero_stage=1)
-    zero = {"stage": 1, "reduce_scatter": True, **bucket_sizes(count_parameters(tiny), 128)}
+    zero = {"stage": 1, **OWNER_REDUCTION, **bucket_sizes(count_parameters(tiny), 128)}
     assert zero["reduce_bucket_size"] < 6_438_912
     # ZeRO-1 reduces (the reduce-scatter kind, probed as reduce) and all-gathers; nothing else sends bytes
     assert probe_buffers(tiny, two, 0, zero) == dict(all_reduce=LARGE, reduce_scatter=LARGE, all_gather=6_438_912,
@@ -62,7 +63,7 @@ def test_bandwidth_point_is_the_steps_largest_message():
     assert probe_buffers(big, two, 0, zero)["reduce"] == LARGEST
     small = GPTConfig(num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8, max_position_embeddings=8,
                       padded_vocab_size=64)
-    assert probe_buffers(small, two, 0, {"reduce_bucket_size": 1500})["reduce"] == LARGE
+    assert probe_buffers(small, two, 0, {"reduce_bucket_size": 1500, **OWNER_REDUCTION})["reduce"] == LARGE
 
 
 def _all_reduce_near_the_fit(link, world) -> float:

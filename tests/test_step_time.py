@@ -21,6 +21,7 @@ from megatron.model.accounting.step_time import (
     pipeline_bubble,
     predict_step_time,
 )
+from megatron.model.accounting.traffic import OWNER_REDUCTION, zero_traffic_per_step
 from megatron.model.accounting.training_setup import AccountingError
 from megatron.model.config import GPTConfig
 
@@ -36,8 +37,9 @@ CONFIG = GPTConfig(num_layers=1, hidden_size=16, num_attention_heads=2, seq_leng
                    padded_vocab_size=64)
 PARAMS = 4464
 # reduce buckets of 1500 elements; vectors (<= 64 elements) persist whole at stage 3
+# (the generated config's reduction to each partition's owner, OWNER_REDUCTION)
 BUCKETS = dict(reduce_bucket_size=1500, allgather_bucket_size=1500, stage3_prefetch_bucket_size=0,
-               stage3_param_persistence_threshold=100, stage3_max_live_parameters=10**6)
+               stage3_param_persistence_threshold=100, stage3_max_live_parameters=10**6, **OWNER_REDUCTION)
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p")
 
 
@@ -91,6 +93,22 @@ def test_stage1_reduces_in_the_optimizers_order_once_per_step():
     assert messages_per_step(CONFIG, setup(zero_stage=1, gradient_accumulation_steps=2), 0, BUCKETS) == expected
 
 
+def test_deepspeeds_default_reduction_all_reduces_whole_buckets_at_twice_the_bytes():
+    """A user's JSON that leaves use_multi_rank_bucket_allreduce at DeepSpeed's default (on), or turns
+    reduce_scatter off: ZeRO 1-2 all-reduce each bucket (stage_1_and_2.py's average_tensor), 2P instead of P."""
+    defaults = {key: value for key, value in BUCKETS.items() if key not in OWNER_REDUCTION}
+    for zero in (defaults, dict(BUCKETS, reduce_scatter=False)):
+        # buckets of 1500 in group order: [words, positions], [QKV, attention out], [MLP in], [MLP out, vectors]
+        assert messages_per_step(CONFIG, setup(zero_stage=1), 0, zero) == msgs(all_reduce=4 + 2, all_gather=2)
+        owners, whole = (zero_traffic_per_step(CONFIG, setup(zero_stage=2, gradient_accumulation_steps=2), 0, z)
+                         for z in (BUCKETS, zero))
+        assert (whole["all_reduce"], whole["reduce_scatter"]) == (2 * owners["reduce_scatter"], 0)
+        assert whole["all_gather"] == owners["all_gather"] > 0
+    # None: the generated config's keys, as tools/zero_plan.py and the model-state tests assume
+    assert zero_traffic_per_step(CONFIG, setup(zero_stage=1), 0) == zero_traffic_per_step(CONFIG, setup(zero_stage=1),
+                                                                                           0, BUCKETS)
+
+
 def test_stage2_reduces_in_the_gradients_order_at_every_micro_batch():
     # gradients ready: final LayerNorm, MLP out (bias, weight), MLP in (bias | weight), LayerNorm, attention out,
     # QKV bias (| weight), LayerNorm, positions (| words): buckets of 1072 (rank 1), 1376 (both), 928 (rank 0)
@@ -140,11 +158,14 @@ def test_pipeline_messages():
 
 def test_messages_from_a_zero_config_section_take_deepspeeds_defaults():
     # a run's zero_optimization section names only some keys; the others take DeepSpeed's defaults
-    section = {"stage": 2, "reduce_bucket_size": 1500, "allgather_bucket_size": 1500, "overlap_comm": False}
+    section = {"stage": 2, "reduce_bucket_size": 1500, "allgather_bucket_size": 1500, "overlap_comm": False,
+               **OWNER_REDUCTION}
     assert messages_per_step(CONFIG, setup(zero_stage=2), 0, section) == msgs(reduce_scatter=5, all_gather=2,
                                                                                all_reduce=2)
     # one bucket of every gradient, touching both ranks' partitions: 2 reduces
-    assert messages_per_step(CONFIG, setup(zero_stage=2), 0, {"stage": 2})["reduce_scatter"] == 2
+    assert messages_per_step(CONFIG, setup(zero_stage=2), 0, {"stage": 2, **OWNER_REDUCTION})["reduce_scatter"] == 2
+    # DeepSpeed's default use_multi_rank_bucket_allreduce all-reduces that bucket whole: 1 all-reduce more
+    assert messages_per_step(CONFIG, setup(zero_stage=2), 0, {"stage": 2}) == msgs(all_reduce=1 + 2, all_gather=2)
     # stage 3 with DeepSpeed's defaults (persistence under 1e5 elements): all 16 parameters stay whole, none is
     # gathered for a pass, each after the step
     assert messages_per_step(CONFIG, setup(zero_stage=3), 0, {"stage": 3}) == msgs(all_gather=16, reduce_scatter=1,
@@ -179,7 +200,7 @@ def test_predicted_step_time_stage1_on_gloo():
 
 def test_gradient_reduction_is_priced_as_the_op_deepspeed_issues():
     # ZeRO 1-2 reduce each partition to its owner (dist.reduce); ZeRO-3 reduce-scatters; a user's config with
-    # reduce_scatter off all-reduces (its traffic stays the reduce-scatter kind: priced as one); the bf16
+    # reduce_scatter off all-reduces (its traffic is the all-reduce kind; no reduce is issued); the bf16
     # optimizer sends no reduce-scatter traffic at all
     assert [gradient_reduction_op(setup(zero_stage=z), BUCKETS) for z in (0, 1, 2, 3)] == [
         "reduce_scatter", "reduce", "reduce", "reduce_scatter"]

@@ -33,6 +33,7 @@ from megatron.model import accounting  # noqa: E402
 from megatron.model.config import GPTConfig, check_parallel_shape  # noqa: E402
 from megatron.checkpointing import interval  # noqa: E402
 from megatron.model.accounting.memory import checkpoint_bytes  # noqa: E402
+from megatron.model.accounting.traffic import OWNER_REDUCTION  # noqa: E402
 from megatron.model.accounting.step_time import (  # noqa: E402
     ComputeRates,
     LinkCosts,
@@ -244,8 +245,8 @@ def project(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware, gp
                          device_copy_bytes_per_s=hw.kind.hbm_bytes_per_s / 2,  # a copy reads and writes
                          nvme_bytes_per_s=hw.nvme_bytes_per_s / gpus_per_node if hw.nvme_bytes_per_s else None)
     # DeepSpeed's default buckets: the generated config's (megatron/deepspeed_config.py) import DeepSpeed, and
-    # they change only the message count, the latency term
-    return max((predict_step_time(config, setup, stage, rates, data, {}, overlap_comm=True,
+    # they change only the message count, the latency term; its gradient reduction to each partition's owner
+    return max((predict_step_time(config, setup, stage, rates, data, dict(OWNER_REDUCTION), overlap_comm=True,
                                   model_parallel_link=model, with_bubble=True)
                 for stage in range(setup.pipeline_parallel_size)), key=lambda t: t.total)
 

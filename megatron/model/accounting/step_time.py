@@ -28,7 +28,8 @@ from dataclasses import dataclass, replace
 from megatron.model.accounting.flops import hardware_flops_per_iteration, logit_forward_flops, model_flops_per_iteration
 from megatron.model.accounting.memory import runs_bf16_optimizer
 from megatron.model.accounting.parameters import parameters_on_rank
-from megatron.model.accounting.traffic import TRAFFIC_KINDS, offload_transfer_per_step, zero_traffic_per_step
+from megatron.model.accounting.traffic import (TRAFFIC_KINDS, offload_transfer_per_step, reduces_to_owners,
+                                               zero_traffic_per_step)
 from megatron.model.accounting.training_setup import AccountingError, TrainingSetup
 from megatron.model.config import GPTConfig
 
@@ -130,7 +131,7 @@ def gradient_reduction_op(setup: TrainingSetup, zero: dict) -> str:
     reduce_scatter_tensor; stage 0 and the bf16 optimizer all-reduce and send no such traffic). `zero`: the
     DeepSpeed config's zero_optimization section."""
     stage12 = setup.zero_stage in (1, 2) and not runs_bf16_optimizer(setup)
-    return "reduce" if stage12 and zero.get("reduce_scatter", True) else "reduce_scatter"
+    return "reduce" if stage12 and reduces_to_owners(zero) else "reduce_scatter"
 
 
 def link_costs_from_flags(backend: str, bandwidth_gbps: float, latency_us: float) -> LinkCosts:
@@ -258,6 +259,17 @@ def _zero12_reduces(modules: list[_Module], order: list[tuple[int, int]], dp: in
         filled += modules[m].sizes[i]
         ranks |= owners[m, i]
     return reduces + len(ranks)
+
+
+def _zero12_buckets(modules: list[_Module], order: list[tuple[int, int]], bucket: int) -> int:
+    """Buckets of one gradient reduction at ZeRO 1-2 when each bucket is all-reduced whole (`reduces_to_owners`
+    false): gradients fill a bucket in `order` until the next one would overflow reduce_bucket_size."""
+    calls, filled = 0, 0
+    for m, i in order:
+        if filled and filled + modules[m].sizes[i] > bucket:
+            calls, filled = calls + 1, 0
+        filled += modules[m].sizes[i]
+    return calls + (filled > 0)
 
 
 def _stage3_reduce_scatters(modules: list[_Module], bucket: int) -> int:
@@ -406,7 +418,7 @@ def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, b
     parallelism, its all-reduce on the last. Measured against megatron/comm_counter.py's calls on 2 CPU ranks
     for stages 0-3 in fp32 and bf16 (tests/test_step_time_calibration.py); fp16, offload and CUDA's
     overlap_comm follow DeepSpeed's code unmeasured."""
-    buckets = _bucket_sizes(buckets)
+    to_owners, buckets = reduces_to_owners(buckets), _bucket_sizes(buckets)
     tp, pp, dp, g = (setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.data_parallel_size,
                      setup.gradient_accumulation_steps)
     zero, mixed = setup.zero_stage, setup.precision != "fp32"
@@ -421,9 +433,11 @@ def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, b
             order = _gradient_order(modules, stage3=False) if zero == 2 or overlap else [
                 (m, i) for group in (0, 1) for m, module in enumerate(modules)
                 for i in range(len(module.sizes)) if module.group(i) == group]
-            reductions = g if zero == 2 else 1
-            messages["reduce_scatter"] += reductions * _zero12_reduces(modules, order, dp,
-                                                                       buckets["reduce_bucket_size"])
+            reductions, bucket = (g if zero == 2 else 1), buckets["reduce_bucket_size"]
+            if to_owners:
+                messages["reduce_scatter"] += reductions * _zero12_reduces(modules, order, dp, bucket)
+            else:
+                messages["all_reduce"] += reductions * _zero12_buckets(modules, order, bucket)
             messages["all_gather"] += 2
             messages["all_reduce"] += 2 + mixed
         else:
@@ -507,7 +521,7 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     forward_backward = ((hardware - output_layer) / rates.flops_per_s
                         + output_layer / (rates.output_flops_per_s or rates.flops_per_s)) / setup.world_size
     optimizer = rates.optimizer_step_s + optimizer_elements(config, setup, stage) * rates.optimizer_s_per_element
-    traffic = zero_traffic_per_step(config, setup, stage)
+    traffic = zero_traffic_per_step(config, setup, stage, buckets)
     messages = messages_per_step(config, setup, stage, buckets)
     if model_parallel_link is None:
         communication = sum(link.costs[kind].seconds(traffic[kind], messages[kind]) for kind in TRAFFIC_KINDS)
@@ -521,7 +535,7 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     # ZeRO's gradient reduction, the reduce-scatter kind less TP's (sequence parallelism's) reduce-scatters,
     # priced at the cost of the op DeepSpeed issues for it rather than the reduce-scatter's
     data_parallel = replace(setup, sequence_parallel=False)  # TP's reduce-scatters become all-reduces
-    reduction = (zero_traffic_per_step(config, data_parallel, stage)["reduce_scatter"],
+    reduction = (zero_traffic_per_step(config, data_parallel, stage, buckets)["reduce_scatter"],
                  messages_per_step(config, data_parallel, stage, buckets)["reduce_scatter"])
     reduction_seconds = link.gradient_reduction(gradient_reduction_op(setup, buckets)).seconds(*reduction)
     communication += reduction_seconds - link.costs["reduce_scatter"].seconds(*reduction)

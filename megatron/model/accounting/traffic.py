@@ -11,14 +11,28 @@ from megatron.model.config import GPTConfig
 TRAFFIC_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p")  # as megatron/comm_counter.py
 
 
-
-
 def _ring_share(group_size: int) -> float:
     """What each of n ranks sends, per byte of the whole buffer, in a reduce-scatter or all-gather."""
     return (group_size - 1) / group_size
 
 
-def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> dict[str, float]:
+# The zero_optimization keys with which ZeRO 1-2 reduce each gradient slice to its owner only: zero-lab's tuned
+# config (megatron/deepspeed_config.py) sets them; DeepSpeed's defaults (both on) all-reduce whole buckets.
+OWNER_REDUCTION = {"reduce_scatter": True, "use_multi_rank_bucket_allreduce": False}
+
+
+def reduces_to_owners(zero: dict | None) -> bool:
+    """Whether ZeRO 1-2 reduce each gradient slice to its partition's owner (dist.reduce, the ZeRO paper's P):
+    DeepSpeed 0.19.8's average_tensor does so only with reduce_scatter on and use_multi_rank_bucket_allreduce
+    off, and else all-reduces every bucket (2P). `zero`: the zero_optimization section the run uses, a key it
+    leaves out at DeepSpeed's default (both on); None: megatron/deepspeed_config.py's tuned keys (reduce)."""
+    if zero is None:
+        return True
+    return zero.get("reduce_scatter", True) and not zero.get("use_multi_rank_bucket_allreduce", True)
+
+
+def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0,
+                          zero: dict | None = None) -> dict[str, float]:
     """Bytes one rank of pipeline `stage` sends per optimizer step, per kind of collective, with
     megatron/comm_counter.py's definition of "sent" (docs/zero-tradeoff.md).
 
@@ -36,7 +50,10 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
     the embedding's output and the output layer's input (reduce-scatters and all-gathers of the same
     volume under sequence parallelism); pipeline parallelism sends one such activation
     forward and one gradient back per micro-batch, and all-reduces the tied word embedding's gradient
-    between the first and last stage."""
+    between the first and last stage.
+
+    `zero`: the DeepSpeed config's zero_optimization section; where it leaves ZeRO 1-2 all-reducing each
+    bucket (`reduces_to_owners`), their gradient reductions are all-reduces of twice the volume."""
     traffic = dict.fromkeys(TRAFFIC_KINDS, 0.0)
     tp, pp, dp, g = (setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.data_parallel_size,
                      setup.gradient_accumulation_steps)
@@ -47,11 +64,12 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
     elif runs_bf16_optimizer(setup):
         traffic["all_reduce"] += 2 * share
         traffic["all_gather"] += share
-    elif setup.zero_stage == 1:
-        traffic["reduce_scatter"] += share
-        traffic["all_gather"] += share
-    elif setup.zero_stage == 2:
-        traffic["reduce_scatter"] += g * share
+    elif setup.zero_stage in (1, 2):
+        reductions = 1 if setup.zero_stage == 1 else g
+        if reduces_to_owners(zero):
+            traffic["reduce_scatter"] += reductions * share
+        else:
+            traffic["all_reduce"] += reductions * 2 * share
         traffic["all_gather"] += share
     else:
         traffic["reduce_scatter"] += g * share
