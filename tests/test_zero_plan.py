@@ -170,7 +170,8 @@ def test_a_model_that_fits_nowhere_and_pipeline_parallel_options(capsys):
     (["--gpus", "6", "--tp", "4"], "error: world size 6 is not divisible by --tensor-model-parallel-size 4 x "
                                    "--pipeline-model-parallel-size 1"),
     (["--tp", "3"], "error: --num-attention-heads 16 is not divisible by --tensor-model-parallel-size 3"),
-    (["--pp", "5"], "error: --num-layers 24 is not divisible by --pipeline-model-parallel-size 5"),
+    (["--nodes", "4", "--pp", "32"], "error: --num-layers 24 is fewer than --pipeline-model-parallel-size 32: "
+                                     "every stage needs a layer"),
     (["--gpu-memory", "lots"], "error: --gpu-memory 'lots': expected a size such as 40GB or 80GiB"),
     (["--model-size", "2B"], "error: --model-size 2B: unknown preset (choose from tiny, 125M, "),
     (["--global-batch-size", "12"], "error: --global-batch-size 12 is not divisible by --micro-batch-size 4 x "
@@ -218,7 +219,7 @@ def test_issue_example_prints_step_time_and_days_per_option_and_picks_by_time(ca
     timed = out.split("step time on")[1]
     rows = [re.split(r"\s{2,}", line) for line in timed.splitlines() if line.startswith(("DP ", "Z"))]
     assert [row[0] for row in rows] == OPTIONS
-    assert all(len(row) == 9 for row in rows[:-1]) and rows[-1][2:] == ["-"] * 7  # NVMe: no --nvme-bandwidth
+    assert all(len(row) == 11 for row in rows[:-1]) and rows[-1][2:] == ["-"] * 9  # NVMe: no --nvme-bandwidth
     data = plan_json(capsys, *ISSUE_EXAMPLE)
     plans = {p["option"]: p for p in data["plans"]}
     assert data["hardware"] == dict(gpu="A100-80GB", peak_tflops=312.0, efficiency=0.869, intra_node_gbps=2400,
@@ -254,14 +255,23 @@ def test_step_time_by_hand_on_one_node(capsys):
     compute = (accounting.model_flops_per_iteration(config, 32) / 8 / (312e12 * 0.869) + params * 30 / 2039e9
                + 4.5 * params * 2 / (2039e9 / 2))
     communication = 2 * 7 / 8 * 2 * params / 300e9 + 3 * 10e-6
-    assert dp["compute_ms"] == pytest.approx(compute * 1e3, rel=1e-9)
-    assert dp["communication_ms"] == pytest.approx(communication * 1e3, rel=1e-9)
-    assert dp["offload_ms"] == dp["bubble_ms"] == 0
-    assert dp["tflops_per_gpu"] == pytest.approx(accounting.model_flops_per_iteration(config, 32) / 8
-                                                 / (compute + communication) / 1e12)
+    bound = dp["bound"]
+    assert bound["compute_ms"] == pytest.approx(compute * 1e3, rel=1e-9)
+    assert bound["communication_ms"] == pytest.approx(communication * 1e3, rel=1e-9)
+    assert bound["offload_ms"] == bound["bubble_ms"] == 0
+    assert bound["tflops_per_gpu"] == pytest.approx(accounting.model_flops_per_iteration(config, 32) / 8
+                                                    / (compute + communication) / 1e12)
+    # expected: the matmuls at 0.745 of that rate, and the memory-bound kernels: 2.01 x (forward + backward = 3
+    # forwards) x 24 layers, one micro-batch of 4 sequences, of Korthikanti's s b h 34 + 5 a s^2 b bytes through
+    # 2039e9 bytes/s; the gradients' all-reduce at 0.927 of NVLink's bandwidth
+    matmul = accounting.model_flops_per_iteration(config, 32) / 8 / (312e12 * 0.869)
+    memory = 2.01 * 3 * 24 * (1024 * 4 * 2048 * 34 + 5 * 16 * 1024**2 * 4) / 2039e9
+    assert dp["compute_ms"] == pytest.approx((matmul / 0.745 + memory + compute - matmul) * 1e3, rel=1e-9)
+    assert dp["communication_ms"] == pytest.approx(communication / 0.927 * 1e3, rel=1e-9)
+    assert dp["tflops_per_gpu"] == pytest.approx(bound["tflops_per_gpu"] * bound["step_ms"] / dp["step_ms"])
     # a slower intra-node link or a lower efficiency only slows it down
     slower = plan_json(capsys, *EXAMPLE, "--gpu", "A100-80GB", "--intra-node-bandwidth", "150GB/s")["plans"][0]
-    assert slower["communication_ms"] == pytest.approx(2 * (communication - 3e-5) * 1e3 + 3e-2, rel=1e-9)
+    assert slower["bound"]["communication_ms"] == pytest.approx(2 * (communication - 3e-5) * 1e3 + 3e-2, rel=1e-9)
     assert plan_json(capsys, *EXAMPLE, "--gpu", "A100-80GB", "--efficiency", "0.5")["plans"][0]["compute_ms"] \
         > dp["compute_ms"]
 
@@ -271,9 +281,12 @@ def test_pipeline_bubble_and_tensor_parallel_all_reduces(capsys):
     args = [*EXAMPLE, "--gpu", "H100-SXM", "--tp", "2", "--pp", "2", "--global-batch-size", "64"]
     code, out, _ = tool_in_process(capsys, "zero_plan.py", *args)
     assert code == 0 and "8 micro-batches per step" in out and "bubble ms" in out
-    # compute includes the optimizer's step and the engine's gradient passes, 5-10% here
+    # compute includes the optimizer's step and the engine's gradient passes, 5-10% here; the expected bubble
+    # idles through the TP all-reduces of each micro-batch too
     for p in plan_json(capsys, *args)["plans"]:
-        assert p["compute_ms"] / 8 * 0.9 < p["bubble_ms"] < p["compute_ms"] / 8
+        bound = p["bound"]
+        assert bound["compute_ms"] / 8 * 0.9 < bound["bubble_ms"] < bound["compute_ms"] / 8
+        assert p["compute_ms"] / 8 * 0.9 < p["bubble_ms"] < (p["compute_ms"] + p["communication_ms"]) / 8
     # without TP the activations' all-reduces are gone: less communication
     tp1 = plan_json(capsys, *EXAMPLE, "--gpu", "H100-SXM", "--pp", "2", "--global-batch-size", "64")["plans"]
     tp2 = plan_json(capsys, *args)["plans"]
@@ -310,3 +323,48 @@ def test_gpu_kind_gives_the_memory_and_every_kind_has_a_peak(capsys):
     for kind in ("A100-40GB", "A100-80GB", "H100-SXM", "H200", "V100-32GB", "A40", "MI250X"):
         data = plan_json(capsys, *args, "--gpu", kind, "--precision", "fp16", "--tokens", "1T")
         assert all(p["days"] > 0 for p in data["plans"] if p["option"] != "Z3 + NVMe offload"), kind
+
+
+# --- issue 42 item 2: the planner's honesty ---------------------------------------------------------------------
+def test_tokens_without_a_gpu_kind_is_refused_in_one_line(capsys):
+    code, out, err = tool_in_process(capsys, "zero_plan.py", *EXAMPLE, "--tokens", "300B")
+    assert code == 1 and out == ""
+    assert err == "error: --tokens needs --gpu: the days to train come from the step time on a GPU kind\n"
+
+
+BLOOM = ["--num-layers", "70", "--hidden-size", "14336", "--num-attention-heads", "112", "--vocab-size", "250880",
+         "--micro-batch-size", "2", "--global-batch-size", "2048", "--gpus", "8", "--nodes", "48", "--tp", "4",
+         "--pp", "12", "--gpu", "A100-80GB", "--recompute", "--inter-node-bandwidth", "400Gbit"]
+
+
+def test_layers_that_do_not_divide_into_the_stages_are_planned_as_uneven_stages(capsys):
+    """BLOOM's 70 layers over 12 stages: Megatron-DeepSpeed gives 10 stages 6 layers and 2 stages 5; the stages
+    of 6 set the memory and the step, so every option's memory, traffic and step are those of 72 layers (6 on
+    every stage), while the parameters, tokens and FLOPs are the 70-layer model's."""
+    code, out, err = tool_in_process(capsys, "zero_plan.py", *BLOOM)
+    assert code == 0 and err == ""
+    assert out.startswith("70 layers x 14336: 176.28B parameters")
+    assert ("note: 70 layers over 12 pipeline stages: 10 stages of 6 and 2 of 5, as Megatron-DeepSpeed's "
+            "type:transformer partition balances them; the stages of 6 set the memory and the step") in out
+    uneven = {p["option"]: p for p in plan_json(capsys, *BLOOM)["plans"]}
+    even = {p["option"]: p for p in plan_json(capsys, *BLOOM[:1], "72", *BLOOM[2:])["plans"]}
+    assert list(uneven) == ["DP", "Z1"]
+    for option, p in uneven.items():
+        for key in ("total_gb", "traffic_gb", "step_ms", "compute_ms", "communication_ms", "bubble_ms"):
+            assert p[key] == pytest.approx(even[option][key], rel=1e-12), (option, key)
+        assert p["bound"]["step_ms"] == pytest.approx(even[option]["bound"]["step_ms"], rel=1e-12)
+        assert p["tokens_per_s"] == pytest.approx(even[option]["tokens_per_s"], rel=1e-12)
+        assert p["hardware_tflops_per_gpu"] == pytest.approx(even[option]["hardware_tflops_per_gpu"] * 70 / 72,
+                                                             rel=0.01)  # the ends count once in both
+
+
+def test_zero1_in_bf16_says_it_runs_deepspeeds_bf16_optimizer(capsys):
+    note = ("note: Z1 in bf16 is DeepSpeed's BF16_Optimizer, not the ZeRO paper's stage 1: it accumulates the "
+            "gradients in fp32 (6 bytes per parameter, bf16 and fp32 copies of every gradient) and all-reduces them "
+            "before gathering the parameters, 1.5x stage 1's bytes (docs/zero-tradeoff.md)")
+    code, out, _ = tool_in_process(capsys, "zero_plan.py", *EXAMPLE)
+    assert code == 0 and note + "\n" in out
+    assert plan_json(capsys, *EXAMPLE)["notes"] == [note]
+    for other in (["--precision", "fp16"], ["--pp", "2", "--precision", "fp32"]):
+        code, out, _ = tool_in_process(capsys, "zero_plan.py", *EXAMPLE, *other)
+        assert code == 0 and "BF16_Optimizer" not in out

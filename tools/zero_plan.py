@@ -8,9 +8,11 @@
 For plain data parallelism, ZeRO 1, 2, 3 and stage 3 with the optimizer, then everything, offloaded to
 host memory (and to NVMe), it prints the predicted memory per GPU (model states, activations, the
 output-layer buffer), the bytes each GPU sends per step, what offload moves over PCIe, whether it fits,
-and which option to pick. With --gpu it also predicts each option's step time (compute, exposed
-communication, offload transfers, the pipeline's bubble), tokens/s, TFLOP/s per GPU and, with --tokens,
-the days to train, and picks the fastest option that fits. With --storage-bandwidth and --mtbf-hours it prints
+and which option to pick. With --gpu it also predicts each option's expected step time (compute, exposed
+communication, offload transfers, the pipeline's bubble; the bound, every FLOP at the large-matmul rate and every
+link at its nominal bandwidth, with what it leaves out, calibrated on the published runs of
+tools/published_runs.json), the bound beside it, tokens/s, TFLOP/s per GPU and, with --tokens, the days to
+train, and picks the fastest option that fits. With --storage-bandwidth and --mtbf-hours it prints
 the checkpoint's size, its save time and the interval between saves that loses the least time (docs/faults.md).
 The numbers come from megatron/model/accounting/, the same functions whose predictions the training runs print
 beside their measurements (docs/zero-tradeoff.md, "Time per step: the model" and "Projecting a step onto GPUs").
@@ -19,9 +21,10 @@ beside their measurements (docs/zero-tradeoff.md, "Time per step: the model" and
 import argparse
 import functools
 import json
+import math
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
@@ -30,7 +33,7 @@ from megatron.core.parallel_state import ParallelLayout  # noqa: E402
 from megatron.errors import ZeroLabError  # noqa: E402
 from megatron.layout_check import batch_split  # noqa: E402
 from megatron.model import accounting  # noqa: E402
-from megatron.model.config import GPTConfig, check_parallel_shape  # noqa: E402
+from megatron.model.config import GPTConfig, ModelConfigError, parallel_shape_problems  # noqa: E402
 from megatron.checkpointing import interval  # noqa: E402
 from megatron.model.accounting.memory import checkpoint_bytes  # noqa: E402
 from megatron.model.accounting.traffic import OWNER_REDUCTION  # noqa: E402
@@ -39,6 +42,7 @@ from megatron.model.accounting.step_time import (  # noqa: E402
     LinkCosts,
     StepTime,
     hierarchical_link_costs,
+    messages_per_step,
     predict_step_time,
 )
 from megatron.model.presets import MODEL_PRESETS  # noqa: E402
@@ -129,8 +133,10 @@ class Plan:
     offload_ms: float | None = None
     bubble_ms: float | None = None
     tokens_per_s: float | None = None
-    tflops_per_gpu: float | None = None
+    tflops_per_gpu: float | None = None  # model FLOPs (the MFU numerator)
+    hardware_tflops_per_gpu: float | None = None  # recomputation counted, as the published runs count
     days: float | None = None
+    bound: dict | None = None  # the same fields from the bound: every FLOP at the large-matmul rate, ...
 
 
 def parse_memory(text: str) -> float:
@@ -183,8 +189,23 @@ def model_config(ns: argparse.Namespace) -> GPTConfig:
     config = GPTConfig(**shape, seq_length=ns.seq_length, max_position_embeddings=ns.seq_length,
                        padded_vocab_size=padded, recompute_activations=ns.recompute,
                        sequence_parallel=ns.sequence_parallel)
-    check_parallel_shape(config, ns.tp, ns.pp)
+    # layers that do not divide into the stages are split unevenly (stage_config), as Megatron-DeepSpeed does
+    problems = [p for p in parallel_shape_problems(config, ns.tp, ns.pp) if not p.startswith("--num-layers")]
+    if config.num_layers < ns.pp:
+        problems.append(f"--num-layers {config.num_layers} is fewer than --pipeline-model-parallel-size {ns.pp}: "
+                        "every stage needs a layer")
+    if problems:
+        raise ModelConfigError(problems[0])
     return config
+
+
+def stage_config(config: GPTConfig, pp: int) -> GPTConfig:
+    """The model as its busiest pipeline stage sees it. Megatron-DeepSpeed's PipelineModule (partition method
+    type:transformer) balances the layers: with L layers over p stages, L mod p stages hold ceil(L/p) and the
+    rest floor(L/p) (BLOOM's 70 over 12: ten stages of 6, two of 5). The slowest stage sets the step, so memory,
+    traffic and time are those of a model with ceil(L/p) layers on every stage; FLOPs and parameters stay the
+    model's own."""
+    return replace(config, num_layers=math.ceil(config.num_layers / pp) * pp)
 
 
 @dataclass(frozen=True)
@@ -220,15 +241,11 @@ def hardware(ns: argparse.Namespace) -> Hardware | None:
     return Hardware(ns.gpu, kind, peak, efficiency, intra, inter, parse_latency(ns.latency), nvme)
 
 
-def project(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware, gpus_per_node: int,
-            nodes: int) -> StepTime | None:
-    """predict_step_time on the GPUs and links `hw` describes, for the busiest pipeline stage: compute at the
-    peak x efficiency, the optimizer at HBM (or, offloaded, the host's memory) speed, the data-parallel group's
-    collectives hierarchically over NVLink and the node's link (NCCL's ring factors), TP's inside the node, a
-    pipeline's sends across nodes once a stage fills a node, and the bubble. Megatron's rank order: TP ranks
-    adjacent, then DP, then PP. None: NVMe offload without --nvme-bandwidth."""
-    if setup.offload_device == "nvme" and hw.nvme_bytes_per_s is None:
-        return None
+def links(setup: accounting.TrainingSetup, hw: Hardware, gpus_per_node: int, nodes: int) -> tuple[LinkCosts, LinkCosts]:
+    """(the data-parallel group's link, the model-parallel one: TP's collectives, PP's sends) on `hw`: the
+    data-parallel group's collectives hierarchically over NVLink and the node's link (NCCL's ring factors), TP's
+    inside the node, a pipeline's sends across nodes once a stage fills a node. Megatron's rank order: TP ranks
+    adjacent, then DP, then PP."""
     tp, dp = setup.tensor_parallel_size, setup.data_parallel_size
     link = functools.partial(hierarchical_link_costs, "nccl", gpus_per_node=gpus_per_node,
                              intra_node_gbps=hw.intra_node_gbps, inter_node_gbps=hw.inter_node_gbps,
@@ -236,19 +253,121 @@ def project(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware, gp
     data = link(dp, dp if tp * dp <= gpus_per_node else max(1, gpus_per_node // tp))
     tensor = link(tp, min(tp, gpus_per_node))
     pipe = link(2, 1 if nodes > 1 and tp * dp >= gpus_per_node else min(2, gpus_per_node))
-    model = LinkCosts({**tensor.costs, "p2p": pipe.costs["p2p"], "broadcast": pipe.costs["broadcast"]}, "flags")
+    return data, LinkCosts({**tensor.costs, "p2p": pipe.costs["p2p"], "broadcast": pipe.costs["broadcast"]}, "flags")
+
+
+def rates(setup: accounting.TrainingSetup, hw: Hardware, gpus_per_node: int) -> ComputeRates:
+    """Compute at the peak x efficiency, the optimizer at HBM (or, offloaded, the host's memory) speed."""
     optimizer_bytes_per_s = (HOST_MEMORY_BYTES_PER_S / gpus_per_node if setup.offload_optimizer
                              else hw.kind.hbm_bytes_per_s)
-    rates = ComputeRates(flops_per_s=hw.peak_tflops * 1e12 * hw.efficiency,
-                         optimizer_s_per_element=ADAM_BYTES_PER_ELEMENT / optimizer_bytes_per_s,
-                         host_copy_bytes_per_s=hw.kind.pcie_bytes_per_s,
-                         device_copy_bytes_per_s=hw.kind.hbm_bytes_per_s / 2,  # a copy reads and writes
-                         nvme_bytes_per_s=hw.nvme_bytes_per_s / gpus_per_node if hw.nvme_bytes_per_s else None)
+    return ComputeRates(flops_per_s=hw.peak_tflops * 1e12 * hw.efficiency,
+                        optimizer_s_per_element=ADAM_BYTES_PER_ELEMENT / optimizer_bytes_per_s,
+                        host_copy_bytes_per_s=hw.kind.pcie_bytes_per_s,
+                        device_copy_bytes_per_s=hw.kind.hbm_bytes_per_s / 2,  # a copy reads and writes
+                        nvme_bytes_per_s=hw.nvme_bytes_per_s / gpus_per_node if hw.nvme_bytes_per_s else None)
+
+
+def project(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware, gpus_per_node: int,
+            nodes: int) -> tuple[int, StepTime] | None:
+    """(the busiest pipeline stage, its step): predict_step_time on the GPUs and links `hw` describes, with the
+    bubble. The bound: every FLOP at the large-matmul rate, every link at its nominal bandwidth. `config`: the
+    busiest stage's (stage_config). None: NVMe offload without --nvme-bandwidth."""
+    if setup.offload_device == "nvme" and hw.nvme_bytes_per_s is None:
+        return None
+    data, model = links(setup, hw, gpus_per_node, nodes)
     # DeepSpeed's default buckets: the generated config's (megatron/deepspeed_config.py) import DeepSpeed, and
     # they change only the message count, the latency term; its gradient reduction to each partition's owner
-    return max((predict_step_time(config, setup, stage, rates, data, dict(OWNER_REDUCTION), overlap_comm=True,
-                                  model_parallel_link=model, with_bubble=True)
-                for stage in range(setup.pipeline_parallel_size)), key=lambda t: t.total)
+    steps = [predict_step_time(config, setup, stage, rates(setup, hw, gpus_per_node), data, dict(OWNER_REDUCTION),
+                               overlap_comm=True,
+                               model_parallel_link=model, with_bubble=True)
+             for stage in range(setup.pipeline_parallel_size)]
+    stage = max(range(len(steps)), key=lambda s: steps[s].total)
+    return stage, steps[stage]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the bound leaves out, as few numbers fitted to published runs (`fit_calibration`; the fitted values
+    are tools/published_runs.json's "calibration")."""
+    matmul: float  # the fraction of --gpu's large-matmul rate that a layer's FLOPs run at
+    memory_passes: float  # the layer's activation bytes (Korthikanti's count) through HBM per forward-equivalent
+    link: float  # the fraction of a link's nominal bandwidth that NCCL's collectives reach
+
+
+PUBLISHED_RUNS = Path(__file__).resolve().with_name("published_runs.json")
+PUBLISHED = json.loads(PUBLISHED_RUNS.read_text())
+CALIBRATION = Calibration(**PUBLISHED["calibration"]["values"])
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """The busiest stage's step, in seconds, split by what the calibration scales. Per micro-batch, and so
+    stretched by the pipeline's fill and drain (`stretch`, 1 + (p-1)/m for p stages and m micro-batches): the
+    layers' hardware FLOPs at the large-matmul rate, the memory-bound kernels' bytes at HBM speed (softmax,
+    LayerNorm, GeLU, dropout, bias adds, the loss-scale checks), the model-parallel collectives (TP's
+    all-reduces, recomputation's forward's too; PP's sends). Once a step: the data-parallel collectives left
+    exposed, the engine's passes over the gradients and the optimizer (`other`), offload."""
+    matmul: float
+    memory: float
+    model_parallel: float
+    data_parallel: float
+    other: float
+    offload: float
+    stretch: float
+
+    def expected(self, c: Calibration) -> StepTime:
+        per_micro_batch = self.matmul / c.matmul + c.memory_passes * self.memory + self.model_parallel / c.link
+        return StepTime(compute=self.matmul / c.matmul + c.memory_passes * self.memory + self.other,
+                        communication=(self.model_parallel + self.data_parallel) / c.link, offload=self.offload,
+                        bubble=(self.stretch - 1) * per_micro_batch)
+
+
+def layer_memory_bytes(config: GPTConfig, setup: accounting.TrainingSetup) -> float:
+    """Bytes one layer's forward writes on a TP rank for one micro-batch, Korthikanti et al. 2022's count with
+    unfused attention (as the 2021-2022 codebases of the published runs ran it): s b h (10 + 24/t) + 5 a s^2 b / t
+    in 16-bit, the 10 split over TP too under sequence parallelism. The memory-bound kernels read and write
+    about these bytes; `Calibration.memory_passes` says how many times."""
+    s, b, h, a = config.seq_length, setup.micro_batch_size, config.hidden_size, config.num_attention_heads
+    t = setup.tensor_parallel_size
+    replicated = 10 / t if setup.sequence_parallel else 10
+    return (s * b * h * (replicated + 24 / t) + 5 * a * s * s * b / t) * setup.element_bytes / 2
+
+
+def step_parts(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware, gpus_per_node: int,
+               nodes: int) -> tuple[StepTime, StepParts] | None:
+    """(the bound, `project`'s step, and the same step split into StepParts). `config`: the busiest stage's."""
+    projected = project(config, setup, hw, gpus_per_node, nodes)
+    if projected is None:
+        return None
+    stage, bound = projected
+    tp, pp, g = setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.gradient_accumulation_steps
+    _, model = links(setup, hw, gpus_per_node, nodes)
+    sequences = setup.micro_batch_size * g * setup.data_parallel_size
+    matmul = accounting.hardware_flops_per_iteration(config, sequences) / setup.world_size / (
+        hw.peak_tflops * 1e12 * hw.efficiency)
+    alone = replace(setup, world_size=tp * pp)  # what the layout sends without data parallelism
+    traffic, messages = accounting.zero_traffic_per_step(config, alone, stage), messages_per_step(config, alone,
+                                                                                                   stage, {})
+    bound_model_parallel = sum(model.costs[kind].seconds(traffic[kind], messages[kind])
+                               for kind in accounting.TRAFFIC_KINDS)
+    layers = config.num_layers // pp
+    recomputed = 2 * layers * g if setup.activation_recompute and tp > 1 else 0  # the recomputed forward's two
+    activation = setup.micro_batch_size * config.seq_length * config.hidden_size * setup.element_bytes
+    model_parallel = bound_model_parallel + model.costs["all_reduce"].seconds(
+        recomputed * 2 * (tp - 1) / tp * activation, recomputed)
+    memory = (3 + setup.activation_recompute) * layers * g * layer_memory_bytes(config, setup) / hw.kind.hbm_bytes_per_s
+    return bound, StepParts(matmul=matmul, memory=memory, model_parallel=model_parallel,
+                            data_parallel=bound.communication - bound.overlap - bound_model_parallel,
+                            other=bound.compute - matmul, offload=bound.offload, stretch=1 + (pp - 1) / g)
+
+
+def training_setup(ns: argparse.Namespace, accumulation: int, stage: int, offload_optimizer: bool,
+                   offload_params: bool, device: str) -> accounting.TrainingSetup:
+    return accounting.TrainingSetup(
+        world_size=ns.gpus * ns.nodes, micro_batch_size=ns.micro_batch_size, gradient_accumulation_steps=accumulation,
+        tensor_parallel_size=ns.tp, pipeline_parallel_size=ns.pp, sequence_parallel=ns.sequence_parallel,
+        precision=ns.precision, zero_stage=stage, offload_optimizer=offload_optimizer,
+        offload_params=offload_params, offload_device=device, activation_recompute=ns.recompute)
 
 
 def plan(config: GPTConfig, ns: argparse.Namespace) -> list[Plan]:
@@ -256,42 +375,100 @@ def plan(config: GPTConfig, ns: argparse.Namespace) -> list[Plan]:
     layout = ParallelLayout(world, ns.tp, ns.pp)
     _, accumulation = batch_split(layout, ns.micro_batch_size, ns.global_batch_size)
     total_params = accounting.count_parameters(config)
+    busiest = stage_config(config, ns.pp)
     plans = []
     for label, stage, offload_optimizer, offload_params, device in OPTIONS:
         if stage >= 2 and ns.pp > 1:
             continue  # DeepSpeed's pipeline engine supports ZeRO 0 and 1 only
-        setup = accounting.TrainingSetup(
-            world_size=world, micro_batch_size=ns.micro_batch_size, gradient_accumulation_steps=accumulation,
-            tensor_parallel_size=ns.tp, pipeline_parallel_size=ns.pp, sequence_parallel=ns.sequence_parallel,
-            precision=ns.precision, zero_stage=stage, offload_optimizer=offload_optimizer,
-            offload_params=offload_params, offload_device=device, activation_recompute=ns.recompute)
+        setup = training_setup(ns, accumulation, stage, offload_optimizer, offload_params, device)
         # every pipeline stage; the busiest one decides
-        memory = max((accounting.memory_per_rank(config, setup, s) for s in range(ns.pp)), key=lambda m: m["total"])
-        traffic = max(sum(accounting.zero_traffic_per_step(config, setup, s).values()) for s in range(ns.pp))
-        moved = accounting.offload_transfer_per_step(config, setup, 0)
+        memory = max((accounting.memory_per_rank(busiest, setup, s) for s in range(ns.pp)), key=lambda m: m["total"])
+        traffic = max(sum(accounting.zero_traffic_per_step(busiest, setup, s).values()) for s in range(ns.pp))
+        moved = accounting.offload_transfer_per_step(busiest, setup, 0)
         plans.append(Plan(option=label, params_gb=memory["params"] / GB, grads_gb=memory["grads"] / GB,
                           optim_gb=memory["optim"] / GB, model_states_gb=memory["model_states"] / GB,
                           activations_gb=memory["activations"] / GB, output_buffer_gb=memory["output_buffer"] / GB,
                           total_gb=memory["total"] / GB, offloaded_gb=memory["offloaded"] / GB,
                           traffic_gb=traffic / GB, bytes_per_param=traffic / total_params,
                           pcie_gb=moved["pcie"] / GB, nvme_gb=moved["nvme"] / GB,
-                          fits=memory["total"] / GB <= ns.usable_gb, **timing(config, setup, ns)))
+                          fits=memory["total"] / GB <= ns.usable_gb, **timing(config, busiest, setup, ns)))
     return plans
 
 
-def timing(config: GPTConfig, setup: accounting.TrainingSetup, ns: argparse.Namespace) -> dict:
-    """The Plan's time fields of one option: the step by part in ms, tokens/s, model TFLOP/s per GPU (the MFU
-    numerator: recomputation not counted) and, with --tokens, days to train."""
-    step = project(config, setup, ns.hardware, ns.gpus, ns.nodes) if ns.hardware else None
-    if step is None:
+def timing(config: GPTConfig, busiest: GPTConfig, setup: accounting.TrainingSetup, ns: argparse.Namespace) -> dict:
+    """The Plan's time fields of one option: the expected step by part in ms (StepParts.expected with the
+    published runs' CALIBRATION), tokens/s, TFLOP/s per GPU, model FLOPs (the MFU numerator) and hardware FLOPs
+    (recomputation counted, as the published runs count them), with --tokens the days to train; and `bound`,
+    the same from the bound (`project`). `busiest`: the busiest pipeline stage's model (stage_config)."""
+    projected = step_parts(busiest, setup, ns.hardware, ns.gpus, ns.nodes) if ns.hardware else None
+    if projected is None:
         return {}
+    bound, parts = projected
     sequences = setup.micro_batch_size * setup.gradient_accumulation_steps * setup.data_parallel_size
-    tokens_per_s = sequences * config.seq_length / step.total
-    flops = accounting.model_flops_per_iteration(config, sequences) / step.total / setup.world_size
-    return dict(step_ms=step.total * 1e3, compute_ms=step.compute * 1e3,
-                communication_ms=(step.communication - step.overlap) * 1e3, offload_ms=step.offload * 1e3,
-                bubble_ms=step.bubble * 1e3, tokens_per_s=tokens_per_s, tflops_per_gpu=flops / 1e12,
-                days=ns.token_budget / tokens_per_s / 86400 if ns.token_budget else None)
+
+    def figures(step: StepTime) -> dict:
+        tokens_per_s = sequences * config.seq_length / step.total
+        flops = {f"{name}_per_gpu": count(config, sequences) / step.total / setup.world_size / 1e12
+                 for name, count in (("tflops", accounting.model_flops_per_iteration),
+                                     ("hardware_tflops", accounting.hardware_flops_per_iteration))}
+        return dict(step_ms=step.total * 1e3, compute_ms=step.compute * 1e3,
+                    communication_ms=(step.communication - step.overlap) * 1e3, offload_ms=step.offload * 1e3,
+                    bubble_ms=step.bubble * 1e3, tokens_per_s=tokens_per_s, **flops,
+                    days=ns.token_budget / tokens_per_s / 86400 if ns.token_budget else None)
+    return dict(**figures(parts.expected(CALIBRATION)), bound=figures(bound))
+
+
+# --- the calibration: published runs as the planner's command lines, and the fit --------------------------------
+def published_run_args(run: dict) -> list[str]:
+    """The planner's flags for one run of tools/published_runs.json."""
+    flags = dict(num_layers=run["num_layers"], hidden_size=run["hidden_size"],
+                 num_attention_heads=run["num_attention_heads"], vocab_size=run["vocab_size"],
+                 seq_length=run["seq_length"], micro_batch_size=run["micro_batch_size"],
+                 global_batch_size=run["global_batch_size"], gpus=run["gpus_per_node"], nodes=run["nodes"],
+                 tp=run["tp"], pp=run["pp"], gpu=run["gpu"], precision=run["precision"],
+                 inter_node_bandwidth=run["inter_node_bandwidth"])
+    args = [item for name, value in flags.items() for item in (f"--{name.replace('_', '-')}", str(value))]
+    return args + (["--recompute"] if run["recompute"] else [])
+
+
+def published_run_option(run: dict) -> str:
+    """The planner's option a published run trained with: DP (ZeRO 0) or Z1."""
+    return next(label for label, stage, offload, *_ in OPTIONS if stage == run["zero_stage"] and not offload)
+
+
+def published_step_seconds(run: dict) -> float:
+    """The run's seconds per step from its published hardware TFLOP/s per GPU."""
+    ns = parse_args(published_run_args(run))
+    flops = accounting.hardware_flops_per_iteration(model_config(ns), run["global_batch_size"])
+    return flops / (run["published_tflops_per_gpu"] * 1e12 * run["gpus_per_node"] * run["nodes"])
+
+
+def published_run_parts(run: dict) -> StepParts:
+    ns = parse_args(published_run_args(run))
+    ns.hardware = hardware(ns)
+    config = model_config(ns)
+    _, accumulation = batch_split(ParallelLayout(ns.gpus * ns.nodes, ns.tp, ns.pp), ns.micro_batch_size,
+                                  ns.global_batch_size)
+    _, stage, offload_optimizer, offload_params, device = next(o for o in OPTIONS if o[0] == published_run_option(run))
+    setup = training_setup(ns, accumulation, stage, offload_optimizer, offload_params, device)
+    return step_parts(stage_config(config, ns.pp), setup, ns.hardware, ns.gpus, ns.nodes)[1]
+
+
+def fit_calibration(runs: list[dict]) -> Calibration:
+    """The Calibration that brings StepParts.expected closest to the runs' published steps: least squares of the
+    relative errors, linear in 1/matmul, memory_passes and 1/link."""
+    import numpy  # only the fit needs it
+
+    rows, targets = [], []
+    for run in runs:
+        parts, seconds = published_run_parts(run), published_step_seconds(run)
+        rows.append([parts.stretch * parts.matmul / seconds, parts.stretch * parts.memory / seconds,
+                     (parts.stretch * parts.model_parallel + parts.data_parallel) / seconds])
+        targets.append(1 - (parts.other + parts.offload) / seconds)
+    inverse_matmul, memory_passes, inverse_link = numpy.linalg.lstsq(numpy.array(rows), numpy.array(targets),
+                                                                     rcond=None)[0]
+    return Calibration(matmul=float(1 / inverse_matmul), memory_passes=float(memory_passes),
+                       link=float(1 / inverse_link))
 
 
 def choose(plans: list[Plan]) -> tuple[Plan | None, str]:
@@ -371,19 +548,48 @@ def table(plans: list[Plan], usable_gb: float) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
-def time_table(plans: list[Plan], tokens: bool, bubble: bool) -> str:
-    header = ["option", "fits", "step ms", "compute ms", "communication ms", "offload ms"] + (
-        ["bubble ms"] if bubble else []) + ["tokens/s", "TFLOP/s/GPU"] + (["days"] if tokens else [])
+def time_table(plans: list[Plan], tokens: bool, bubble: bool, recompute: bool) -> str:
+    header = ["option", "fits", "step ms", "bound ms", "compute ms", "communication ms", "offload ms"] + (
+        ["bubble ms"] if bubble else []) + ["tokens/s", "TFLOP/s/GPU"] + (["hw TFLOP/s/GPU"] if recompute else []) + (
+        ["days", "bound days"] if tokens else [])
     rows = [header]
     for p in plans:
         if p.step_ms is None:
             rows.append([p.option, "yes" if p.fits else "no"] + ["-"] * (len(header) - 2))
             continue
-        rows.append([p.option, "yes" if p.fits else "no", f"{p.step_ms:.0f}", f"{p.compute_ms:.0f}",
-                     f"{p.communication_ms:.0f}", f"{p.offload_ms:.0f}"] + ([f"{p.bubble_ms:.0f}"] if bubble else [])
-                    + [f"{p.tokens_per_s:,.0f}", f"{p.tflops_per_gpu:.0f}"] + ([f"{p.days:.1f}"] if tokens else []))
+        rows.append([p.option, "yes" if p.fits else "no", f"{p.step_ms:.0f}", f"{p.bound['step_ms']:.0f}",
+                     f"{p.compute_ms:.0f}", f"{p.communication_ms:.0f}", f"{p.offload_ms:.0f}"]
+                    + ([f"{p.bubble_ms:.0f}"] if bubble else []) + [f"{p.tokens_per_s:,.0f}", f"{p.tflops_per_gpu:.0f}"]
+                    + ([f"{p.hardware_tflops_per_gpu:.0f}"] if recompute else [])
+                    + ([f"{p.days:.1f}", f"{p.bound['days']:.1f}"] if tokens else []))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def expected_line(hw: Hardware) -> str:
+    c = CALIBRATION
+    return (f"step ms: the expected step, the bound (bound ms: every FLOP at {hw.efficiency:g} of the peak, every "
+            f"link at its nominal bandwidth) with matmuls at {c.matmul:.3g} of that rate, memory-bound kernels "
+            f"reading and writing each layer's activations {c.memory_passes:.3g} times, collectives at {c.link:.3g} "
+            f"of the bandwidth and recomputation's all-reduces, calibrated on {len(PUBLISHED['runs'])} published runs "
+            f"(tools/published_runs.json; each within {100 * PUBLISHED['calibration']['leave_one_out_error']:.0f}% of "
+            f"its "
+            f"published throughput when left out of the fit)")
+
+
+def notes(config: GPTConfig, ns: argparse.Namespace, plans: list[Plan]) -> list[str]:
+    """What the user should know about the plans that the table cannot say."""
+    lines = []
+    layers, pp = config.num_layers, ns.pp
+    if layers % pp:
+        lines.append(f"note: {layers} layers over {pp} pipeline stages: {layers % pp} stages of {-(-layers // pp)} "
+                     f"and {pp - layers % pp} of {layers // pp}, as Megatron-DeepSpeed's type:transformer partition "
+                     f"balances them; the stages of {-(-layers // pp)} set the memory and the step")
+    if ns.precision == "bf16" and any(p.option == "Z1" for p in plans):
+        lines.append("note: Z1 in bf16 is DeepSpeed's BF16_Optimizer, not the ZeRO paper's stage 1: it accumulates "
+                     "the gradients in fp32 (6 bytes per parameter, bf16 and fp32 copies of every gradient) and "
+                     "all-reduces them before gathering the parameters, 1.5x stage 1's bytes (docs/zero-tradeoff.md)")
+    return lines
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -445,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
             raise PlanError("give --gpu-memory or --gpu")
         memory = parse_memory(ns.gpu_memory) if ns.gpu_memory else ns.hardware.kind.memory_gb
         ns.usable_gb = memory * (1.0 - ns.headroom)
+        if ns.tokens and ns.hardware is None:
+            raise PlanError("--tokens needs --gpu: the days to train come from the step time on a GPU kind")
         ns.token_budget = parse_tokens(ns.tokens) if ns.tokens else None
         config = model_config(ns)
         plans = plan(config, ns)
@@ -459,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
             gpu=hw.gpu, peak_tflops=hw.peak_tflops, efficiency=hw.efficiency, intra_node_gbps=hw.intra_node_gbps,
             inter_node_gbps=hw.inter_node_gbps, latency_us=hw.latency_us, tokens=ns.token_budget)
         print(json.dumps({"plans": [vars(p) for p in plans], "hardware": gpu, "choice": best.option if best else None,
-                          "why": why, "checkpoint": checkpointing}, indent=2))
+                          "why": why, "checkpoint": checkpointing, "notes": notes(config, ns, plans)}, indent=2))
         return 0
     name = ns.model_size or f"{config.num_layers} layers x {config.hidden_size}"
     print(f"{name}: {accounting.count_parameters(config) / 1e9:.2f}B parameters, seq {ns.seq_length}, micro batch "
@@ -472,8 +680,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{hw.efficiency:g}, {hw.intra_node_gbps:g} Gbit/s inside a node, {hw.inter_node_gbps:g} Gbit/s per "
               f"node between nodes, {hw.latency_us:g} us per message; {accumulation} micro-batch"
               f"{'es' if accumulation > 1 else ''} per step" + (f", {ns.tokens} tokens" if ns.token_budget else "")
-              + "\n")
-        print(time_table(plans, ns.token_budget is not None, ns.pp > 1))
+              + "\n" + expected_line(hw) + "\n")
+        print(time_table(plans, ns.token_budget is not None, ns.pp > 1, ns.recompute))
+    if notes(config, ns, plans):
+        print("\n" + "\n".join(notes(config, ns, plans)))
     print(f"\npick: {best.option}: {why}" if best else f"\npick: none: {why}")
     if checkpointing:
         print(checkpoint_line(checkpointing, ns))
