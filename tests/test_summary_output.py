@@ -119,3 +119,25 @@ def test_every_plot_stays_readable_with_12_runs_of_30_character_names(twelve_lon
     assert memory[3] == "model states: ZeRO estimate"
     assert legends["zero_tradeoff.png"][:2] == ["1: Z3 tiny gpt_tiny_Z3_run01_lr3e-4_warmu",
                                                 "2: Z3 tiny gpt_tiny_Z3_run04_lr3e-4_warmu"]
+
+
+TERMINAL_HEADER = ["run", "status", "ZeRO", "tokens/s", "epoch (s)", "accel. peak GB", "host RSS peak GB", "lm loss",
+                   "ms/iter meas/pred", "MB/iter meas/pred"]
+
+
+def test_the_terminal_shows_a_compact_table_and_the_files_every_column(tmp_path):
+    result = run_cli(FIXTURES, "--out", tmp_path, "--no-plots")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.replace(str(tmp_path), "OUT").splitlines()  # the output folder's length is the user's
+    assert max(len(line) for line in lines) <= 160, max(lines, key=len)
+    assert re.split(r"\s{2,}", lines[0]) == TERMINAL_HEADER
+    rows = {cells[0]: cells for line in lines[1:6] if (cells := re.split(r"\s{2,}", line.strip()))}
+    assert set(rows) == {"Z1 tiny", "Z3", "Z3+offload", "Z2", "Z1 GPT1_3B"}
+    # the real Z3 log: every column filled, equal to the CSV's figures at the table's precision
+    assert rows["Z3"] == ["Z3", "finished", "3", "2,022.3", "7.2", "0.27", "1.88", "8.5200", "506.4/510.6",
+                          "78.30/78.32"]
+    assert rows["Z3+offload"][1:3] == ["INCOMPLETE", "3+offload"]
+    assert rows["Z1 tiny"][-1] == "442.5/-"  # a log without time lines: no prediction to show
+    assert "| HFU (%) |" not in result.stdout and "wrote summary.md (the full table, 27 columns)" in result.stdout
+    header = (tmp_path / "summary.md").read_text().splitlines()[0]
+    assert header.count(" | ") == 26 and "| mean lm loss per epoch |" in header and "epoch ends" not in header
