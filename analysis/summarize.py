@@ -103,12 +103,14 @@ def run(args: argparse.Namespace) -> int:
     write_atomic(out / "summary.csv", csv_text(found.runs))
     write_atomic(out / "summary.json", json_text(found.runs, found.skipped, args.skip_first))
     plots = [] if args.no_plots else make_plots(found.runs, out)
-    tradeoff = tradeoff_section(found.runs, None if args.no_plots else tradeoff_plot(found.runs, out))
+    tradeoff_png = None if args.no_plots else tradeoff_plot(found.runs, out)
+    tradeoff = tradeoff_section(found.runs, tradeoff_png)
     write_atomic(out / "report.md", report_markdown(table, note_text, plots, tradeoff))
+    pngs = [name for name, _ in plots] + ([tradeoff_png] if tradeoff_png else [])  # the count is of what was written
     print(terminal_table(found.runs))
     print(terminal_notes(note_text))
     print(f"wrote summary.md (the full table, {len(MARKDOWN_COLUMNS)} columns), summary.csv, summary.json, "
-          f"report.md and {len(plots)} plots to {out}")
+          f"report.md and {len(pngs)} plots to {out}")
     if reference is not None:
         comparison = compare_markdown(reference, str(args.compare), found.runs, args.skip_first)
         write_atomic(out / "compare.md", comparison)

@@ -141,3 +141,14 @@ def test_the_terminal_shows_a_compact_table_and_the_files_every_column(tmp_path)
     assert "| HFU (%) |" not in result.stdout and "wrote summary.md (the full table, 27 columns)" in result.stdout
     header = (tmp_path / "summary.md").read_text().splitlines()[0]
     assert header.count(" | ") == 26 and "| mean lm loss per epoch |" in header and "epoch ends" not in header
+
+
+@pytest.mark.parametrize("flags, plots_written", [([], 6), (["--no-plots"], 0)])
+def test_the_plots_counted_are_the_plots_written(tmp_path, flags, plots_written):
+    """The fixture runs have data for every plot, the ZeRO trade-off (the Z3 log's comm lines) included."""
+    result = run_cli(FIXTURES, "--out", tmp_path, *flags)
+    assert result.returncode == 0, result.stderr
+    said = re.search(r"report\.md and (\d+) plots to ", result.stdout)
+    assert said, result.stdout
+    written = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert int(said.group(1)) == len(written) == plots_written, written
