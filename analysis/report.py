@@ -5,6 +5,7 @@ import csv
 import io
 import json
 import os
+import textwrap
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Callable
@@ -81,9 +82,55 @@ MARKDOWN_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
     ("MFU (%)", lambda s: _num(1)(s.mfu_mean_pct)),
     ("HFU (%)", lambda s: _num(1)(s.hfu_mean_pct)),
     ("lm loss first→last", lambda s: f"{_loss(s.loss_first)}→{_loss(s.loss_last)}" if s.loss_last is not None else ""),
-    ("lm loss at epoch ends", lambda s: ", ".join(_loss(v) for v in s.epoch_losses)),
+    ("mean lm loss per epoch", lambda s: ", ".join(_loss(v) for v in s.epoch_losses)),
     ("val loss", lambda s: _loss(s.val_loss_last)),
 ]
+
+
+def _stage(s: RunSummary) -> str:
+    if s.zero_stage is None:
+        return ""
+    return str(s.zero_stage) + {None: "", "none": "", "nvme": "+NVMe"}.get(s.offload, "+offload")
+
+
+def _measured_of_predicted(measured: float | None, predicted: float | None, digits: int) -> str:
+    """"506.4/510.6"; "442.5/-" for a log without the prediction (upstream's, older runs)."""
+    if measured is None:
+        return ""
+    return f"{_num(digits)(measured)}/{'-' if predicted is None else _num(digits)(predicted)}"
+
+
+# The terminal's table, a line per run that fits a terminal: what runs are compared by at a glance. The files
+# (summary.md/.csv/.json, report.md) keep every column.
+TERMINAL_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
+    ("run", lambda s: s.label),
+    ("status", _status),
+    ("ZeRO", _stage),
+    ("tokens/s", lambda s: _num(1)(s.tokens_per_s)),
+    ("epoch (s)", _epoch_time),
+    ("accel. peak GB", lambda s: _num(2)(s.max_mem_alloc_peak_gb)),  # MaxMemAllocated
+    ("host RSS peak GB", lambda s: _num(2)(s.host_rss_peak_gb)),
+    ("lm loss", lambda s: _loss(s.loss_last)),  # the last logged
+    ("ms/iter meas/pred", lambda s: _measured_of_predicted(s.ms_per_iter_mean, s.time_total_predicted_ms, 1)),
+    ("MB/iter meas/pred", lambda s: _measured_of_predicted(s.traffic_mb, s.traffic_predicted_mb, 2)),
+]
+TEXT_COLUMNS = {"run", "status"}  # left-aligned; numbers right-aligned
+
+
+def terminal_table(summaries: list[RunSummary]) -> str:
+    rows = [[header for header, _ in TERMINAL_COLUMNS]]
+    rows += [[cell(s) for _, cell in TERMINAL_COLUMNS] for s in summaries]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(TERMINAL_COLUMNS))]
+    lines = ["  ".join(value.ljust(width) if header in TEXT_COLUMNS else value.rjust(width)
+                       for (header, _), value, width in zip(TERMINAL_COLUMNS, row, widths)).rstrip()
+             for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def terminal_notes(note_text: str, width: int = 120) -> str:
+    """The notes under the table, wrapped for a terminal (the files keep a line per note)."""
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="  " if line.startswith("- ") else "")
+                     for line in note_text.splitlines()) + "\n"
 
 
 def markdown_table(summaries: list[RunSummary]) -> str:

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analysis.collect import SummarizeError, collect  # noqa: E402
 from analysis.compare import compare_markdown  # noqa: E402
 from analysis.plots import make_plots, tradeoff_plot  # noqa: E402
-from analysis.report import (csv_text, json_text, markdown_table, notes,  # noqa: E402
-                             report_markdown, tradeoff_section, write_atomic)
+from analysis.report import (MARKDOWN_COLUMNS, csv_text, json_text, markdown_table, notes,  # noqa: E402
+                             report_markdown, terminal_notes, terminal_table, tradeoff_section, write_atomic)
 from analysis.reference import read_reference  # noqa: E402
 
 DEFAULT_SKIP_FIRST = 2
@@ -43,12 +43,13 @@ killed; one still running shows its last progress line's percentage and ETA besi
 "finished"; it is summarized as far as the log goes. Logs with no training lines are
 listed as skipped.
 
-Writes to OUT: summary.md, summary.csv, summary.json (one row per run: status, attempts and NaN
-iterations, ZeRO stage, offload,
-model, ranks, batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
+Prints a compact table (a line per run: status, ZeRO stage, tokens/s, epoch time, memory peaks, last lm loss,
+ms and MB per iteration measured/predicted) and writes the full one to OUT: summary.md, summary.csv,
+summary.json (one row per run: status, attempts and NaN iterations, ZeRO stage, offload, model, ranks,
+batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
 ms/iteration, time per epoch, mean/max MemAllocated and peak MaxMemAllocated per rank in GB
-(2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, HFU, first/last/per-epoch lm
-loss, last validation loss, MB sent and ms per iteration measured and predicted, and a running run's
+(2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, HFU, first/last lm loss, the mean lm
+loss per epoch, last validation loss, MB sent and ms per iteration measured and predicted, and a running run's
 progress and ETA), PNG plots
 (throughput, epoch time, accelerator memory, host memory, loss vs consumed tokens, the ZeRO
 trade-off: model-state memory against traffic) and report.md showing the table, a "ZeRO trade-off"
@@ -102,11 +103,14 @@ def run(args: argparse.Namespace) -> int:
     write_atomic(out / "summary.csv", csv_text(found.runs))
     write_atomic(out / "summary.json", json_text(found.runs, found.skipped, args.skip_first))
     plots = [] if args.no_plots else make_plots(found.runs, out)
-    tradeoff = tradeoff_section(found.runs, None if args.no_plots else tradeoff_plot(found.runs, out))
+    tradeoff_png = None if args.no_plots else tradeoff_plot(found.runs, out)
+    tradeoff = tradeoff_section(found.runs, tradeoff_png)
     write_atomic(out / "report.md", report_markdown(table, note_text, plots, tradeoff))
-    print(table)
-    print(note_text)
-    print(f"wrote summary.md, summary.csv, summary.json, report.md and {len(plots)} plots to {out}")
+    pngs = [name for name, _ in plots] + ([tradeoff_png] if tradeoff_png else [])  # the count is of what was written
+    print(terminal_table(found.runs))
+    print(terminal_notes(note_text))
+    print(f"wrote summary.md (the full table, {len(MARKDOWN_COLUMNS)} columns), summary.csv, summary.json, "
+          f"report.md and {len(pngs)} plots to {out}")
     if reference is not None:
         comparison = compare_markdown(reference, str(args.compare), found.runs, args.skip_first)
         write_atomic(out / "compare.md", comparison)
