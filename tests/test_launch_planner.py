@@ -2,6 +2,7 @@
 line (the golden files hold the command lines: tests/test_launch_golden.py), the run lock, and one process
 supervising every attempt of a run."""
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -37,8 +38,50 @@ def test_srun_ranks_take_their_port_from_the_job_unless_master_port_is_set(tmp_p
 
 def test_mpiexec_ranks_find_the_port_in_their_environment(tmp_path):
     launch = driver_launch(tmp_path, LAUNCHER="mpiexec", NGPUS=4)
-    assert launch.env["MASTER_PORT"] == "29500" and launch.env["OMP_NUM_THREADS"] == "1"
+    assert int(launch.env["MASTER_PORT"]) > 0 and launch.env["OMP_NUM_THREADS"] == "1"
     assert launch.command[:3] == ["mpiexec", "-n", "4"]
+    assert driver_launch(tmp_path, LAUNCHER="mpiexec", MASTER_PORT="29611").env["MASTER_PORT"] == "29611"
+
+
+def listening_socket() -> socket.socket:
+    """A socket listening on a free port of this host, as another run's rendezvous store would."""
+    held = socket.socket()
+    held.bind(("", 0))
+    held.listen()
+    return held
+
+
+def test_a_single_host_run_without_master_port_takes_a_free_port(tmp_path):
+    """Two single-host runs on one machine do not meet at 29500: torchrun's --standalone, a free port for the
+    deepspeed launcher and mpiexec (drivers and ALCF); the hosts of a multi-host run agree on MASTER_PORT or 29500."""
+    with listening_socket() as held:
+        busy = str(held.getsockname()[1])
+        torchrun = driver_launch(tmp_path).command
+        assert "--standalone" in torchrun and "--master_port" not in torchrun
+        for launch in (driver_launch(tmp_path, LAUNCHER="deepspeed"), driver_launch(tmp_path, LAUNCHER="mpiexec"),
+                       AlcfPlanner().plan(subprocess_env(OUTPUT_ROOT=tmp_path, CUDA_VISIBLE_DEVICES=""), [],
+                                          dry_run=True)):
+            port = launch.env.get("MASTER_PORT") or launch.command[launch.command.index("--master_port") + 1]
+            assert port != busy
+            with socket.socket() as probe:  # free: a store can listen there
+                probe.bind(("", int(port)))
+    assert driver_launch(tmp_path, MASTER_PORT="29611").command[5:7] == ["--master_port", "29611"]
+    two_hosts = driver_launch(tmp_path, NNODES=2, NODE_RANK=0, MASTER_ADDR="10.0.0.1").command
+    assert "10.0.0.1:29500" in two_hosts
+
+
+@pytest.mark.parametrize("script", ["examples_zero/gpt_deepspeed_Z1.sh", "ALCF/train-gpt3.sh"])
+def test_a_master_port_in_use_is_refused_before_anything_starts(tmp_path, script):
+    with listening_socket() as held:
+        port = held.getsockname()[1]
+        result = subprocess.run(["bash", str(REPO_ROOT / script)], cwd=REPO_ROOT, capture_output=True, text=True,
+                                env=subprocess_env(RUNS_DIR=tmp_path / "runs", OUTPUT_ROOT=tmp_path / "outputs",
+                                                   CUDA_VISIBLE_DEVICES="", MASTER_PORT=port), timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        f"error: MASTER_PORT={port}: the port is in use on this host (Address already in use; another run's?): set "
+        "another MASTER_PORT, or leave it unset on a single host for a free one")
+    assert not any(path.is_file() for path in tmp_path.rglob("*"))  # no run folder, log or lock written
 
 
 def test_a_drivers_launcher_gets_this_pythons_tools_first_and_the_flag_sources(tmp_path):
@@ -180,3 +223,21 @@ def test_run_all_analyses_in_the_projects_python(tmp_path):
     assert "Traceback" not in result.stderr and "No module named" not in result.stderr
     assert result.stderr.splitlines()[-1] == (f"error: {tmp_path / 'runs'}: no training runs found (no log with "
                                               "iteration lines)")
+
+
+def test_a_port_taken_after_the_check_is_named_with_its_variable(tmp_path, capsys):
+    """The planner's check and the store's start are apart in time: a port taken in between ends the attempt with
+    the port and the variable, not 'torchrun exited with status 1' (a real torchrun against a held port)."""
+    from megatron.launch.attempt import Attempt
+
+    with listening_socket() as held:
+        port = held.getsockname()[1]
+        attempt = Attempt(str(tmp_path), str(tmp_path / "train.log"), "torchrun", None)
+        status = attempt.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
+                              "--master_port", str(port), "-m", "json.tool", os.devnull],
+                             env=subprocess_env())
+        attempt.close()
+    assert status == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: port {port} (MASTER_PORT) is in use on this host (EADDRINUSE; another run's?): set another "
+        f"MASTER_PORT, or leave it unset on a single host for a free one (launcher's report: {tmp_path}/launcher.log)")

@@ -20,7 +20,8 @@ import subprocess
 import time
 
 from megatron.launch import settings as training
-from megatron.launch.plan import REPO, Launch, die, given, python_of, resume_rule, visible_gpus
+from megatron.launch.plan import (REPO, Launch, check_port, die, free_port, given, python_of, resume_rule,
+                                  visible_gpus)
 from megatron.launch.settings import check
 from megatron.model.presets import MODEL_PRESETS
 
@@ -124,6 +125,12 @@ class AlcfPlanner:
         launch_env = dict(env, PYTHON=python, PYTHONPATH=":".join([str(REPO), *filter(None, [env.get("PYTHONPATH")])]))
         hosts, hostfile, accelerator, per_host = self._setup(v, launch_env)
         world = len(hosts) * per_host
+        # one host: MASTER_PORT, checked before anything starts, else a free port; several hosts: MASTER_PORT or the
+        # ranks' default (megatron/launch/dist_env.py)
+        if len(hosts) == 1 and "MASTER_PORT" not in v:
+            launch_env["MASTER_PORT"] = free_port()
+        elif len(hosts) == 1 and not dry_run:
+            check_port(v["MASTER_PORT"])
         model_size = self._model(v, accelerator)
         sp_variable = self._sequence_parallel(v)
         # with a DeepSpeed JSON of the user's (DS_CONFIG), the stage is the JSON's unless ZERO_STAGE is set

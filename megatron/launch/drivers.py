@@ -16,7 +16,8 @@ import subprocess
 import sys
 
 from megatron.launch import settings as training
-from megatron.launch.plan import REPO, Launch, die, given, python_of, resume_rule, visible_gpus
+from megatron.launch.plan import (REPO, Launch, check_port, die, free_port, given, python_of, resume_rule,
+                                  visible_gpus)
 from megatron.launch.settings import check
 from megatron.model.presets import MODEL_PRESETS
 
@@ -94,7 +95,14 @@ class DriverPlanner:
         s = settings.values
         if "DS_CONFIG" in v:
             self._json_stage(v["DS_CONFIG"])
-        port = v.get("MASTER_PORT", "29500")
+        # one host: MASTER_PORT, checked before anything starts, else a free port (torchrun: --standalone); the
+        # hosts of a multi-host run must agree on a port: MASTER_PORT, else 29500 (srun: the job id's)
+        single_host = nnodes == 1 and launcher != "srun"
+        port = v.get("MASTER_PORT") or (None if single_host else "29500")
+        if port is None and launcher != "torchrun":
+            port = free_port()
+        elif single_host and port is not None and not dry_run:
+            check_port(port)
 
         tag = "".join([f"_tp{s['TP']}" * (s["TP"] != "1"), f"_pp{s['PP']}" * (s["PP"] != "1"),
                        "_sp" * (s["SP"] == "1")])
@@ -198,11 +206,12 @@ class DriverPlanner:
         return "localhost:" + ",".join(gpus[:ngpus])
 
     @staticmethod
-    def _launcher(v: dict[str, str], launcher: str, ngpus: int, python: str, port: str, include: str,
+    def _launcher(v: dict[str, str], launcher: str, ngpus: int, python: str, port: str | None, include: str,
                   run_name: str, launch_env: dict[str, str]) -> list[str]:
         if launcher == "torchrun":
             if v["NNODES"] == "1":
-                return [python, "-m", "torch.distributed.run", "--nproc_per_node", str(ngpus), "--master_port", port]
+                where = ["--standalone"] if port is None else ["--master_port", port]
+                return [python, "-m", "torch.distributed.run", "--nproc_per_node", str(ngpus), *where]
             # c10d rendezvous at MASTER_ADDR; host 0 holds the store (is_host: a host whose own name resolves to
             # 127.0.1.1 would not know MASTER_ADDR as its own); the hosts wait HOST_WAIT_SECONDS for each other
             # there (torchrun's join_timeout), then give up

@@ -116,6 +116,10 @@ def failure_cause(rank_lines: list[str], report: list[str], launcher: str, statu
     for line in rank_lines:
         if line.startswith("error: "):
             return line[len("error: "):], True
+    in_use = re.search(r"port: (\d+).*EADDRINUSE", "\n".join([*report, *rank_lines]))
+    if in_use:  # the rendezvous store found its port taken between the planner's check and the store's start
+        return (f"port {in_use[1]} (MASTER_PORT) is in use on this host (EADDRINUSE; another run's?): set another "
+                "MASTER_PORT, or leave it unset on a single host for a free one"), True
     exceptions = [line for previous, line in zip(rank_lines, rank_lines[1:])
                   if previous[:1].isspace() and line and not line[:1].isspace() and re.match(r"[\w.]+(: |$)", line)]
     if exceptions:

@@ -88,6 +88,27 @@ def visible_gpus(env: Mapping[str, str]) -> int:
     return len([gpu for gpu in env["CUDA_VISIBLE_DEVICES"].split(",") if gpu.strip()])
 
 
+def free_port() -> str:
+    """A TCP port no process listens on now, from the kernel (bind to port 0), as `torchrun --standalone` takes
+    one: a single-host run without MASTER_PORT does not meet another run at 29500."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return str(probe.getsockname()[1])
+
+
+def check_port(port: str) -> None:
+    """Refuse MASTER_PORT when a process on this host listens on it: the ranks' rendezvous store would fail to
+    listen there (EADDRINUSE) after the launcher started. SO_REUSEADDR as torch's store binds, so a port whose last
+    connections wait out TIME_WAIT counts as free, as it is for the store."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", int(port)))
+        except OSError as err:
+            die(f"MASTER_PORT={port}: the port is in use on this host ({err.strerror}; another run's?): set another "
+                "MASTER_PORT, or leave it unset on a single host for a free one")
+
+
 def given(env: Mapping[str, str]) -> dict[str, str]:
     """The variables that are set and not empty (an empty variable counts as unset, as the scripts read it)."""
     return {name: value for name, value in env.items() if value}

@@ -178,6 +178,8 @@ def run_case(case: Case) -> tuple[Golden, float]:
     if len(lines) > 1:
         raise RuntimeError(f"{case.name}: {len(lines)} command lines in the dry run's output:\n{stdout}")
     command = shlex.split(lines[0]) if lines else []
+    if "MASTER_PORT" not in case.env and "--master_port" in command:  # a single host's free port (drivers.py)
+        command[command.index("--master_port") + 1] = "<free port>"
     notes = [line for line in stderr.splitlines() if line.startswith("[run] ")]
     error = stderr.splitlines()[-1] if result.returncode and stderr.strip() else ""
     golden = Golden(result.returncode, command, notes if command else [], error)
