@@ -77,14 +77,19 @@ def initialize_distributed(timeout_minutes: float) -> DistInfo:
     """Fill RANK/WORLD_SIZE/... from whichever launcher ran us (torchrun, deepspeed, mpiexec, srun), pick the
     network interface that reaches the master (megatron/launch/network.py), bind this rank's GPU
     (bind_device), then let DeepSpeed create the default group: nccl on CUDA, gloo on the CPU accelerator.
-    A collective that waits longer than timeout_minutes (a lost host) raises instead of hanging."""
+    A collective that waits longer than timeout_minutes (a lost host) raises instead of hanging.
+    DeepSpeed's ops are built in the environment's own folder, each announced in one line by local rank 0
+    (megatron/deepspeed_ops.py): on the CPU accelerator init_distributed loads the shared-memory op."""
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
+    from megatron import deepspeed_ops
     from megatron.launch import network
     from megatron.launch.dist_env import all_ranks_on_this_host, export_launcher_env
 
     local_rank = export_launcher_env().local_rank
+    deepspeed_ops.use_environment_extensions()
+    deepspeed_ops.announce_builds(quiet=local_rank != 0)
     said, address = network.configure(os.environ, one_host=all_ranks_on_this_host())
     if local_rank == 0:
         print(said, flush=True)  # one line per host: which interface and address its ranks use

@@ -289,21 +289,21 @@ if (( ${#apt_packages[@]} )); then
     uses=$(printf ', %s' "${apt_uses[@]}")
     step "installing ${uses#, } from Debian" "installed: skipped next time" apt_install "${apt_packages[@]}"
 fi
-# DeepSpeed compiles its C++ ops at first use: on the CPU accelerator the CPU Adam (Z3_OL) and the async I/O
-# op (Z3_NVMe) take about 1 and 3 minutes on a 2-core machine. Built here once (cached in
-# ~/.cache/torch_extensions, or TORCH_EXTENSIONS_DIR), no run stalls compiling. Not with a GPU or from a
-# wheelhouse: a GPU machine builds its CUDA ops, against its toolkit, at their first use.
+# DeepSpeed compiles its C++ ops at first use, into the environment's own folder (megatron/deepspeed_ops.py
+# says where, for this script, scripts/test.sh and every rank). The main job (ZeRO-1 on the CPU accelerator)
+# loads one, the shared-memory collectives that DeepSpeed's init_distributed loads on every CPU run (about
+# 1 min on a 2-core machine): built here, the first run starts at once. The others (cpu_adam for CPU offload,
+# async_io for NVMe, pin_memory) are built at their first use, a line saying so before each build. Not with
+# a GPU or from a wheelhouse: a GPU machine builds its CUDA ops, against its toolkit, at their first use.
 if [[ -z "$WHEELHOUSE" ]] && ! command -v nvidia-smi >/dev/null 2>&1; then
     # the venv's ninja, by an absolute path: torch runs ninja inside the build folder, where a relative PATH
     # entry finds nothing, and a build recorded by another ninja (Debian's) is rebuilt by the venv's at first use
     venv_bin=$VENV_DIR/bin; [[ "$venv_bin" == /* ]] || venv_bin=$PWD/$venv_bin
-    step "building DeepSpeed's CPU ops (cpu_adam, async_io, ...)" \
-         "cached in ${TORCH_EXTENSIONS_DIR:-~/.cache/torch_extensions}: seconds next time" \
-         env DS_ACCELERATOR=cpu PATH="$venv_bin:$PATH" "$VENV_DIR/bin/python" -c '
-from deepspeed.accelerator import get_accelerator
-for name in ("ShareMemCommBuilder", "CPUAdamBuilder", "PinMemoryBuilder", "AsyncIOBuilder"):
-    builder = get_accelerator().create_op_builder(name)
-    if builder is not None and builder.is_compatible(verbose=False):
-        builder.load(verbose=False)'
+    ops_folder="the environment's torch_extensions"  # a dry run has no venv to ask
+    [[ "$DRY_RUN" == 1 ]] || ops_folder=$("$VENV_DIR/bin/python" -m megatron.deepspeed_ops folder)
+    step "building DeepSpeed's deepspeed_shm_comm, the one op the main job loads (the others at first use)" \
+         "cached in $ops_folder: seconds next time" \
+         env DS_ACCELERATOR=cpu PATH="$venv_bin:$PATH" "$VENV_DIR/bin/python" -m megatron.deepspeed_ops build \
+         deepspeed_shm_comm
 fi
 echo "[setup] done in $(since 0): activate with 'source $VENV_DIR/bin/activate'"

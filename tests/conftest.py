@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from megatron.deepspeed_ops import use_environment_extensions
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOLLY_SAMPLE = REPO_ROOT / "data" / "samples" / "dolly-sample.jsonl"
 DOLLY_SAMPLE_RECORDS = 382
@@ -24,6 +26,9 @@ DOLLY_SAMPLE_RECORDS = 382
 # builds DeepSpeed's C++ ops with the first `ninja` found, and two different ninjas (the venv's
 # and Debian's) invalidate each other's builds, making every multi-rank start rebuild them.
 os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+# DeepSpeed's ops built and found where the ranks build them, the environment's own folder, also for the tests
+# that load an op in-process and the processes they start (scripts/test.sh builds them all before the suite)
+use_environment_extensions()
 
 
 def test_env(**overrides):

@@ -22,7 +22,8 @@ case "$*" in
     "-m venv "*) mkdir -p "$3/bin" && cp "$0" "$3/bin/python" ;;
     *"pip install"*) shift 2; echo "pip: $*"; echo "${PIP_ERROR:-pip: a warning}" >&2; exit "${PIP_EXIT:-0}" ;;
     -V) echo "Python 3.11.7" ;;
-    *get_accelerator*) echo "ninja: [1/3] c++ cpu_adam.cpp"; echo "ninja: [3/3] c++ -shared" ;;
+    "-m megatron.deepspeed_ops folder") echo "$TORCH_EXTENSIONS_DIR" ;;
+    "-m megatron.deepspeed_ops build "*) echo "ninja: [1/3] c++ shm.cpp"; echo "ninja: [3/3] c++ -shared" ;;
     *) echo "fake python: unexpected $*" >&2; exit 99 ;;
 esac
 """
@@ -79,8 +80,8 @@ def test_a_fresh_setup_prints_one_line_per_step_and_logs_the_tools_output(tmp_pa
         # no mpiexec on this PATH; libaio's headers as this machine has them
         rf"\[setup\] installing mpich \(mpiexec\)(, libaio-dev \(NVMe offload\))? from Debian {STEP} "
         r"\(installed: skipped next time\)",
-        rf"\[setup\] building DeepSpeed's CPU ops \(cpu_adam, async_io, \.\.\.\) {STEP} "
-        rf"\(cached in {tmp_path}/ext: seconds next time\)",
+        rf"\[setup\] building DeepSpeed's deepspeed_shm_comm, the one op the main job loads \(the others at first "
+        rf"use\) {STEP} \(cached in {tmp_path}/ext: seconds next time\)",
         rf"\[setup\] done in \d+ s: activate with 'source {tmp_path}/venv/bin/activate'",
     ]
     assert len(lines) == len(expected), result.stdout
@@ -92,7 +93,8 @@ def test_a_fresh_setup_prints_one_line_per_step_and_logs_the_tools_output(tmp_pa
         assert tools_output in text and tools_output not in result.stdout
     assert re.search(r"^===== scripts/setup\.sh, \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, VENV_DIR=", text, re.M)
     assert f"PATH={tmp_path}/bin" not in result.stdout  # the op build's environment stays in the log
-    assert f"--- building DeepSpeed's CPU ops (cpu_adam, async_io, ...): env DS_ACCELERATOR=cpu PATH=" in text
+    assert "--- building DeepSpeed's deepspeed_shm_comm, the one op the main job loads (the others at first use): " \
+           "env DS_ACCELERATOR=cpu PATH=" in text
     assert (tmp_path / "apt-calls").read_text().splitlines()[0] == "apt-get update -qq"
 
 
@@ -150,8 +152,8 @@ def test_verbose_shows_every_command_and_its_output(tmp_path, pip_exit):
         assert result.returncode == 0, result.stderr
         assert f"PATH={tmp_path}/venv/bin:{tmp_path}/bin " in result.stdout  # the op build's whole command
         assert "ninja: [3/3] c++ -shared\n" in result.stdout
-        assert re.search(r"^\[setup\] building DeepSpeed's CPU ops \(cpu_adam, async_io, \.\.\.\): done in \d+ s",
-                         result.stdout, re.M)
+        assert re.search(r"^\[setup\] building DeepSpeed's deepspeed_shm_comm, the one op the main job loads "
+                         r"\(the others at first use\): done in \d+ s", result.stdout, re.M)
 
 
 NO_ENSUREPIP_PYTHON = """#!/bin/sh
@@ -176,3 +178,18 @@ def test_a_note_from_inside_a_step_gets_a_line_of_its_own(tmp_path):
         f"adding pip to {tmp_path}/venv by hand"]
     assert result.stderr.splitlines() == [f"error: PYTHON={python} has no ensurepip and its pip cannot install pip "
                                           f"into {tmp_path}/venv: install python3-venv"]
+
+
+def test_the_setup_builds_only_the_op_the_main_job_loads(tmp_path):
+    """The main job (ZeRO-1, fp32, no offload, on the CPU accelerator) loads one DeepSpeed op, the shared-memory
+    collectives of deepspeed.init_distributed: the set-up builds that one; cpu_adam, async_io and pin_memory
+    are built at their first use (megatron/deepspeed_ops.py)."""
+    result, _ = setup(tmp_path, venv_exists=False, SETUP_DRY_RUN=1)
+    assert result.returncode == 0, result.stderr
+    venv = tmp_path / "venv"
+    *_, build, done = result.stdout.splitlines()
+    assert build == (f"[setup] env DS_ACCELERATOR=cpu PATH={venv}/bin:{tmp_path}/bin {venv}/bin/python -m "
+                     "megatron.deepspeed_ops build deepspeed_shm_comm")
+    assert done.startswith("[setup] done in ")
+    for other in ("cpu_adam", "CPUAdam", "async_io", "AsyncIO", "pin_memory", "PinMemory"):
+        assert other not in result.stdout

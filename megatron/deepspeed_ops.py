@@ -1,0 +1,97 @@
+"""DeepSpeed's C++ ops, compiled by torch at their first use: in the environment's own folder, with one line
+before each compilation. The one place that says where they are built, for the set-up, scripts/test.sh and
+every rank (megatron/initialize.py). Imports no torch or DeepSpeed until an op is built.
+
+    python -m megatron.deepspeed_ops folder          # the folder the ops are built in
+    python -m megatron.deepspeed_ops build OP... | all   # builds the ops not built yet (names as in OPS)
+"""
+import functools
+import os
+import sys
+
+# The ops zero-lab's runs load on the CPU accelerator: name (torch's extension name, its folder and .so) ->
+# (DeepSpeed's builder, what loads it, minutes to compile). The minutes are ninja's own logs of these builds
+# on the 2-core machine: shm_comm 17-49 s, cpu_adam 27-36 s, pin_memory 15-37 s, async_io 101 s, plus a few
+# seconds to import torch and DeepSpeed; two to three times that while other jobs load the machine (shm_comm:
+# 62 s, and 2 min 46 s at a load average of 10).
+OPS = {
+    "deepspeed_shm_comm": ("ShareMemCommBuilder", "shared-memory collectives", 1),  # every run: init_distributed
+    "cpu_adam": ("CPUAdamBuilder", "CPU offload", 1),  # ZeRO-Offload, Z3_OL
+    "async_io": ("AsyncIOBuilder", "NVMe offload", 2),  # Z3_NVMe
+    "pin_memory": ("PinMemoryBuilder", "pinned host memory", 1),  # DS_PIN_MEMORY_BACKEND=native
+}
+
+
+def extensions_dir(environ=os.environ) -> str:
+    """TORCH_EXTENSIONS_DIR where the user set it, else this environment's own folder: torch's default
+    (~/.cache/torch_extensions) is shared by every environment of the user, and each rebuilds the ops the
+    other built, against its own torch."""
+    return environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(sys.prefix, "torch_extensions")
+
+
+def use_environment_extensions(environ=os.environ) -> str:
+    """Sets TORCH_EXTENSIONS_DIR (which torch.utils.cpp_extension reads at each build) to extensions_dir(),
+    for this process and the ones it starts; returns the folder."""
+    environ["TORCH_EXTENSIONS_DIR"] = extensions_dir(environ)
+    return environ["TORCH_EXTENSIONS_DIR"]
+
+
+def is_built(name: str, folder: str) -> bool:
+    """Whether `folder` holds the op's library, where torch's loader puts it: <folder>/<name>/<name>.so."""
+    return os.path.isfile(os.path.join(folder, name, name + ".so"))
+
+
+def build_line(name: str) -> str:
+    if name not in OPS:
+        return f"compiling DeepSpeed's {name} (first use, may take minutes)"
+    _, use, minutes = OPS[name]
+    return f"compiling DeepSpeed's {name} for {use} (first use, about {minutes} min)"
+
+
+def announce_builds(quiet: bool = False) -> None:
+    """From now on, one line before DeepSpeed compiles an op that this environment has not built yet (a run
+    would otherwise sit silent for the minutes it takes). Quiet on all but one rank per host: the others wait
+    for that rank's build. DeepSpeed compiles every op through OpBuilder.jit_load, so that is where the line
+    goes; an op installed prebuilt never reaches it."""
+    from deepspeed.ops.op_builder.builder import OpBuilder
+    jit_load = OpBuilder.jit_load
+    if quiet or getattr(jit_load, "announces_builds", False):
+        return
+
+    @functools.wraps(jit_load)
+    def announcing_jit_load(builder, *args, **kwargs):
+        if not is_built(builder.name, extensions_dir()):
+            print(build_line(builder.name), flush=True)
+        return jit_load(builder, *args, **kwargs)
+
+    announcing_jit_load.announces_builds = True
+    OpBuilder.jit_load = announcing_jit_load
+
+
+def build(names) -> None:
+    """Loads each op in `names` (building those not built yet, each announced) that this machine can build:
+    async_io needs libaio's headers, which the set-up installs where it can."""
+    from deepspeed.accelerator import get_accelerator
+    use_environment_extensions()
+    announce_builds()
+    for name in names:
+        builder = get_accelerator().create_op_builder(OPS[name][0])
+        if builder is not None and builder.is_compatible(verbose=False):
+            builder.load(verbose=False)
+
+
+def main(argv: list[str]) -> int:
+    usage = f"usage: python -m megatron.deepspeed_ops folder | build OP... | build all (OP: {', '.join(OPS)})"
+    if argv == ["folder"]:
+        print(extensions_dir())
+        return 0
+    names = list(OPS) if argv[1:] == ["all"] else argv[1:]
+    if argv[:1] != ["build"] or not names or any(name not in OPS for name in names):
+        print(f"error: {' '.join(argv) or 'no arguments'}: {usage}", file=sys.stderr)
+        return 2
+    build(names)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
