@@ -33,6 +33,7 @@ def test_gpt_vs_hf_bench_prints_a_row_per_stage_and_writes_json(tmp_path):
         assert float(ratio) == pytest.approx(entry["ratio"], abs=0.006)
 
 
+@pytest.mark.slow
 def test_cpu_step_parts_bench_prints_each_part_against_its_reference():
     result = subprocess.run(
         [sys.executable, str(REPO_ROOT / "bench" / "bench_cpu_step_parts.py"), "--tokens", "64", "--batch", "2",

@@ -163,6 +163,7 @@ def test_direct_io_keeps_the_queue_depth_in_flight(tmp_path, monkeypatch):
     assert (tmp_path / "swap").read_bytes() == buffer[:]
 
 
+@pytest.mark.slow
 def test_nvme_probe_goes_through_deepspeeds_aio_handle_when_the_engine_loaded_it(tmp_path, monkeypatch):
     # a ZeRO-Infinity engine loads the aio op before the probe runs: the probe then swaps with the handle the run's
     # aio section describes (its queue depth and threads), as the run will

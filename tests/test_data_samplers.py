@@ -97,6 +97,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])  # forkserver: Python 3.14's default on Linux
 def test_a_loader_worker_ends_at_its_ranks_sigterm_under_every_start_method(tmp_path, method):
     """A worker outlives the job's SIGTERM (the rank saves first) and ends at its rank's (the rank exiting), told

@@ -44,6 +44,7 @@ def model_config(args, dtype=None):
                                params_dtype=dtype or args.model.params_dtype)
 
 
+@pytest.mark.slow
 def test_zero3_init_draws_the_fp32_weights_the_other_stages_draw(dist_info, monkeypatch):
     """A bf16 model built under a zero.Init that turns new tensors into bf16 (on a GPU it also puts them on the
     GPU, whose generator draws other values): every initial value is drawn in fp32 on the CPU generator, and the
@@ -90,6 +91,7 @@ def test_a_users_json_keeps_its_accumulation_dtype(tmp_path):
     assert "data_types" not in deepspeed_config(flags("--deepspeed_config", str(user)), 1000, 64, on_cuda=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_bf16_engine_trains_and_holds_the_predicted_model_states(dist_info, stage):
     """A real one-rank engine from setup_engine in bf16, 2 micro-batches per step: DeepSpeed accumulates in the

@@ -52,6 +52,7 @@ def test_empty_save_means_no_saving():
     assert parse_args([*flags, "--save", "runs/x/checkpoints"]).checkpoint.save == "runs/x/checkpoints"
 
 
+@pytest.mark.slow
 def test_suite_without_gpu_or_data_offline_stops_in_one_line_before_any_run(tmp_path):
     data = tmp_path / "data"
     result = suite(SUITE_RUNS=tmp_path / "runs", DATA_DIR=data)
@@ -63,6 +64,7 @@ def test_suite_without_gpu_or_data_offline_stops_in_one_line_before_any_run(tmp_
     assert commands(result) == [] and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_suite_without_packages_offline_names_the_wheelhouse(tmp_path):
     """A Python with torch but not zero-lab's packages, no network, no wheelhouse: the line says how to get one."""
     real = sys.executable
@@ -80,6 +82,7 @@ def test_suite_without_packages_offline_names_the_wheelhouse(tmp_path):
             in result.stderr.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_suite_with_network_makes_missing_data_once_before_the_drivers(tmp_path):
     online = fake_tool(tmp_path / "bin", "curl", "#!/bin/sh\nexit 0\n")  # every URL answers
     data = tmp_path / "data"
@@ -91,6 +94,7 @@ def test_suite_with_network_makes_missing_data_once_before_the_drivers(tmp_path)
     assert len(steps) == 6 and all("examples_zero/gpt_deepspeed_" in step for step in steps[1:])
 
 
+@pytest.mark.slow
 def test_dry_run_driver_commands_end_in_empty_save_and_use_the_visible_gpus(tmp_path):
     """What the suite prints is what a driver runs: its pretrain command ends with --save '' after the run's
     own --save (so no checkpoint), and with the deepspeed launcher it trains on the GPUs CUDA_VISIBLE_DEVICES
@@ -140,6 +144,7 @@ def plan_rows(result: subprocess.CompletedProcess) -> dict[str, str]:
     return {name_or_all: minutes for minutes, name_or_all in rows}
 
 
+@pytest.mark.slow
 def test_quick_dry_run_plans_at_most_seven_minutes_and_prints_each_command(tmp_path):
     """From a bare machine (zero-lab not installed): install from the carry folder, the CPU Adam build in the
     background, the five drivers at 125M for 25 iterations logged every 5 on the carried data, the bench once
@@ -176,6 +181,7 @@ def test_quick_dry_run_plans_at_most_seven_minutes_and_prints_each_command(tmp_p
     assert len(steps) == 11 and not runs.exists()
 
 
+@pytest.mark.slow
 def test_quick_without_the_carry_folder_stops_in_one_line(tmp_path):
     carry = tmp_path / "nowhere"
     python = without_packages(tmp_path / "py")
@@ -189,6 +195,7 @@ def test_quick_without_the_carry_folder_stops_in_one_line(tmp_path):
     assert commands(result) == [] and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_quick_report_puts_each_step_beside_its_plan(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()

@@ -28,6 +28,7 @@ print("beats", int(store.add("zero-lab/heartbeat/1", 0)) > 0, "done", store.chec
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attempt", range(3))
 def test_a_rank_that_finished_exits_cleanly_while_its_heartbeat_was_in_a_store_call(attempt):
     result = subprocess.run([sys.executable, "-c", RANK_1_THAT_EXITS, "finished"], cwd=REPO_ROOT, env=test_env(),
@@ -37,6 +38,7 @@ def test_a_rank_that_finished_exits_cleanly_while_its_heartbeat_was_in_a_store_c
     assert result.stdout.split() == ["beats", "True", "done", "True"]
 
 
+@pytest.mark.slow
 def test_a_rank_that_failed_stops_beating_without_marking_itself_done():
     result = subprocess.run([sys.executable, "-c", RANK_1_THAT_EXITS, "failed"], cwd=REPO_ROOT, env=test_env(),
                             capture_output=True, text=True, timeout=120)

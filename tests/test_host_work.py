@@ -261,6 +261,7 @@ raise RuntimeError("the rank fails with its loader's workers running")
 """
 
 
+@pytest.mark.slow
 def test_a_rank_that_fails_with_loader_workers_exits(tmp_path):
     """Python's exit terminates and joins the rank's daemonic children: workers that ignored that SIGTERM
     would hang the failed rank forever (and so the job)."""

@@ -168,6 +168,7 @@ def test_what_the_launch_scripts_run_needs_only_the_standard_library(module):
     assert imported_outside_stdlib(module) == ({module: allowed} if allowed else {})
 
 
+@pytest.mark.slow
 def test_the_standard_library_checks_can_fail():
     assert "torch" in loaded_outside_stdlib("megatron.model.config")
     assert "torch" in imported_outside_stdlib("megatron.model.config")["megatron.model.config"]

@@ -52,6 +52,7 @@ def test_second_run_is_a_no_op(dolly_data_dir, dolly_sample):
     assert [os.stat(path).st_mtime_ns for path in outputs] == before
 
 
+@pytest.mark.slow
 def test_newer_input_is_rebuilt_with_given_vocab_files(tmp_path, dolly_data_dir, dolly_sample):
     source = tmp_path / "dolly.jsonl"
     source.write_bytes(b"".join(open(dolly_sample, "rb").readlines()[:10]))
