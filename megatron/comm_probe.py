@@ -17,7 +17,6 @@ traffic.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 import warnings
 
@@ -104,25 +103,28 @@ def _timed(call, cuda: bool, device: torch.device, group) -> float:
     return time.perf_counter() - start
 
 
-def _median_seconds(call, group, device: torch.device, repeats: int) -> float:
-    """Median wall time of `call` over up to `repeats` runs after a warm-up: as many as fit POINT_BUDGET_S by
-    the warm-up's time (the slowest rank's, so that all run the same number), at least MIN_REPEATS."""
+def fastest_seconds(call, group, device: torch.device, repeats: int = REPEATS) -> float:
+    """This rank's shortest wall time of `call` over up to `repeats` runs after a warm-up: as many as fit
+    POINT_BUDGET_S by the warm-up's time (the slowest rank's, so that all run the same number), at least
+    MIN_REPEATS. The shortest, not the median: on shared cores a run is stretched when either rank is
+    pre-empted in it, and that only ever adds time (2 gloo ranks, 1 MiB all-reduce: the two ranks' clocks
+    differ by 0.04-0.11 ms at the median, while both swing from 0.45 to 3-8 ms together)."""
     cuda = device.type == "cuda"
     warm_up = torch.tensor([_timed(call, cuda, device, group)], dtype=torch.float64, device=device)
     dist.all_reduce(warm_up, op=dist.ReduceOp.MAX, group=group)
     fit_budget = int(POINT_BUDGET_S / max(warm_up.item(), 1e-9))
     runs = max(min(repeats, MIN_REPEATS), min(repeats, fit_budget))
-    return statistics.median(_timed(call, cuda, device, group) for _ in range(runs))
+    return min(_timed(call, cuda, device, group) for _ in range(runs))
 
 
 def probe_link(group, device: torch.device, backend: str, repeats: int = REPEATS,
                buffers: dict[str, int] | None = None) -> LinkCosts:
     """Latency and seconds per byte sent of each kind of collective on `group` (None: the default group),
-    from the medians at SMALL float32 elements and at `buffers[kind]` (`probe_buffers`; None: every kind of
-    PROBED, reduce included, at LARGE; a kind left out: LARGE, reduce not probed). Every rank of the group calls
-    it at the same time (it runs collectives); all get the same costs, the largest any rank measured. p2p sends
-    are not probed (a point-to-point pair would leave the group's other ranks idle): they take the broadcast's
-    cost, one rank sending a buffer to the others. A group of one rank sends nothing: zero costs, nothing run.
+    from the fastest runs (`fastest_seconds`) at SMALL float32 elements and at `buffers[kind]` (`probe_buffers`;
+    None: every kind of PROBED, reduce included, at LARGE; a kind left out: LARGE, reduce not probed). Every rank
+    of the group calls it at the same time (it runs collectives); all get the same costs, the largest any rank
+    measured. p2p sends are not probed (a point-to-point pair would leave the group's other ranks idle): they take
+    the broadcast's cost, one rank sending a buffer to the others. A group of one rank sends nothing: zero costs, nothing run.
     `backend` is the group's (gloo, nccl); the measured costs already include what it does on the wire. The
     result's `seconds` is how long the probe took on this rank."""
     started = time.perf_counter()
@@ -141,7 +143,7 @@ def probe_link(group, device: torch.device, backend: str, repeats: int = REPEATS
             points = []
             for elements in (SMALL, large):
                 call, sent, messages = _collective(kind, elements - elements % size, group, device)
-                points.append((sent, _median_seconds(call, group, device, repeats)))
+                points.append((sent, fastest_seconds(call, group, device, repeats)))
             cost = fit(*points)
             fitted += [cost.latency_s / messages, cost.seconds_per_byte]  # latency per message issued
     # one collective agrees on the numbers: every rank then predicts the same step time
