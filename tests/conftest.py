@@ -247,6 +247,33 @@ def one_host_z1_losses(six_driver_runs):
     return losses
 
 
+# The bf16 runs the suite shares (bf16_driver_runs): each driver with PRECISION=bf16 on driver_env's run, two
+# micro-batches of 2 a step (the same 8 samples a step as the fp32 runs' one micro-batch of 4, so their losses track
+# those), a checkpoint every iteration; under a launcher the fp32 drivers' torchrun runs do not use where one is
+BF16_LAUNCHERS = {"DP": "torchrun", "Z1": "deepspeed", "Z2": "torchrun", "Z3": "mpiexec"}
+
+
+@pytest.fixture(scope="session")
+def bf16_driver_runs(dolly_data_dir, tmp_path_factory):
+    """A function: driver name (BF16_LAUNCHERS) -> the folder of its bf16 run, which runs once per session for the
+    first test that asks (mpiexec missing: torchrun). Tests must not change the folder."""
+    root, done = tmp_path_factory.mktemp("bf16_runs"), {}
+
+    def run(name: str) -> Path:
+        if name not in done:
+            launcher = BF16_LAUNCHERS[name]
+            launcher = "torchrun" if launcher == "mpiexec" and shutil.which("mpiexec") is None else launcher
+            # no start-up probes: their tests read the comm, loss and checkpoint files, not the time lines
+            env = driver_env(dolly_data_dir, root, PRECISION="bf16", MICRO_BATCH=2, GLOBAL_BATCH=8,
+                             SAVE_INTERVAL=1, LAUNCHER=launcher, ZERO_LAB_SKIP_PROBES=1)
+            done[name] = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / f"gpt_deepspeed_{name}.sh")],
+                                        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+        result = done[name]
+        assert result.returncode == 0, f"{name} in bf16:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        return root / f"gpt_tiny_{name}"
+    return run
+
+
 def driver_env(dolly_data_dir, runs_dir, **overrides):
     """The drivers' settings in the tests: tiny model, 2 CPU ranks, 2 epochs of 2 iterations; `overrides`
     replace any of them (tests/test_gpu.py's SEQ_LEN and MICRO_BATCH, say)."""

@@ -10,9 +10,11 @@ from pathlib import Path
 from conftest import REPO_ROOT, free_port, test_env
 
 # The saved-checkpoint run: 2 CPU ranks, ZeRO-1, dropout off, CHECKPOINT_ITERS iterations with a checkpoint every
-# 2 (global_step2, 4, 6, 8), no evaluation
+# 2 (global_step2, 4, 6, 8), one evaluation of 8 samples after the last iteration (tests/test_eval_dolly.py holds
+# tools/eval_dolly.py's loss on the checkpoint to it; after the last step, it changes none of the run's losses)
 CHECKPOINT_ITERS = 8
-CHECKPOINT_RUN = ("--zero-stage", "1", "--save-interval", "2")
+CHECKPOINT_RUN = ("--zero-stage", "1", "--save-interval", "2", "--eval-interval", str(CHECKPOINT_ITERS),
+                  "--eval-iters", "1")
 # The start-up probes only feed the time lines, which these runs' tests do not read (docs/log-lines.md)
 SKIP_PROBES = {"ZERO_LAB_SKIP_PROBES": "1"}
 

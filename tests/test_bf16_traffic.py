@@ -2,18 +2,16 @@
 generated DeepSpeed config accumulates the gradients in fp32 at stages 1-3, and DeepSpeed 0.19.8 then runs
 stage 1 with its BF16_Optimizer: an all-reduce of every gradient (cast to bf16) and an all-gather of the
 updated bf16 parameters, not ZeRO-1's reduce and all-gather; stages 2 and 3 still send the ZeRO paper's bf16
-volumes. Two micro-batches per step, so stage 1's once-per-step reduction and stage 2's per-micro-batch one
-both show."""
+volumes. The runs are the suite's shared bf16 driver runs (conftest.bf16_driver_runs): two micro-batches per step,
+so stage 1's once-per-step reduction and stage 2's per-micro-batch one both show."""
+import json
 import re
-import subprocess
 
 import pytest
 
-from conftest import REPO_ROOT, driver_env
-
 pytestmark = pytest.mark.slow
 
-ITERS, ACCUMULATION = 3, 2
+ITERS, ACCUMULATION = 4, 2  # conftest.bf16_driver_runs: 2 epochs of 2 iterations
 MB = 2**20
 # tiny preset at seq 64: 2 layers x (12 h^2 + 13 h), word (50304, GPT-2's vocab padded to 128) and position (64)
 # embeddings, the final LayerNorm; h = 128
@@ -32,16 +30,11 @@ GRADS = {1: (2 + 4) * PSI, 2: 4 * PSI / 2, 3: 4 * PSI / 2}
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_bf16_traffic_per_op_is_predicted(dolly_data_dir, tmp_path, stage):
-    env = driver_env(dolly_data_dir, tmp_path / "runs", PRECISION="bf16", GLOBAL_BATCH=4 * 2 * ACCUMULATION,
-                     TRAIN_ITERS=ITERS)
-    del env["TRAIN_EPOCHS"]
-    env["EVAL_ITERS"] = "0"  # evaluation is not counted; skipping it only saves time
-    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / f"gpt_deepspeed_Z{stage}.sh"), "--save", ""],
-                            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    log = (tmp_path / "runs" / f"gpt_tiny_Z{stage}" / "train.log").read_text()
-    assert '"grad_accum_dtype": "fp32"' in (tmp_path / "runs" / f"gpt_tiny_Z{stage}" / "ds_config.json").read_text()
+def test_bf16_traffic_per_op_is_predicted(bf16_driver_runs, stage):
+    folder = bf16_driver_runs(f"Z{stage}")
+    log = (folder / "train.log").read_text()
+    assert '"grad_accum_dtype": "fp32"' in (folder / "ds_config.json").read_text()
+    assert json.loads((folder / "ds_config.json").read_text())["gradient_accumulation_steps"] == ACCUMULATION
     lines = re.findall(r"comm at iteration +\d+ \| (.*) total=(\S+)MB \| bytes/param=\S+ \| predicted=(\S+)MB", log)
     assert len(lines) == ITERS
     ops, total, predicted = lines[-1]  # the last step: stage 3's first one fetches a few parameters twice

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import io
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass, fields
 
@@ -104,8 +104,9 @@ def _consolidated_zero_weights(folder: str, tp_rank: int, tp_size: int) -> dict[
                 link = os.path.join(tmp, tag, os.path.basename(path).replace(rank, "mp_rank_00"))
                 os.symlink(os.path.abspath(path), link)
             root = tmp
-        # zero_to_fp32 reports progress on stdout; keep stdout for the tools' real output
-        with contextlib.redirect_stdout(sys.stderr):
+        # zero_to_fp32 reports its progress (prints on stdout, tqdm bars on stderr), seven lines a load: the
+        # tools' output and their one-line errors (docs/bad-input.md) stay their own
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             try:
                 if _bf16_optimizer_files(os.path.join(root, tag)):
                     return _bf16_optimizer_weights(os.path.join(root, tag))
