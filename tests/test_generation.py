@@ -124,6 +124,7 @@ def run_tool(*args, stdin=None):
                           env=test_env(), cwd=REPO_ROOT, capture_output=True, text=True, input=stdin, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_greedy_matches_transformers_generate_with_and_without_cache(hf_folder):
     folder, hf_model, checkpoint = hf_folder
     prompt = "Databricks is a company that"
@@ -143,6 +144,7 @@ def test_cli_greedy_matches_transformers_generate_with_and_without_cache(hf_fold
     assert outputs[0].stdout == prompt + text + "\n--- end of sample 1 ---\n"
 
 
+@pytest.mark.slow
 def test_cli_prompt_file_and_stdin(hf_folder, tmp_path):
     checkpoint = hf_folder[2]
     prompts = tmp_path / "prompts.txt"
@@ -166,6 +168,7 @@ def test_cli_missing_model_is_a_one_line_error(args, message):
     assert result.stderr.strip() == message
 
 
+@pytest.mark.slow
 def test_cli_bad_flags_and_empty_prompt_file(hf_folder, tmp_path):
     checkpoint = hf_folder[2]
     result = run_tool("--load", checkpoint, "--prompt", "x", "--temperature", "0")

@@ -229,6 +229,7 @@ def converted(hf_gpt2, tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_hf_gpt2_to_checkpoint_gives_equal_logits(hf_gpt2, dolly_data_dir, tmp_path):
     result = tool("hf_to_checkpoint.py", "--hf", hf_gpt2, "--save", tmp_path / "ckpt")
     assert result.returncode == 0, result.stderr
@@ -307,6 +308,7 @@ def test_finetune_with_mismatched_model_flags_is_a_one_line_error(converted, dol
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line_errors(hf_gpt2, tmp_path, capsys):
     missing = tool("checkpoint_to_hf.py", "--load", tmp_path / "nothing", "--output", tmp_path / "o1")
     assert (missing.returncode, missing.stderr) == (
