@@ -12,7 +12,7 @@ from conftest import free_port
 from megatron import memory
 from megatron.arguments import parse_args
 from megatron.core.parallel_state import ParallelLayout, ParallelState
-from megatron.deepspeed_config import deepspeed_config
+from megatron.deepspeed_config import deepspeed_config, tuned_keys_added
 from megatron.initialize import DistInfo
 from megatron.model import GPTModel, accounting
 
@@ -87,8 +87,13 @@ def test_a_users_json_keeps_its_accumulation_dtype(tmp_path):
                                 "data_types": {"grad_accum_dtype": "bf16"}}))
     config = deepspeed_config(flags("--deepspeed_config", str(user)), 1000, 64, on_cuda=False)
     assert config["data_types"] == {"grad_accum_dtype": "bf16"}
+    # a JSON that leaves it out gets the generated config's fp32 accumulation, which the accounting assumes,
+    # named in the start-up line of the keys added (megatron/deepspeed_config.py's tuned_keys_added)
     user.write_text(json.dumps({"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}))
-    assert "data_types" not in deepspeed_config(flags("--deepspeed_config", str(user)), 1000, 64, on_cuda=False)
+    args = flags("--deepspeed_config", str(user))
+    config = deepspeed_config(args, 1000, 64, on_cuda=False)
+    assert config["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert "data_types" in tuned_keys_added(args.deepspeed.user_config, config)
 
 
 @pytest.mark.slow
