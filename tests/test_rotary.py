@@ -1,9 +1,13 @@
 """Rotary position embeddings (--use-rotary-position-embeddings, --rotary-percent): the flags and their
 refusals, no learned position table (in the model and in the accounting), GPT-NeoX's rotation, relative
 positions, and a loss that does not depend on how the sequence is split (the KV cache, generation)."""
+import subprocess
+
 import pytest
 import torch
 
+from conftest import REPO_ROOT, driver_env, iteration_losses, tool_in_process
+from megatron.checkpointing.resume_check import positions_refusal
 from megatron.arguments import parse_args
 from megatron.errors import ZeroLabError
 from megatron.inference.generation import SamplingConfig, generate
@@ -12,6 +16,8 @@ from megatron.model.accounting import count_parameters, parameter_groups_on_rank
 from megatron.model.accounting.step_time import _modules
 from megatron.model.kv_cache import KVCache
 from megatron.model.rotary import RotaryEmbedding
+from megatron.saved_model.reader import load_checkpoint_weights, save_checkpoint_weights
+from runs import run_pretrain
 
 VOCAB, PADDED = 120, 128
 
@@ -146,3 +152,52 @@ def test_config_error_without_the_flag_is_not_raised_for_odd_rotary_dims():
                         "rotary_percent": 0.2}).rotary_dim == 3
     with pytest.raises(ModelConfigError):
         rotary_config(rotary_percent=0.2)
+
+
+def test_hf_gpt2_export_refuses_a_rotary_model_in_one_line(tmp_path, capsys):
+    model = rotary_model()
+    save_checkpoint_weights(str(tmp_path / "ckpt"), model.config, model.state_dict(), {}, "test")
+    code, out, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", tmp_path / "ckpt",
+                                     "--output", tmp_path / "hf")
+    assert code == 1 and out == ""
+    assert err.strip().splitlines() == [
+        f"error: {tmp_path / 'ckpt' / 'global_step0'}: the model has rotary positions "
+        "(--use-rotary-position-embeddings), which GPT-2 has not (it learns a position table): no Hugging Face "
+        "GPT-2 export"]
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_checkpoints_positions_must_be_the_runs():
+    """The start-up check (megatron/checkpointing/resume_check.py) and --finetune say which flag to change;
+    a checkpoint saved before rotary existed recorded no positions: it has a learned table."""
+    assert positions_refusal("learned", "learned") is None and positions_refusal("rotary", "rotary") is None
+    assert positions_refusal("rotary", "learned") == ("it was saved with rotary positions, this model has learned "
+                                                      "positions: add --use-rotary-position-embeddings")
+    assert positions_refusal("learned", "rotary").endswith(": drop --use-rotary-position-embeddings")
+
+
+@pytest.mark.slow
+def test_the_z1_driver_trains_a_rotary_model_and_a_learned_run_refuses_its_checkpoint(dolly_data_dir, tmp_path):
+    """POSITION_EMBEDDING_TYPE=rotary through examples_zero/gpt_deepspeed_Z1.sh on 2 CPU ranks: the loss falls,
+    the checkpoint has no position table, and resuming it (or fine-tuning from it) with learned positions is one
+    line naming the flag."""
+    env = driver_env(dolly_data_dir, tmp_path, POSITION_EMBEDDING_TYPE="rotary", TRAIN_EPOCHS="", TRAIN_ITERS=8,
+                     SPLIT="90,9,1", EVAL_INTERVAL=8)
+    run = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], cwd=REPO_ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    log = (tmp_path / "gpt_tiny_Z1" / "train.log").read_text()
+    losses = {i: float(loss) for i, loss in iteration_losses(log).items()}
+    assert sorted(losses) == list(range(1, 9)) and losses[8] < losses[1] - 0.3, losses  # 10.83 -> 10.33 seen
+    checkpoints = tmp_path / "gpt_tiny_Z1" / "checkpoints"
+    loaded = load_checkpoint_weights(str(checkpoints))
+    assert loaded.config.use_rotary_position_embeddings
+    assert not any("position" in name for name in loaded.state_dict)
+    for extra in ([], ["--finetune"]):
+        learned = run_pretrain(dolly_data_dir, "--zero-stage", "1", "--load", str(checkpoints), *extra, expect=1,
+                               timeout=300)
+        errors = [line for line in learned.stderr.splitlines() if line.startswith("error:")]
+        # every rank says the same one line (torchrun then adds its own report of the failed ranks)
+        assert len(set(errors)) == 1, learned.stderr[-3000:]
+        assert errors[0].endswith("it was saved with rotary positions, this model has learned positions: add "
+                                  "--use-rotary-position-embeddings"), errors
