@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO_ROOT, free_port, launch_script, wait_for, waiting_driver_launch
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.checkpointing import protocol
+from megatron.launch.settings import training_settings
 
 DRIVER = REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh"
 ALCF = REPO_ROOT / "ALCF" / "train-gpt3.sh"
@@ -194,6 +195,9 @@ def test_position_embedding_type_rotary_passes_the_rotary_flag_on_both_paths(tmp
     assert "--use-rotary-position-embeddings" in driver and training(driver) == training(alcf)
     for value in ("learned", None):
         assert "--use-rotary-position-embeddings" not in driver_flags(tmp_path / "l", POSITION_EMBEDDING_TYPE=value)
+    sources = training_settings({"POSITION_EMBEDDING_TYPE": "rotary"}, accelerator="cpu", world=2,
+                                model_size="tiny").sources
+    assert sources["--use-rotary-position-embeddings"] == "POSITION_EMBEDDING_TYPE"  # what a message about it names
 
 
 def test_the_learning_rate_follows_the_model_size_as_in_the_gpt3_paper(tmp_path):
