@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     model = parser.add_argument_group("model")
     model.add_argument("--model-size", default=None, help=f"preset: {', '.join(MODEL_PRESETS)}")
     _add_flags(model, GPTConfig, "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
-               "seq_length", "max_position_embeddings", "hidden_dropout", "attention_dropout", "init_method_std")
+               "seq_length", "max_position_embeddings", "hidden_dropout", "attention_dropout", "init_method_std",
+               "use_rotary_position_embeddings", "rotary_percent")
     model.add_argument("--checkpoint-activations", action="store_true")  # GPTConfig's recompute_activations
 
     par = parser.add_argument_group("parallelism")
@@ -344,7 +345,9 @@ def _model_config(ns, params_dtype: torch.dtype) -> GPTConfig:
                      padded_vocab_size=None, ffn_hidden_size=ns.ffn_hidden_size,
                      hidden_dropout=ns.hidden_dropout, attention_dropout=ns.attention_dropout,
                      init_method_std=ns.init_method_std, recompute_activations=ns.checkpoint_activations,
-                     params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel)
+                     params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel,
+                     use_rotary_position_embeddings=ns.use_rotary_position_embeddings,
+                     rotary_percent=ns.rotary_percent)
 
 
 def _json_count(config: dict, key: str, path: str):

@@ -134,7 +134,7 @@ def output_flops_per_s(config: GPTConfig, setup: TrainingSetup, device: torch.de
     local = replace(config, padded_vocab_size=config.padded_vocab_size // t, sequence_parallel=False,
                     params_dtype=dtype)
     tracker = model_parallel_tracker(1234, 0)
-    words, positions = (module.to(device) for module in build_embeddings(local, None))
+    words, positions = (None if module is None else module.to(device) for module in build_embeddings(local, None))
     dropout = torch.nn.Dropout(config.hidden_dropout)
     final_layernorm = layer_norm(local, None).to(device)
     shape = (setup.micro_batch_size, config.seq_length)

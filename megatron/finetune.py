@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from megatron.checkpointing.resume_check import positions_refusal
 from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
 from megatron.core.tensor_parallel.mappings import group_rank, group_size
 from megatron.saved_model.layouts import partition_dim
@@ -82,6 +83,12 @@ def load_finetune_weights(engine, load_dir: str, trust: bool = False) -> str:
     if expected_layers != loaded.config.num_layers:
         raise SavedModelError(f"--load {load_dir} --finetune: the checkpoint's weights do not fit this model "
                               f"(it has {loaded.config.num_layers} layers, --num-layers is {expected_layers})")
+    positions = "rotary" if loaded.config.use_rotary_position_embeddings else "learned"
+    wanted = "learned" if any(name.endswith("position_embeddings.weight") for name, _ in module.named_parameters()) \
+        else "rotary"
+    refusal = positions_refusal(positions, wanted)
+    if refusal:
+        raise SavedModelError(f"--load {load_dir} --finetune: {refusal}")
     local = local_weights(loaded.state_dict, module, loaded.config.num_layers, _tp_group(module), load_dir)
     partitioned = [p for p in module.parameters() if hasattr(p, "ds_id")]
     # every rank holds the same full weights, so every rank may write; rank 0's copy is what

@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO_ROOT, free_port, launch_script, wait_for, waiting_driver_launch
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.checkpointing import protocol
+from megatron.launch.settings import training_settings
 
 DRIVER = REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh"
 ALCF = REPO_ROOT / "ALCF" / "train-gpt3.sh"
@@ -186,6 +187,19 @@ def test_wandb_project_passes_wandb_project_on_both_paths(tmp_path):
     assert not [flags for flags in unset if any(flag.startswith("--wandb") for flag in flags)]
 
 
+def test_position_embedding_type_rotary_passes_the_rotary_flag_on_both_paths(tmp_path):
+    """POSITION_EMBEDDING_TYPE (issue 43): rotary gives --use-rotary-position-embeddings through examples_zero/
+    and ALCF/ alike; learned, or unset, gives the learned position table (no flag)."""
+    driver = driver_flags(tmp_path / "d", POSITION_EMBEDDING_TYPE="rotary")
+    alcf = alcf_flags(tmp_path / "a", MODEL_SIZE_KEY="GPT_TINY", POSITION_EMBEDDING_TYPE="rotary")
+    assert "--use-rotary-position-embeddings" in driver and training(driver) == training(alcf)
+    for value in ("learned", None):
+        assert "--use-rotary-position-embeddings" not in driver_flags(tmp_path / "l", POSITION_EMBEDDING_TYPE=value)
+    sources = training_settings({"POSITION_EMBEDDING_TYPE": "rotary"}, accelerator="cpu", world=2,
+                                model_size="tiny").sources
+    assert sources["--use-rotary-position-embeddings"] == "POSITION_EMBEDDING_TYPE"  # what a message about it names
+
+
 def test_the_learning_rate_follows_the_model_size_as_in_the_gpt3_paper(tmp_path):
     """GPT-3 (Brown et al. 2020, Table 2.1): 6.0e-4 at 125M, 2.0e-4 at 1.3B, 1.0e-4 at 13B, 0.6e-4 at 175B;
     decayed to a tenth."""
@@ -227,6 +241,7 @@ BAD_SETTINGS = [*FIRST_SETTINGS, *[
     (dict(MASTER_PORT="http"), "MASTER_PORT=http: expected a TCP port, 1 to 65535"),
     (dict(MASTER_PORT="99999"), "MASTER_PORT=99999: expected a TCP port, 1 to 65535"),
     (dict(OMP_NUM_THREADS="all"), "OMP_NUM_THREADS=all: expected a positive integer"),
+    (dict(POSITION_EMBEDDING_TYPE="rope"), "POSITION_EMBEDDING_TYPE=rope: expected one of learned, rotary"),
 ]]
 
 

@@ -27,7 +27,17 @@ def current_layout(args: Args) -> dict:
     par = args.parallel
     return {"zero_stage": args.deepspeed.zero_stage, "data_parallel_size": par.data_parallel_size,
             "tensor_model_parallel_size": par.tensor_model_parallel_size,
-            "pipeline_model_parallel_size": par.pipeline_model_parallel_size}
+            "pipeline_model_parallel_size": par.pipeline_model_parallel_size,
+            "positions": "rotary" if args.model.use_rotary_position_embeddings else "learned"}
+
+
+def positions_refusal(saved: str, current: str) -> str | None:
+    """Why weights with `saved` positions ("learned": a position table, "rotary": none) cannot go into a model
+    with `current` ones (None: the same kind). Checkpoints from before rotary recorded none: learned."""
+    if saved == current:
+        return None
+    flag = "add --use-rotary-position-embeddings" if saved == "rotary" else "drop --use-rotary-position-embeddings"
+    return f"it was saved with {saved} positions, this model has {current} positions: {flag}"
 
 
 def _describe(layout: dict) -> str:
@@ -82,7 +92,8 @@ def check_layout(args: Args, tag: str) -> None:
     if saved is None:  # saved before markers recorded the layout: DeepSpeed's own errors apply
         return
     current = current_layout(args)
-    refusal = model_parallel_refusal(saved, current)
+    refusal = positions_refusal(saved.get("positions", "learned"), current["positions"]) or \
+        model_parallel_refusal(saved, current)
     if refusal:
         raise CheckpointError(f"--load {load_dir}: cannot resume {tag}: {refusal}")
     if args.checkpoint.universal_checkpoint:

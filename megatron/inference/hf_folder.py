@@ -39,6 +39,9 @@ def save_hf_folder(loaded: LoadedCheckpoint, output: str, vocab_size: int, eod: 
     """Write GPT2LMHeadModel's folder via save_pretrained (tmp name, renamed when complete)."""
     import transformers
 
+    if loaded.config.use_rotary_position_embeddings:
+        raise SavedModelError(f"{loaded.path}: the model has rotary positions (--use-rotary-position-embeddings), "
+                              "which GPT-2 has not (it learns a position table): no Hugging Face GPT-2 export")
     if os.path.exists(output) and os.listdir(output):
         raise SavedModelError(f"--output {output}: folder exists and is not empty (refusing to overwrite)")
     hf_config = to_hf_config(loaded.config, vocab_size, eod)

@@ -33,6 +33,10 @@ class GPTConfig:
     params_dtype: torch.dtype = torch.float32
     # Megatron's --sequence-parallel: LayerNorm/dropout regions split along the sequence over the TP group.
     sequence_parallel: bool = False
+    # Megatron-DeepSpeed's rotary positions: q and k rotated by position-dependent angles, no learned table
+    use_rotary_position_embeddings: bool = False
+    # the fraction of each head's dimensions rotated (the rest pass unchanged), as Megatron-DeepSpeed's flag
+    rotary_percent: float = 1.0
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
@@ -65,12 +69,31 @@ class GPTConfig:
             raise ModelConfigError(f"--layernorm-epsilon must be > 0, got {self.layernorm_epsilon}")
         if self.init_method_std <= 0:
             raise ModelConfigError(f"--init-method-std must be > 0, got {self.init_method_std}")
+        self._check_rotary()
         if self.params_dtype not in _PARAMS_DTYPES:
             raise ModelConfigError(f"params dtype must be one of float32, bfloat16, float16, got {self.params_dtype}")
+
+    def _check_rotary(self) -> None:
+        if not 0.0 < self.rotary_percent <= 1.0:
+            raise ModelConfigError(f"--rotary-percent must be in (0, 1], got {self.rotary_percent}")
+        if self.use_rotary_position_embeddings and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            # rotate-half pairs dimension i with i + rotary_dim / 2, so the rotated part has an even width
+            raise ModelConfigError(f"--rotary-percent {self.rotary_percent} rotates {self.rotary_dim} of each head's "
+                                   f"{self.head_dim} dimensions; it must be an even number >= 2")
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that rotary rotates (Megatron-DeepSpeed's int(head_dim x rotary_percent))."""
+        return int(self.head_dim * self.rotary_percent)
+
+    @property
+    def learned_positions(self) -> int:
+        """Rows of the learned position table: none with rotary positions."""
+        return 0 if self.use_rotary_position_embeddings else self.max_position_embeddings
 
     def to_dict(self) -> dict:
         """The shape as plain values (what checkpoints store); the dtype is the run's, not the model's."""

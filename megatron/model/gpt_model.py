@@ -1,4 +1,4 @@
-"""GPT-2: learned positions, pre-LN transformer layers, final LayerNorm, tied output layer.
+"""GPT-2: learned positions (or rotary ones, applied in the attention), pre-LN transformer layers, final LayerNorm, tied output layer.
 
 The model is built for one tensor-parallel group (None = serial) and returns per-token
 fp32 losses computed by the vocab-parallel cross-entropy, or the full logits.
@@ -30,11 +30,14 @@ from megatron.model.kv_cache import KVCache
 from megatron.model.transformer import ParallelTransformerLayer, layer_norm
 
 
-def build_embeddings(config: GPTConfig, tp_group) -> tuple[VocabParallelEmbedding, nn.Embedding]:
-    """Word embeddings (split over the vocab; also the tied output layer) and learned positions."""
+def build_embeddings(config: GPTConfig, tp_group) -> tuple[VocabParallelEmbedding, nn.Embedding | None]:
+    """Word embeddings (split over the vocab; also the tied output layer) and learned positions (None with
+    rotary positions, which the attention applies)."""
     init = init_method_normal(config.init_method_std)
     words = VocabParallelEmbedding(config.padded_vocab_size, config.hidden_size, group=tp_group,
                                    init_method=init, params_dtype=config.params_dtype)
+    if config.use_rotary_position_embeddings:
+        return words, None
     # _weight skips nn.Embedding's own N(0, 1) draw, so construction uses the RNG exactly once.
     positions = fp32_cpu_init((config.max_position_embeddings, config.hidden_size), init)
     return words, nn.Embedding(config.max_position_embeddings, config.hidden_size,
@@ -52,11 +55,11 @@ def layer_init_seed(base_seed: int, index: int):
         yield
 
 
-def embed(words: VocabParallelEmbedding, positions: nn.Embedding, dropout: nn.Dropout, input_ids: torch.Tensor,
+def embed(words: VocabParallelEmbedding, positions: nn.Embedding | None, dropout: nn.Dropout, input_ids: torch.Tensor,
           position_ids: torch.Tensor, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker) -> torch.Tensor:
     """Word + position embeddings after dropout: [b, s, h], or this rank's [b, s / tp, h] sequence
     slice with sequence parallelism (whose dropout then differs per rank, so it uses the tracker)."""
-    x = words(input_ids) + positions(position_ids)
+    x = words(input_ids) if positions is None else words(input_ids) + positions(position_ids)
     if not config.sequence_parallel:
         return dropout(x)
     x = scatter_to_sequence_parallel_region(x, tp_group)
@@ -87,7 +90,8 @@ class GPTModel(nn.Module):
                 kv_cache: KVCache | None = None):
         """input_ids, position_ids, labels: [batch, seq] long. Returns the per-token fp32 loss
         [batch, seq] when labels are given, else the logits [batch, seq, padded_vocab].
-        With kv_cache, input_ids are the positions after those already in the cache (decoding)."""
+        With kv_cache, input_ids are the positions after those already in the cache (decoding).
+        Rotary positions are those of the chunk, after the cache's: position_ids feed the learned table only."""
         assert input_ids.dim() == 2 and input_ids.shape == position_ids.shape, (
             f"expected input_ids and position_ids of one shape [batch, seq], got "
             f"{tuple(input_ids.shape)} and {tuple(position_ids.shape)}"

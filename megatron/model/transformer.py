@@ -23,6 +23,7 @@ from megatron.core.tensor_parallel import (
 from megatron.core.tensor_parallel.mappings import group_size
 from megatron.model.config import GPTConfig
 from megatron.model.kv_cache import LayerKVCache
+from megatron.model.rotary import RotaryEmbedding
 
 
 def layer_norm(config: GPTConfig, tp_group) -> SequenceParallelLayerNorm:
@@ -55,6 +56,7 @@ class ParallelAttention(nn.Module):
             init_method=scaled_init_method_normal(config.init_method_std, config.num_layers),
             params_dtype=config.params_dtype, sequence_parallel=config.sequence_parallel,
         )
+        self.rotary = RotaryEmbedding(config.rotary_dim) if config.use_rotary_position_embeddings else None
 
     def forward(self, x: torch.Tensor, kv_cache: LayerKVCache | None = None) -> torch.Tensor:
         qkv = self.query_key_value(x)  # [b, s, 3 h / tp]: the whole sequence even when x is a slice
@@ -62,6 +64,10 @@ class ParallelAttention(nn.Module):
         qkv = qkv.view(batch, seq, self.local_heads, 3, self.config.head_dim)
         q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # each [b, heads, s, d]
         past = 0 if kv_cache is None else kv_cache.past_length
+        if self.rotary is not None:
+            # the chunk holds positions past .. past + seq - 1 (decoding step t is position t), before its
+            # keys join the cache: cached keys keep the rotation of their own positions
+            q, k = self.rotary(q, past), self.rotary(k, past)
         mask = None
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)

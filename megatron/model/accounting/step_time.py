@@ -212,7 +212,8 @@ def _modules(config: GPTConfig, tp: int, pp: int, stage: int) -> list[_Module]:
     sizes); the last stage of a pipeline holds its own copy of the tied word embedding."""
     h, f = config.hidden_size, config.ffn_hidden_size
     words = _Module("words", (config.padded_vocab_size // tp * h,))
-    modules = [words, _Module("positions", (config.max_position_embeddings * h,))] if stage == 0 else []
+    positions = [_Module("positions", (config.learned_positions * h,))] if config.learned_positions else []
+    modules = [words, *positions] if stage == 0 else []
     for _ in range(config.num_layers // pp):
         modules += [_Module("layernorm", (h, h)), _Module("column", (3 * h * h // tp, 3 * h // tp)),
                     _Module("row", (h * h // tp, h)), _Module("layernorm", (h, h)),

@@ -1,0 +1,48 @@
+"""Rotary position embeddings (RoFormer), applied as GPT-NeoX and Megatron-DeepSpeed apply them.
+
+Each query and key head has its first rotary_dim dimensions rotated in pairs (i, i + rotary_dim / 2, the
+"rotate half" layout) by the angle position x base^(-2i / rotary_dim); the rest pass unchanged. Attention
+scores then depend on the distance between positions only, so the model has no learned position table.
+The angles are computed and applied in fp32 (bf16 cannot tell position 1000 from 1004), then cast back.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+ROTARY_BASE = 10000.0
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos and sin of every position's angles, [positions, rotary_dim] in fp32, cached on the device of the
+    tensors they rotate and grown when a longer sequence comes. No parameters and no buffers: nothing enters
+    the state dict, and casting the model to bf16 leaves the angles fp32."""
+
+    def __init__(self, rotary_dim: int):
+        super().__init__()
+        assert rotary_dim >= 2 and rotary_dim % 2 == 0, f"expected an even rotary_dim >= 2, got {rotary_dim}"
+        self.rotary_dim = rotary_dim
+        self._cos = self._sin = None
+
+    def _angles(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._cos is None or self._cos.shape[0] < length or self._cos.device != device:
+            exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.float32, device=device) / self.rotary_dim
+            inverse_frequencies = ROTARY_BASE ** -exponents
+            positions = torch.arange(length, dtype=torch.float32, device=device)
+            angles = torch.outer(positions, inverse_frequencies).repeat(1, 2)  # [positions, rotary_dim]
+            self._cos, self._sin = angles.cos(), angles.sin()
+        return self._cos, self._sin
+
+    def forward(self, x: torch.Tensor, first_position: int) -> torch.Tensor:
+        """x: [batch, heads, seq, head_dim] at positions first_position .. first_position + seq - 1."""
+        seq = x.shape[2]
+        cos, sin = self._angles(first_position + seq, x.device)
+        cos, sin = cos[first_position:first_position + seq], sin[first_position:first_position + seq]
+        rotated, passed = x[..., :self.rotary_dim].float(), x[..., self.rotary_dim:]
+        rotated = rotated * cos + rotate_half(rotated) * sin
+        return torch.cat((rotated.to(x.dtype), passed), dim=-1)
