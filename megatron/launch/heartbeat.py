@@ -28,6 +28,9 @@ from megatron.launch.lost_peer import Peers
 
 BEAT_SECONDS = 5.0
 SILENT_SECONDS = 60.0
+# what a failed rank waits at most for its threads' store calls to return (milliseconds on a live store, seconds
+# on a loaded machine) before its process exits
+FAILED_JOIN_SECONDS = 5.0
 _KEYS = "zero-lab/heartbeat"
 
 
@@ -60,9 +63,10 @@ class Heartbeat:
         if self._store is None or self._stopping.is_set():
             return
         self._stopping.set()
-        # a store call returns or fails within the store's timeout; a failed rank does not wait that long
+        # a store call returns or fails within the store's timeout; a failed rank does not wait that long, but
+        # long enough for a call to a live store to return (a beat at 0 s would leave it no time at all)
         for thread in self._threads:
-            thread.join(timeout=self.silent_seconds if finished else self.beat_seconds)
+            thread.join(timeout=self.silent_seconds if finished else max(self.beat_seconds, FAILED_JOIN_SECONDS))
         if not finished:
             return
         try:
