@@ -78,7 +78,7 @@ def pretrain(args: Args, tokenizer, dist_info: DistInfo, comm=None) -> LoopState
     engine, ds_config = setup_engine_for(args, dist_info, schedule.train_iters)
     state, rng = LoopState(), None
     if args.checkpoint.load:
-        state.iteration, state.consumed_samples, rng = load_checkpoint(engine, args)
+        state.iteration, state.consumed_samples, state.consumed_tokens, rng = load_checkpoint(engine, args)
         if not args.checkpoint.finetune:
             state.last_saved_iteration = state.iteration  # a resumed run that is already done saves nothing again
     reporter = build_reporter(args, dist_info, schedule, ds_config, comm, engine)

@@ -71,6 +71,7 @@ class IterationRecord:
     samples_per_second: float | None = None
     tgs: float | None = None
     tflops: float | None = None
+    curriculum_seqlen: int | None = None  # the sequence length of a curriculum's last step (docs/curriculum.md)
     attempt: int = 0  # which start of training printed it: ParsedLog.starts' index
     # iterations the interval ending here spans (the last logged iteration of the same start to this one);
     # None for the first interval after a resume, whose start (the checkpoint's iteration) the log does not say
@@ -232,6 +233,7 @@ def _parse_iteration(seg: str, it: int, total: int) -> IterationRecord:
         samples_per_second=_float(r"samples per second:\s*(\d+\.\d+)", seg),
         tgs=_float(TGS_RE, seg),
         tflops=_float(r"TFLOPs:\s*(\d+\.\d+)", seg),
+        curriculum_seqlen=_int(r"curriculum seqlen:\s*(\d+)", seg),
     )
 
 

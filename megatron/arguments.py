@@ -17,6 +17,8 @@ import deepspeed
 import torch
 
 from megatron.core.parallel_state import ParallelLayout
+from megatron.curriculum import FLAG as CURRICULUM_FLAG
+from megatron.curriculum import CurriculumConfig, CurriculumError, read_curriculum
 from megatron.deepspeed_json import (
     MISSING,
     DeepSpeedJSONError,
@@ -121,6 +123,9 @@ class TrainingArgs:
         False, "on SIGTERM: save a checkpoint after the current step and exit 0 (docs/checkpoints.md)")
     eod_mask_loss: bool = flag(False)
     compile: bool = flag(False, "torch.compile the model")
+    curriculum_learning_legacy: bool = flag(
+        False, "Megatron-DeepSpeed's sequence-length curriculum, as the --deepspeed_config JSON's curriculum_learning "
+               "section describes it (docs/curriculum.md)")
 
     def __post_init__(self):
         given = [flag for flag, value in (("--train-iters", self.train_iters),
@@ -255,6 +260,8 @@ class Args:
     checkpoint: CheckpointArgs
     deepspeed: DeepSpeedArgs
     argv: list[str] = field(default_factory=list)
+    # --curriculum-learning-legacy's schedule, from the JSON (megatron/curriculum.py); None: every step is whole
+    curriculum: CurriculumConfig | None = None
 
 
 def _flag_type(annotation):
@@ -438,11 +445,19 @@ def _deepspeed_args(ns, user_config: dict | None, shared: dict) -> DeepSpeedArgs
         deepspeed_config=ns.deepspeed_config, run_dir=ns.run_dir, user_config=user_config)
 
 
+def _curriculum(ns, user_config: dict | None) -> CurriculumConfig | None:
+    try:
+        return read_curriculum(user_config, ns.deepspeed_config, ns.curriculum_learning_legacy, ns.seq_length)
+    except CurriculumError as err:
+        raise ConfigError(str(err)) from None
+
+
 # The one table of combinations DeepSpeed (or this stack) does not support:
 # (is it unsupported?, the message naming the flag to change).
 def _unsupported_combinations(args: Args, device_type: str):
     ds, par, m = args.deepspeed, args.parallel, args.model
     tp, pp = par.tensor_model_parallel_size, par.pipeline_model_parallel_size
+    length_step = args.curriculum.difficulty_step if args.curriculum is not None else tp
     return [
         (ds.fp16 and ds.bf16, "--fp16 and --bf16 are exclusive; drop one"),
         (ds.fp16 and device_type == "cpu",
@@ -456,6 +471,12 @@ def _unsupported_combinations(args: Args, device_type: str):
         (ds.zero_stage >= 2 and par.pipeline_model_parallel_size > 1,
          f"--zero-stage {ds.zero_stage} cannot be combined with pipeline parallelism; "
          "use --zero-stage 0/1 or --no-pipeline-parallel"),
+        (args.curriculum is not None and pp > 1,
+         f"{CURRICULUM_FLAG} cannot be combined with pipeline parallelism (DeepSpeed's pipeline engine keeps the "
+         "activation shape of its first step); use --no-pipeline-parallel"),
+        (par.sequence_parallel and length_step % tp != 0,
+         f"--sequence-parallel splits each sequence over the {tp} tensor-parallel ranks: the curriculum's "
+         f"difficulty_step {length_step} must be a multiple of {tp}"),
         (par.sequence_parallel and tp == 1,
          "--sequence-parallel needs --tensor-model-parallel-size > 1 (it splits the sequence over the TP group)"),
         # heads, hidden, ffn and vocabulary by TP, layers by PP (the rules the model builders use too)
@@ -495,6 +516,7 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
         checkpoint=_section(CheckpointArgs, ns, save=ns.save or None),
         deepspeed=deepspeed_args,
         argv=list(argv),
+        curriculum=_curriculum(ns, user_config),
     )
     check_support(args, device_type)
     return args

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from megatron.arguments import Args
+from megatron.curriculum import SECTION as CURRICULUM_SECTION
 from megatron.model.accounting.traffic import OWNER_REDUCTION
 
 # DeepSpeed's defaults (5e8 elements per bucket) are larger than a whole GPT-2 125M model, so
@@ -152,6 +153,8 @@ def deepspeed_config(args: Args, num_params: int, hidden_size: int, on_cuda: boo
     config = generate_config(args, num_params, hidden_size, on_cuda)
     if args.deepspeed.user_config is not None:
         config = _complete_user_config(args.deepspeed.user_config, args, config)
+        # DeepSpeed 0.19 refuses its legacy curriculum key: zero-lab runs that curriculum (megatron/curriculum.py)
+        config.pop(CURRICULUM_SECTION, None)
     if args.checkpoint.universal_checkpoint:  # DeepSpeed then loads the per-parameter files ds_to_universal wrote
         config["checkpoint"] = {**config.get("checkpoint", {}), "load_universal": True}
     if args.parallel.sequence_parallel and args.parallel.pipeline_model_parallel_size > 1:

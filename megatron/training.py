@@ -18,11 +18,12 @@ from megatron import comm_counter, memory
 from megatron.arguments import Args
 from megatron.checkpointing import interval
 from megatron.checkpointing.save_load import save_checkpoint
+from megatron.curriculum import SeqlenCurriculum
 from megatron.exit_signal import ExitSignalHandler
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
 from megatron.launch.dist_env import all_ranks_on_this_host
-from megatron.model.accounting.step_time import StepTime
+from megatron.length_predictions import LengthPredictions
 from megatron.step_timing import PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup, probes_skipped
 from megatron.training_log import (IterationStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
                                    iteration_line, iteration_scalars, memory_line, memory_scalars, model_state_line,
@@ -65,6 +66,7 @@ class StepResult:
 class LoopState:
     iteration: int = 0
     consumed_samples: int = 0
+    consumed_tokens: int = 0  # a curriculum's steps are shorter than --seq-length
     skipped_iterations: int = 0
     nan_iterations: int = 0
     nan_in_a_row: int = 0
@@ -73,6 +75,7 @@ class LoopState:
     interval_losses: list = field(default_factory=list)
     interval_seconds: float = 0.0
     interval_iterations: int = 0
+    interval_seq_lengths: list = field(default_factory=list)  # each step's sequence length
     # this launch's training steps and the seconds they took (the step clock's): seconds per iteration for
     # the checkpoint-interval advice
     launch_seconds: float = 0.0
@@ -196,21 +199,17 @@ class Reporter:
     args: Args
     dist_info: DistInfo
     schedule: Schedule
-    model_flops: float  # per iteration, no recomputation: TFLOPs and MFU (docs/log-lines.md)
-    hardware_flops: float  # per iteration, recomputed forwards included: HFU
+    # FLOPs, memory, traffic and step time predicted at a sequence length (a curriculum's changes)
+    predictions: LengthPredictions
     peak_tflops: float | None
-    model_state_estimate: dict
     tracker: memory.MemoryTracker
     # each interval's scalars go to these, on the rank that prints: TensorBoardWriter, wandb_writer.WandbWriter
     writers: list = field(default_factory=list)
     log_rank: int = 0  # the rank that prints: tensor rank 0, data-parallel rank 0 of the last pipeline stage
     # bytes sent through collectives during training steps (docs/zero-tradeoff.md); None: not counted
     comm: comm_counter.CommCounter | None = None
-    predicted_traffic: float = 0.0  # bytes per iteration, megatron/model/accounting/
     num_params: int = 1
     comm_before: dict = field(default_factory=dict)
-    # the step time predicted at start-up (megatron/step_timing.py); None: no time line
-    predicted_time: StepTime | None = None
     offload_clock: OffloadStepClock | None = None  # the offloaded optimizer step's seconds; None: no offload
     blocked_before: float = 0.0
     offload_before: float = 0.0
@@ -223,25 +222,27 @@ class Reporter:
     def iteration(self, state: LoopState, engine):
         args, world = self.args, self.dist_info.world_size
         seconds = state.interval_seconds / max(1, state.interval_iterations)
-        batch, seq = args.training.global_batch_size, args.model.seq_length
+        batch, lengths = args.training.global_batch_size, state.interval_seq_lengths or [args.model.seq_length]
+        predicted = self.predictions.over(lengths)
         finite = [loss for loss in state.interval_losses if math.isfinite(loss)]
-        tflops = self.model_flops / seconds / world / 1e12
+        tflops = predicted.model_flops / seconds / world / 1e12
         grad_norm = engine.get_global_grad_norm()
         stats = IterationStats(
             iteration=state.iteration, train_iters=self.schedule.train_iters,
-            consumed_samples=state.consumed_samples, consumed_tokens=state.consumed_samples * seq,
+            consumed_samples=state.consumed_samples, consumed_tokens=state.consumed_tokens,
             elapsed_ms=seconds * 1000.0, learning_rate=engine.get_lr()[0], global_batch_size=batch,
             lm_loss=sum(finite) / len(finite) if finite else float("nan"),
             loss_scale=float(getattr(engine.optimizer, "loss_scale", 1.0)),
             grad_norm=None if grad_norm is None else float(grad_norm),
             skipped_iterations=state.skipped_iterations, nan_iterations=state.nan_iterations,
-            samples_per_second=batch / seconds, tokens_per_gpu_per_second=batch * seq / seconds / world,
-            tflops=tflops)
+            samples_per_second=batch / seconds,
+            tokens_per_gpu_per_second=batch * sum(lengths) / len(lengths) / seconds / world, tflops=tflops,
+            curriculum_seqlen=lengths[-1] if args.curriculum is not None else None)
         self.print_line(iteration_line(stats))
         mfu = hfu = None
         if self.peak_tflops is not None:
             mfu = 100.0 * tflops / self.peak_tflops
-            hfu = mfu * self.hardware_flops / self.model_flops
+            hfu = mfu * predicted.hardware_flops / predicted.model_flops
         device, mem = "cuda" if self.dist_info.on_cuda else "cpu", self.tracker.sample()
         self.print_line(memory_line(self.dist_info.rank, device, state.iteration, mem, mfu, hfu))
         scalars = iteration_scalars(stats) | memory_scalars(mem, mfu, hfu)
@@ -250,12 +251,12 @@ class Reporter:
             sent = comm_counter.since(now, self.comm_before, state.interval_iterations)
             self.comm_before = now
             self.print_line(comm_line(self.dist_info.rank, state.iteration, sent, self.num_params,
-                                      self.predicted_traffic))
-            scalars |= comm_scalars(sent, self.num_params, self.predicted_traffic)
-        if self.predicted_time is not None:
+                                      predicted.traffic))
+            scalars |= comm_scalars(sent, self.num_params, predicted.traffic)
+        if predicted.time is not None:
             measured = self.measured_time(seconds, state.interval_iterations)
-            self.print_line(time_line(self.dist_info.rank, state.iteration, measured, self.predicted_time))
-            scalars |= time_scalars(measured, self.predicted_time)
+            self.print_line(time_line(self.dist_info.rank, state.iteration, measured, predicted.time))
+            scalars |= time_scalars(measured, predicted.time)
         self.print_line(self.progress.line(self.dist_info.rank, state.iteration, self.schedule.train_iters))
         for writer in self.writers:
             writer.scalars(scalars, state.iteration)
@@ -272,7 +273,8 @@ class Reporter:
         return dict(compute=max(0.0, step_seconds - communication - offloaded), communication=communication,
                     offload=offloaded, total=step_seconds)
 
-    def model_state(self, engine, probed: StepResult):
+    def model_state(self, engine, probed: StepResult, seq_length: int):
+        """The first step's model states and activations (at its sequence length) beside the estimate."""
         mem = self.tracker.sample(end_interval=False)  # mid-interval: the next memory line keeps this peak
         ds = self.args.deepspeed
         params, optim = memory.param_bytes(engine), memory.optimizer_bytes(engine)
@@ -292,7 +294,7 @@ class Reporter:
         # what else is allocated (the output-layer buffer, bucket and communication buffers); the CUDA
         # counter does not see host memory, so there the offloaded states are not subtracted
         measured["other"] = max(0, mem["allocated"] - (held - offloaded if self.dist_info.on_cuda else held))
-        self.print_line(model_state_line(measured, self.model_state_estimate, ds.zero_stage,
+        self.print_line(model_state_line(measured, self.predictions.at(seq_length).memory, ds.zero_stage,
                                          self.args.parallel.data_parallel_size, ds.precision, ds.offload))
 
     def counting(self):
@@ -338,10 +340,12 @@ class _StepClock:
         return time.time() - self.started
 
 
-def _record_step(state: LoopState, result: StepResult, args: Args):
+def _record_step(state: LoopState, result: StepResult, args: Args, seq_length: int):
     state.iteration += 1
     state.interval_iterations += 1
+    state.interval_seq_lengths.append(seq_length)
     state.consumed_samples += args.training.global_batch_size
+    state.consumed_tokens += args.training.global_batch_size * seq_length
     state.skipped_iterations += int(result.skipped)
     state.pending_losses.append((result.loss, result.nan))
 
@@ -375,6 +379,9 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
     first_step = True
     exit_signal = ExitSignalHandler() if args.training.exit_signal_handler else None
     poll_every = min(log.log_interval, EXIT_SIGNAL_POLL_STEPS)
+    curriculum = SeqlenCurriculum(args.curriculum) if args.curriculum is not None else None
+    if curriculum is not None:
+        train_iterator = curriculum.truncating(train_iterator)
     clock, clock_from = _StepClock(dist_info).start(), state.iteration
     if 0 < schedule.train_iters <= state.iteration:  # resumed past the end: else the run would end saying nothing
         reporter.print_line(f"nothing to train: the checkpoint resumed is at iteration {state.iteration}, already "
@@ -382,9 +389,11 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
                             "start afresh with FRESH=1 or under another RUN_NAME (pretrain_gpt.py alone: another "
                             "--load folder)")
     while state.iteration < schedule.train_iters:
+        # the global step about to run, as Megatron-DeepSpeed asks its scheduler: a resume continues the schedule
+        seq_length = curriculum.update(state.iteration + 1) if curriculum is not None else args.model.seq_length
         with reporter.counting():
             result = step_fn(engine, train_iterator, args, dist_info, eod, probe_memory=first_step)
-        _record_step(state, result, args)
+        _record_step(state, result, args, seq_length)
         it = state.iteration
         logging = it % log.log_interval == 0 or it == schedule.train_iters
         evaluating = valid_iterator is not None and log.eval_iters > 0 and it % log.eval_interval == 0
@@ -400,11 +409,12 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
         state.launch_iterations += it - clock_from
         _read_losses(state, args, dist_info)
         if first_step:
-            reporter.model_state(engine, result)
+            reporter.model_state(engine, result, seq_length)
             first_step = False
         if logging:
             reporter.iteration(state, engine)
             state.interval_losses, state.interval_seconds, state.interval_iterations = [], 0.0, 0
+            state.interval_seq_lengths = []
         if evaluating:
             reporter.validation(it, evaluate_fn(engine, valid_iterator, args, dist_info, eod))
         if epoch_end:
@@ -435,7 +445,8 @@ def save(engine, args: Args, state: LoopState, dist_info: DistInfo, reporter: Re
     --mtbf-hours, the first save of a launch that has timed steps prints the checkpoint interval that fits."""
     if state.last_saved_iteration == state.iteration:
         return
-    seconds = save_checkpoint(engine, args, state.iteration, state.consumed_samples, dist_info.rank)
+    seconds = save_checkpoint(engine, args, state.iteration, state.consumed_samples, dist_info.rank,
+                              consumed_tokens=state.consumed_tokens)
     state.last_saved_iteration = state.iteration
     mtbf_hours = args.checkpoint.mtbf_hours
     if reporter is not None and mtbf_hours and not state.interval_advised and state.launch_iterations:
@@ -496,20 +507,15 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
     last_stage = par.pipeline_model_parallel_size - 1
     log_rank = par.layout.logging_rank  # docs/log-lines.md, "Which rank prints"
     setup = training_setup(args, dist_info)
-    estimate = accounting.memory_per_rank(model_config, setup, last_stage)
+    predictions = LengthPredictions(model_config, setup, last_stage, ds_config.get("zero_optimization", {}))
     device_name = torch.cuda.get_device_name(dist_info.device) if dist_info.on_cuda else get_accelerator().device_name()
     # fp32 matmuls run on the TF32 tensor cores only where torch allows it (off unless a user turns it on)
     tf32 = dist_info.on_cuda and torch.backends.cuda.matmul.allow_tf32
     peak = accounting.peak_tflops(device_name, ds.precision, tf32)
     reporter = Reporter(
-        args=args, dist_info=dist_info, schedule=schedule,
-        model_flops=accounting.model_flops_per_iteration(model_config, args.training.global_batch_size),
-        hardware_flops=accounting.hardware_flops_per_iteration(model_config, args.training.global_batch_size),
-        peak_tflops=peak, model_state_estimate=estimate,
+        args=args, dist_info=dist_info, schedule=schedule, predictions=predictions, peak_tflops=peak,
         tracker=memory.MemoryTracker(on_cuda=dist_info.on_cuda), log_rank=log_rank, comm=comm,
-        num_params=accounting.count_parameters(model_config),
-        predicted_traffic=sum(accounting.zero_traffic_per_step(model_config, setup, last_stage,
-                                                               ds_config.get("zero_optimization", {})).values()))
+        num_params=accounting.count_parameters(model_config))
     reporter.print_line(run_info_line(ds.zero_stage, ds.offload, args.model_name, dist_info.world_size,
                                   args.training.micro_batch_size, args.training.global_batch_size,
                                   args.model.seq_length, schedule.samples_per_epoch))
@@ -520,8 +526,8 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
     if probes_skipped():
         reporter.print_line(PROBES_SKIPPED_LINE)
     else:
-        reporter.predicted_time, rates, link = predict_at_startup(args, dist_info, ds_config, setup)
-        reporter.print_line(probe_line(rates, link, reporter.predicted_time))
+        predicted, predictions.rates, predictions.link = predict_at_startup(args, dist_info, ds_config, setup)
+        reporter.print_line(probe_line(predictions.rates, predictions.link, predicted))
     if engine is not None and ds.offload_optimizer and par.pipeline_model_parallel_size == 1:
         reporter.offload_clock = OffloadStepClock(comm, dist_info.on_cuda)
         reporter.offload_clock.install(engine)

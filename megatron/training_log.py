@@ -24,10 +24,13 @@ class IterationStats:
     samples_per_second: float
     tokens_per_gpu_per_second: float
     tflops: float
+    curriculum_seqlen: int | None = None  # --curriculum-learning-legacy: the last step's sequence length
 
 
 def iteration_line(s: IterationStats) -> str:
     grad_norm = "" if s.grad_norm is None else f" grad norm: {s.grad_norm:.3f} |"
+    # where Megatron-DeepSpeed prints it, after the grad norm
+    seqlen = "" if s.curriculum_seqlen is None else f" curriculum seqlen: {s.curriculum_seqlen:5d} |"
     return (f" iteration {s.iteration:8d}/{s.train_iters:8d} |"
             f" consumed samples: {s.consumed_samples:12d} |"
             f" consumed tokens: {s.consumed_tokens:12d} |"
@@ -36,7 +39,7 @@ def iteration_line(s: IterationStats) -> str:
             f" global batch size: {s.global_batch_size:5d} |"
             f" lm loss: {s.lm_loss:.6E} |"
             f" loss scale: {s.loss_scale:.1f} |"
-            f"{grad_norm}"
+            f"{grad_norm}{seqlen}"
             f" number of skipped iterations: {s.skipped_iterations:3d} |"
             f" number of nan iterations: {s.nan_iterations:3d} |"
             f" samples per second: {s.samples_per_second:.3f} |"
@@ -193,6 +196,8 @@ def iteration_scalars(s: IterationStats) -> dict[str, float]:
               "TFLOPs": s.tflops, "tgs": s.tokens_per_gpu_per_second}
     if s.grad_norm is not None:
         values["grad-norm"] = s.grad_norm
+    if s.curriculum_seqlen is not None:
+        values["seqlen/curriculum_seqlen"] = s.curriculum_seqlen  # Megatron-DeepSpeed's TensorBoard name
     return values
 
 

@@ -136,7 +136,7 @@ def _save_perturb_and_resume(rank, folder):
     with model.rng_tracker.fork(torch.device("cpu")):
         torch.rand(3)
     devices[:] = [torch.zeros(2, dtype=torch.uint8)] * 2
-    _, _, resumed = load_checkpoint(engine, args)
+    *_, resumed = load_checkpoint(engine, args)
     set_rng_state(resumed, model)
     assert torch.equal(torch.get_rng_state(), saved["torch"]), f"rank {rank}: CPU generator"
     assert [state.tolist() for state in devices] == [state.tolist() for state in saved["cuda"]], \

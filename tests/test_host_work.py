@@ -93,7 +93,7 @@ class Reporter:
         import contextlib
         return contextlib.nullcontext()
 
-    def model_state(self, engine, probed):
+    def model_state(self, engine, probed, seq_length):
         """The tests read the iteration records only."""
 
     def iteration(self, state, engine):
@@ -194,7 +194,7 @@ def test_exit_flag_is_polled_every_min_of_log_interval_and_10(dist_info, monkeyp
 def test_sigterm_saves_at_the_next_poll_and_stops(dist_info, monkeypatch, tmp_path):
     saved = []
     monkeypatch.setattr(training, "save_checkpoint",
-                        lambda engine, args, iteration, consumed, rank: saved.append(iteration))
+                        lambda engine, args, iteration, consumed, rank, **tokens: saved.append(iteration))
     args = flags("--exit-signal-handler", "--save", str(tmp_path), iters=12, log_interval=4)
 
     def step_then_sigterm(engine, *rest, **kwargs):

@@ -30,9 +30,12 @@ if TYPE_CHECKING:
     from megatron.arguments import Args
 
 
-def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, rank: int) -> float:
+def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, rank: int,
+                    consumed_tokens: int | None = None) -> float:
     """Returns the seconds the save took on this rank, from the first barrier to the commit's (every rank's
-    files written, flushed and swapped into place), the time a checkpoint interval is weighed against."""
+    files written, flushed and swapped into place), the time a checkpoint interval is weighed against.
+    consumed_tokens: the tokens trained on so far (a curriculum's steps are shorter than --seq-length); None:
+    consumed_samples x --seq-length."""
     save_dir, tag = args.checkpoint.save, protocol.tag_name(iteration)
     started = time.perf_counter()
     if type(engine.checkpoint_engine) is TorchCheckpointEngine:  # DeepSpeed's default engine (not a user's)
@@ -42,7 +45,9 @@ def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, r
         protocol.prepare_save(save_dir, tag)
     dist.barrier()  # no rank writes before an interrupted save's leftovers are gone
     generators = rng_state(engine.module)
-    client_state = {"iteration": iteration, "consumed_samples": consumed_samples,
+    if consumed_tokens is None:
+        consumed_tokens = consumed_samples * args.model.seq_length
+    client_state = {"iteration": iteration, "consumed_samples": consumed_samples, "consumed_tokens": consumed_tokens,
                     "rng_state": generators, "args": asdict(args),
                     # the model shape and layout in the one form megatron/saved_model reads back
                     "model_config": args.model.to_dict(),
@@ -117,9 +122,9 @@ def _choose(args: Args) -> str:
     return choice.tag
 
 
-def load_checkpoint(engine, args: Args) -> tuple[int, int, dict | None]:
-    """Returns (iteration, consumed_samples, RNG states); with --finetune only the weights are taken, and
-    without a checkpoint in --load nothing (a fresh start).
+def load_checkpoint(engine, args: Args) -> tuple[int, int, int, dict | None]:
+    """Returns (iteration, consumed_samples, consumed_tokens, RNG states); with --finetune only the weights are
+    taken, and without a checkpoint in --load nothing (a fresh start).
     The caller restores the RNG states with set_rng_state as the last thing before training: creating
     a DataLoader iterator draws from torch's RNG, so restoring earlier would not continue the run exactly."""
     ckpt = args.checkpoint
@@ -130,12 +135,12 @@ def load_checkpoint(engine, args: Args) -> tuple[int, int, dict | None]:
         path = load_finetune_weights(engine, ckpt.load, trust=ckpt.trust_checkpoint)
         if dist.get_rank() == 0:
             print(f"  loaded weights from {path} for fine-tuning (iteration and optimizer reset)", flush=True)
-        return 0, 0, None
+        return 0, 0, 0, None
     tag = _agreed_tag(args)
     if tag is None:
         if dist.get_rank() == 0:
             print(f" > no checkpoint in --load {ckpt.load} (no 'latest' file): starting from scratch", flush=True)
-        return 0, 0, None
+        return 0, 0, 0, None
     if ckpt.universal_checkpoint:
         from megatron.checkpointing.universal import load_universal
         path, client_state = load_universal(engine, args, tag)
@@ -147,4 +152,7 @@ def load_checkpoint(engine, args: Args) -> tuple[int, int, dict | None]:
     if dist.get_rank() == 0:
         print(f"  loaded checkpoint {path} at iteration {client_state['iteration']}", flush=True)
     generators = own_rng_state(os.path.join(ckpt.load, tag), dist.get_rank(), client_state, ckpt.trust_checkpoint)
-    return client_state["iteration"], client_state["consumed_samples"], generators
+    samples = client_state["consumed_samples"]
+    # a checkpoint saved before zero-lab counted tokens: every step of it was whole
+    tokens = client_state.get("consumed_tokens", samples * args.model.seq_length)
+    return client_state["iteration"], samples, tokens, generators
