@@ -544,7 +544,8 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
         tracker=memory.MemoryTracker(on_cuda=dist_info.on_cuda), log_rank=log_rank, comm=comm,
         num_params=accounting.count_parameters(model_config),
         predicted_traffic=sum(accounting.zero_traffic_per_step(model_config, setup, last_stage,
-                                                               ds_config.get("zero_optimization", {})).values()))
+                                                               ds_config.get("zero_optimization", {})).values())
+        + accounting.ulysses_all_to_all_per_step(model_config, setup, par.sequence_parallel_size))
     reporter.print_line(run_info_line(ds.zero_stage, ds.offload, args.model_name, dist_info.world_size,
                                   args.training.micro_batch_size, args.training.global_batch_size,
                                   args.model.seq_length, schedule.samples_per_epoch))

@@ -15,7 +15,9 @@ from megatron.arguments import ConfigError, parse_args
 from megatron.core.layout import ParallelLayout, ParallelLayoutError
 from megatron.core.parallel_state import ParallelState
 from megatron.launch.settings import training_settings
-from megatron.model import GPTModel
+from megatron.model import GPTConfig, GPTModel
+from megatron.model.accounting import TrainingSetup, ulysses_all_to_all_per_step
+from megatron.training_log import MB
 from megatron.training import get_batch, masked_mean_loss, sequence_mean_loss
 from test_arguments import base, data_prefix  # noqa: F401 (a fixture)
 from runs import run_pretrain
@@ -23,6 +25,9 @@ from test_parallel_training import losses
 from test_tensor_parallel import SEED, _gpt_config, run_ranks
 
 SP2 = ["--ds-sequence-parallel-size", "2"]
+# the runs' model: the tiny preset at --seq-length 64
+TINY_AT_64 = GPTConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64,
+                       max_position_embeddings=64, padded_vocab_size=None)
 
 
 def grad_norms(log: str) -> list[float]:
@@ -150,6 +155,19 @@ def test_sp2_gives_the_serial_losses_at_zero_1_and_3(ulysses_runs):
     # the gradients themselves (ZeRO-3's reduce-scatter averages over SP x DP: megatron/training.py scales for it)
     assert grad_norms(ulysses_runs["zero3"]) == pytest.approx(grad_norms(ulysses_runs["serial"]), rel=1e-3)
     assert grad_norms(ulysses_runs["first"]) == pytest.approx(grad_norms(ulysses_runs["serial"])[:3], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_the_comm_line_counts_the_all_to_alls_as_predicted(ulysses_runs):
+    """4 all-to-alls per layer and pass of the [2, 32, 128] fp32 slice, half of it sent: 2 layers x 8 x 16 KiB x 4
+    micro-batches = 1 MiB a step; the serial run has none."""
+    setup = TrainingSetup(world_size=2, micro_batch_size=2, gradient_accumulation_steps=4)
+    predicted = ulysses_all_to_all_per_step(TINY_AT_64, setup, 2)
+    assert predicted == 2 * 8 * 2 * 32 * 128 * 4 / 2 * 4 == 2**20
+    for name in ("first", "zero3"):
+        measured = [float(value) * MB for value in re.findall(r"\| all_to_all=(\S+)MB \|", ulysses_runs[name])]
+        assert len(measured) >= 3 and measured == pytest.approx([predicted] * len(measured), abs=0.001 * MB), name
+    assert "all_to_all=" not in ulysses_runs["serial"]
 
 
 @pytest.mark.slow
