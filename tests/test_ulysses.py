@@ -75,6 +75,17 @@ def test_what_ulysses_cannot_run_is_refused_in_one_line(data_prefix, extra, worl
     assert "\n" not in text and text.startswith(message)
 
 
+def test_zero3_without_its_reduce_scatter_is_refused_in_one_line(data_prefix, tmp_path):  # noqa: F811
+    config = tmp_path / "ds.json"
+    config.write_text('{"zero_optimization": {"stage": 3, "reduce_scatter": false}}')
+    with pytest.raises(ConfigError) as error:
+        parse_args(base(data_prefix, "--global-batch-size", "8", *SP2, "--deepspeed_config", str(config)),
+                   world_size=2)
+    assert str(error.value) == (f"--ds-sequence-parallel-size 2 at ZeRO stage 3 needs zero_optimization.reduce_scatter "
+                                f"on (--deepspeed_config {config} turns it off): DeepSpeed averages the gradients "
+                                "another way there")
+
+
 def test_two_heads_per_tensor_rank_split_over_two_sequence_ranks_fit(data_prefix):  # noqa: F811
     args = parse_args(base(data_prefix, "--global-batch-size", "8", *SP2, "--tensor-model-parallel-size", "2"),
                       world_size=4)
