@@ -489,7 +489,8 @@ def engine_device_args(dist_info: DistInfo) -> SimpleNamespace | None:
 def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int):
     """Build the model (partitioned at creation under ZeRO-3), optimizer, schedule and DeepSpeed engine.
     dist_info.parallel is DeepSpeed's mpu (ZeRO partitions over the ranks holding the same parameters: data- and
-    DeepSpeed-Ulysses sequence-parallel ones) except for a PipelineModule, which brings its own grid. Returns (engine, the DeepSpeed config actually used)."""
+    DeepSpeed-Ulysses sequence-parallel ones) except for a PipelineModule, which brings its own grid. Returns
+    (engine, the DeepSpeed config actually used)."""
     state = dist_info.parallel
     mpu = state if args.parallel.pipeline_model_parallel_size == 1 else None
     import deepspeed

@@ -200,7 +200,8 @@ def test_open_mpi_spelling(cluster):
                      r"--pipeline-model-parallel-size 1 \(from PPSIZE\)$"),
     (dict(SP_TYPE="deepspeed", SP=1), r"SP_TYPE=deepspeed and SP=1 disagree: set one of them$"),
     (dict(SPSIZE=3), r"world size 8 is not divisible by --tensor-model-parallel-size 1 \(from MPSIZE\) x "
-                     r"--pipeline-model-parallel-size 1 \(from PPSIZE\) x --ds-sequence-parallel-size 3 \(from SPSIZE\)$"),
+                     r"--pipeline-model-parallel-size 1 \(from PPSIZE\) x "
+                     r"--ds-sequence-parallel-size 3 \(from SPSIZE\)$"),
     (dict(GLOBAL_BATCH=6, MICRO_BATCH=1), r"--global-batch-size 6 \(from GLOBAL_BATCH\) is not divisible by --micro-batch-size 1 "
                            r"\(from MICRO_BATCH\) x data-parallel size 8$"),
     (dict(MICRO_BATCH="two"), r"MICRO_BATCH=two: expected a positive integer"),
