@@ -42,7 +42,7 @@ def build_data_iterators(args: Args, dist_info: DistInfo, train_iters: int, iter
                                                              args.model.seq_length, args.training.seed,
                                                              args.data.data_cache_path)
     valid_consumed = iteration // log.eval_interval * log.eval_iters * batch
-    # tensor- and pipeline-parallel ranks of one replica read the same data
+    # tensor-, pipeline- and sequence-parallel ranks of one replica read the same data
     data_group = dist_info.parallel.data
     workers = loader_workers(args.data.num_workers, dist_info.on_cuda)
     loaders = [build_pretraining_data_loader(ds, consumed, args.training.micro_batch_size, data_group.rank,
@@ -108,7 +108,8 @@ def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
         from megatron.model.gpt_model_pipe import build_gpt_pipe
         builder = partial(build_gpt_pipe, args.model, parallel)
     else:
-        builder = partial(GPTModel, args.model, parallel.get_tensor_model_parallel_group())
+        builder = partial(GPTModel, args.model, parallel.get_tensor_model_parallel_group(),
+                          parallel.get_sequence_parallel_group())
     engine, ds_config = setup_engine(builder, accounting.count_parameters(args.model), args, dist_info, train_iters)
     user = args.deepspeed.user_config
     if user is not None and dist_info.rank == 0 and (added := tuned_keys_added(user, ds_config)):

@@ -81,6 +81,11 @@ class ParallelArgs:
     def data_parallel_size(self) -> int:
         return self.layout.data_parallel_size
 
+    @property
+    def sequence_parallel_size(self) -> int:
+        """DeepSpeed-Ulysses' (--ds-sequence-parallel-size), not Megatron's --sequence-parallel."""
+        return self.layout.sequence_parallel_size
+
 
 @dataclass
 class OptimizerArgs:
@@ -305,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--checkpoint-activations", action="store_true")  # GPTConfig's recompute_activations
 
     par = parser.add_argument_group("parallelism")
-    _add_flags(par, ParallelLayout, "tensor_model_parallel_size", "pipeline_model_parallel_size")
+    _add_flags(par, ParallelLayout, "tensor_model_parallel_size", "pipeline_model_parallel_size",
+               "sequence_parallel_size")
     par.add_argument("--no-pipeline-parallel", action="store_true")
     _add_flags(par, ParallelArgs)
 
@@ -471,6 +477,7 @@ def _unsupported_combinations(args: Args, device_type: str):
         (ds.zero_stage >= 2 and par.pipeline_model_parallel_size > 1,
          f"--zero-stage {ds.zero_stage} cannot be combined with pipeline parallelism; "
          "use --zero-stage 0/1 or --no-pipeline-parallel"),
+        *_ulysses_problems(args),  # before Megatron's --sequence-parallel's own rule: its message names both
         (args.curriculum is not None and pp > 1,
          f"{CURRICULUM_FLAG} cannot be combined with pipeline parallelism (DeepSpeed's pipeline engine keeps the "
          "activation shape of its first step); use --no-pipeline-parallel"),
@@ -484,6 +491,32 @@ def _unsupported_combinations(args: Args, device_type: str):
     ]
 
 
+def _ulysses_problems(args: Args):
+    """What DeepSpeed-Ulysses (--ds-sequence-parallel-size N) cannot run (docs/long-sequences.md)."""
+    sp, m, par = args.parallel.sequence_parallel_size, args.model, args.parallel
+    heads = m.num_attention_heads // par.tensor_model_parallel_size
+    per_tp = f" ({heads} per tensor-parallel rank)" if par.tensor_model_parallel_size > 1 else ""
+    flag = f"--ds-sequence-parallel-size {sp}"
+    zero = (args.deepspeed.user_config or {}).get("zero_optimization") or {}
+    return [] if sp == 1 else [
+        (par.sequence_parallel, f"{flag} and --sequence-parallel (Megatron's, over the tensor-parallel group) are "
+                                "exclusive; drop one"),
+        (par.pipeline_model_parallel_size > 1, f"{flag} cannot be combined with pipeline parallelism; use "
+                                               "--pipeline-model-parallel-size 1 or --no-pipeline-parallel"),
+        (heads % sp != 0, f"--num-attention-heads {m.num_attention_heads}{per_tp} is not divisible by {flag}: "
+                          "each rank attends over whole heads"),
+        (m.seq_length % sp != 0, f"--seq-length {m.seq_length} is not divisible by {flag}: each rank holds an "
+                                 "equal slice"),
+        (args.curriculum is not None and args.curriculum.difficulty_step % sp != 0,
+         f"{flag} splits each sequence over {sp} ranks: the curriculum's difficulty_step "
+         f"{args.curriculum.difficulty_step if args.curriculum is not None else 0} must be a multiple of {sp}"),
+        # megatron/training.py's sequence_gradient_factor knows ZeRO-3's reduce-scatter averaging only
+        (args.deepspeed.zero_stage == 3 and zero.get("reduce_scatter", True) is False,
+         f"{flag} at ZeRO stage 3 needs zero_optimization.reduce_scatter on (--deepspeed_config "
+         f"{args.deepspeed.deepspeed_config} turns it off): DeepSpeed averages the gradients another way there"),
+    ]
+
+
 def check_support(args: Args, device_type: str) -> None:
     for unsupported, message in _unsupported_combinations(args, device_type):
         _require(not unsupported, message)
@@ -493,7 +526,7 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
     """Parse and validate the values; raises ConfigError (argparse's own usage errors exit with code 2)."""
     ns = build_parser().parse_args(argv)
     pipeline = 1 if ns.no_pipeline_parallel else ns.pipeline_model_parallel_size
-    layout = ParallelLayout(world_size, ns.tensor_model_parallel_size, pipeline)
+    layout = ParallelLayout(world_size, ns.tensor_model_parallel_size, pipeline, ns.ds_sequence_parallel_size)
     user_config, shared = _shared_settings(ns)
     deepspeed_args = _deepspeed_args(ns, user_config, shared)
     args = Args(

@@ -38,6 +38,9 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p")
+# kinds only some layouts issue, counted (and shown in the comm line) from their first call: DeepSpeed-Ulysses'
+# all-to-alls (docs/long-sequences.md); every other run's lines keep KINDS only
+LAYOUT_KINDS = ("all_to_all",)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ OPS: dict[str, _OpSpec] = {
     "broadcast": _OpSpec("broadcast", "tensor", "ring"),
     "send": _OpSpec("p2p", "tensor", "whole"),
     "isend": _OpSpec("p2p", "tensor", "whole"),
+    # each rank keeps 1/n of its input and sends the rest
+    "all_to_all_single": _OpSpec("all_to_all", "input", "ring"),
+    "all_to_all": _OpSpec("all_to_all", "input_tensor_list", "ring"),
 }
 
 
@@ -116,7 +122,7 @@ class CommCounter:
         device was synchronised, or it waits for them."""
         for kind, start, end in self._pending_events:
             end.synchronize()
-            self._seconds[kind] += start.elapsed_time(end) / 1000.0
+            self._seconds[kind] = self._seconds.get(kind, 0.0) + start.elapsed_time(end) / 1000.0
         self._pending_events.clear()
         return dict(self._seconds)
 
@@ -127,7 +133,7 @@ class CommCounter:
         return size
 
     def record(self, name: str, spec: _OpSpec, buffer_bytes: int, group) -> None:
-        self.sent[spec.kind] += bytes_sent(spec, buffer_bytes, self.group_size(group))
+        self.sent[spec.kind] = self.sent.get(spec.kind, 0.0) + bytes_sent(spec, buffer_bytes, self.group_size(group))
         self.calls[name] = self.calls.get(name, 0) + 1
 
     def time_on_cuda(self, compute_stream) -> None:
@@ -153,7 +159,7 @@ class CommCounter:
         """Add the time from `start` (a `clock()` mark) to now to `kind`; on a side stream (start None) only
         note the stream, so that the compute stream's wait for it is timed as `kind`."""
         if not self.on_cuda:
-            self._seconds[kind] += time.perf_counter() - start
+            self._seconds[kind] = self._seconds.get(kind, 0.0) + time.perf_counter() - start
         elif start is None:
             self._side_streams[torch.cuda.current_stream()] = kind
         else:

@@ -99,19 +99,50 @@ def resolve_schedule(args: Args, samples_per_epoch: int) -> Schedule:
     return Schedule(train_iters=iters, iters_per_epoch=iters_per_epoch, samples_per_epoch=samples_per_epoch)
 
 
-def get_batch(batch: dict, device: torch.device, eod: int, eod_mask_loss: bool):
-    """Shift the (seq_length + 1)-token samples into inputs and labels; positions 0..s-1."""
+def get_batch(batch: dict, device: torch.device, eod: int, eod_mask_loss: bool, sequence=None):
+    """Shift the (seq_length + 1)-token samples into inputs and labels; positions 0..s-1. With `sequence`, a
+    DeepSpeed-Ulysses group (its rank and size): this rank's slice of every sample, at its global positions
+    (the group's ranks read the same samples)."""
     text = batch["text"].to(device, non_blocking=True).long()
     tokens, labels = text[:, :-1].contiguous(), text[:, 1:].contiguous()
     position_ids = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
     loss_mask = torch.ones_like(labels, dtype=torch.float32)
     if eod_mask_loss:
         loss_mask[labels == eod] = 0.0
-    return tokens, labels, position_ids, loss_mask
+    if sequence is None or sequence.size == 1:
+        return tokens, labels, position_ids, loss_mask
+    part = tokens.shape[1] // sequence.size
+    mine = slice(sequence.rank * part, (sequence.rank + 1) * part)
+    return tuple(t[:, mine].contiguous() for t in (tokens, labels, position_ids, loss_mask))
 
 
 def masked_mean_loss(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     return (per_token_loss.float() * loss_mask).sum() / loss_mask.sum().clamp(min=1.0)
+
+
+def sequence_mean_loss(per_token_loss: torch.Tensor, loss_mask: torch.Tensor, sequence) -> tuple:
+    """(what this rank backpropagates, the masked mean loss over the whole sequences). Under DeepSpeed-Ulysses
+    each rank of `sequence` (its group) holds a slice: it backpropagates its slice's share of the whole mean, and
+    DeepSpeed sums the group's gradients (it averages over the sequence-data-parallel group times the sequence
+    size), as Megatron-DeepSpeed's loss does."""
+    if sequence is None or sequence.size == 1:
+        loss = masked_mean_loss(per_token_loss, loss_mask)
+        return loss, loss.detach()
+    count = loss_mask.sum()
+    dist.all_reduce(count, group=sequence.handle)
+    share = (per_token_loss.float() * loss_mask).sum() / count.clamp(min=1.0)
+    whole = share.detach().clone()
+    dist.all_reduce(whole, group=sequence.handle)
+    return share, whole
+
+
+def sequence_gradient_factor(zero_stage: int, sequence) -> float:
+    """What this rank's loss share is multiplied by before its backward under DeepSpeed-Ulysses. DeepSpeed's ZeRO
+    0-2 reductions divide the sequence-data-parallel sum by its size / SP (they sum the sequence ranks), but
+    ZeRO-3's reduce-scatter (reduce_scatter on, DeepSpeed's default; off is refused with SP) divides by its whole
+    size: there the share is scaled by SP, so that every stage gets the gradient of the whole sequences' mean
+    (SP=2 at ZeRO-3 otherwise logs half the grad norm of SP=1 and drifts from its losses by 1e-4)."""
+    return float(sequence.size) if zero_stage == 3 and sequence is not None else 1.0
 
 
 def data_parallel_mean(value: torch.Tensor, dist_info: DistInfo) -> float:
@@ -140,15 +171,15 @@ def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
     grad_bytes, activations = 0, None
     for micro in range(args.training.gradient_accumulation_steps):
         tokens, labels, position_ids, loss_mask = get_batch(next(data_iterator), dist_info.device, eod,
-                                                            args.training.eod_mask_loss)
+                                                            args.training.eod_mask_loss, dist_info.parallel.sequence)
         measure = probe_memory and micro == 0
         with memory.saved_activation_bytes(engine.module) if measure else contextlib.nullcontext() as saved:
             per_token_loss = engine(tokens, position_ids, labels)
         if measure:
             activations = saved[0]
-        loss = masked_mean_loss(per_token_loss, loss_mask)
-        engine.backward(loss)
-        losses.append(loss.detach())
+        loss, whole = sequence_mean_loss(per_token_loss, loss_mask, dist_info.parallel.sequence)
+        engine.backward(loss * sequence_gradient_factor(args.deepspeed.zero_stage, dist_info.parallel.sequence))
+        losses.append(whole)
         if probe_memory:
             grad_bytes = max(grad_bytes, memory.grad_bytes(engine))
         engine.step()
@@ -165,8 +196,9 @@ def evaluate(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int) -
     losses = []
     for _ in range(args.logging.eval_iters * args.training.gradient_accumulation_steps):
         tokens, labels, position_ids, loss_mask = get_batch(next(data_iterator), dist_info.device, eod,
-                                                            args.training.eod_mask_loss)
-        losses.append(masked_mean_loss(engine(tokens, position_ids, labels), loss_mask))
+                                                            args.training.eod_mask_loss, dist_info.parallel.sequence)
+        losses.append(sequence_mean_loss(engine(tokens, position_ids, labels), loss_mask,
+                                         dist_info.parallel.sequence)[1])
     engine.train()
     return data_parallel_mean(torch.stack(losses).mean(), dist_info)
 
@@ -294,8 +326,10 @@ class Reporter:
         # what else is allocated (the output-layer buffer, bucket and communication buffers); the CUDA
         # counter does not see host memory, so there the offloaded states are not subtracted
         measured["other"] = max(0, mem["allocated"] - (held - offloaded if self.dist_info.on_cuda else held))
-        self.print_line(model_state_line(measured, self.predictions.at(seq_length).memory, ds.zero_stage,
-                                         self.args.parallel.data_parallel_size, ds.precision, ds.offload))
+        # ZeRO partitions over data- x DeepSpeed-Ulysses sequence-parallel ranks (as the estimate does)
+        partitions = self.args.parallel.data_parallel_size * self.args.parallel.sequence_parallel_size
+        self.print_line(model_state_line(measured, self.predictions.at(seq_length).memory, ds.zero_stage, partitions,
+                                         ds.precision, ds.offload))
 
     def counting(self):
         """Count the collectives of what runs inside (a training step), when a counter is installed."""
@@ -465,8 +499,9 @@ def engine_device_args(dist_info: DistInfo) -> SimpleNamespace | None:
 
 def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int):
     """Build the model (partitioned at creation under ZeRO-3), optimizer, schedule and DeepSpeed engine.
-    dist_info.parallel is DeepSpeed's mpu (ZeRO partitions over data-parallel ranks only) except for a
-    PipelineModule, which brings its own grid. Returns (engine, the DeepSpeed config actually used)."""
+    dist_info.parallel is DeepSpeed's mpu (ZeRO partitions over the ranks holding the same parameters: data- and
+    DeepSpeed-Ulysses sequence-parallel ones) except for a PipelineModule, which brings its own grid. Returns
+    (engine, the DeepSpeed config actually used)."""
     state = dist_info.parallel
     mpu = state if args.parallel.pipeline_model_parallel_size == 1 else None
     import deepspeed
@@ -479,9 +514,10 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
         # each rank materialises only its shard; the full model never sits on one rank
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device="cpu" if args.deepspeed.offload_params
                                  else None, pin_memory=dist_info.on_cuda and args.deepspeed.offload_params, mpu=mpu,
-                                 # partition (and broadcast at creation) over data-parallel ranks only, or the
-                                 # tensor-parallel ranks would all get rank 0's shards
-                                 data_parallel_group=None if mpu is None else mpu.get_data_parallel_group()):
+                                 # partition (and broadcast at creation) over the ranks holding the same
+                                 # parameters only, or the tensor-parallel ranks would all get rank 0's shards
+                                 data_parallel_group=None if mpu is None
+                                 else mpu.get_sequence_data_parallel_group()):
             model = model_builder()
     else:
         model = model_builder().to(dist_info.device)
@@ -507,7 +543,8 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
     last_stage = par.pipeline_model_parallel_size - 1
     log_rank = par.layout.logging_rank  # docs/log-lines.md, "Which rank prints"
     setup = training_setup(args, dist_info)
-    predictions = LengthPredictions(model_config, setup, last_stage, ds_config.get("zero_optimization", {}))
+    predictions = LengthPredictions(model_config, setup, last_stage, ds_config.get("zero_optimization", {}),
+                                    sequence_parallel_size=par.sequence_parallel_size)
     device_name = torch.cuda.get_device_name(dist_info.device) if dist_info.on_cuda else get_accelerator().device_name()
     # fp32 matmuls run on the TF32 tensor cores only where torch allows it (off unless a user turns it on)
     tf32 = dist_info.on_cuda and torch.backends.cuda.matmul.allow_tf32

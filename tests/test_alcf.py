@@ -170,6 +170,16 @@ def test_no_gpu_runs_cpu_ranks_on_this_host(tmp_path):
     assert flag_value(line, "--model-size") == "tiny"
 
 
+def test_deepspeed_sequence_parallelism_takes_spsize(cluster):
+    """ALCF's SP_TYPE=deepspeed with SPSIZE: DeepSpeed-Ulysses (docs/long-sequences.md), 8 ranks = SP 2 x DP 4."""
+    result = run_script(cluster, DRY_RUN=1, PBS_NODEFILE=cluster / "nodefile", MODEL_SIZE_KEY="GPT125M",
+                        SP_TYPE="deepspeed", SPSIZE=2, MICRO_BATCH=1)
+    assert result.returncode == 0, result.stderr
+    line = launch_line(result)
+    assert flag_value(line, "--ds-sequence-parallel-size") == "2" and " --sequence-parallel " not in line
+    assert flag_value(line, "--global-batch-size") == "4"  # MICRO_BATCH 1 x data-parallel size 4
+
+
 def test_open_mpi_spelling(cluster):
     _executable(cluster / "bin" / "mpiexec",
                 "#!/bin/sh\necho 'mpiexec (OpenRTE) 4.1.5'\necho 'Report bugs to http://www.open-mpi.org/community/help/'\n")
@@ -188,7 +198,10 @@ def test_open_mpi_spelling(cluster):
     # a flag the script made from a variable is named with it (megatron/launch/flag_sources.py)
     (dict(MPSIZE=3), r"world size 8 is not divisible by --tensor-model-parallel-size 3 \(from MPSIZE\) x "
                      r"--pipeline-model-parallel-size 1 \(from PPSIZE\)$"),
-    (dict(SP_TYPE="deepspeed"), r"SP_TYPE=deepspeed \(DeepSpeed-Ulysses .*\) is out of scope"),
+    (dict(SP_TYPE="deepspeed", SP=1), r"SP_TYPE=deepspeed and SP=1 disagree: set one of them$"),
+    (dict(SPSIZE=3), r"world size 8 is not divisible by --tensor-model-parallel-size 1 \(from MPSIZE\) x "
+                     r"--pipeline-model-parallel-size 1 \(from PPSIZE\) x "
+                     r"--ds-sequence-parallel-size 3 \(from SPSIZE\)$"),
     (dict(GLOBAL_BATCH=6, MICRO_BATCH=1), r"--global-batch-size 6 \(from GLOBAL_BATCH\) is not divisible by --micro-batch-size 1 "
                            r"\(from MICRO_BATCH\) x data-parallel size 8$"),
     (dict(MICRO_BATCH="two"), r"MICRO_BATCH=two: expected a positive integer"),

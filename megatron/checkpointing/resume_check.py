@@ -2,7 +2,9 @@
 
 The checkpoint the resume rule takes must be complete (protocol.check_resumable), and its layout one this run
 can load: DeepSpeed's own loader takes the files only into the same ZeRO stage and (ZeRO 1-3)
-data-parallel size; `--universal-checkpoint` converts across those (megatron/checkpointing/universal.py).
+data-parallel size (the ZeRO partitions are over data x DeepSpeed-Ulysses sequence-parallel ranks: a checkpoint
+saved with --ds-sequence-parallel-size 2 x DP 1 has two, as one of DP 2); `--universal-checkpoint` converts across
+those (megatron/checkpointing/universal.py).
 A tensor- or pipeline-parallel size other than the checkpoint's is refused either way: the model declares
 none of the parameter patterns DeepSpeed's ds_to_universal needs to merge or split TP slices, and no such
 conversion is tested here. `--finetune` takes the weights of any layout (megatron/saved_model merges them).
@@ -26,6 +28,7 @@ def current_layout(args: Args) -> dict:
     """What a resume must match to load the files as they are (stored in the marker as `layout`)."""
     par = args.parallel
     return {"zero_stage": args.deepspeed.zero_stage, "data_parallel_size": par.data_parallel_size,
+            "sequence_parallel_size": par.sequence_parallel_size,
             "tensor_model_parallel_size": par.tensor_model_parallel_size,
             "pipeline_model_parallel_size": par.pipeline_model_parallel_size,
             "positions": "rotary" if args.model.use_rotary_position_embeddings else "learned"}
@@ -41,14 +44,22 @@ def positions_refusal(saved: str, current: str) -> str | None:
 
 
 def _describe(layout: dict) -> str:
-    return f"data-parallel size {layout['data_parallel_size']} at ZeRO stage {layout['zero_stage']}"
+    sequence = layout.get("sequence_parallel_size", 1)
+    ulysses = f" x --ds-sequence-parallel-size {sequence}" if sequence > 1 else ""
+    return f"data-parallel size {layout['data_parallel_size']}{ulysses} at ZeRO stage {layout['zero_stage']}"
+
+
+def _zero_partitions(layout: dict) -> int:
+    """How many ranks share the ZeRO partitions: data- times sequence-parallel (checkpoints from before
+    DeepSpeed-Ulysses recorded no sequence size: 1)."""
+    return layout["data_parallel_size"] * layout.get("sequence_parallel_size", 1)
 
 
 def needs_universal(saved: dict, current: dict) -> bool:
     """DeepSpeed's own loader takes the files as they are only into the same partitioning."""
     if saved["zero_stage"] != current["zero_stage"]:
         return True
-    return saved["zero_stage"] > 0 and saved["data_parallel_size"] != current["data_parallel_size"]
+    return saved["zero_stage"] > 0 and _zero_partitions(saved) != _zero_partitions(current)
 
 
 def model_parallel_refusal(saved: dict, current: dict) -> str | None:

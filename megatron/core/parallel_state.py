@@ -1,4 +1,4 @@
-"""The parallel layout (tensor x pipeline x data) and the process groups it implies.
+"""The parallel layout (tensor x sequence x pipeline x data) and the process groups it implies.
 
 One `ParallelLayout` describes the sizes; `ParallelState.build` turns it into real
 torch.distributed groups and doubles as the `mpu` object DeepSpeed expects, so that
@@ -9,6 +9,9 @@ Rank order follows Megatron: tensor-parallel ranks are adjacent (fastest), then 
 parallel, then pipeline stages (slowest). For world 8, TP=2, PP=2:
 tensor groups [0,1] [2,3] [4,5] [6,7]; data groups [0,2] [1,3] [4,6] [5,7];
 pipeline groups [0,4] [1,5] [2,6] [3,7]; model-parallel groups [0,1,4,5] [2,3,6,7].
+DeepSpeed-Ulysses' sequence-parallel ranks come between tensor and data parallel (megatron/core/layout.py); with
+them DeepSpeed partitions ZeRO over the sequence-data-parallel group and averages gradients over its data-parallel
+part, reading the get_sequence_* methods below, as it does with Megatron-DeepSpeed's mpu.
 """
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ class ParallelState:
     data: _Group = field(repr=False)
     pipeline: _Group = field(repr=False)
     model: _Group = field(repr=False)
+    sequence: _Group = field(repr=False)
+    sequence_data: _Group = field(repr=False)  # SP x DP: the ranks holding the same parameters
 
     @classmethod
     def build(cls, layout: ParallelLayout, timeout: timedelta | None = None) -> "ParallelState":
@@ -63,16 +68,17 @@ class ParallelState:
         else:
             raise ParallelLayoutError(f"world size {layout.world_size} needs torch.distributed to be initialized")
         groups = {}
-        for name, all_groups in (
-            ("tensor", layout.tensor_groups()),
-            ("data", layout.data_groups()),
-            ("pipeline", layout.pipeline_groups()),
-            ("model", layout.model_groups()),
-        ):
+        kinds = [("tensor", layout.tensor_groups()), ("data", layout.data_groups()),
+                 ("pipeline", layout.pipeline_groups()), ("model", layout.model_groups())]
+        if layout.sequence_parallel_size > 1:  # else no new groups: a run without Ulysses builds what it did
+            kinds += [("sequence", layout.sequence_groups()), ("sequence_data", layout.sequence_data_groups())]
+        for name, all_groups in kinds:
             for ranks in all_groups:
                 handle = make_group(ranks) if make_group else None
                 if rank in ranks:
                     groups[name] = _Group(ranks, ranks.index(rank), handle)
+        groups.setdefault("sequence", _Group([rank], 0, None))
+        groups.setdefault("sequence_data", groups["data"])
         return cls(layout=layout, rank=rank, **groups)
 
     # --- the mpu interface DeepSpeed queries (deepspeed/utils/bwc.py, zero/*) ---
@@ -100,6 +106,24 @@ class ParallelState:
 
     def get_data_parallel_group_ranks(self) -> list[int]:
         return list(self.data.ranks)
+
+    def get_sequence_parallel_rank(self) -> int:
+        return self.sequence.rank
+
+    def get_sequence_parallel_world_size(self) -> int:
+        return self.sequence.size
+
+    def get_sequence_parallel_group(self):
+        return self.sequence.handle
+
+    def get_sequence_data_parallel_rank(self) -> int:
+        return self.sequence_data.rank
+
+    def get_sequence_data_parallel_world_size(self) -> int:
+        return self.sequence_data.size
+
+    def get_sequence_data_parallel_group(self):
+        return self.sequence_data.handle
 
     def get_pipeline_model_parallel_rank(self) -> int:
         return self.pipeline.rank

@@ -100,23 +100,17 @@ class AlcfPlanner:
 
     @staticmethod
     def _sequence_parallel(v: dict[str, str]) -> str:
-        """SP_TYPE: Megatron's sequence parallelism (megatron, SP=1) or none; the variable messages name."""
+        """SP_TYPE: Megatron's sequence parallelism (megatron, SP=1), DeepSpeed-Ulysses (deepspeed: SPSIZE ranks per
+        sequence, the settings' SP_SIZE, docs/long-sequences.md) or none; the variable messages name."""
         check(v, "megatron|none|deepspeed", "SP_TYPE")
-        check(v, "int", "SPSIZE")
         check(v, "0|1|2|3", "ZERO_STAGE")
         sp_type = v.get("SP_TYPE")
-        if sp_type == "deepspeed":
-            die("SP_TYPE=deepspeed (DeepSpeed-Ulysses sequence parallelism) is out of scope for zero-lab; use "
-                "SP_TYPE=megatron (--sequence-parallel with MPSIZE > 1) or SP_TYPE=none")
+        if sp_type in ("deepspeed", "none") and v.get("SP", "0") != "0":
+            die(f"SP_TYPE={sp_type} and SP={v['SP']} disagree: set one of them")
         if sp_type == "megatron" and v.get("SP", "1") != "1":
             die(f"SP_TYPE=megatron and SP={v['SP']} disagree: set one of them")
-        if sp_type == "none" and v.get("SP", "0") != "0":
-            die(f"SP_TYPE=none and SP={v['SP']} disagree: set one of them")
         if sp_type:
             v["SP"] = "1" if sp_type == "megatron" else "0"
-        if v.get("SPSIZE", "1") != "1":
-            die(f"SPSIZE={v['SPSIZE']}: DeepSpeed-Ulysses sequence parallelism is out of scope for zero-lab; use "
-                "SPSIZE=1")
         return "SP_TYPE" if sp_type else "SP"
 
     def plan(self, env: dict[str, str], args: list[str], dry_run: bool, supervisor=None) -> Launch:

@@ -118,8 +118,8 @@ def _json_keys(path: str) -> set[str]:
 
 def _checked(env: Mapping[str, str]) -> None:
     """Step 1: each variable as the user gave it, before any default or arithmetic reads it."""
-    check(env, "int", "SEQ_LEN", "MICRO_BATCH", "GLOBAL_BATCH", "GAS", "TP", "PP", "MPSIZE", "PPSIZE", "TRAIN_ITERS",
-          "LOG_INTERVAL", "EVAL_INTERVAL", "SAVE_INTERVAL", "OMP_NUM_THREADS")
+    check(env, "int", "SEQ_LEN", "MICRO_BATCH", "GLOBAL_BATCH", "GAS", "TP", "PP", "MPSIZE", "PPSIZE", "SP_SIZE",
+          "SPSIZE", "TRAIN_ITERS", "LOG_INTERVAL", "EVAL_INTERVAL", "SAVE_INTERVAL", "OMP_NUM_THREADS")
     check(env, "port", "MASTER_PORT")
     check(env, "count", "EVAL_ITERS", "SEED", "MAX_RESTARTS")
     check(env, "number", "LR", "MIN_LR", "WEIGHT_DECAY", "CLIP_GRAD", "TRAIN_EPOCHS", "DISTRIBUTED_TIMEOUT_MINUTES")
@@ -142,10 +142,10 @@ def _aliased(env: Mapping[str, str], alcf_names: bool) -> tuple[dict[str, str], 
     values = {name: value for name, value in env.items() if value}
     names = {}
     for name, other in (("TP", "MPSIZE"), ("PP", "PPSIZE"), ("PRECISION", "DTYPE"), ("SPLIT", "DATA_SPLIT"),
-                        ("LR_WARMUP_FRACTION", "LR_WARMUP_FRAC")):
+                        ("LR_WARMUP_FRACTION", "LR_WARMUP_FRAC"), ("SP_SIZE", "SPSIZE")):
         names[name] = name if name in values else other if other in values or alcf_names else name
     for name, other in (("TP", "MPSIZE"), ("PP", "PPSIZE"), ("PRECISION", "DTYPE"), ("SPLIT", "DATA_SPLIT"),
-                        ("LR_WARMUP_FRACTION", "LR_WARMUP_FRAC")):
+                        ("LR_WARMUP_FRACTION", "LR_WARMUP_FRAC"), ("SP_SIZE", "SPSIZE")):
         if name in values and other in values and values[name] != values[other]:
             raise LaunchError(f"{name}={values[name]} and {other}={values[other]} name the same setting: set one of them")
         if name not in values and other in values:
@@ -173,12 +173,14 @@ def _batch_flags(v: dict[str, str], json_keys: set[str], world: int, names: dict
         return flags + ["--global-batch-size", v["GLOBAL_BATCH"]]
     micro, given_global = int(v["MICRO_BATCH"]), v.get("GLOBAL_BATCH")
     argv = ["--world-size", str(world), "--tensor-model-parallel-size", v["TP"], "--pipeline-model-parallel-size",
-            v["PP"], "--micro-batch-size", v["MICRO_BATCH"], *(["--global-batch-size", given_global] if given_global else [])]
+            v["PP"], "--ds-sequence-parallel-size", v.get("SP_SIZE", "1"), "--micro-batch-size", v["MICRO_BATCH"],
+            *(["--global-batch-size", given_global] if given_global else [])]
     sources = {"ZERO_LAB_FLAG_SOURCES": f"--micro-batch-size=MICRO_BATCH --global-batch-size=GLOBAL_BATCH "
                                         f"--tensor-model-parallel-size={names['TP']} "
-                                        f"--pipeline-model-parallel-size={names['PP']}"}
+                                        f"--pipeline-model-parallel-size={names['PP']} "
+                                        f"--ds-sequence-parallel-size={names['SP_SIZE']}"}
     try:
-        layout = ParallelLayout(world, int(v["TP"]), int(v["PP"]))
+        layout = ParallelLayout(world, int(v["TP"]), int(v["PP"]), int(v.get("SP_SIZE", "1")))
         global_batch, accumulation = batch_split(layout, micro, int(given_global) if given_global else None)
     except ZeroLabError as error:
         raise LaunchError(name_sources(str(error), argv, sources)) from None
@@ -256,9 +258,11 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
     parallel += ["--checkpoint-activations"] if v["USE_ACTIVATION_CHECKPOINTING"] == "1" else []
     parallel += ["--deepspeed_config", ds_config] if ds_config else []
     positions = ["--use-rotary-position-embeddings"] if v.get("POSITION_EMBEDDING_TYPE") == "rotary" else []
+    # DeepSpeed-Ulysses (docs/long-sequences.md); SP is Megatron's --sequence-parallel
+    ulysses = ["--ds-sequence-parallel-size", v["SP_SIZE"]] if v.get("SP_SIZE", "1") != "1" else []
     wandb = ["--wandb-project", v["WANDB_PROJECT"]] if v.get("WANDB_PROJECT") else []
     flags = ["--model-size", model_size, "--seq-length", v["SEQ_LEN"], "--max-position-embeddings", v["SEQ_LEN"],
-             *positions, *batch_flags, *length, *precision, *parallel,
+             *positions, *batch_flags, *length, *precision, *parallel, *ulysses,
              "--data-path", *v["DATA_PATH"].split(), "--vocab-file", v["VOCAB_FILE"], "--merge-file", v["MERGE_FILE"],
              "--split", v["SPLIT"], "--lr", v["LR"], "--min-lr", v["MIN_LR"], "--lr-decay-style", v["LR_DECAY_STYLE"],
              "--lr-warmup-fraction", v["LR_WARMUP_FRACTION"], "--adam-beta1", v["ADAM_BETA1"],
@@ -281,6 +285,8 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
                "--wandb-project": "WANDB_PROJECT"}
     if positions:  # named only when given: the recorded shells (tests/fixtures/launch_settings.json) had no such flag
         sources["--use-rotary-position-embeddings"] = "POSITION_EMBEDDING_TYPE"
+    if ulysses:  # the same
+        sources["--ds-sequence-parallel-size"] = names["SP_SIZE"]
     return TrainingSettings(flags=flags, sources=sources, values=v)
 
 
@@ -290,7 +296,7 @@ VARIABLES = ("SEQ_LEN", "MICRO_BATCH", "GLOBAL_BATCH", "GAS", "DPSIZE", "TP", "P
              "EVAL_INTERVAL", "EVAL_ITERS", "SAVE_INTERVAL", "DS_CONFIG", "LR", "MIN_LR", "DATA_DIR", "DATA_PATH",
              "VOCAB_FILE", "MERGE_FILE", "SPLIT", "DATA_SPLIT", "LR_DECAY_STYLE", "LR_WARMUP_FRACTION",
              "LR_WARMUP_FRAC", "ADAM_BETA1", "ADAM_BETA2", "WEIGHT_DECAY", "SEED", "DISTRIBUTED_TIMEOUT_MINUTES",
-             "CLIP_GRAD", "WANDB_PROJECT", "POSITION_EMBEDDING_TYPE")
+             "CLIP_GRAD", "WANDB_PROJECT", "POSITION_EMBEDDING_TYPE", "SP_SIZE", "SPSIZE")
 # every variable the settings read from the caller: docs/environment.md lists each (tests/test_environment_table.py)
 READ = tuple(name for name in VARIABLES if name != "DPSIZE") + ("OMP_NUM_THREADS", "MASTER_PORT", "MAX_RESTARTS",
                                                                  "FRESH", "DRY_RUN")

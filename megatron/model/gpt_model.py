@@ -1,6 +1,7 @@
 """GPT-2: learned positions (or rotary ones, applied in the attention), pre-LN transformer layers, final LayerNorm, tied output layer.
 
-The model is built for one tensor-parallel group (None = serial) and returns per-token
+The model is built for one tensor-parallel group (None = serial), and a DeepSpeed-Ulysses sequence-parallel group
+(None = whole sequences; with one, input_ids are this rank's slice at its global position_ids), and returns per-token
 fp32 losses computed by the vocab-parallel cross-entropy, or the full logits.
 """
 from __future__ import annotations
@@ -68,7 +69,7 @@ def embed(words: VocabParallelEmbedding, positions: nn.Embedding | None, dropout
 
 
 class GPTModel(nn.Module):
-    def __init__(self, config: GPTConfig, tp_group=None):
+    def __init__(self, config: GPTConfig, tp_group=None, sp_group=None):
         super().__init__()
         check_parallel_shape(config, group_size(tp_group))
         self.config = config
@@ -82,7 +83,7 @@ class GPTModel(nn.Module):
         self.layers = nn.ModuleList()
         for index in range(config.num_layers):
             with layer_init_seed(seed, index + 1):
-                self.layers.append(ParallelTransformerLayer(config, tp_group, self.rng_tracker))
+                self.layers.append(ParallelTransformerLayer(config, tp_group, self.rng_tracker, sp_group))
         self.final_layernorm = layer_norm(config, tp_group)
         self.lm_loss_scratch = ScratchBuffers()  # the [tokens, vocab] logits buffer, reused each step
 

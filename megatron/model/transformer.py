@@ -2,7 +2,8 @@
 
 The tensor-parallel layers carry all communication; this file has no collective calls.
 Activations are [batch, seq, hidden]; with sequence parallelism the residual stream outside
-the attention and MLP is [batch, seq / tp, hidden] on each rank.
+the attention and MLP is [batch, seq / tp, hidden] on each rank. With DeepSpeed-Ulysses (sp_group of N ranks)
+every activation is [batch, seq / N, hidden]: only the attention sees whole sequences (megatron/model/ulysses.py).
 """
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from megatron.core.tensor_parallel import (
     init_method_normal,
     scaled_init_method_normal,
 )
-from megatron.core.tensor_parallel.mappings import group_size
+from megatron.core.tensor_parallel.mappings import group_rank, group_size
 from megatron.model.config import GPTConfig
 from megatron.model.kv_cache import LayerKVCache
 from megatron.model.rotary import RotaryEmbedding
+from megatron.model.ulysses import UlyssesAttention
 
 
 def layer_norm(config: GPTConfig, tp_group) -> SequenceParallelLayerNorm:
@@ -38,10 +40,12 @@ class ParallelAttention(nn.Module):
     layout), so a contiguous column split hands every rank complete heads.
     """
 
-    def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker):
+    def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker, sp_group=None):
         super().__init__()
         self.config = config
         self.rng_tracker = rng_tracker
+        self.ulysses = UlyssesAttention(sp_group) if group_size(sp_group) > 1 else None
+        self.sp_rank = group_rank(sp_group)
         self.local_heads = config.num_attention_heads // group_size(tp_group)
         # Heads differ per TP rank, so their dropout draws from the per-rank generator (Megatron's rule); whole
         # heads (TP=1, no sequence parallelism) draw from the default generator, as the hidden dropout does.
@@ -63,7 +67,9 @@ class ParallelAttention(nn.Module):
         batch, seq, _ = qkv.shape
         qkv = qkv.view(batch, seq, self.local_heads, 3, self.config.head_dim)
         q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # each [b, heads, s, d]
-        past = 0 if kv_cache is None else kv_cache.past_length
+        assert not (self.ulysses is not None and kv_cache is not None), "the KV cache is for serial decoding"
+        # the chunk's first position: after the cache's, or this rank's slice start under Ulysses
+        past = kv_cache.past_length if kv_cache is not None else self.sp_rank * seq
         if self.rotary is not None:
             # the chunk holds positions past .. past + seq - 1 (decoding step t is position t), before its
             # keys join the cache: cached keys keep the rotation of their own positions
@@ -79,8 +85,11 @@ class ParallelAttention(nn.Module):
         # eval, --attention-dropout 0) there is no swap. Every ZeRO stage draws the same default-generator masks.
         fork = self.per_rank_dropout and dropout > 0
         with self.rng_tracker.fork(x.device) if fork else contextlib.nullcontext():
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
-                                                     is_causal=mask is None)
+            if self.ulysses is not None:
+                context = self.ulysses(q, k, v, dropout)
+            else:
+                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+                                                         is_causal=mask is None)
         context = context.transpose(1, 2).reshape(batch, seq, self.local_heads * self.config.head_dim)
         return self.dense(context)
 
@@ -106,10 +115,10 @@ class ParallelMLP(nn.Module):
 
 
 class ParallelTransformerLayer(nn.Module):
-    def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker):
+    def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker, sp_group=None):
         super().__init__()
         self.input_layernorm = layer_norm(config, tp_group)
-        self.self_attention = ParallelAttention(config, tp_group, rng_tracker)
+        self.self_attention = ParallelAttention(config, tp_group, rng_tracker, sp_group)
         self.post_attention_layernorm = layer_norm(config, tp_group)
         self.mlp = ParallelMLP(config, tp_group)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)

@@ -142,7 +142,7 @@ ALCF_CASES = [
 
 ALCF_ERRORS = [
     Case("alcf_error_model_size_key", ALCF, dict(MODEL_SIZE_KEY="GPT7B"), error=True),
-    Case("alcf_error_sp_type_deepspeed", ALCF, dict(SP_TYPE="deepspeed"), error=True),
+    Case("alcf_error_sp_type_deepspeed", ALCF, dict(SP_TYPE="deepspeed", SP="1"), error=True),
     Case("alcf_error_zero_stage", ALCF, dict(ZERO_STAGE="4"), error=True),
     # the JSON's zero_optimization.stage is 1 (recorded from bash as a command that pretrain_gpt.py then refused)
     Case("alcf_error_ds_config_zero_stage", ALCF, dict(DS_CONFIG="{fixtures}/ds_config.json", ZERO_STAGE="2"),

@@ -31,6 +31,20 @@ def reduces_to_owners(zero: dict | None) -> bool:
     return zero.get("reduce_scatter", True) and not zero.get("use_multi_rank_bucket_allreduce", True)
 
 
+def ulysses_all_to_all_per_step(config: GPTConfig, setup: TrainingSetup, sequence_parallel_size: int) -> float:
+    """Bytes one rank sends per step through DeepSpeed-Ulysses' all-to-alls (--ds-sequence-parallel-size N,
+    docs/long-sequences.md): 4 per attention layer in the forward (q, k, v to whole sequences, the output back) and
+    4 in the backward (their gradients), each of the rank's [micro batch, seq / N, hidden / tp] activation, of which
+    (N-1)/N leaves the rank; a recomputed forward (--checkpoint-activations) runs its 4 again. Every micro-batch."""
+    n = sequence_parallel_size
+    if n == 1:
+        return 0.0
+    activation = (setup.micro_batch_size * (config.seq_length // n) * (config.hidden_size // setup.tensor_parallel_size)
+                  * setup.element_bytes)
+    per_layer = (12 if setup.activation_recompute else 8) * activation * (n - 1) / n
+    return config.num_layers * per_layer * setup.gradient_accumulation_steps
+
+
 def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0,
                           zero: dict | None = None) -> dict[str, float]:
     """Bytes one rank of pipeline `stage` sends per optimizer step, per kind of collective, with

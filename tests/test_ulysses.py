@@ -1,0 +1,212 @@
+"""DeepSpeed-Ulysses (--ds-sequence-parallel-size, SP_SIZE): the layout's groups, the refusals (one line each),
+the model on 2 real gloo ranks against the serial model (losses and summed gradients, learned and rotary
+positions), and real pretrain_gpt.py runs: SP=2 gives the serial run's losses at ZeRO 1 and 3, a checkpoint
+saved at SP=2 resumes at SP=1, and the Z1 driver trains with SP_SIZE=2 (docs/long-sequences.md)."""
+import re
+import subprocess
+from functools import partial
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import REPO_ROOT, driver_env, parallel_pretrain
+from megatron.arguments import ConfigError, parse_args
+from megatron.core.layout import ParallelLayout, ParallelLayoutError
+from megatron.core.parallel_state import ParallelState
+from megatron.launch.settings import training_settings
+from megatron.model import GPTConfig, GPTModel
+from megatron.model.accounting import TrainingSetup, ulysses_all_to_all_per_step
+from megatron.training_log import MB
+from megatron.training import get_batch, masked_mean_loss, sequence_mean_loss
+from test_arguments import base, data_prefix  # noqa: F401 (a fixture)
+from runs import run_pretrain
+from test_parallel_training import losses
+from test_tensor_parallel import SEED, _gpt_config, run_ranks
+
+SP2 = ["--ds-sequence-parallel-size", "2"]
+# the runs' model: the tiny preset at --seq-length 64
+TINY_AT_64 = GPTConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64,
+                       max_position_embeddings=64, padded_vocab_size=None)
+
+
+def grad_norms(log: str) -> list[float]:
+    return [float(norm) for norm in re.findall(r"\| grad norm: (\S+) ", log)]
+
+
+def test_layout_puts_sequence_ranks_between_tensor_and_data():
+    layout = ParallelLayout(world_size=8, tensor_model_parallel_size=2, sequence_parallel_size=2)
+    assert layout.data_parallel_size == 2
+    assert layout.tensor_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout.sequence_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.data_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    # ZeRO partitions over the ranks holding the same parameters; a model replica is one TP group
+    assert layout.sequence_data_groups() == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert layout.model_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [layout.data_parallel_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [layout.sequence_parallel_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+
+
+def test_layout_without_ulysses_is_unchanged():
+    layout = ParallelLayout(world_size=8, tensor_model_parallel_size=2, pipeline_model_parallel_size=2)
+    assert layout.data_groups() == layout.sequence_data_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.model_groups() == [[0, 1, 4, 5], [2, 3, 6, 7]]
+
+
+@pytest.mark.parametrize("extra, world, message", [
+    (["--num-attention-heads", "6", "--hidden-size", "60", *SP2[:1], "4"], 4,
+     "--num-attention-heads 6 is not divisible by --ds-sequence-parallel-size 4: each rank attends over whole heads"),
+    ([*SP2[:1], "4", "--tensor-model-parallel-size", "2"], 8,
+     "--num-attention-heads 4 (2 per tensor-parallel rank) is not divisible by --ds-sequence-parallel-size 4"),
+    ([*SP2[:1], "3"], 4, "world size 4 is not divisible by --tensor-model-parallel-size 1 x "
+                         "--pipeline-model-parallel-size 1 x --ds-sequence-parallel-size 3"),
+    ([*SP2, "--sequence-parallel", "--tensor-model-parallel-size", "2"], 4,
+     "--ds-sequence-parallel-size 2 and --sequence-parallel (Megatron's, over the tensor-parallel group) are "
+     "exclusive; drop one"),
+    ([*SP2, "--pipeline-model-parallel-size", "2"], 4,
+     "--ds-sequence-parallel-size 2 cannot be combined with pipeline parallelism; use "
+     "--pipeline-model-parallel-size 1 or --no-pipeline-parallel"),
+    ([*SP2, "--seq-length", "33"], 2, "--seq-length 33 is not divisible by --ds-sequence-parallel-size 2"),
+])
+def test_what_ulysses_cannot_run_is_refused_in_one_line(data_prefix, extra, world, message):  # noqa: F811
+    with pytest.raises((ConfigError, ParallelLayoutError)) as error:
+        parse_args(base(data_prefix, "--global-batch-size", "8", *extra), world_size=world)
+    text = str(error.value)
+    assert "\n" not in text and text.startswith(message)
+
+
+def test_zero3_without_its_reduce_scatter_is_refused_in_one_line(data_prefix, tmp_path):  # noqa: F811
+    config = tmp_path / "ds.json"
+    config.write_text('{"zero_optimization": {"stage": 3, "reduce_scatter": false}}')
+    with pytest.raises(ConfigError) as error:
+        parse_args(base(data_prefix, "--global-batch-size", "8", *SP2, "--deepspeed_config", str(config)),
+                   world_size=2)
+    assert str(error.value) == (f"--ds-sequence-parallel-size 2 at ZeRO stage 3 needs zero_optimization.reduce_scatter "
+                                f"on (--deepspeed_config {config} turns it off): DeepSpeed averages the gradients "
+                                "another way there")
+
+
+def test_two_heads_per_tensor_rank_split_over_two_sequence_ranks_fit(data_prefix):  # noqa: F811
+    args = parse_args(base(data_prefix, "--global-batch-size", "8", *SP2, "--tensor-model-parallel-size", "2"),
+                      world_size=4)
+    assert args.parallel.sequence_parallel_size == 2 and args.parallel.data_parallel_size == 1
+    assert args.training.gradient_accumulation_steps == 4  # 8 samples = micro batch 2 x 4 on the one replica
+
+
+def test_sp_size_gives_the_flag_and_the_data_parallel_size():
+    settings = training_settings({"SP_SIZE": "2", "MICRO_BATCH": "2"}, accelerator="cpu", world=2,
+                                 model_size="tiny")
+    flags = settings.flags
+    assert flags[flags.index("--ds-sequence-parallel-size") + 1] == "2"
+    assert settings.sources["--ds-sequence-parallel-size"] == "SP_SIZE"
+    assert settings.values["DPSIZE"] == "1" and settings.values["GLOBAL_BATCH"] == "2"
+    assert "--ds-sequence-parallel-size" not in training_settings({}, accelerator="cpu", world=2,
+                                                                  model_size="tiny").flags
+
+
+def test_each_sequence_rank_gets_its_slice_at_its_positions():
+    text = torch.arange(2 * 9).view(2, 9)
+    group = type("Group", (), {"rank": 1, "size": 2})
+    tokens, labels, positions, mask = get_batch({"text": text}, torch.device("cpu"), eod=-1, eod_mask_loss=False,
+                                                sequence=group)
+    assert torch.equal(tokens, text[:, 4:8]) and torch.equal(labels, text[:, 5:9])
+    assert positions.tolist() == [[4, 5, 6, 7]] * 2 and mask.shape == (2, 4)
+
+
+def _check_model_matches_serial(rank, world, rotary):
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")  # DistributedAttention's all-to-alls go through deepspeed.comm
+    state = ParallelState.build(ParallelLayout(world_size=world, sequence_parallel_size=2))
+    config = _gpt_config(use_rotary_position_embeddings=rotary)
+    torch.manual_seed(SEED)
+    serial = GPTModel(config)
+    torch.manual_seed(SEED)
+    split = GPTModel(config, sp_group=state.get_sequence_parallel_group())
+    text = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(7))
+    tokens, labels, positions, mask = get_batch({"text": text}, torch.device("cpu"), -1, False)
+    expected = masked_mean_loss(serial(tokens, positions, labels), mask)
+    expected.backward()
+    tokens, labels, positions, mask = get_batch({"text": text}, torch.device("cpu"), -1, False, state.sequence)
+    share, whole = sequence_mean_loss(split(tokens, positions, labels), mask, state.sequence)
+    share.backward()
+    torch.testing.assert_close(whole, expected.detach(), rtol=1e-6, atol=0)
+    for (name, param), reference in zip(split.named_parameters(), serial.parameters()):
+        grad = param.grad.clone()
+        dist.all_reduce(grad, group=state.get_sequence_parallel_group())  # what DeepSpeed's reduction sums
+        torch.testing.assert_close(grad, reference.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rotary", [False, True], ids=["learned", "rotary"])
+def test_two_sequence_ranks_give_the_serial_loss_and_gradients(rotary):
+    run_ranks(partial(_check_model_matches_serial, rotary=rotary))
+
+
+@pytest.fixture(scope="module")
+def ulysses_runs(dolly_data_dir, tmp_path_factory):
+    """The serial run, SP=2 at ZeRO 1 (3 iterations, saved, then resumed at SP=1 on one rank) and at ZeRO 3."""
+    save = tmp_path_factory.mktemp("sp2_checkpoints")
+    serial = parallel_pretrain(dolly_data_dir, 1, "--zero-stage", "1").stdout
+    first = parallel_pretrain(dolly_data_dir, 2, *SP2, "--zero-stage", "1", "--save", str(save),
+                              "--exit-interval", "3").stdout
+    resumed = parallel_pretrain(dolly_data_dir, 1, "--zero-stage", "1", "--load", str(save),
+                                "--universal-checkpoint").stdout
+    zero3 = parallel_pretrain(dolly_data_dir, 2, *SP2, "--zero-stage", "3").stdout
+    return dict(serial=serial, first=first, resumed=resumed, zero3=zero3, save=save)
+
+
+@pytest.mark.slow
+def test_sp2_gives_the_serial_losses_at_zero_1_and_3(ulysses_runs):
+    serial = losses(ulysses_runs["serial"])
+    assert len(serial) == 6 and serial[4] < serial[0] - 0.2
+    assert "| world size: 2 |" in ulysses_runs["zero3"]
+    assert losses(ulysses_runs["zero3"]) == pytest.approx(serial, rel=1e-5)
+    assert losses(ulysses_runs["first"]) == pytest.approx(serial[:3], rel=1e-5)
+    # the gradients themselves (ZeRO-3's reduce-scatter averages over SP x DP: megatron/training.py scales for it)
+    assert grad_norms(ulysses_runs["zero3"]) == pytest.approx(grad_norms(ulysses_runs["serial"]), rel=1e-3)
+    assert grad_norms(ulysses_runs["first"]) == pytest.approx(grad_norms(ulysses_runs["serial"])[:3], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_the_comm_line_counts_the_all_to_alls_as_predicted(ulysses_runs):
+    """4 all-to-alls per layer and pass of the [2, 32, 128] fp32 slice, half of it sent: 2 layers x 8 x 16 KiB x 4
+    micro-batches = 1 MiB a step; the serial run has none."""
+    setup = TrainingSetup(world_size=2, micro_batch_size=2, gradient_accumulation_steps=4)
+    predicted = ulysses_all_to_all_per_step(TINY_AT_64, setup, 2)
+    assert predicted == 2 * 8 * 2 * 32 * 128 * 4 / 2 * 4 == 2**20
+    for name in ("first", "zero3"):
+        measured = [float(value) * MB for value in re.findall(r"\| all_to_all=(\S+)MB \|", ulysses_runs[name])]
+        assert len(measured) >= 3 and measured == pytest.approx([predicted] * len(measured), abs=0.001 * MB), name
+    assert "all_to_all=" not in ulysses_runs["serial"]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_saved_at_sp2_resumes_at_sp1(ulysses_runs):
+    resumed = ulysses_runs["resumed"]
+    assert re.findall(r" iteration\s+(\d+)/", resumed) == ["4", "5"]
+    assert losses(resumed) == pytest.approx(losses(ulysses_runs["serial"])[3:], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_resuming_at_sp1_without_universal_checkpoint_is_refused_in_one_line(dolly_data_dir, ulysses_runs):
+    run = run_pretrain(dolly_data_dir, "--zero-stage", "1", "--load", str(ulysses_runs["save"]), ranks=1, expect=1)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: --load {ulysses_runs['save']}: checkpoint global_step3 was saved with data-parallel "
+                      "size 1 x --ds-sequence-parallel-size 2 at ZeRO stage 1, this run has data-parallel size 1 at "
+                      "ZeRO stage 1: resume it with --universal-checkpoint (docs/checkpoints.md)"]
+
+
+@pytest.mark.slow
+def test_the_z1_driver_trains_with_sp_size_2(dolly_data_dir, tmp_path):
+    env = driver_env(dolly_data_dir, tmp_path, SP_SIZE=2, TRAIN_EPOCHS="", TRAIN_ITERS=3, EVAL_ITERS=0,
+                     ZERO_LAB_SKIP_PROBES=1)
+    run = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], cwd=REPO_ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    log = (tmp_path / "gpt_tiny_Z1" / "train.log").read_text()
+    assert "--ds-sequence-parallel-size 2" in (tmp_path / "gpt_tiny_Z1" / "command.txt").read_text()
+    # 2 ranks, one replica: the global batch is MICRO_BATCH x 1, ZeRO partitions over both ranks
+    assert "| world size: 2 | micro batch: 4 | global batch: 4 |" in log
+    assert "ZeRO estimate (stage=1, dp=2," in log
+    assert len(re.findall(r"\| lm loss: (\S+) \|", log)) == 3
