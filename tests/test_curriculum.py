@@ -150,6 +150,10 @@ REFUSALS = {
                           ("--curriculum-learning-legacy", "--tensor-model-parallel-size", "2",
                            "--sequence-parallel"),
                           "the curriculum's difficulty_step 3 must be a multiple of 2"),
+    "ulysses": (changed(min_difficulty=3, max_difficulty=63, difficulty_step=3),
+                ("--curriculum-learning-legacy", "--ds-sequence-parallel-size", "2"),
+                "--ds-sequence-parallel-size 2 splits each sequence over 2 ranks: the curriculum's difficulty_step 3 "
+                "must be a multiple of 2"),
 }
 
 
