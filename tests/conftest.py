@@ -359,3 +359,20 @@ def fault_env(tmp_path: Path, log_glob: str, env: dict, hook_code: str = KILL_RA
     (hook / "sitecustomize.py").write_text(hook_code)
     return {**env, "PYTHONPATH": f"{hook}{os.pathsep}{env.get('PYTHONPATH', '')}", "ZL_FAULT_LOG": log_glob,
             "ZL_FAULT_FLAG": str(tmp_path / "fault-happened")}
+
+
+@pytest.fixture(scope="session")
+def data_prefix(tmp_path_factory):
+    """A real (small) mmap dataset of 4 documents of 50 tokens: the start-up step checks that the .bin/.idx
+    exist (the argument and curriculum tests parse flags against it)."""
+    import numpy as np
+
+    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
+
+    prefix = str(tmp_path_factory.mktemp("toy_data") / "toy_text_document")
+    builder = MMapIndexedDatasetBuilder(prefix + ".bin", np.uint16)
+    for doc in range(4):
+        builder.add_item(np.arange(doc, doc + 50, dtype=np.int64))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    return prefix

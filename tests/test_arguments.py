@@ -4,30 +4,16 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from conftest import REPO_ROOT, test_env
 from megatron.arguments import ConfigError, parse_args
 from megatron.checkpointing.protocol import CheckpointError
 from megatron.errors import ZeroLabError
-from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 from megatron.deepspeed_config import ALIGNMENT, deepspeed_config, generate_config, write_deepspeed_config
 from megatron.launch.flag_sources import name_sources
 from megatron.optimizer import LRSchedule
 from megatron.startup import StartupError, prepare_run
-
-
-@pytest.fixture(scope="module")
-def data_prefix(tmp_path_factory):
-    """A real (small) mmap dataset: the start-up step checks that the .bin/.idx exist."""
-    prefix = str(tmp_path_factory.mktemp("args_data") / "toy_text_document")
-    builder = MMapIndexedDatasetBuilder(prefix + ".bin", np.uint16)
-    for doc in range(4):
-        builder.add_item(np.arange(doc, doc + 50, dtype=np.int64))
-        builder.end_document()
-    builder.finalize(prefix + ".idx")
-    return prefix
 
 
 def base(prefix, *extra):

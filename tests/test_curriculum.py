@@ -13,7 +13,6 @@ import torch
 from analysis.log_parser import ParsedLog, parse_line
 from megatron.arguments import ConfigError, parse_args
 from megatron.curriculum import CurriculumConfig, SeqlenCurriculum
-from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 from megatron.deepspeed_config import deepspeed_config
 from megatron.length_predictions import LengthPredictions
 from megatron.model import accounting
@@ -81,17 +80,6 @@ def test_flops_memory_and_traffic_are_predicted_at_the_steps_length():
     mixed = predictions.over([16, 64])
     assert mixed.model_flops == pytest.approx((predictions.at(16).model_flops + predictions.at(64).model_flops) / 2)
     assert mixed.memory == predictions.at(64).memory and mixed.time is None
-
-
-@pytest.fixture(scope="module")
-def data_prefix(tmp_path_factory):
-    prefix = str(tmp_path_factory.mktemp("curriculum_data") / "toy_text_document")
-    builder = MMapIndexedDatasetBuilder(prefix + ".bin", np.uint16)
-    for doc in range(4):
-        builder.add_item(np.arange(doc, doc + 50, dtype=np.int64))
-        builder.end_document()
-    builder.finalize(prefix + ".idx")
-    return prefix
 
 
 def parse(data_prefix, tmp_path, section, *extra, world_size=2):

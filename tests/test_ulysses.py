@@ -19,7 +19,7 @@ from megatron.model import GPTConfig, GPTModel
 from megatron.model.accounting import TrainingSetup, ulysses_all_to_all_per_step
 from megatron.training_log import MB
 from megatron.training import get_batch, masked_mean_loss, sequence_mean_loss
-from test_arguments import base, data_prefix  # noqa: F401 (a fixture)
+from test_arguments import base
 from runs import run_pretrain
 from test_parallel_training import losses
 from test_tensor_parallel import SEED, _gpt_config, run_ranks
@@ -68,14 +68,14 @@ def test_layout_without_ulysses_is_unchanged():
      "--pipeline-model-parallel-size 1 or --no-pipeline-parallel"),
     ([*SP2, "--seq-length", "33"], 2, "--seq-length 33 is not divisible by --ds-sequence-parallel-size 2"),
 ])
-def test_what_ulysses_cannot_run_is_refused_in_one_line(data_prefix, extra, world, message):  # noqa: F811
+def test_what_ulysses_cannot_run_is_refused_in_one_line(data_prefix, extra, world, message):
     with pytest.raises((ConfigError, ParallelLayoutError)) as error:
         parse_args(base(data_prefix, "--global-batch-size", "8", *extra), world_size=world)
     text = str(error.value)
     assert "\n" not in text and text.startswith(message)
 
 
-def test_zero3_without_its_reduce_scatter_is_refused_in_one_line(data_prefix, tmp_path):  # noqa: F811
+def test_zero3_without_its_reduce_scatter_is_refused_in_one_line(data_prefix, tmp_path):
     config = tmp_path / "ds.json"
     config.write_text('{"zero_optimization": {"stage": 3, "reduce_scatter": false}}')
     with pytest.raises(ConfigError) as error:
@@ -86,7 +86,7 @@ def test_zero3_without_its_reduce_scatter_is_refused_in_one_line(data_prefix, tm
                                 "another way there")
 
 
-def test_two_heads_per_tensor_rank_split_over_two_sequence_ranks_fit(data_prefix):  # noqa: F811
+def test_two_heads_per_tensor_rank_split_over_two_sequence_ranks_fit(data_prefix):
     args = parse_args(base(data_prefix, "--global-batch-size", "8", *SP2, "--tensor-model-parallel-size", "2"),
                       world_size=4)
     assert args.parallel.sequence_parallel_size == 2 and args.parallel.data_parallel_size == 1
