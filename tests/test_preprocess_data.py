@@ -1,5 +1,6 @@
 """tools/preprocess_data.py: Megatron flags, output files and contents, identical output for
-any worker count and for gzip input, and bad input (file:line errors, exit 1, no files left)."""
+any worker count and for gzip input, and bad input (file:line errors, exit 1, no files left); Llama's
+tokenizers (Llama3Tokenizer, Llama2Tokenizer) on small tokenizer files made offline."""
 import gzip
 import importlib.util
 import json
@@ -14,6 +15,7 @@ from conftest import REPO_ROOT
 from conftest import test_env as subprocess_env
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.tokenizer import TokenizerConfig, build_tokenizer
+from tokenizer_files import train_sentencepiece, write_tiktoken_bpe
 
 TOOL = REPO_ROOT / "tools" / "preprocess_data.py"
 
@@ -195,3 +197,54 @@ def test_tool_does_not_import_torch():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+@pytest.fixture(scope="module")
+def llama_tokenizers(tmp_path_factory, dolly_sample):
+    """{--tokenizer-type: --tokenizer-model} for Llama-3's tiktoken format and Llama-2's SentencePiece,
+    both made here from the first 60 dolly responses."""
+    folder = tmp_path_factory.mktemp("llama_tokenizers")
+    text = "\n".join(json.loads(line)["response"] for line in open(dolly_sample, encoding="utf-8").readlines()[:60])
+    return {"Llama3Tokenizer": write_tiktoken_bpe(text, folder / "tokenizer.model"),
+            "Llama2Tokenizer": train_sentencepiece(text, folder / "sp")}
+
+
+@pytest.mark.parametrize("tokenizer_type", ["Llama3Tokenizer", "Llama2Tokenizer"])
+def test_llama_tokenizers_bos_text_eod_for_every_document(tmp_path, dolly_sample, llama_tokenizers, tokenizer_type):
+    model = llama_tokenizers[tokenizer_type]
+    result = preprocess("--input", dolly_sample, "--json-keys", "response", "--output-prefix", tmp_path / "dolly",
+                        "--tokenizer-type", tokenizer_type, "--tokenizer-model", model, "--append-eod", "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    tok = build_tokenizer(TokenizerConfig(tokenizer_type=tokenizer_type, tokenizer_model=model), verbose=False)
+    texts = [json.loads(line)["response"] for line in open(dolly_sample, encoding="utf-8")]
+    ds = MMapIndexedDataset(tmp_path / "dolly_response_document")
+    assert len(ds) == len(texts) == 382 and ds[0].dtype == np.uint16  # 812 or 600 ids
+    for doc, text in zip(ds, texts):
+        ids = doc.tolist()
+        assert ids[0] == tok.bos and ids[-1] == tok.eod and tok.eod not in ids[:-1]  # BOS text EOD, as documented
+        assert tok.detokenize(ids[1:-1]) == text
+    sidecar = json.loads((tmp_path / "dolly_response_document.meta.json").read_text())
+    assert sidecar["tokenizer"]["type"] == tokenizer_type and sidecar["tokenizer"]["vocab_size"] == tok.vocab_size
+    assert list(sidecar["tokenizer"]["files"]) == ["tokenizer_model"]
+
+
+def test_llama_tokenizer_bad_input_is_one_line_and_writes_nothing(tmp_path, llama_tokenizers):
+    source = write_jsonl(tmp_path / "data.jsonl", ['{"text": "hello"}'])
+    lines = open(llama_tokenizers["Llama3Tokenizer"], encoding="ascii").read().splitlines()
+    corrupt = tmp_path / "corrupt.model"
+    corrupt.write_text("\n".join(lines[:99] + ["not-base64! 99"] + lines[100:]) + "\n", encoding="ascii")
+    cases = [
+        (["--tokenizer-type", "Llama3Tokenizer", "--tokenizer-model", corrupt], 1,
+         f"error: --tokenizer-model {corrupt}:100: expected '<base64 token> <rank>', got 'not-base64! 99'"),
+        (["--tokenizer-type", "Llama3Tokenizer", "--tokenizer-model", tmp_path / "nope.model"], 1,
+         f"error: --tokenizer-model {tmp_path / 'nope.model'}: file not found (a local file: zero-lab downloads"),
+        (["--tokenizer-type", "Llama2Tokenizer"], 1, "error: --tokenizer-type Llama2Tokenizer needs --tokenizer-model"),
+        # argparse's own usage error: its usage lines, then one error line, exit 2
+        (["--tokenizer-type", "Llama3", "--tokenizer-model", corrupt], 2,
+         "preprocess_data.py: error: argument --tokenizer-type: invalid choice: 'Llama3'"),
+    ]
+    for args, code, message in cases:
+        result = preprocess("--input", source, "--output-prefix", tmp_path / "out" / "ds", *args)
+        errors = [line for line in result.stderr.splitlines() if "error:" in line]
+        assert result.returncode == code and len(errors) == 1 and errors[0].startswith(message), result.stderr
+        assert "Traceback" not in result.stderr and not list(tmp_path.glob("out/ds*"))

@@ -1,6 +1,7 @@
 """Tokenizers: GPT-2 ids equal an independent pure-Python GPT-2 BPE (OpenAI's merge-rank
 algorithm) on every dolly sample record; round trips; eod/vocab/padding; Null and SentencePiece;
-errors; tools/gpt2_vocab.py conversion."""
+errors; tools/gpt2_vocab.py conversion; Llama-3's tiktoken file and Llama-2's SentencePiece model
+(Llama3Tokenizer, Llama2Tokenizer), made offline in the tests."""
 import base64
 import json
 import os
@@ -12,6 +13,7 @@ import regex
 
 from conftest import REPO_ROOT
 from conftest import test_env as subprocess_env
+from megatron.tokenizer.llama3_bpe import LLAMA3_PAT_STR
 from megatron.tokenizer import (
     NullTokenizer,
     TokenizerConfig,
@@ -19,6 +21,7 @@ from megatron.tokenizer import (
     build_tokenizer,
     padded_vocab_size,
 )
+from tokenizer_files import train_sentencepiece, write_tiktoken_bpe
 
 GPT2_SPLIT = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
 
@@ -215,3 +218,86 @@ def test_gpt2_vocab_tool_without_pypi_says_so(tmp_path):
     assert result.stderr.startswith("error: could not download openai-whisper==20250625 from PyPI")
     assert "unreachable" in result.stderr and "VOCAB_FILE/MERGE_FILE" in result.stderr and "--tiktoken-file" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+LLAMA3_SPLIT = regex.compile(LLAMA3_PAT_STR)
+
+
+@pytest.fixture(scope="module")
+def llama_files(tmp_path_factory, dolly_texts):
+    """(Llama-3 style tiktoken file, Llama-2 style SentencePiece model), made here from 60 dolly records."""
+    folder = tmp_path_factory.mktemp("llama_tokenizers")
+    text = "\n".join(dolly_texts[:60])
+    return write_tiktoken_bpe(text, folder / "tokenizer.model"), train_sentencepiece(text, folder / "sp")
+
+
+def reference_rank_bpe(ranks: dict[bytes, int], text: str) -> list[int]:
+    """Byte-level BPE by lowest rank (tiktoken's rule) on Llama-3's split, in plain Python."""
+    ids = []
+    for piece in LLAMA3_SPLIT.findall(text):
+        parts = [bytes([b]) for b in piece.encode()]
+        while len(parts) > 1:
+            rank, i = min((ranks.get(a + b, float("inf")), i) for i, (a, b) in enumerate(zip(parts, parts[1:])))
+            if rank == float("inf"):
+                break
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        ids += [ranks[part] for part in parts]
+    return ids
+
+
+def test_llama3_tokenizer_reads_a_tiktoken_bpe_file(llama_files, dolly_texts):
+    path = llama_files[0]
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in open(path))}
+    tok = build_tokenizer(TokenizerConfig(tokenizer_type="Llama3Tokenizer", tokenizer_model=path), verbose=False)
+    n = len(ranks)  # 256 bytes + 300 merges; the 256 special tokens follow, as 128000.. follow Llama-3's ranks
+    assert n == 556 and tok.vocab_size == n + 256 and tok.padded_vocab_size == 896
+    assert (tok.bos, tok.eod) == (n, n + 1)  # <|begin_of_text|>, <|end_of_text|>
+    assert tok.detokenize([n, n + 1, n + 9]) == "<|begin_of_text|><|end_of_text|><|eot_id|>"
+    for text in dolly_texts:
+        ids = tok.tokenize(text)
+        assert ids[0] == tok.bos and ids[1:] == reference_rank_bpe(ranks, text)
+        assert tok.detokenize(ids[1:]) == text
+    assert tok.tokenize("") == [] and tok.tokenize("a<|end_of_text|>")[1:] == reference_rank_bpe(ranks, "a<|end_of_text|>")
+    assert tok.tokenize_batch(dolly_texts[:20], num_threads=2) == [tok.tokenize(t) for t in dolly_texts[:20]]
+    with pytest.raises(TokenizerError, match=r"Llama3Tokenizer: id 812 is outside the vocabulary \[0, 812\)"):
+        tok.detokenize([5, 812])
+
+
+def test_llama2_tokenizer_puts_bos_first_and_eod_is_eos(llama_files, dolly_texts):
+    tok = build_tokenizer(TokenizerConfig(tokenizer_type="Llama2Tokenizer", tokenizer_model=llama_files[1]),
+                          verbose=False)
+    assert (tok.vocab_size, tok.padded_vocab_size, tok.bos, tok.eod) == (600, 640, 1, 2)  # Llama-2's bos 1, eos 2
+    for text in dolly_texts[:100] + ["héllo  wörld 😀\n\ttabs"]:
+        ids = tok.tokenize(text)
+        assert ids[0] == 1 and 2 not in ids and tok.detokenize(ids) == text
+    assert tok.tokenize("") == [] and tok.tokenize_batch(["", "a b"], 2) == [[], tok.tokenize("a b")]
+
+
+def test_llama_tokenizer_file_errors_name_the_file_and_line(tmp_path, llama_files):
+    tiktoken_file, sp_model = llama_files
+    lines = open(tiktoken_file, encoding="ascii").read().splitlines()
+
+    def llama3(path):
+        return build_tokenizer(TokenizerConfig(tokenizer_type="Llama3Tokenizer", tokenizer_model=str(path)), verbose=False)
+
+    def write(name, rows):
+        (tmp_path / name).write_text("\n".join(rows) + "\n", encoding="ascii")
+        return tmp_path / name
+
+    with pytest.raises(TokenizerError, match=r"corrupt\.model:301: expected '<base64 token> <rank>', got 'IQ== x'"):
+        llama3(write("corrupt.model", lines[:300] + ["IQ== x"] + lines[301:]))
+    with pytest.raises(TokenizerError, match=r"twice\.model:557: rank 5 appears twice"):
+        llama3(write("twice.model", lines + [f"{base64.b64encode(b'zzzz').decode()} 5"]))
+    with pytest.raises(TokenizerError, match=r"gap\.model: ranks must be 0\.\.554, each once; rank 65 is missing"):
+        llama3(write("gap.model", lines[:65] + lines[66:]))
+    with pytest.raises(TokenizerError, match=r"nobyte\.model: no token for byte 0x41 \(1 of 256 bytes missing"):
+        llama3(write("nobyte.model", lines[:65] + [f"{base64.b64encode(b'zzzz').decode()} 65"] + lines[66:]))
+    with pytest.raises(TokenizerError, match=r"sp\.model:\d+: expected .*not a tiktoken BPE file"):
+        llama3(sp_model)
+    with pytest.raises(TokenizerError, match=r"--tokenizer-model meta-llama/Meta-Llama-3-8B: file not found "
+                                             r"\(a local file: zero-lab downloads no tokenizer"):
+        llama3("meta-llama/Meta-Llama-3-8B")
+    with pytest.raises(TokenizerError, match=r"--tokenizer-model .*tokenizer\.model: not a SentencePiece model"):
+        build_tokenizer(TokenizerConfig(tokenizer_type="Llama2Tokenizer", tokenizer_model=tiktoken_file), verbose=False)
+    with pytest.raises(TokenizerError, match="--tokenizer-type Llama3Tokenizer needs --tokenizer-model"):
+        build_tokenizer(TokenizerConfig(tokenizer_type="Llama3Tokenizer"), verbose=False)

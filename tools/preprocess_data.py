@@ -4,7 +4,8 @@
         --tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt \
         --append-eod --workers 2
 
-writes `{output-prefix}_{key}_document.bin/.idx` for every --json-keys key. Megatron's flags,
+writes `{output-prefix}_{key}_document.bin/.idx` for every --json-keys key (--tokenizer-type
+Llama2Tokenizer or Llama3Tokenizer with --tokenizer-model for Llama's tokenizer.model files). Megatron's flags,
 a different engine: upstream sends every document to a process pool and back as Python lists;
 here the main process reads ~1 MB chunks of raw lines, --workers forked processes each parse
 and tokenize whole chunks (tiktoken, compiled BPE) and send back one numpy array of ids per
@@ -427,7 +428,9 @@ def parse_args(argv=None) -> PreprocessConfig:
     group.add_argument("--tokenizer-type", default="GPT2BPETokenizer", choices=TOKENIZER_TYPES)
     group.add_argument("--vocab-file", help="GPT-2 vocab.json")
     group.add_argument("--merge-file", help="GPT-2 merges.txt")
-    group.add_argument("--tokenizer-model", help="SentencePiece model file")
+    group.add_argument("--tokenizer-model",
+                       help="SentencePiece model (SentencePieceTokenizer, Llama2Tokenizer) or Llama-3's tiktoken "
+                            "tokenizer.model (Llama3Tokenizer); a local file")
     group.add_argument("--vocab-size", type=int, help="vocabulary size for NullTokenizer")
     group.add_argument("--append-eod", action="store_true", help="end every document with the eod token")
     group = parser.add_argument_group("output data")

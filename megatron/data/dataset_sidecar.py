@@ -29,6 +29,8 @@ TOKENIZER_FILES = {
     "GPT2BPETokenizer": ("vocab_file", "merge_file"),
     "SentencePieceTokenizer": ("tokenizer_model",),
     "GPTSentencePieceTokenizer": ("tokenizer_model",),
+    "Llama2Tokenizer": ("tokenizer_model",),
+    "Llama3Tokenizer": ("tokenizer_model",),
     "NullTokenizer": (),
 }
 

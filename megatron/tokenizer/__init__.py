@@ -1,8 +1,10 @@
 """Tokenizers with Megatron's --tokenizer-type names; see `build_tokenizer`."""
 from megatron.tokenizer.errors import TokenizerError
 from megatron.tokenizer.gpt2_bpe import GPT2BPETokenizer
+from megatron.tokenizer.llama3_bpe import Llama3Tokenizer
 from megatron.tokenizer.tokenizer import (
     TOKENIZER_TYPES,
+    Llama2Tokenizer,
     NullTokenizer,
     SentencePieceTokenizer,
     TokenizerConfig,
@@ -13,6 +15,8 @@ from megatron.tokenizer.tokenizer import (
 __all__ = [
     "TOKENIZER_TYPES",
     "GPT2BPETokenizer",
+    "Llama2Tokenizer",
+    "Llama3Tokenizer",
     "NullTokenizer",
     "SentencePieceTokenizer",
     "TokenizerConfig",

@@ -132,6 +132,21 @@ def _check_merges_match_ranks(merges: list[str], vocab: dict[str, int], vocab_fi
         previous = vocab[merged]
 
 
+def encode_in_threads(encode, texts: list[str], num_threads: int) -> list[list[int]]:
+    """`encode` over many texts; tiktoken releases the GIL, so threads run in parallel.
+
+    Each thread gets a contiguous slice rather than one task per text (what tiktoken's
+    encode_ordinary_batch does): per-task executor overhead costs more than short texts' BPE.
+    """
+    if num_threads <= 1 or len(texts) < 2:
+        return [encode(text) for text in texts]
+    step = -(-len(texts) // (4 * num_threads))  # a few slices per thread balance uneven texts
+    slices = [texts[i : i + step] for i in range(0, len(texts), step)]
+    with ThreadPoolExecutor(num_threads) as pool:
+        encoded = pool.map(lambda part: [encode(text) for text in part], slices)
+        return [ids for part in encoded for ids in part]
+
+
 class GPT2BPETokenizer:
     """Megatron's GPT2BPETokenizer: ids identical to GPT-2's, eod = <|endoftext|> (50256)."""
 
@@ -162,19 +177,7 @@ class GPT2BPETokenizer:
         return self._encoding.encode_ordinary(text)
 
     def tokenize_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
-        """Encode many texts; tiktoken releases the GIL, so threads run in parallel.
-
-        Each thread gets a contiguous slice rather than one task per text (what tiktoken's
-        encode_ordinary_batch does): per-task executor overhead costs more than short texts' BPE.
-        """
-        encode = self._encoding.encode_ordinary
-        if num_threads <= 1 or len(texts) < 2:
-            return [encode(text) for text in texts]
-        step = -(-len(texts) // (4 * num_threads))  # a few slices per thread balance uneven texts
-        slices = [texts[i : i + step] for i in range(0, len(texts), step)]
-        with ThreadPoolExecutor(num_threads) as pool:
-            encoded = pool.map(lambda part: [encode(text) for text in part], slices)
-            return [ids for part in encoded for ids in part]
+        return encode_in_threads(self._encoding.encode_ordinary, texts, num_threads)
 
     def detokenize(self, ids) -> str:
         ids = [int(i) for i in ids]

@@ -1,14 +1,14 @@
 """`build_tokenizer` (Megatron's --tokenizer-type names), padded vocab size, and the
-SentencePiece and Null tokenizers. Every tokenizer has `.tokenize(text) -> list[int]`,
+SentencePiece (Llama2Tokenizer too) and Null tokenizers. Every tokenizer has `.tokenize(text) -> list[int]`,
 `.tokenize_batch(texts, num_threads)`, `.detokenize(ids) -> str`, `.eod` and `.vocab_size`.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from megatron.tokenizer.errors import TokenizerError
 from megatron.tokenizer.gpt2_bpe import GPT2BPETokenizer
+from megatron.tokenizer.llama3_bpe import Llama3Tokenizer, require_local_file
 
 
 @dataclass
@@ -36,8 +36,7 @@ class SentencePieceTokenizer:
     def __init__(self, model_file: str):
         import sentencepiece  # imported here: only this tokenizer needs it
 
-        if not os.path.isfile(model_file):
-            raise TokenizerError(f"--tokenizer-model {model_file}: file not found")
+        require_local_file(model_file)
         try:
             self._sp = sentencepiece.SentencePieceProcessor(model_file=model_file)
         except (OSError, RuntimeError) as err:
@@ -62,6 +61,25 @@ class SentencePieceTokenizer:
 
     def detokenize(self, ids) -> str:
         return self._sp.decode([int(i) for i in ids])
+
+
+class Llama2Tokenizer(SentencePieceTokenizer):
+    """Megatron-LM's Llama2Tokenizer: a SentencePiece model, BOS first, eod = the model's EOS."""
+
+    name = "Llama2Tokenizer"
+
+    def __init__(self, model_file: str):
+        super().__init__(model_file)
+        self.bos = self._sp.bos_id()
+        if self.bos < 0:
+            raise TokenizerError(f"--tokenizer-model {model_file}: model has no beginning-of-sentence piece (bos_id=-1)")
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._sp.encode(text, out_type=int, add_bos=True) if text else []
+
+    def tokenize_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        encoded = self._sp.encode(texts, out_type=int, add_bos=True, num_threads=max(1, num_threads))
+        return [ids if text else [] for ids, text in zip(encoded, texts)]
 
 
 class NullTokenizer:
@@ -99,7 +117,8 @@ class NullTokenizer:
         return " ".join(str(int(i)) for i in ids)
 
 
-TOKENIZER_TYPES = ("GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "NullTokenizer")
+TOKENIZER_TYPES = ("GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer",
+                   "Llama3Tokenizer", "NullTokenizer")
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp_size: int = 1) -> int:
@@ -127,6 +146,10 @@ def _make_tokenizer(cfg):
         return GPT2BPETokenizer(str(vocab_file), str(merge_file))
     if tokenizer_type in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer"):
         return SentencePieceTokenizer(str(_require(cfg, "--tokenizer-model", "tokenizer_model", tokenizer_type)))
+    if tokenizer_type == "Llama2Tokenizer":
+        return Llama2Tokenizer(str(_require(cfg, "--tokenizer-model", "tokenizer_model", tokenizer_type)))
+    if tokenizer_type == "Llama3Tokenizer":
+        return Llama3Tokenizer(str(_require(cfg, "--tokenizer-model", "tokenizer_model", tokenizer_type)))
     if tokenizer_type == "NullTokenizer":
         return NullTokenizer(_require(cfg, "--vocab-size", "vocab_size", tokenizer_type))
     raise TokenizerError(f"--tokenizer-type {tokenizer_type}: unknown (expected one of {', '.join(TOKENIZER_TYPES)})")
