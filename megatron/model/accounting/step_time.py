@@ -502,10 +502,11 @@ def model_parallel_alone(config: GPTConfig, setup: TrainingSetup) -> tuple[GPTCo
 
 def ulysses_seconds(config: GPTConfig, setup: TrainingSetup, link: LinkCosts) -> float:
     """Seconds of DeepSpeed-Ulysses' all-to-alls in a step (traffic.py's bytes and calls: 4 per attention layer and
-    pass), at the link's all-gather cost: the start-up probe times no all-to-all, and like an all-gather's each
-    rank's (n-1)/n of the buffer goes to the group's other ranks; 0 without Ulysses."""
-    return link.costs["all_gather"].seconds(ulysses_all_to_all_per_step(config, setup),
-                                            ulysses_all_to_alls_per_step(config, setup))
+    pass), at the link's "all_to_all" cost where it has one (tools/zero_plan.py's sequence group), else at its
+    all-gather's: the start-up probe times no all-to-all, and like an all-gather's each rank's (n-1)/n of the
+    buffer goes to the group's other ranks; 0 without Ulysses."""
+    cost = link.costs.get("all_to_all", link.costs["all_gather"])
+    return cost.seconds(ulysses_all_to_all_per_step(config, setup), ulysses_all_to_alls_per_step(config, setup))
 
 
 def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates: ComputeRates, link: LinkCosts,
