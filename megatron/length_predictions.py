@@ -26,7 +26,6 @@ class LengthPredictions:
     setup: accounting.TrainingSetup
     stage: int  # the printing rank's pipeline stage
     zero: dict  # the DeepSpeed config's zero_optimization section
-    sequence_parallel_size: int = 1  # DeepSpeed-Ulysses' N: its all-to-alls join the traffic
     # the start-up probes' rates and link (megatron/step_timing.py); None: no time predicted
     rates: ComputeRates | None = None
     link: LinkCosts | None = None
@@ -49,7 +48,7 @@ class LengthPredictions:
             hardware_flops=accounting.hardware_flops_per_iteration(config, batch),
             memory=accounting.memory_per_rank(config, setup, self.stage),
             traffic=sum(accounting.zero_traffic_per_step(config, setup, self.stage, self.zero).values())
-            + accounting.ulysses_all_to_all_per_step(config, setup, self.sequence_parallel_size),
+            + accounting.ulysses_all_to_all_per_step(config, setup),
             time=time)
 
     def over(self, lengths: list[int]) -> Predicted:

@@ -327,7 +327,7 @@ class Reporter:
         # counter does not see host memory, so there the offloaded states are not subtracted
         measured["other"] = max(0, mem["allocated"] - (held - offloaded if self.dist_info.on_cuda else held))
         # ZeRO partitions over data- x DeepSpeed-Ulysses sequence-parallel ranks (as the estimate does)
-        partitions = self.args.parallel.data_parallel_size * self.args.parallel.sequence_parallel_size
+        partitions = self.predictions.setup.zero_partitions
         self.print_line(model_state_line(measured, self.predictions.at(seq_length).memory, ds.zero_stage, partitions,
                                          ds.precision, ds.offload))
 
@@ -543,8 +543,7 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
     last_stage = par.pipeline_model_parallel_size - 1
     log_rank = par.layout.logging_rank  # docs/log-lines.md, "Which rank prints"
     setup = training_setup(args, dist_info)
-    predictions = LengthPredictions(model_config, setup, last_stage, ds_config.get("zero_optimization", {}),
-                                    sequence_parallel_size=par.sequence_parallel_size)
+    predictions = LengthPredictions(model_config, setup, last_stage, ds_config.get("zero_optimization", {}))
     device_name = torch.cuda.get_device_name(dist_info.device) if dist_info.on_cuda else get_accelerator().device_name()
     # fp32 matmuls run on the TF32 tensor cores only where torch allows it (off unless a user turns it on)
     tf32 = dist_info.on_cuda and torch.backends.cuda.matmul.allow_tf32
@@ -595,7 +594,8 @@ def training_setup(args: Args, dist_info: DistInfo):
         world_size=par.world_size, micro_batch_size=train.micro_batch_size,
         gradient_accumulation_steps=train.gradient_accumulation_steps,
         tensor_parallel_size=par.tensor_model_parallel_size, pipeline_parallel_size=par.pipeline_model_parallel_size,
-        sequence_parallel=par.sequence_parallel, precision=ds.precision, zero_stage=ds.zero_stage,
+        sequence_parallel=par.sequence_parallel, sequence_parallel_size=par.sequence_parallel_size,
+        precision=ds.precision, zero_stage=ds.zero_stage,
         offload_optimizer=ds.offload_optimizer, offload_params=ds.offload_params,
         offload_device="nvme" if ds.nvme_path else "cpu", activation_recompute=args.model.recompute_activations,
         device="cuda" if dist_info.on_cuda else "cpu")

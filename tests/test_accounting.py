@@ -1,5 +1,6 @@
 """FLOPs, ZeRO model-state estimates and accelerator peaks, against hand-computed values."""
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -346,11 +347,49 @@ def test_gradients_held_by_deepspeed():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(world_size=6, tensor_parallel_size=4), "6 ranks do not divide into TP=4 x PP=1"),
+    (dict(world_size=6, tensor_parallel_size=4), "6 ranks do not divide into TP=4 x PP=1 x SP=1"),
+    (dict(world_size=4, tensor_parallel_size=2, sequence_parallel_size=4), "4 ranks do not divide into TP=2 x PP=1 x SP=4"),
     (dict(world_size=2, precision="fp8"), "precision must be one of ['bf16', 'fp16', 'fp32'], got 'fp8'"),
-    (dict(world_size=0), "world size, micro batch, gradient accumulation, TP and PP must all be >= 1"),
+    (dict(world_size=0), "world size, micro batch, gradient accumulation, TP, PP and SP must all be >= 1"),
 ])
 def test_training_setup_errors(kwargs, message):
     with pytest.raises(AccountingError) as error:
         TrainingSetup(micro_batch_size=1, **kwargs)
     assert str(error.value) == message
+
+
+def test_ulysses_ranks_are_no_replicas_but_zero_partitions_over_them():
+    """8 ranks at TP=2 x SP=2: two replicas read different samples; ZeRO partitions over the 4 ranks holding the
+    same parameters, so the model states are those of 4 data-parallel ranks without Ulysses."""
+    c = GPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=256, max_position_embeddings=256,
+                  padded_vocab_size=512)
+    ulysses = TrainingSetup(world_size=8, micro_batch_size=1, tensor_parallel_size=2, sequence_parallel_size=2,
+                            zero_stage=3)
+    assert (ulysses.data_parallel_size, ulysses.zero_partitions) == (2, 4)
+    replicas = TrainingSetup(world_size=4, micro_batch_size=1, tensor_parallel_size=1, zero_stage=3)
+    model_states = ("params", "grads", "optim", "offloaded")
+    tp4 = replace(replicas, world_size=8, tensor_parallel_size=2)
+    assert [memory_per_rank(c, ulysses)[k] for k in model_states] == [memory_per_rank(c, tp4)[k] for k in model_states]
+    assert zero_traffic_per_step(c, ulysses)["all_gather"] == zero_traffic_per_step(c, tp4)["all_gather"]
+    # TP's all-reduces carry the rank's 128 tokens, those of a sequence half as long without Ulysses
+    half = replace(c, seq_length=128)
+    assert zero_traffic_per_step(c, ulysses)["all_reduce"] == zero_traffic_per_step(half, tp4)["all_reduce"]
+
+
+@pytest.mark.parametrize("recompute, dropout", [(False, 0.0), (False, 0.1), (True, 0.0)])
+def test_ulysses_activations_by_hand(recompute, dropout):
+    """Under Ulysses N each rank keeps s/N tokens outside attention; inside it the whole sequence for a/N heads:
+    q, k, v and the log-sum-exp as many bytes as s/N tokens of all heads, plus the fused kernel's output (s/N h e
+    per layer) before the reverse all-to-all; the CPU math kernel's a s^2 probabilities for a/N heads."""
+    c = GPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=256, max_position_embeddings=256,
+                  padded_vocab_size=512, hidden_dropout=dropout, attention_dropout=dropout)
+    for device in ("cpu", "cuda"):
+        serial = TrainingSetup(world_size=1, micro_batch_size=2, device=device, activation_recompute=recompute)
+        ulysses = replace(serial, world_size=4, sequence_parallel_size=4)
+        shorter = activation_bytes(replace(c, seq_length=64), serial)
+        extra = 0 if recompute else 2 * 2 * 64 * 64 * 4  # layers x b x s/N x h x fp32
+        if device == "cpu" and dropout and not recompute:  # probabilities: a/N heads over 256, not a over 64
+            extra = 2 * 4 * 2 * (256 * 256 / 4 - 64 * 64) * 3 * 4
+        assert activation_bytes(c, ulysses) == shorter + extra, device
+        assert memory_per_rank(c, ulysses)["output_buffer"] == memory_per_rank(replace(c, seq_length=64),
+                                                                               serial)["output_buffer"]

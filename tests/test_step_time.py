@@ -362,6 +362,25 @@ def test_pipeline_bubble_and_model_parallel_link():
     assert 0 < mp_only.communication < whole.communication
 
 
+def test_ulysses_ranks_share_the_sequences_compute_and_add_their_all_to_alls():
+    """SP=2 on 2 ranks: one replica of 2 sequences, each rank computes half of them (the layer FLOPs of
+    test_predicted_step_time_stage1_on_gloo's 4 sequences, a quarter per rank); ZeRO-1 partitions over both ranks
+    as with DP=2; and 8 all-to-alls of the [2, 4, 16] fp32 slice (512 bytes, half of it sent) at the all-gather's
+    cost."""
+    sp2 = setup(zero_stage=1, sequence_parallel_size=2)
+    ulysses = predict_step_time(CONFIG, sp2, 0, RATES, GLOO, BUCKETS, overlap_comm=False)
+    replicas = predict_step_time(CONFIG, setup(zero_stage=1), 0, RATES, GLOO, BUCKETS, overlap_comm=False)
+    assert ulysses.compute == pytest.approx(417792 / 2 / 1e9 + 2232 * 1e-8)
+    assert ulysses.communication == pytest.approx(replicas.communication + 8 * 1e-4 + 8 * 256 * 1.62 / 25e6)
+    recomputed = predict_step_time(CONFIG, replace(sp2, activation_recompute=True), 0, RATES, GLOO, BUCKETS,
+                                   overlap_comm=False)
+    assert recomputed.communication == pytest.approx(replicas.communication + 12 * 1e-4 + 12 * 256 * 1.62 / 25e6)
+    # priced on the model-parallel link where there is one: all of it on a free data-parallel link
+    free = link_costs_from_flags("nccl", bandwidth_gbps=1e12, latency_us=0)
+    on_nvlink = predict_step_time(CONFIG, sp2, 0, RATES, free, BUCKETS, overlap_comm=False, model_parallel_link=GLOO)
+    assert on_nvlink.communication == pytest.approx(8 * 1e-4 + 8 * 256 * 1.62 / 25e6, rel=1e-6)
+
+
 @pytest.mark.parametrize("environ, skipped", [({}, False), ({"ZERO_LAB_SKIP_PROBES": "0"}, False),
                                               ({"ZERO_LAB_SKIP_PROBES": "1"}, True)])
 def test_zero_lab_skip_probes_says_whether_to_probe(environ, skipped):

@@ -172,13 +172,26 @@ def test_sp2_gives_the_serial_losses_at_zero_1_and_3(ulysses_runs):
 def test_the_comm_line_counts_the_all_to_alls_as_predicted(ulysses_runs):
     """4 all-to-alls per layer and pass of the [2, 32, 128] fp32 slice, half of it sent: 2 layers x 8 x 16 KiB x 4
     micro-batches = 1 MiB a step; the serial run has none."""
-    setup = TrainingSetup(world_size=2, micro_batch_size=2, gradient_accumulation_steps=4)
-    predicted = ulysses_all_to_all_per_step(TINY_AT_64, setup, 2)
+    setup = TrainingSetup(world_size=2, micro_batch_size=2, gradient_accumulation_steps=4, sequence_parallel_size=2)
+    predicted = ulysses_all_to_all_per_step(TINY_AT_64, setup)
     assert predicted == 2 * 8 * 2 * 32 * 128 * 4 / 2 * 4 == 2**20
     for name in ("first", "zero3"):
         measured = [float(value) * MB for value in re.findall(r"\| all_to_all=(\S+)MB \|", ulysses_runs[name])]
         assert len(measured) >= 3 and measured == pytest.approx([predicted] * len(measured), abs=0.001 * MB), name
     assert "all_to_all=" not in ulysses_runs["serial"]
+
+
+@pytest.mark.slow
+def test_the_model_state_line_predicts_the_ulysses_activations(ulysses_runs):
+    """Each SP=2 rank keeps half a sequence's activations (and the attention's whole sequence for half the heads):
+    the model-state line's measured activations beside the estimate, which partitions ZeRO over both ranks."""
+    for name in ("first", "zero3"):
+        line = next(line for line in ulysses_runs[name].splitlines() if "model state memory per rank" in line)
+        measured, predicted = (float(value) for value in re.findall(r" activations=(\S+)", line))
+        assert measured == pytest.approx(predicted, rel=0.15), line
+        assert "dp=2," in line
+    serial = next(line for line in ulysses_runs["serial"].splitlines() if "model state memory per rank" in line)
+    assert float(re.findall(r" activations=(\S+)", serial)[0]) > 1.6 * measured
 
 
 @pytest.mark.slow

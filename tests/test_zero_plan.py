@@ -368,3 +368,66 @@ def test_zero1_in_bf16_says_it_runs_deepspeeds_bf16_optimizer(capsys):
     for other in (["--precision", "fp16"], ["--pp", "2", "--precision", "fp32"]):
         code, out, _ = tool_in_process(capsys, "zero_plan.py", *EXAMPLE, *other)
         assert code == 0 and "BF16_Optimizer" not in out
+
+
+def _zero_plan_module():
+    import importlib.util
+
+    from conftest import REPO_ROOT
+    spec = importlib.util.spec_from_file_location("zero_plan", REPO_ROOT / "tools" / "zero_plan.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LONG = ["--model-size", "1.3B", "--gpus", "8", "--gpu-memory", "80GB", "--use-rotary-position-embeddings",
+        "--recompute"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--ds-sequence-parallel-size", "3", "--seq-length", "3072"],
+     "error: --num-attention-heads 16 (16 per tensor-parallel rank) is not divisible by --ds-sequence-parallel-size 3: "
+     "each rank attends over whole heads"),
+    (["--ds-sequence-parallel-size", "8", "--seq-length", "1000004"],
+     "error: --seq-length 1000004 is not divisible by --ds-sequence-parallel-size 8: each rank holds an equal slice"),
+    (["--ds-sequence-parallel-size", "16", "--seq-length", "4096"],
+     "error: world size 8 is not divisible by --tensor-model-parallel-size 1 x --pipeline-model-parallel-size 1 x "
+     "--ds-sequence-parallel-size 16"),
+])
+def test_an_sp_size_that_cannot_split_is_refused_in_one_line(capsys, extra, message):
+    code, out, err = tool_in_process(capsys, "zero_plan.py", *LONG, *extra)
+    assert code == 1 and out == ""
+    assert err == message + "\n"
+
+
+def test_the_longest_sequence_that_fits_each_option(capsys):
+    """A million tokens over 8 GPUs with Ulysses: each option's longest sequence fits the 72 GB left (80 GB less
+    10%) and one more slice of 8 tokens does not, by megatron/model/accounting/ at micro-batch 1; SP=8 holds s/8 of
+    every activation, so the whole sequence fits about 8 times longer than at SP=1 where activations dominate."""
+    from dataclasses import replace
+
+    from megatron.model import accounting
+    args = [*LONG, "--seq-length", "1048576", "--ds-sequence-parallel-size", "8"]
+    code, out, err = tool_in_process(capsys, "zero_plan.py", *args)
+    assert code == 0 and err == ""
+    assert out.startswith("1.3B: 1.31B parameters, seq 1048576, micro batch 1, 8 GPUs (TP=1, PP=1, SP=8), bf16\n")
+    assert ("longest sequence that fits 72.0 GB per GPU (micro batch 1, with recomputation, rotary positions, "
+            "SP=8):\n  DP  ") in out
+    plans = {p["option"]: p for p in plan_json(capsys, *args)["plans"]}
+    zero_plan = _zero_plan_module()
+    config = zero_plan.model_config(zero_plan.parse_args(args))
+    for label, stage, offload_optimizer, offload_params, device in zero_plan.OPTIONS:
+        longest = plans[label]["longest_seq"]
+        assert longest % 8 == 0 and plans[label]["fits"] == (longest >= 1048576)
+        setup = accounting.TrainingSetup(world_size=8, micro_batch_size=1, sequence_parallel_size=8, precision="bf16",
+                                         zero_stage=stage, offload_optimizer=offload_optimizer,
+                                         offload_params=offload_params, activation_recompute=True)
+        gb = [accounting.memory_per_rank(replace(config, seq_length=s, max_position_embeddings=s), setup)["total"]
+              / 2**30 for s in (longest, longest + 8)]
+        assert gb[0] <= 72.0 < gb[1], label
+    assert plans["DP"]["longest_seq"] < plans["Z3"]["longest_seq"] < plans["Z3 + full offload"]["longest_seq"]
+    serial = {p["option"]: p for p in plan_json(capsys, *LONG, "--seq-length", "4096")["plans"]}
+    ratio = plans["Z3 + full offload"]["longest_seq"] / serial["Z3 + full offload"]["longest_seq"]
+    assert 7.5 < ratio <= 8.0
+    assert plans["Z3"]["activations_gb"] == pytest.approx(
+        accounting.activation_bytes(config, setup) / 2**30, rel=1e-6)

@@ -43,7 +43,9 @@ from megatron.model.accounting.step_time import (  # noqa: E402
     StepTime,
     hierarchical_link_costs,
     messages_per_step,
+    model_parallel_alone,
     predict_step_time,
+    ulysses_seconds,
 )
 from megatron.model.presets import MODEL_PRESETS  # noqa: E402
 
@@ -126,6 +128,7 @@ class Plan:
     pcie_gb: float
     nvme_gb: float
     fits: bool
+    longest_seq: int  # the longest --seq-length that fits at micro-batch 1 (`longest_sequence`); 0: none
     # with --gpu: the predicted step (ms) by part, exposed communication (less what overlaps), and its rates
     step_ms: float | None = None
     compute_ms: float | None = None
@@ -188,7 +191,7 @@ def model_config(ns: argparse.Namespace) -> GPTConfig:
     padded = -(-ns.vocab_size // multiple) * multiple
     config = GPTConfig(**shape, seq_length=ns.seq_length, max_position_embeddings=ns.seq_length,
                        padded_vocab_size=padded, recompute_activations=ns.recompute,
-                       sequence_parallel=ns.sequence_parallel)
+                       sequence_parallel=ns.sequence_parallel, use_rotary_position_embeddings=ns.rotary)
     # layers that do not divide into the stages are split unevenly (stage_config), as Megatron-DeepSpeed does
     problems = [p for p in parallel_shape_problems(config, ns.tp, ns.pp) if not p.startswith("--num-layers")]
     if config.num_layers < ns.pp:
@@ -196,7 +199,25 @@ def model_config(ns: argparse.Namespace) -> GPTConfig:
                         "every stage needs a layer")
     if problems:
         raise ModelConfigError(problems[0])
+    ulysses_problem(config, ns)
     return config
+
+
+def ulysses_problem(config: GPTConfig, ns: argparse.Namespace) -> None:
+    """Refuse, in one line, a DeepSpeed-Ulysses size the training would refuse (docs/long-sequences.md)."""
+    sp, heads = ns.sp, config.num_attention_heads // ns.tp
+    flag = f"--ds-sequence-parallel-size {sp}"
+    if sp < 1:
+        raise PlanError(f"--ds-sequence-parallel-size must be >= 1, got {sp}")
+    if heads % sp:
+        raise PlanError(f"--num-attention-heads {config.num_attention_heads} ({heads} per tensor-parallel rank) is "
+                        f"not divisible by {flag}: each rank attends over whole heads")
+    if ns.seq_length % sp:
+        raise PlanError(f"--seq-length {ns.seq_length} is not divisible by {flag}: each rank holds an equal slice")
+    if sp > 1 and ns.pp > 1:
+        raise PlanError(f"{flag} cannot be combined with pipeline parallelism (--pp {ns.pp})")
+    if sp > 1 and ns.sequence_parallel:
+        raise PlanError(f"{flag} and --sequence-parallel (Megatron's, over the tensor-parallel group) are exclusive")
 
 
 def stage_config(config: GPTConfig, pp: int) -> GPTConfig:
@@ -245,15 +266,18 @@ def links(setup: accounting.TrainingSetup, hw: Hardware, gpus_per_node: int, nod
     """(the data-parallel group's link, the model-parallel one: TP's collectives, PP's sends) on `hw`: the
     data-parallel group's collectives hierarchically over NVLink and the node's link (NCCL's ring factors), TP's
     inside the node, a pipeline's sends across nodes once a stage fills a node. Megatron's rank order: TP ranks
-    adjacent, then DP, then PP."""
-    tp, dp = setup.tensor_parallel_size, setup.data_parallel_size
+    adjacent, then DeepSpeed-Ulysses' sequence ranks (their all-to-alls on that group), then DP, then PP; ZeRO's
+    collectives span the sequence and data-parallel ranks."""
+    tp, dp, sp = setup.tensor_parallel_size, setup.zero_partitions, setup.sequence_parallel_size
     link = functools.partial(hierarchical_link_costs, "nccl", gpus_per_node=gpus_per_node,
                              intra_node_gbps=hw.intra_node_gbps, inter_node_gbps=hw.inter_node_gbps,
                              latency_us=hw.latency_us)
     data = link(dp, dp if tp * dp <= gpus_per_node else max(1, gpus_per_node // tp))
     tensor = link(tp, min(tp, gpus_per_node))
     pipe = link(2, 1 if nodes > 1 and tp * dp >= gpus_per_node else min(2, gpus_per_node))
-    return data, LinkCosts({**tensor.costs, "p2p": pipe.costs["p2p"], "broadcast": pipe.costs["broadcast"]}, "flags")
+    sequence = link(sp, sp if tp * sp <= gpus_per_node else max(1, gpus_per_node // tp))
+    return data, LinkCosts({**tensor.costs, "p2p": pipe.costs["p2p"], "broadcast": pipe.costs["broadcast"],
+                            "all_to_all": sequence.costs["all_gather"]}, "flags")
 
 
 def rates(setup: accounting.TrainingSetup, hw: Hardware, gpus_per_node: int) -> ComputeRates:
@@ -325,12 +349,13 @@ class StepParts:
 def layer_memory_bytes(config: GPTConfig, setup: accounting.TrainingSetup) -> float:
     """Bytes one layer's forward writes on a TP rank for one micro-batch, Korthikanti et al. 2022's count with
     unfused attention (as the 2021-2022 codebases of the published runs ran it): s b h (10 + 24/t) + 5 a s^2 b / t
-    in 16-bit, the 10 split over TP too under sequence parallelism. The memory-bound kernels read and write
-    about these bytes; `Calibration.memory_passes` says how many times."""
+    in 16-bit, the 10 split over TP too under sequence parallelism; under DeepSpeed-Ulysses (N) s/N tokens, and
+    the a s^2 scores for a/N heads. The memory-bound kernels read and write about these bytes;
+    `Calibration.memory_passes` says how many times."""
     s, b, h, a = config.seq_length, setup.micro_batch_size, config.hidden_size, config.num_attention_heads
-    t = setup.tensor_parallel_size
+    t, n = setup.tensor_parallel_size, setup.sequence_parallel_size
     replicated = 10 / t if setup.sequence_parallel else 10
-    return (s * b * h * (replicated + 24 / t) + 5 * a * s * s * b / t) * setup.element_bytes / 2
+    return (s / n * b * h * (replicated + 24 / t) + 5 * a * s * s * b / t / n) * setup.element_bytes / 2
 
 
 def step_parts(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware, gpus_per_node: int,
@@ -345,14 +370,14 @@ def step_parts(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware,
     sequences = setup.micro_batch_size * g * setup.data_parallel_size
     matmul = accounting.hardware_flops_per_iteration(config, sequences) / setup.world_size / (
         hw.peak_tflops * 1e12 * hw.efficiency)
-    alone = replace(setup, world_size=tp * pp)  # what the layout sends without data parallelism
-    traffic, messages = accounting.zero_traffic_per_step(config, alone, stage), messages_per_step(config, alone,
-                                                                                                   stage, {})
+    config_alone, alone = model_parallel_alone(config, setup)  # what the layout sends without data parallelism
+    traffic = accounting.zero_traffic_per_step(config_alone, alone, stage)
+    messages = messages_per_step(config_alone, alone, stage, {})
     bound_model_parallel = sum(model.costs[kind].seconds(traffic[kind], messages[kind])
-                               for kind in accounting.TRAFFIC_KINDS)
+                               for kind in accounting.TRAFFIC_KINDS) + ulysses_seconds(config, setup, model)
     layers = config.num_layers // pp
     recomputed = 2 * layers * g if setup.activation_recompute and tp > 1 else 0  # the recomputed forward's two
-    activation = setup.micro_batch_size * config.seq_length * config.hidden_size * setup.element_bytes
+    activation = setup.micro_batch_size * config_alone.seq_length * config.hidden_size * setup.element_bytes
     model_parallel = bound_model_parallel + model.costs["all_reduce"].seconds(
         recomputed * 2 * (tp - 1) / tp * activation, recomputed)
     memory = (3 + setup.activation_recompute) * layers * g * layer_memory_bytes(config, setup) / hw.kind.hbm_bytes_per_s
@@ -366,13 +391,13 @@ def training_setup(ns: argparse.Namespace, accumulation: int, stage: int, offloa
     return accounting.TrainingSetup(
         world_size=ns.gpus * ns.nodes, micro_batch_size=ns.micro_batch_size, gradient_accumulation_steps=accumulation,
         tensor_parallel_size=ns.tp, pipeline_parallel_size=ns.pp, sequence_parallel=ns.sequence_parallel,
-        precision=ns.precision, zero_stage=stage, offload_optimizer=offload_optimizer,
+        sequence_parallel_size=ns.sp, precision=ns.precision, zero_stage=stage, offload_optimizer=offload_optimizer,
         offload_params=offload_params, offload_device=device, activation_recompute=ns.recompute)
 
 
 def plan(config: GPTConfig, ns: argparse.Namespace) -> list[Plan]:
     world = ns.gpus * ns.nodes
-    layout = ParallelLayout(world, ns.tp, ns.pp)
+    layout = ParallelLayout(world, ns.tp, ns.pp, ns.sp)
     _, accumulation = batch_split(layout, ns.micro_batch_size, ns.global_batch_size)
     total_params = accounting.count_parameters(config)
     busiest = stage_config(config, ns.pp)
@@ -391,8 +416,44 @@ def plan(config: GPTConfig, ns: argparse.Namespace) -> list[Plan]:
                           total_gb=memory["total"] / GB, offloaded_gb=memory["offloaded"] / GB,
                           traffic_gb=traffic / GB, bytes_per_param=traffic / total_params,
                           pcie_gb=moved["pcie"] / GB, nvme_gb=moved["nvme"] / GB,
-                          fits=memory["total"] / GB <= ns.usable_gb, **timing(config, busiest, setup, ns)))
+                          fits=memory["total"] / GB <= ns.usable_gb, longest_seq=longest_sequence(busiest, setup, ns),
+                          **timing(config, busiest, setup, ns)))
     return plans
+
+
+def longest_sequence(busiest: GPTConfig, setup: accounting.TrainingSetup, ns: argparse.Namespace) -> int:
+    """The longest sequence whose predicted memory fits ns.usable_gb on every GPU of the option `setup`, at
+    micro-batch 1 and the plan's recomputation: a multiple of the DeepSpeed-Ulysses size, found by doubling and
+    then halving the step (memory grows with the length; learned positions grow the table too). 0: none fits."""
+    one = replace(setup, micro_batch_size=1)
+    sp = setup.sequence_parallel_size
+
+    def fits(slices: int) -> bool:
+        length = slices * sp
+        config = replace(busiest, seq_length=length, max_position_embeddings=length)
+        return all(accounting.memory_per_rank(config, one, stage)["total"] / GB <= ns.usable_gb
+                   for stage in range(setup.pipeline_parallel_size))
+
+    if not fits(1):
+        return 0
+    low = 1
+    while low < 2**40 and fits(2 * low):
+        low *= 2
+    step = low // 2
+    while step:  # low fits, 2 low does not: add the largest steps that still fit
+        low += step if fits(low + step) else 0
+        step //= 2
+    return low * sp
+
+
+def longest_table(plans: list[Plan], ns: argparse.Namespace) -> str:
+    """How long a sequence fits per GPU, option by option."""
+    positions = "rotary positions" if ns.rotary else "learned positions"
+    lines = [f"longest sequence that fits {ns.usable_gb:.1f} GB per GPU (micro batch 1, "
+             f"{'with' if ns.recompute else 'without'} recomputation, {positions}, SP={ns.sp}):"]
+    width = max(len(p.option) for p in plans)
+    lines += [f"  {p.option.ljust(width)}  {f'{p.longest_seq:,}' if p.longest_seq else 'none'}" for p in plans]
+    return "\n".join(lines)
 
 
 def timing(config: GPTConfig, busiest: GPTConfig, setup: accounting.TrainingSetup, ns: argparse.Namespace) -> dict:
@@ -447,7 +508,7 @@ def published_run_parts(run: dict) -> StepParts:
     ns = parse_args(published_run_args(run))
     ns.hardware = hardware(ns)
     config = model_config(ns)
-    _, accumulation = batch_split(ParallelLayout(ns.gpus * ns.nodes, ns.tp, ns.pp), ns.micro_batch_size,
+    _, accumulation = batch_split(ParallelLayout(ns.gpus * ns.nodes, ns.tp, ns.pp, ns.sp), ns.micro_batch_size,
                                   ns.global_batch_size)
     _, stage, offload_optimizer, offload_params, device = next(o for o in OPTIONS if o[0] == published_run_option(run))
     setup = training_setup(ns, accumulation, stage, offload_optimizer, offload_params, device)
@@ -627,6 +688,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tp", "--tensor-model-parallel-size", dest="tp", type=int, default=1)
     parser.add_argument("--pp", "--pipeline-model-parallel-size", dest="pp", type=int, default=1)
     parser.add_argument("--sequence-parallel", action="store_true")
+    parser.add_argument("--ds-sequence-parallel-size", dest="sp", type=int, default=1,
+                        help="DeepSpeed-Ulysses: split each sequence over this many GPUs (default: 1)")
+    parser.add_argument("--use-rotary-position-embeddings", dest="rotary", action="store_true",
+                        help="rotary positions: no learned position table, which would grow with --seq-length")
     parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
     parser.add_argument("--recompute", "--checkpoint-activations", dest="recompute", action="store_true",
                         help="full activation recomputation")
@@ -670,11 +735,13 @@ def main(argv: list[str] | None = None) -> int:
                           "why": why, "checkpoint": checkpointing, "notes": notes(config, ns, plans)}, indent=2))
         return 0
     name = ns.model_size or f"{config.num_layers} layers x {config.hidden_size}"
+    layout = f"TP={ns.tp}, PP={ns.pp}" + (f", SP={ns.sp}" if ns.sp > 1 else "")
     print(f"{name}: {accounting.count_parameters(config) / 1e9:.2f}B parameters, seq {ns.seq_length}, micro batch "
-          f"{ns.micro_batch_size}, {ns.gpus * ns.nodes} GPUs (TP={ns.tp}, PP={ns.pp}), {ns.precision}\n")
+          f"{ns.micro_batch_size}, {ns.gpus * ns.nodes} GPUs ({layout}), {ns.precision}\n")
     print(table(plans, ns.usable_gb))
+    print("\n" + longest_table(plans, ns))
     if hw is not None:
-        _, accumulation = batch_split(ParallelLayout(ns.gpus * ns.nodes, ns.tp, ns.pp), ns.micro_batch_size,
+        _, accumulation = batch_split(ParallelLayout(ns.gpus * ns.nodes, ns.tp, ns.pp, ns.sp), ns.micro_batch_size,
                                       ns.global_batch_size)
         print(f"\nstep time on {ns.nodes} x {ns.gpus} {hw.gpu}: {hw.peak_tflops:g} TFLOP/s {ns.precision} peak x "
               f"{hw.efficiency:g}, {hw.intra_node_gbps:g} Gbit/s inside a node, {hw.inter_node_gbps:g} Gbit/s per "

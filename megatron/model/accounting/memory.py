@@ -83,7 +83,7 @@ def gradient_elements_held(config: GPTConfig, setup: TrainingSetup, stage: int =
     (zero_model_state_estimate counts it off the accelerator). In bf16 the gradients accumulate in fp32 (gradient_bytes_per_element): stage 1's
     bf16 optimizer keeps every gradient, stage 2 an fp32 buffer of exactly its partition of each group."""
     sizes = parameter_groups_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
-    every, dp = sum(map(sum, sizes)), setup.data_parallel_size
+    every, dp = sum(map(sum, sizes)), setup.zero_partitions
     if setup.offload_optimizer and setup.zero_stage in (1, 2):
         return 0  # each reduced bucket goes straight to the host's fp32 gradient partition
     if setup.zero_stage == 0 or (setup.zero_stage == 1 and (setup.gradient_accumulation_steps > 1
@@ -127,26 +127,31 @@ def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
     """What one transformer layer keeps for the backward of one micro-batch (see activation_bytes)."""
     s, b, h, a = config.seq_length, setup.micro_batch_size, config.hidden_size, config.num_attention_heads
     e, tp, on_cpu = setup.element_bytes, setup.tensor_parallel_size, setup.device == "cpu"
+    n = setup.sequence_parallel_size
+    t = s / n  # tokens of each sequence on this rank: under Ulysses every activation outside attention holds s/N
     sequence_split = tp if setup.sequence_parallel else 1
     if on_cpu and config.attention_dropout > 0:
         # SDPA's math kernel (CPU attention with dropout) computes in fp32 whatever the input dtype: fp32
-        # copies of q, k, v and the softmax output, its dropout mask and the dropped probabilities (a s^2 b)
-        attention_inputs, attention = 3 * 4, a * s * s * b * 3 * 4 / tp
+        # copies of q, k, v and the softmax output, its dropout mask and the dropped probabilities (a s^2 b;
+        # under Ulysses the whole sequence's for a/N heads)
+        attention_inputs, attention = 3 * 4, a * s * s * b * 3 * 4 / tp / n
     else:
         # a fused kernel (CUDA, or CPU without attention dropout) keeps q, k, v (views of the QKV output), its
-        # output (laid out so that it is the output projection's input, counted below) and an fp32 log-sum-exp
-        attention_inputs, attention = 3 * e, 4 * a * s * b / tp
+        # output (laid out so that it is the output projection's input, counted below) and an fp32 log-sum-exp.
+        # Under Ulysses q, k and v are the all-to-all's [s, a/N] outputs (t h elements each, as before) and the
+        # kernel's output is a tensor of its own beside the projection's input that the reverse all-to-all makes
+        attention_inputs, attention = 3 * e, 4 * a * t * b / tp + (t * b * h * e / tp if n > 1 else 0)
     mask = _dropout_mask_bytes(config, setup)
     norm_statistics = e if on_cpu else 4  # LayerNorm's mean and 1/std: the input's dtype on CPU, fp32 on CUDA
     # split over TP: the attention inputs, the attention output projection's input (e), the MLP's GeLU
     # input and output (8e)
-    split = s * b * h * (attention_inputs + 9 * e) / tp
+    split = t * b * h * (attention_inputs + 9 * e) / tp
     # whole on every TP rank: the QKV and MLP inputs (the LayerNorms' outputs; under sequence parallelism
     # the column-parallel layers keep the gathered input, not their slice)
-    whole = s * b * h * 2 * e
+    whole = t * b * h * 2 * e
     # replicated unless sequence parallel: both LayerNorms' inputs, the two residual dropout masks, both
     # LayerNorms' mean and 1/std per token
-    replicated = (s * b * h * (2 * e + 2 * mask) + 2 * 2 * norm_statistics * s * b) / sequence_split
+    replicated = (t * b * h * (2 * e + 2 * mask) + 2 * 2 * norm_statistics * t * b) / sequence_split
     return split + whole + replicated + attention
 
 
@@ -161,8 +166,11 @@ def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) ->
     the final LayerNorm's input and statistics, the output layer's input, the labels and the loss's
     per-token sums on the last. Full recomputation keeps each layer's input instead of its activations
     (memory_per_rank adds the one layer recomputed at a time). Under 1F1B the first stage holds pp
-    micro-batches in flight, the last one."""
-    s, b, h = config.seq_length, setup.micro_batch_size, config.hidden_size
+    micro-batches in flight, the last one. Under DeepSpeed-Ulysses (setup.sequence_parallel_size N) each rank
+    keeps s/N tokens of everything outside the attention, and inside it the whole sequence for a/N heads, plus
+    under a fused kernel the attention output before the reverse all-to-all (s b h / N more per layer); the
+    all-to-alls keep nothing (measured on 2 CPU ranks, tests/test_memory.py)."""
+    s, b, h = config.seq_length // setup.sequence_parallel_size, setup.micro_batch_size, config.hidden_size
     e, on_cpu = setup.element_bytes, setup.device == "cpu"
     sequence_split = setup.tensor_parallel_size if setup.sequence_parallel else 1
     layers = config.num_layers // setup.pipeline_parallel_size
@@ -185,9 +193,10 @@ def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) ->
 def output_layer_buffer_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
     """The [micro batch x seq, vocab / tp] buffer of the fused output-layer loss on the last stage
     (megatron/core/tensor_parallel/cross_entropy.py): fp32 exps that become the logits' gradient,
-    plus the 16-bit logits (then their 16-bit gradient, in the same reused buffer) in bf16/fp16."""
+    plus the 16-bit logits (then their 16-bit gradient, in the same reused buffer) in bf16/fp16; under
+    DeepSpeed-Ulysses the rank's s/N positions only."""
     vocab_slice = config.padded_vocab_size // setup.tensor_parallel_size
-    rows_by_vocab = setup.micro_batch_size * config.seq_length * vocab_slice
+    rows_by_vocab = setup.micro_batch_size * config.seq_length // setup.sequence_parallel_size * vocab_slice
     return rows_by_vocab * (4 + (setup.element_bytes if setup.element_bytes != 4 else 0))
 
 
@@ -199,13 +208,13 @@ def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> 
     the optimizer offloaded the fp32 gradient partition it steps with and, at stage 3, the gradient partition
     it accumulates in host memory."""
     on_rank = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
-    args = (on_rank, setup.zero_stage, setup.data_parallel_size, setup.precision)
+    args = (on_rank, setup.zero_stage, setup.zero_partitions, setup.precision)
     held = dict(gradient_elements=gradient_elements_held(config, setup, stage),
                 gradient_bytes=gradient_bytes_per_element(setup))
     states = zero_model_state_estimate(*args, setup.offload_optimizer, setup.offload_params, **held)
     offloaded = zero_model_state_estimate(*args, **held)["total"] - states["total"]
     if setup.offload_optimizer:  # the optimizer steps on the host: an fp32 copy of the gradient partition there
-        offloaded += math.ceil(on_rank / setup.data_parallel_size) * 4
+        offloaded += math.ceil(on_rank / setup.zero_partitions) * 4
     activations = activation_bytes(config, setup, stage)
     recomputed = int(_layer_activation_bytes(config, setup)) if setup.activation_recompute else 0
     buffer = output_layer_buffer_bytes(config, setup) if stage == setup.pipeline_parallel_size - 1 else 0

@@ -9,7 +9,8 @@ link the user describes with flags), never the run's own step time.
               (+ the optimizer step, optimizer_step_s + partition elements x optimizer_s_per_element, when it runs
               on the rank)
     communication = sum over kinds of messages x latency_s + bytes sent x seconds_per_byte
-                    (ZeRO 1-2's gradient reduction at the cost of `reduce`, the op DeepSpeed issues for it)
+                    (ZeRO 1-2's gradient reduction at the cost of `reduce`, the op DeepSpeed issues for it;
+                    DeepSpeed-Ulysses' all-to-alls at the all-gather's)
     offload = host optimizer step + PCIe bytes / host_copy_bytes_per_s + NVMe bytes / nvme_bytes_per_s
     overlap = ZeRO's gradient reductions hidden behind the backward, and stage 3's prefetched parameter
               gathers behind the pass they serve (CUDA with overlap_comm; 0 on gloo)
@@ -29,6 +30,7 @@ from megatron.model.accounting.flops import hardware_flops_per_iteration, logit_
 from megatron.model.accounting.memory import runs_bf16_optimizer
 from megatron.model.accounting.parameters import parameters_on_rank
 from megatron.model.accounting.traffic import (TRAFFIC_KINDS, offload_transfer_per_step, reduces_to_owners,
+                                               ulysses_all_to_all_per_step, ulysses_all_to_alls_per_step,
                                                zero_traffic_per_step)
 from megatron.model.accounting.training_setup import AccountingError, TrainingSetup
 from megatron.model.config import GPTConfig
@@ -420,7 +422,7 @@ def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, b
     for stages 0-3 in fp32 and bf16 (tests/test_step_time_calibration.py); fp16, offload and CUDA's
     overlap_comm follow DeepSpeed's code unmeasured."""
     to_owners, buckets = reduces_to_owners(buckets), _bucket_sizes(buckets)
-    tp, pp, dp, g = (setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.data_parallel_size,
+    tp, pp, dp, g = (setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.zero_partitions,
                      setup.gradient_accumulation_steps)
     zero, mixed = setup.zero_stage, setup.precision != "fp32"
     modules = _modules(config, tp, pp, stage)
@@ -474,7 +476,7 @@ def stage3_gather_seconds(config: GPTConfig, setup: TrainingSetup, stage: int, l
     group (zero_traffic_per_step's 2 g P of all-gathers, `_stage3_gathers` calls per micro-batch; the persistent
     parameters' gathers after the step are left out); 0 below stage 3. With overlap_comm DeepSpeed 0.19.8 issues
     them on a side stream (partitioned_param_coordinator.py), the prefetched ones ahead of their module."""
-    if setup.zero_stage != 3 or setup.data_parallel_size == 1:
+    if setup.zero_stage != 3 or setup.zero_partitions == 1:
         return 0.0
     data_parallel = replace(setup, sequence_parallel=False)  # TP's all-gathers become all-reduces
     gathered = zero_traffic_per_step(config, data_parallel, stage)["all_gather"]
@@ -484,10 +486,27 @@ def stage3_gather_seconds(config: GPTConfig, setup: TrainingSetup, stage: int, l
 
 
 def optimizer_elements(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
-    """Parameter elements this rank's optimizer steps: its ZeRO partition (1/dp of its parameters, rounded up),
-    or all of them at stage 0."""
+    """Parameter elements this rank's optimizer steps: its ZeRO partition (1/(SP x DP) of its parameters, rounded
+    up), or all of them at stage 0."""
     params = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
-    return params if setup.zero_stage == 0 else math.ceil(params / setup.data_parallel_size)
+    return params if setup.zero_stage == 0 else math.ceil(params / setup.zero_partitions)
+
+
+def model_parallel_alone(config: GPTConfig, setup: TrainingSetup) -> tuple[GPTConfig, TrainingSetup]:
+    """The same layout without data parallelism: what its TP and PP collectives send alone. A DeepSpeed-Ulysses
+    rank's TP collectives carry its s/N tokens, so its sequence ranks become a shorter sequence."""
+    alone = replace(setup, world_size=setup.tensor_parallel_size * setup.pipeline_parallel_size,
+                    sequence_parallel_size=1)
+    return replace(config, seq_length=config.seq_length // setup.sequence_parallel_size), alone
+
+
+def ulysses_seconds(config: GPTConfig, setup: TrainingSetup, link: LinkCosts) -> float:
+    """Seconds of DeepSpeed-Ulysses' all-to-alls in a step (traffic.py's bytes and calls: 4 per attention layer and
+    pass), at the link's "all_to_all" cost where it has one (tools/zero_plan.py's sequence group), else at its
+    all-gather's: the start-up probe times no all-to-all, and like an all-gather's each rank's (n-1)/n of the
+    buffer goes to the group's other ranks; 0 without Ulysses."""
+    cost = link.costs.get("all_to_all", link.costs["all_gather"])
+    return cost.seconds(ulysses_all_to_all_per_step(config, setup), ulysses_all_to_alls_per_step(config, setup))
 
 
 def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates: ComputeRates, link: LinkCosts,
@@ -496,12 +515,14 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     """Seconds of one optimizer step of a rank of pipeline `stage` (the module docstring gives the formula).
 
     compute: the rank's hardware FLOPs, hardware_flops_per_iteration over the global batch (recomputed forwards
-    included) / world size, the layers' at rates.flops_per_s and the output layer's at rates.output_flops_per_s;
+    included) / world size (under DeepSpeed-Ulysses each of the N sequence ranks computes 1/N of its sequences),
+    the layers' at rates.flops_per_s and the output layer's at rates.output_flops_per_s;
     plus the engine's passes over the gradients (gradient_pass_seconds); plus the optimizer's step,
     rates.optimizer_step_s and optimizer_elements at rates.optimizer_s_per_element, unless the optimizer is
     offloaded. communication: per
     kind, link.costs[kind] of zero_traffic_per_step's bytes and messages_per_step's messages (a pipeline's bubble is not modelled), the
-    data-parallel gradient reduction at link.gradient_reduction(gradient_reduction_op(setup, buckets)).
+    data-parallel gradient reduction at link.gradient_reduction(gradient_reduction_op(setup, buckets)), and
+    DeepSpeed-Ulysses' all-to-alls (ulysses_seconds, on `model_parallel_link` where given).
     offload: with the optimizer offloaded, its step on the host over the same elements; and
     offload_transfer_per_step's PCIe bytes at rates.host_copy_bytes_per_s and NVMe bytes at
     rates.nvme_bytes_per_s. overlap: with overlap_comm on CUDA, ZeRO 1-3's gradient reductions (the
@@ -527,9 +548,9 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     if model_parallel_link is None:
         communication = sum(link.costs[kind].seconds(traffic[kind], messages[kind]) for kind in TRAFFIC_KINDS)
     else:  # without data parallelism only the TP and PP terms are left; the rest is the data-parallel group's
-        alone = replace(setup, world_size=setup.tensor_parallel_size * setup.pipeline_parallel_size)
-        mp_traffic, mp_messages = zero_traffic_per_step(config, alone, stage), messages_per_step(config, alone, stage,
-                                                                                                  buckets)
+        config_alone, alone = model_parallel_alone(config, setup)
+        mp_traffic = zero_traffic_per_step(config_alone, alone, stage)
+        mp_messages = messages_per_step(config_alone, alone, stage, buckets)
         communication = sum(model_parallel_link.costs[kind].seconds(mp_traffic[kind], mp_messages[kind])
                             + link.costs[kind].seconds(traffic[kind] - mp_traffic[kind],
                                                        messages[kind] - mp_messages[kind]) for kind in TRAFFIC_KINDS)
@@ -540,6 +561,7 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
                  messages_per_step(config, data_parallel, stage, buckets)["reduce_scatter"])
     reduction_seconds = link.gradient_reduction(gradient_reduction_op(setup, buckets)).seconds(*reduction)
     communication += reduction_seconds - link.costs["reduce_scatter"].seconds(*reduction)
+    communication += ulysses_seconds(config, setup, model_parallel_link or link)
     transfers = offload_transfer_per_step(config, setup, stage)
     if transfers["nvme"] and rates.nvme_bytes_per_s is None:
         raise AccountingError("the run offloads to NVMe but the compute probe measured no NVMe rate "

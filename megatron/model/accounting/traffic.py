@@ -31,18 +31,22 @@ def reduces_to_owners(zero: dict | None) -> bool:
     return zero.get("reduce_scatter", True) and not zero.get("use_multi_rank_bucket_allreduce", True)
 
 
-def ulysses_all_to_all_per_step(config: GPTConfig, setup: TrainingSetup, sequence_parallel_size: int) -> float:
-    """Bytes one rank sends per step through DeepSpeed-Ulysses' all-to-alls (--ds-sequence-parallel-size N,
+def ulysses_all_to_alls_per_step(config: GPTConfig, setup: TrainingSetup) -> int:
+    """All-to-alls one rank issues per step under DeepSpeed-Ulysses (ulysses_all_to_all_per_step's)."""
+    if setup.sequence_parallel_size == 1:
+        return 0
+    return config.num_layers * (12 if setup.activation_recompute else 8) * setup.gradient_accumulation_steps
+
+
+def ulysses_all_to_all_per_step(config: GPTConfig, setup: TrainingSetup) -> float:
+    """Bytes one rank sends per step through DeepSpeed-Ulysses' all-to-alls (setup.sequence_parallel_size N,
     docs/long-sequences.md): 4 per attention layer in the forward (q, k, v to whole sequences, the output back) and
     4 in the backward (their gradients), each of the rank's [micro batch, seq / N, hidden / tp] activation, of which
     (N-1)/N leaves the rank; a recomputed forward (--checkpoint-activations) runs its 4 again. Every micro-batch."""
-    n = sequence_parallel_size
-    if n == 1:
-        return 0.0
+    n = setup.sequence_parallel_size
     activation = (setup.micro_batch_size * (config.seq_length // n) * (config.hidden_size // setup.tensor_parallel_size)
                   * setup.element_bytes)
-    per_layer = (12 if setup.activation_recompute else 8) * activation * (n - 1) / n
-    return config.num_layers * per_layer * setup.gradient_accumulation_steps
+    return ulysses_all_to_alls_per_step(config, setup) * activation * (n - 1) / n
 
 
 def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0,
@@ -51,9 +55,9 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
     megatron/comm_counter.py's definition of "sent" (docs/zero-tradeoff.md).
 
     Data parallelism over the rank's P parameters (the ZeRO paper's volumes, in the gradient dtype,
-    times (n-1)/n for n data-parallel ranks): stage 0 all-reduces the gradients once per step (2P);
-    stage 1 reduces each gradient partition to its owner and all-gathers the updated parameters (P + P),
-    except under DeepSpeed's bf16 optimizer (runs_bf16_optimizer), which all-reduces the whole fp32
+    times (n-1)/n for the n ranks holding the same parameters: the data-parallel ones times DeepSpeed-Ulysses'
+    sequence ranks): stage 0 all-reduces the gradients once per step (2P); stage 1 reduces each gradient
+    partition to its owner and all-gathers the updated parameters (P + P), except under DeepSpeed's bf16 optimizer (runs_bf16_optimizer), which all-reduces the whole fp32
     gradient buffer, cast to bf16 (DeepSpeed's communication dtype), then all-gathers the updated bf16
     parameters (2P + P; measured on 2 CPU ranks, tests/test_bf16_traffic.py); stage 2 keeps only its
     gradient partition, so it reduces at every micro-batch (g P + P with g micro-batches per step; in
@@ -69,7 +73,7 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
     `zero`: the DeepSpeed config's zero_optimization section; where it leaves ZeRO 1-2 all-reducing each
     bucket (`reduces_to_owners`), their gradient reductions are all-reduces of twice the volume."""
     traffic = dict.fromkeys(TRAFFIC_KINDS, 0.0)
-    tp, pp, dp, g = (setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.data_parallel_size,
+    tp, pp, dp, g = (setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.zero_partitions,
                      setup.gradient_accumulation_steps)
     size = parameters_on_rank(config, tp, pp, stage) * setup.element_bytes
     share = _ring_share(dp) * size
@@ -88,7 +92,8 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
     else:
         traffic["reduce_scatter"] += g * share
         traffic["all_gather"] += 2 * g * share
-    activation = setup.micro_batch_size * config.seq_length * config.hidden_size * setup.element_bytes
+    tokens = config.seq_length // setup.sequence_parallel_size  # a sequence's tokens on the rank
+    activation = setup.micro_batch_size * tokens * config.hidden_size * setup.element_bytes
     if tp > 1:
         # 4 per layer, the embedding's output on the first stage, the output layer's input on the last
         all_reduces = 4 * (config.num_layers // pp) + (stage == 0) + (stage == pp - 1)
@@ -114,7 +119,7 @@ def offload_transfer_per_step(config: GPTConfig, setup: TrainingSetup, stage: in
     backward of each micro-batch) reads the partition from the host. On NVMe the optimizer states are
     read and written once per step and parameter partitions read at every gather and written once."""
     partition = math.ceil(parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size,
-                                             stage) / setup.data_parallel_size)
+                                             stage) / setup.zero_partitions)
     e, g = setup.element_bytes, setup.gradient_accumulation_steps
     reductions = 1 if setup.zero_stage <= 1 else g
     pcie = nvme = 0.0
@@ -123,8 +128,8 @@ def offload_transfer_per_step(config: GPTConfig, setup: TrainingSetup, stage: in
     if setup.offload_params:
         pcie += 2 * g * partition * e
     if setup.offload_device == "nvme":
-        states = zero_model_state_estimate(partition * setup.data_parallel_size, setup.zero_stage,
-                                           setup.data_parallel_size, setup.precision)
+        states = zero_model_state_estimate(partition * setup.zero_partitions, setup.zero_stage,
+                                           setup.zero_partitions, setup.precision)
         nvme += 2 * states["optim"] if setup.offload_optimizer else 0
         nvme += (2 * g + 1) * partition * e if setup.offload_params else 0
     return dict(pcie=pcie, nvme=nvme)

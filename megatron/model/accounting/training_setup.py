@@ -23,7 +23,10 @@ class TrainingSetup:
     gradient_accumulation_steps: int = 1
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
-    sequence_parallel: bool = False
+    sequence_parallel: bool = False  # Megatron's, inside the TP group
+    # DeepSpeed-Ulysses' N (--ds-sequence-parallel-size): each of N ranks holds s/N of every sequence and, inside
+    # the attention, the whole sequence for a/N heads; ZeRO partitions over these N x the data-parallel ranks
+    sequence_parallel_size: int = 1
     precision: str = "fp32"
     zero_stage: int = 0
     offload_optimizer: bool = False
@@ -36,12 +39,12 @@ class TrainingSetup:
     device: str = "cuda"
 
     def __post_init__(self):
-        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
+        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size * self.sequence_parallel_size
         if min(self.world_size, self.micro_batch_size, self.gradient_accumulation_steps, model_parallel) < 1:
-            raise AccountingError("world size, micro batch, gradient accumulation, TP and PP must all be >= 1")
+            raise AccountingError("world size, micro batch, gradient accumulation, TP, PP and SP must all be >= 1")
         if self.world_size % model_parallel:
             raise AccountingError(f"{self.world_size} ranks do not divide into TP={self.tensor_parallel_size} x "
-                                  f"PP={self.pipeline_parallel_size}")
+                                  f"PP={self.pipeline_parallel_size} x SP={self.sequence_parallel_size}")
         if self.precision not in _ELEMENT_BYTES:
             raise AccountingError(f"precision must be one of {sorted(_ELEMENT_BYTES)}, got {self.precision!r}")
         if self.device not in ("cuda", "cpu"):
@@ -51,7 +54,15 @@ class TrainingSetup:
 
     @property
     def data_parallel_size(self) -> int:
-        return self.world_size // (self.tensor_parallel_size * self.pipeline_parallel_size)
+        """Model replicas that read different samples."""
+        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size * self.sequence_parallel_size
+        return self.world_size // model_parallel
+
+    @property
+    def zero_partitions(self) -> int:
+        """Ranks that hold the same parameters, over which ZeRO partitions and reduces: the sequence ranks times
+        the data-parallel ones (DeepSpeed's sequence-data-parallel group)."""
+        return self.data_parallel_size * self.sequence_parallel_size
 
     @property
     def element_bytes(self) -> int:
