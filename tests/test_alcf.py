@@ -193,7 +193,8 @@ def test_open_mpi_spelling(cluster):
 # ---- bad input: one clear line, exit 1, nothing written ----
 
 @pytest.mark.parametrize("env, message", [
-    (dict(MODEL_SIZE_KEY="GPT7B"), r"MODEL_SIZE_KEY=GPT7B is not a known model; valid keys: GPT_TINY, GPT125M, .*, GPT13B, GPT25B, GPT175B, LLAMA_TINY, LLAMA2_7B, LLAMA2_13B, LLAMA3_8B$"),
+    (dict(MODEL_SIZE_KEY="GPT7B"), r"MODEL_SIZE_KEY=GPT7B is not a known model; valid keys: GPT_TINY, GPT125M, .*, "
+                                   r"GPT13B, GPT25B, GPT175B, LLAMA_TINY, LLAMA2_7B, LLAMA2_13B, LLAMA3_8B$"),
     (dict(PBS_NODEFILE="/nonexistent/nodefile"), r"PBS_NODEFILE=/nonexistent/nodefile: hostfile does not exist"),
     # a flag the script made from a variable is named with it (megatron/launch/flag_sources.py)
     (dict(MPSIZE=3), r"world size 8 is not divisible by --tensor-model-parallel-size 3 \(from MPSIZE\) x "

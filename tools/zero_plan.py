@@ -599,7 +599,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--hidden-size", type=int)
     parser.add_argument("--num-attention-heads", type=int)
     parser.add_argument("--vocab-size", type=int,
-                        help="before padding (default: the preset's tokenizer's, e.g. llama3-8b's 128256; else GPT-2's)")
+                        help="before padding (default: the preset's tokenizer's, llama3-8b's 128256, say; else "
+                             "GPT-2's)")
     parser.add_argument("--seq-length", type=int, default=2048, help="default: 2048 (GPT-3's)")
     parser.add_argument("--micro-batch-size", type=int, default=1, help="default: 1")
     parser.add_argument("--global-batch-size", type=int, help="default: one micro-batch per data-parallel rank")

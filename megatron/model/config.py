@@ -101,7 +101,8 @@ class GPTConfig:
             raise ModelConfigError(f"--normalization must be one of {', '.join(NORMALIZATIONS)}, "
                                    f"got {self.normalization!r}")
         if not isinstance(self.num_key_value_heads, int) or self.num_key_value_heads < 1:
-            raise ModelConfigError(f"--num-key-value-heads must be a positive integer, got {self.num_key_value_heads!r}")
+            raise ModelConfigError(
+                f"--num-key-value-heads must be a positive integer, got {self.num_key_value_heads!r}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ModelConfigError(f"--num-attention-heads {self.num_attention_heads} is not divisible by "
                                    f"--num-key-value-heads {self.num_key_value_heads}: each K/V head serves a whole "
