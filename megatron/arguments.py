@@ -32,6 +32,9 @@ from megatron.model.config import GPTConfig, parallel_shape_problems
 from megatron.model.presets import MODEL_PRESETS
 from megatron.tokenizer import TokenizerConfig
 
+# GPTConfig's Llama fields (docs/model.md), each the flag of its name; a --model-size preset may set them
+LLAMA_FLAGS = ("normalization", "swiglu", "num_key_value_heads", "untie_embeddings_and_output_weights",
+               "disable_bias_linear")
 PARAMS_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -306,8 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--model-size", default=None, help=f"preset: {', '.join(MODEL_PRESETS)}")
     _add_flags(model, GPTConfig, "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                "seq_length", "max_position_embeddings", "hidden_dropout", "attention_dropout", "init_method_std",
-               "use_rotary_position_embeddings", "rotary_percent")
+               "use_rotary_position_embeddings", "rotary_percent", "rope_theta", *LLAMA_FLAGS)
     model.add_argument("--checkpoint-activations", action="store_true")  # GPTConfig's recompute_activations
+    # Megatron's query-key layer scaling divides scores by the layer number in fp16 kernels; zero-lab's SDPA has none
+    model.add_argument("--no-query-key-layer-scaling", action="store_true",
+                       help="accepted and ignored: the attention has no query-key layer scaling (docs/model.md)")
 
     par = parser.add_argument_group("parallelism")
     _add_flags(par, ParallelLayout, "tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -360,7 +366,21 @@ def _model_config(ns, params_dtype: torch.dtype) -> GPTConfig:
                      init_method_std=ns.init_method_std, recompute_activations=ns.checkpoint_activations,
                      params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel,
                      use_rotary_position_embeddings=ns.use_rotary_position_embeddings,
-                     rotary_percent=ns.rotary_percent)
+                     rotary_percent=ns.rotary_percent, rope_theta=ns.rope_theta,
+                     **{name: getattr(ns, name) for name in LLAMA_FLAGS})
+
+
+def _parse_with_preset(argv: list[str]) -> argparse.Namespace:
+    """The flags, with a --model-size preset's architecture (rotary, RMSNorm, SwiGLU, ...) as their defaults, so
+    that flags given explicitly win over it, as in Megatron's model scripts."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    architecture = {key: value for key, value in MODEL_PRESETS.get(ns.model_size, {}).items()
+                    if key not in ("num_layers", "hidden_size", "num_attention_heads")}
+    if not architecture:
+        return ns
+    parser.set_defaults(**architecture)
+    return parser.parse_args(argv)
 
 
 def _json_count(config: dict, key: str, path: str):
@@ -524,7 +544,7 @@ def check_support(args: Args, device_type: str) -> None:
 
 def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -> Args:
     """Parse and validate the values; raises ConfigError (argparse's own usage errors exit with code 2)."""
-    ns = build_parser().parse_args(argv)
+    ns = _parse_with_preset(argv)
     pipeline = 1 if ns.no_pipeline_parallel else ns.pipeline_model_parallel_size
     layout = ParallelLayout(world_size, ns.tensor_model_parallel_size, pipeline, ns.ds_sequence_parallel_size)
     user_config, shared = _shared_settings(ns)

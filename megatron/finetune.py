@@ -14,6 +14,7 @@ import torch
 
 from megatron.checkpointing.resume_check import positions_refusal
 from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
+from megatron.core.tensor_parallel.layers import strided_shard
 from megatron.core.tensor_parallel.mappings import group_rank, group_size
 from megatron.saved_model.layouts import partition_dim
 from megatron.saved_model.reader import SavedModelError, load_checkpoint_weights
@@ -25,12 +26,15 @@ def _full_shape(param: torch.nn.Parameter) -> tuple[int, ...]:
 
 def our_name(name: str, num_layers: int) -> str:
     """GPTModel's name of a parameter of GPTModel or of the pipeline form (a PipelineModule names
-    its layers by index: 1..L transformer layers, L + 1 the final LayerNorm, tied_modules.embed.*)."""
+    its layers by index: 0 the untied embeddings, 1..L transformer layers, L + 1 the final LayerNorm, L + 2 the
+    untied output layer (output_layer.*), tied_modules.embed.*)."""
     if name.startswith("tied_modules.embed."):
         return name[len("tied_modules.embed."):]
     index, _, rest = name.partition(".")
     if not index.isdigit():
         return name
+    if int(index) in (0, num_layers + 2):
+        return rest
     return f"final_layernorm.{rest}" if int(index) == num_layers + 1 else f"layers.{int(index) - 1}.{rest}"
 
 
@@ -55,8 +59,8 @@ def local_weights(full: dict[str, torch.Tensor], module: torch.nn.Module, num_la
         tensor, dim = full[source], partition_dim(source)
         if source == "word_embeddings.weight":
             tensor = _resize_vocabulary(tensor, _full_shape(param)[0] * tp_size)
-        if dim is not None and tp_size > 1:
-            tensor = tensor.chunk(tp_size, dim=dim)[tp_rank]
+        if dim is not None and tp_size > 1:  # SwiGLU's gate and up: this rank's part of each (partition_stride 2)
+            tensor = strided_shard(tensor, dim, tp_group, getattr(param, "partition_stride", 1))
         if tuple(tensor.shape) != _full_shape(param):
             raise SavedModelError(
                 f"--load {where} --finetune: {source} is {tuple(full[source].shape)} in the checkpoint, which does "

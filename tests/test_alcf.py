@@ -21,7 +21,7 @@ from conftest import REPO_ROOT, launch_script
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.launch.dist_env import DistEnvError, LauncherEnv, export_launcher_env, resolve_launcher_env
-from test_presets import PUBLISHED
+from test_presets import LLAMA_PUBLISHED, PUBLISHED
 
 TRAIN = REPO_ROOT / "ALCF" / "train-gpt3.sh"
 SUBMIT = REPO_ROOT / "ALCF" / "submit-pbs.sh"
@@ -193,7 +193,8 @@ def test_open_mpi_spelling(cluster):
 # ---- bad input: one clear line, exit 1, nothing written ----
 
 @pytest.mark.parametrize("env, message", [
-    (dict(MODEL_SIZE_KEY="GPT7B"), r"MODEL_SIZE_KEY=GPT7B is not a known model; valid keys: GPT_TINY, GPT125M, .*, GPT13B, GPT25B, GPT175B$"),
+    (dict(MODEL_SIZE_KEY="GPT7B"), r"MODEL_SIZE_KEY=GPT7B is not a known model; valid keys: GPT_TINY, GPT125M, .*, "
+                                   r"GPT13B, GPT25B, GPT175B, LLAMA_TINY, LLAMA2_7B, LLAMA2_13B, LLAMA3_8B$"),
     (dict(PBS_NODEFILE="/nonexistent/nodefile"), r"PBS_NODEFILE=/nonexistent/nodefile: hostfile does not exist"),
     # a flag the script made from a variable is named with it (megatron/launch/flag_sources.py)
     (dict(MPSIZE=3), r"world size 8 is not divisible by --tensor-model-parallel-size 3 \(from MPSIZE\) x "
@@ -410,8 +411,10 @@ def test_a_failed_run_through_mpiexec_ends_with_its_cause(tmp_path):
 # MODEL_SIZE_KEY -> the preset (tests/test_presets.py's PUBLISHED: the published model it is named after)
 ALCF_KEYS = {"GPT_TINY": "tiny", "GPT125M": "125M", "GPT350M": "355M", "GPT760M": "760M", "GPT774M": "774M",
              "GPT1_3B": "1.3B", "GPT1_5B": "1.5B", "GPT2_7B": "2.7B", "GPT6_7B": "6.7B", "GPT13B": "13B",
-             "GPT25B": "25B", "GPT175B": "175B"}
+             "GPT25B": "25B", "GPT175B": "175B", "LLAMA_TINY": "llama-tiny", "LLAMA2_7B": "llama2-7b",
+             "LLAMA2_13B": "llama2-13b", "LLAMA3_8B": "llama3-8b"}
 PUBLISHED_KEYS = [key for key, preset in ALCF_KEYS.items() if preset in PUBLISHED]
+LLAMA_KEYS = [key for key, preset in ALCF_KEYS.items() if preset in LLAMA_PUBLISHED]
 
 
 @functools.cache
@@ -433,6 +436,12 @@ def test_models_sh_key_has_the_published_shape(key):
     """ALCF/models.sh's shape for each key against the published model the key names (GPT-3 Table 2.1, GPT-2,
     ALCF's own 25B: the figures written out in tests/test_presets.py)."""
     source, _, layers, hidden, heads, _ = PUBLISHED[ALCF_KEYS[key]]
+    assert models_sh_shapes()[key] == (ALCF_KEYS[key], layers, hidden, heads), source
+
+
+@pytest.mark.parametrize("key", LLAMA_KEYS)
+def test_models_sh_llama_key_has_the_released_shape(key):
+    source, _, layers, hidden, heads, *_ = LLAMA_PUBLISHED[ALCF_KEYS[key]]
     assert models_sh_shapes()[key] == (ALCF_KEYS[key], layers, hidden, heads), source
 
 
@@ -459,7 +468,7 @@ def test_models_sh_small_keys_build_models_of_the_published_size():
 def test_readme_model_table_has_the_published_shapes(key):
     """ALCF/README.md's table of MODEL_SIZE_KEY shapes: every key in it, each with its published shape."""
     table = {key: tuple(map(int, shape)) for key, *shape in
-             re.findall(r"`(GPT\w+)` \| (\d+)/(\d+)/(\d+)", (REPO_ROOT / "ALCF" / "README.md").read_text())}
+             re.findall(r"`((?:GPT|LLAMA)\w+)` \| (\d+)/(\d+)/(\d+)", (REPO_ROOT / "ALCF" / "README.md").read_text())}
     assert sorted(table) == sorted(ALCF_KEYS)
     source, _, layers, hidden, heads, _ = PUBLISHED[ALCF_KEYS[key]]
     assert table[key] == (layers, hidden, heads), source

@@ -56,6 +56,20 @@ def test_flops_match_the_counted_model(layers, hidden, heads, seq, vocab, ffn, b
         assert model_flops_per_iteration(c, batch) == pytest.approx(counted, rel=1e-9)
 
 
+@pytest.mark.parametrize("kv_heads, ffn, untied", [(2, 96, True), (4, None, False), (1, 40, True)])
+def test_llama_flops_match_the_counted_model(kv_heads, ffn, untied):
+    """SwiGLU's three matrices, grouped-query attention's smaller K/V (its K/V heads repeated for the attention
+    products, which stay s x s x h) and the untied output layer, against torch's count of the real model."""
+    c = GPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=kv_heads, seq_length=32,
+                  max_position_embeddings=32, padded_vocab_size=256, ffn_hidden_size=ffn, swiglu=True,
+                  normalization="rmsnorm", use_rotary_position_embeddings=True, disable_bias_linear=True,
+                  untie_embeddings_and_output_weights=untied)
+    assert model_flops_per_iteration(c, 2) == pytest.approx(counted_flops(c, 2), rel=1e-9)
+    h, f, k, s, tokens = 64, c.ffn_hidden_size, kv_heads * 16, 32, 2 * 32  # written out: 3 passes of the forward
+    layer = 2 * tokens * (h * (h + 2 * k) + h * h + 3 * h * f) + 4 * tokens * s * h
+    assert model_flops_per_iteration(c, 2) == 3 * (2 * layer + 2 * tokens * h * 256)
+
+
 def test_recomputation_adds_one_forward_of_the_layers_not_of_the_logit_layer():
     plain, recomputed = config(2, 64, 4, 32, 256), config(2, 64, 4, 32, 256, recompute=True)
     assert model_flops_per_iteration(recomputed, 4) == model_flops_per_iteration(plain, 4)

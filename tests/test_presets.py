@@ -7,7 +7,10 @@ The published figures are written out here, not read from the code:
   head counts of OpenAI's released hparams.json files and the exact parameter counts of the released checkpoints
   (vocabulary 50257, 1024 positions, tied output layer), which Hugging Face's GPT2LMHeadModel also gives;
 - ALCF's Megatron-DeepSpeed ALCF/model.sh for the 25B shape, which is in neither paper
-  (github.com/saforem2/Megatron-DeepSpeed, ALCF/model.sh at 046b1f0 and 32184f5: 64 layers, hidden 5760, 64 heads).
+  (github.com/saforem2/Megatron-DeepSpeed, ALCF/model.sh at 046b1f0 and 32184f5: 64 layers, hidden 5760, 64 heads);
+- Llama 2 (Touvron et al. 2023, arXiv:2307.09288, Table 1 and the released params.json) and Llama 3 8B (Meta's
+  released config.json): shapes, and the exact parameter counts of Hugging Face's LlamaForCausalLM of the released
+  checkpoints (untied output layer, vocabularies 32000 and 128256).
 """
 import pytest
 import torch
@@ -72,6 +75,14 @@ PUBLISHED = {
 # GPT-2's small and medium have the shapes of GPT-3 Small and Medium: their exact released counts too
 GPT2_TWINS = {"125M": "117M", "355M": "345M", "774M": "762M", "1.5B": "1542M"}
 
+# preset -> (source, exact parameters, layers, hidden, heads, K/V heads, FFN, vocabulary, rope theta)
+LLAMA_PUBLISHED = {
+    "llama2-7b": ("Llama 2 7B", 6_738_415_616, 32, 4096, 32, 32, 11008, 32000, 10000.0),
+    "llama2-13b": ("Llama 2 13B", 13_015_864_320, 40, 5120, 40, 40, 13824, 32000, 10000.0),
+    "llama3-8b": ("Llama 3 8B", 8_030_261_248, 32, 4096, 32, 8, 14336, 128256, 500000.0),
+}
+
+
 def build(name: str, vocab: int, positions: int, device: str = "meta") -> tuple[GPTConfig, int]:
     """The preset's config and the parameters of the real GPTModel built from it."""
     config = GPTConfig(**MODEL_PRESETS[name], seq_length=positions, max_position_embeddings=positions,
@@ -83,7 +94,7 @@ def build(name: str, vocab: int, positions: int, device: str = "meta") -> tuple[
 
 
 def test_every_preset_but_tiny_is_named_after_a_published_model():
-    assert sorted(MODEL_PRESETS) == sorted([*PUBLISHED, "tiny"])
+    assert sorted(MODEL_PRESETS) == sorted([*PUBLISHED, *LLAMA_PUBLISHED, "tiny", "llama-tiny"])
 
 
 @pytest.mark.parametrize("name", PUBLISHED)
@@ -120,6 +131,21 @@ def test_gpt2_released_counts_are_hugging_faces():
         with torch.device("meta"):
             model = transformers.GPT2LMHeadModel(config)
         assert sum(p.numel() for p in model.parameters()) == released, name
+
+
+@pytest.mark.parametrize("name", LLAMA_PUBLISHED)
+def test_llama_preset_is_the_released_shape_and_exact_count(name):
+    """Llama's shapes, built as the real module on the meta device with the released vocabulary: the exact count of
+    the released checkpoints (what LlamaForCausalLM counts), and the preset's vocabulary the released one."""
+    from megatron.model.presets import PRESET_VOCABULARY
+
+    source, n_params, layers, hidden, heads, kv_heads, ffn, vocab, theta = LLAMA_PUBLISHED[name]
+    config, counted = build(name, vocab, 4096)
+    assert (config.num_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+            config.ffn_hidden_size, config.rope_theta) == (layers, hidden, heads, kv_heads, ffn, theta), source
+    assert config.swiglu and config.normalization == "rmsnorm" and config.untie_embeddings_and_output_weights
+    assert PRESET_VOCABULARY[name] == vocab
+    assert counted == count_parameters(config) == n_params, source
 
 
 def test_tiny_counted_by_hand():

@@ -431,3 +431,16 @@ def test_the_longest_sequence_that_fits_each_option(capsys):
     assert 7.5 < ratio <= 8.0
     assert plans["Z3"]["activations_gb"] == pytest.approx(
         accounting.activation_bytes(config, setup) / 2**30, rel=1e-6)
+
+
+def test_llama_preset_plans_with_its_own_vocabulary_and_exact_count(capsys):
+    """llama3-8b: its tokenizer's 128256 tokens unless --vocab-size says otherwise, and the released checkpoint's
+    8,030,261,248 parameters (untied output, GQA 8, SwiGLU: tests/test_presets.py); DP's model states are 16 bytes
+    each in bf16 with the fp32 optimizer (119.66 GB of 10**9 bytes, less the padding-free count)."""
+    code, out, err = tool_in_process(capsys, "zero_plan.py", "--model-size", "llama3-8b", "--gpus", "8",
+                                     "--gpu-memory", "80GB")
+    assert code == 0 and err == ""
+    assert out.startswith("llama3-8b: 8.03B parameters, seq 2048, micro batch 1, 8 GPUs (TP=1, PP=1), bf16\n")
+    code, out, _ = tool_in_process(capsys, "zero_plan.py", "--model-size", "llama3-8b", "--vocab-size", "32000",
+                                   "--gpus", "8", "--gpu-memory", "80GB")
+    assert code == 0 and out.startswith("llama3-8b: 7.24B parameters")  # 2 x 96256 x 4096 fewer

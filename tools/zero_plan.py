@@ -47,7 +47,7 @@ from megatron.model.accounting.step_time import (  # noqa: E402
     predict_step_time,
     ulysses_seconds,
 )
-from megatron.model.presets import MODEL_PRESETS  # noqa: E402
+from megatron.model.presets import MODEL_PRESETS, PRESET_VOCABULARY  # noqa: E402
 
 GB = float(2**30)
 GPT2_VOCAB = 50257
@@ -659,7 +659,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--num-layers", type=int)
     parser.add_argument("--hidden-size", type=int)
     parser.add_argument("--num-attention-heads", type=int)
-    parser.add_argument("--vocab-size", type=int, default=GPT2_VOCAB, help="before padding (default: GPT-2's)")
+    parser.add_argument("--vocab-size", type=int,
+                        help="before padding (default: the preset's tokenizer's, llama3-8b's 128256, say; else "
+                             "GPT-2's)")
     parser.add_argument("--seq-length", type=int, default=2048, help="default: 2048 (GPT-3's)")
     parser.add_argument("--micro-batch-size", type=int, default=1, help="default: 1")
     parser.add_argument("--global-batch-size", type=int, help="default: one micro-batch per data-parallel rank")
@@ -699,6 +701,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ns = parser.parse_args(argv)
     if ns.model_size is None and ns.num_layers is None:
         parser.error("give --model-size or --num-layers/--hidden-size/--num-attention-heads")
+    if ns.vocab_size is None:
+        ns.vocab_size = PRESET_VOCABULARY.get(ns.model_size, GPT2_VOCAB)
     return ns
 
 

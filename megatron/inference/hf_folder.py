@@ -39,6 +39,9 @@ def save_hf_folder(loaded: LoadedCheckpoint, output: str, vocab_size: int, eod: 
     """Write GPT2LMHeadModel's folder via save_pretrained (tmp name, renamed when complete)."""
     import transformers
 
+    if not loaded.config.is_gpt2_shaped:
+        raise SavedModelError(f"{loaded.path}: the model is Llama-shaped (RMSNorm, SwiGLU, grouped-query attention, "
+                              "untied output or no biases), not GPT-2: no Hugging Face GPT-2 export")
     if loaded.config.use_rotary_position_embeddings:
         raise SavedModelError(f"{loaded.path}: the model has rotary positions (--use-rotary-position-embeddings), "
                               "which GPT-2 has not (it learns a position table): no Hugging Face GPT-2 export")

@@ -31,7 +31,8 @@ STEPS = ("setup", "models", "args", "launch")
 # ALCF's MODEL_SIZE_KEY names -> zero-lab's presets
 MODELS = {"GPT_TINY": "tiny", "GPT125M": "125M", "GPT350M": "355M", "GPT760M": "760M", "GPT774M": "774M",
           "GPT1_3B": "1.3B", "GPT1_5B": "1.5B", "GPT2_7B": "2.7B", "GPT6_7B": "6.7B", "GPT13B": "13B",
-          "GPT25B": "25B", "GPT175B": "175B"}
+          "GPT25B": "25B", "GPT175B": "175B", "LLAMA_TINY": "llama-tiny", "LLAMA2_7B": "llama2-7b",
+          "LLAMA2_13B": "llama2-13b", "LLAMA3_8B": "llama3-8b"}
 # what Open MPI's mpiexec is told to pass on (-x): it forwards no variable it is not named
 OPENMPI_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "DS_ACCELERATOR", "OMP_NUM_THREADS",
                      "CUDA_DEVICE_MAX_CONNECTIONS", "IBV_FORK_SAFE", "MASTER_ADDR", "MASTER_PORT", "HF_HUB_OFFLINE")

@@ -8,6 +8,7 @@ import torch
 from megatron.errors import ZeroLabError
 
 _PARAMS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+NORMALIZATIONS = ("layernorm", "rmsnorm")
 
 
 class ModelConfigError(ZeroLabError, ValueError):
@@ -37,10 +38,23 @@ class GPTConfig:
     use_rotary_position_embeddings: bool = False
     # the fraction of each head's dimensions rotated (the rest pass unchanged), as Megatron-DeepSpeed's flag
     rotary_percent: float = 1.0
+    # the rotary angles' base (Megatron-DeepSpeed's --rope-theta; Llama 3 uses 500000)
+    rope_theta: float = 10000.0
+    # Llama's architecture, each behind its Megatron-DeepSpeed flag (docs/model.md): --normalization rmsnorm,
+    # --swiglu (SiLU-gated MLP of three matrices), --num-key-value-heads (grouped-query attention; None: one per
+    # query head), --untie-embeddings-and-output-weights (the output layer's own weight), --disable-bias-linear
+    normalization: str = "layernorm"
+    swiglu: bool = False
+    num_key_value_heads: int | None = None
+    untie_embeddings_and_output_weights: bool = False
+    disable_bias_linear: bool = False
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
-            self.ffn_hidden_size = 4 * self.hidden_size
+            # SwiGLU's three matrices at 2/3 of 4h hold what GELU's two at 4h do (Megatron's default, a multiple of 64)
+            self.ffn_hidden_size = int(4 * self.hidden_size * 2 / 3 / 64) * 64 if self.swiglu else 4 * self.hidden_size
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
         for flag, value in (
             ("--num-layers", self.num_layers),
             ("--hidden-size", self.hidden_size),
@@ -70,6 +84,7 @@ class GPTConfig:
         if self.init_method_std <= 0:
             raise ModelConfigError(f"--init-method-std must be > 0, got {self.init_method_std}")
         self._check_rotary()
+        self._check_llama()
         if self.params_dtype not in _PARAMS_DTYPES:
             raise ModelConfigError(f"params dtype must be one of float32, bfloat16, float16, got {self.params_dtype}")
 
@@ -81,6 +96,20 @@ class GPTConfig:
             raise ModelConfigError(f"--rotary-percent {self.rotary_percent} rotates {self.rotary_dim} of each head's "
                                    f"{self.head_dim} dimensions; it must be an even number >= 2")
 
+    def _check_llama(self) -> None:
+        if self.normalization not in NORMALIZATIONS:
+            raise ModelConfigError(f"--normalization must be one of {', '.join(NORMALIZATIONS)}, "
+                                   f"got {self.normalization!r}")
+        if not isinstance(self.num_key_value_heads, int) or self.num_key_value_heads < 1:
+            raise ModelConfigError(
+                f"--num-key-value-heads must be a positive integer, got {self.num_key_value_heads!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ModelConfigError(f"--num-attention-heads {self.num_attention_heads} is not divisible by "
+                                   f"--num-key-value-heads {self.num_key_value_heads}: each K/V head serves a whole "
+                                   "group of query heads")
+        if self.rope_theta <= 0:
+            raise ModelConfigError(f"--rope-theta must be > 0, got {self.rope_theta}")
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
@@ -89,6 +118,23 @@ class GPTConfig:
     def rotary_dim(self) -> int:
         """Dimensions of each head that rotary rotates (Megatron-DeepSpeed's int(head_dim x rotary_percent))."""
         return int(self.head_dim * self.rotary_percent)
+
+    @property
+    def kv_channels(self) -> int:
+        """Width of the keys (and of the values): num_key_value_heads heads of head_dim."""
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def ffn_input_width(self) -> int:
+        """The MLP's first matrix's outputs: SwiGLU's gate and up halves, or the GELU MLP's ffn_hidden_size."""
+        return 2 * self.ffn_hidden_size if self.swiglu else self.ffn_hidden_size
+
+    @property
+    def is_gpt2_shaped(self) -> bool:
+        """GPT-2's architecture: LayerNorm, GELU, one K/V head per query head, tied output, biases."""
+        return (self.normalization == "layernorm" and not self.swiglu and not self.disable_bias_linear
+                and self.num_key_value_heads == self.num_attention_heads
+                and not self.untie_embeddings_and_output_weights)
 
     @property
     def learned_positions(self) -> int:
@@ -113,6 +159,7 @@ def parallel_shape_problems(config: GPTConfig, tensor_parallel_size: int, pipeli
               ("--hidden-size", config.hidden_size, tp_flag, tp),
               ("--ffn-hidden-size", config.ffn_hidden_size, tp_flag, tp),
               ("padded vocab size", config.padded_vocab_size, tp_flag, tp),
+              ("--num-key-value-heads", config.num_key_value_heads, tp_flag, tp),
               ("--num-layers", config.num_layers, pp_flag, pp)]
     problems = [f"{flag} {value} is not divisible by {by_flag} {by}" for flag, value, by_flag, by in splits
                 if value is not None and value % by]

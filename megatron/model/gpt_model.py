@@ -1,4 +1,5 @@
 """GPT-2: learned positions (or rotary ones, applied in the attention), pre-LN transformer layers, final LayerNorm, tied output layer.
+Llama (docs/model.md): rotary positions, RMSNorm, SwiGLU, grouped-query attention and an untied output layer.
 
 The model is built for one tensor-parallel group (None = serial), and a DeepSpeed-Ulysses sequence-parallel group
 (None = whole sequences; with one, input_ids are this rank's slice at its global position_ids), and returns per-token
@@ -23,7 +24,7 @@ from megatron.core.tensor_parallel import (
     scatter_to_sequence_parallel_region,
     vocab_parallel_lm_loss,
 )
-from megatron.core.tensor_parallel.layers import fp32_cpu_init
+from megatron.core.tensor_parallel.layers import _sharded_weight, fp32_cpu_init
 from megatron.core.tensor_parallel.mappings import group_rank, group_size
 from megatron.core.tensor_parallel.random import RNGStatesTracker
 from megatron.model.config import GPTConfig, check_parallel_shape
@@ -43,6 +44,21 @@ def build_embeddings(config: GPTConfig, tp_group) -> tuple[VocabParallelEmbeddin
     positions = fp32_cpu_init((config.max_position_embeddings, config.hidden_size), init)
     return words, nn.Embedding(config.max_position_embeddings, config.hidden_size,
                                _weight=positions.to(config.params_dtype))
+
+
+class OutputLayer(nn.Module):
+    """--untie-embeddings-and-output-weights: the output layer's own [padded_vocab, h] weight, split by vocabulary
+    rows over the TP group as the word embeddings are (Megatron's output_layer)."""
+
+    def __init__(self, config: GPTConfig, tp_group):
+        super().__init__()
+        self.weight = _sharded_weight((config.padded_vocab_size, config.hidden_size), 0, tp_group,
+                                      init_method_normal(config.init_method_std), config.params_dtype)
+
+
+def output_layer_seed_index(config: GPTConfig) -> int:
+    """The untied output layer's init seed index, after the embeddings' (0) and the layers' (1..L)."""
+    return config.num_layers + 1
 
 
 @contextlib.contextmanager
@@ -85,6 +101,10 @@ class GPTModel(nn.Module):
             with layer_init_seed(seed, index + 1):
                 self.layers.append(ParallelTransformerLayer(config, tp_group, self.rng_tracker, sp_group))
         self.final_layernorm = layer_norm(config, tp_group)
+        self.output_layer = None
+        if config.untie_embeddings_and_output_weights:
+            with layer_init_seed(seed, output_layer_seed_index(config)):
+                self.output_layer = OutputLayer(config, tp_group)
         self.lm_loss_scratch = ScratchBuffers()  # the [tokens, vocab] logits buffer, reused each step
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor | None = None,
@@ -109,9 +129,9 @@ class GPTModel(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(input_ids.shape[1])
         x = self.final_layernorm(x)
+        weight = (self.word_embeddings if self.output_layer is None else self.output_layer).weight
         if labels is None:
-            local_logits = parallel_lm_logits(x, self.word_embeddings.weight, self.tp_group,
-                                              self.config.sequence_parallel)
+            local_logits = parallel_lm_logits(x, weight, self.tp_group, self.config.sequence_parallel)
             return gather_from_tensor_model_parallel_region(local_logits, self.tp_group)
         return vocab_parallel_lm_loss(lm_head_input(x, self.tp_group, self.config.sequence_parallel),
-                                      self.word_embeddings.weight, labels, self.tp_group, self.lm_loss_scratch)
+                                      weight, labels, self.tp_group, self.lm_loss_scratch)

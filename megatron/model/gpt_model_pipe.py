@@ -2,7 +2,8 @@
 
 Stage 0 embeds, the transformer layers are split evenly over the stages, the last stage
 applies the final LayerNorm and the output layer, which is the word embedding shared
-with stage 0 (a TiedLayerSpec: DeepSpeed syncs the weight and sums its gradients).
+with stage 0 (a TiedLayerSpec: DeepSpeed syncs the weight and sums its gradients); with
+--untie-embeddings-and-output-weights the last stage holds the output layer's own weight instead.
 The output layer's matrix product happens inside the loss (vocab_parallel_lm_loss, as in
 GPTModel): the last layer hands the loss function the hidden state and the tied weight.
 Batches for `engine.train_batch` are ((tokens, position_ids), (labels, loss_mask)).
@@ -22,11 +23,10 @@ from megatron.core.tensor_parallel import (
     model_parallel_tracker,
     vocab_parallel_lm_loss,
 )
-from megatron.core.tensor_parallel.layers import SequenceParallelLayerNorm
 from megatron.core.tensor_parallel.random import RNGStatesTracker
 from megatron.model.config import GPTConfig, check_parallel_shape
-from megatron.model.gpt_model import build_embeddings, embed, layer_init_seed
-from megatron.model.transformer import ParallelTransformerLayer
+from megatron.model.gpt_model import OutputLayer, build_embeddings, embed, layer_init_seed, output_layer_seed_index
+from megatron.model.transformer import ParallelTransformerLayer, norm_class
 
 
 class EmbeddingPipe(nn.Module):
@@ -50,6 +50,20 @@ def lm_head(embedding: EmbeddingPipe, hidden: torch.Tensor) -> tuple[torch.Tenso
     layer takes it, this rank's vocab slice of the word embeddings)."""
     return (lm_head_input(hidden, embedding.tp_group, embedding.config.sequence_parallel),
             embedding.word_embeddings.weight)
+
+
+class OutputLayerPipe(nn.Module):
+    """The untied output layer on the last stage (saved as its own layer file, keys output_layer.*)."""
+
+    def __init__(self, config: GPTConfig, tp_group, init_seed: int):
+        super().__init__()
+        self.config = config
+        self.tp_group = tp_group
+        with layer_init_seed(init_seed, output_layer_seed_index(config)):
+            self.output_layer = OutputLayer(config, tp_group)
+
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (lm_head_input(hidden, self.tp_group, self.config.sequence_parallel), self.output_layer.weight)
 
 
 class TransformerLayerPipe(ParallelTransformerLayer):
@@ -92,14 +106,19 @@ def build_gpt_pipe(config: GPTConfig, state: ParallelState) -> PipelineModule:
     check_parallel_shape(config, layout.tensor_model_parallel_size, layout.pipeline_model_parallel_size)
     seed = torch.initial_seed()
     tracker = model_parallel_tracker(seed % 2**62, state.get_tensor_model_parallel_rank())
+    untied = config.untie_embeddings_and_output_weights
+    embedding = (LayerSpec(EmbeddingPipe, config, tp_group, tracker, seed) if untied else
+                 TiedLayerSpec("embed", EmbeddingPipe, config, tp_group, tracker, seed,
+                               tied_weight_attr="word_embeddings.weight"))
+    output = (LayerSpec(OutputLayerPipe, config, tp_group, seed) if untied else
+              TiedLayerSpec("embed", EmbeddingPipe, config, tp_group, tracker, seed, forward_fn=lm_head,
+                            tied_weight_attr="word_embeddings.weight"))
     specs = [
-        TiedLayerSpec("embed", EmbeddingPipe, config, tp_group, tracker, seed,
-                      tied_weight_attr="word_embeddings.weight"),
+        embedding,
         *[LayerSpec(TransformerLayerPipe, config, tp_group, tracker, seed, index) for index in range(config.num_layers)],
-        LayerSpec(SequenceParallelLayerNorm, config.hidden_size, eps=config.layernorm_epsilon, group=tp_group,
+        LayerSpec(norm_class(config), config.hidden_size, eps=config.layernorm_epsilon, group=tp_group,
                   sequence_parallel=config.sequence_parallel, params_dtype=config.params_dtype),
-        TiedLayerSpec("embed", EmbeddingPipe, config, tp_group, tracker, seed, forward_fn=lm_head,
-                      tied_weight_attr="word_embeddings.weight"),
+        output,
     ]
     topology = PipeModelDataParallelTopology(num_pp=layout.pipeline_model_parallel_size,
                                              num_mp=layout.tensor_model_parallel_size,

@@ -23,16 +23,17 @@ class RotaryEmbedding(nn.Module):
     tensors they rotate and grown when a longer sequence comes. No parameters and no buffers: nothing enters
     the state dict, and casting the model to bf16 leaves the angles fp32."""
 
-    def __init__(self, rotary_dim: int):
+    def __init__(self, rotary_dim: int, base: float = ROTARY_BASE):
         super().__init__()
         assert rotary_dim >= 2 and rotary_dim % 2 == 0, f"expected an even rotary_dim >= 2, got {rotary_dim}"
         self.rotary_dim = rotary_dim
+        self.base = base  # --rope-theta
         self._cos = self._sin = None
 
     def _angles(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._cos is None or self._cos.shape[0] < length or self._cos.device != device:
             exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.float32, device=device) / self.rotary_dim
-            inverse_frequencies = ROTARY_BASE ** -exponents
+            inverse_frequencies = self.base ** -exponents
             positions = torch.arange(length, dtype=torch.float32, device=device)
             angles = torch.outer(positions, inverse_frequencies).repeat(1, 2)  # [positions, rotary_dim]
             self._cos, self._sin = angles.cos(), angles.sin()

@@ -1,4 +1,5 @@
-"""One GPT-2 transformer layer: pre-LayerNorm attention and MLP, each added to the residual.
+"""One GPT-2 transformer layer: pre-LayerNorm attention and MLP, each added to the residual; or Llama's,
+with the GPTConfig flags that make it (RMSNorm, SwiGLU, grouped-query attention, no biases; docs/model.md).
 
 The tensor-parallel layers carry all communication; this file has no collective calls.
 Activations are [batch, seq, hidden]; with sequence parallelism the residual stream outside
@@ -18,6 +19,7 @@ from megatron.core.tensor_parallel import (
     RNGStatesTracker,
     RowParallelLinear,
     SequenceParallelLayerNorm,
+    SequenceParallelRMSNorm,
     init_method_normal,
     scaled_init_method_normal,
 )
@@ -28,16 +30,22 @@ from megatron.model.rotary import RotaryEmbedding
 from megatron.model.ulysses import UlyssesAttention
 
 
-def layer_norm(config: GPTConfig, tp_group) -> SequenceParallelLayerNorm:
-    return SequenceParallelLayerNorm(config.hidden_size, eps=config.layernorm_epsilon, group=tp_group,
-                                     sequence_parallel=config.sequence_parallel, params_dtype=config.params_dtype)
+def norm_class(config: GPTConfig) -> type[nn.Module]:
+    """--normalization: LayerNorm (GPT-2) or RMSNorm (Llama), both sequence-parallel aware."""
+    return SequenceParallelRMSNorm if config.normalization == "rmsnorm" else SequenceParallelLayerNorm
+
+
+def layer_norm(config: GPTConfig, tp_group) -> nn.Module:
+    return norm_class(config)(config.hidden_size, eps=config.layernorm_epsilon, group=tp_group,
+                              sequence_parallel=config.sequence_parallel, params_dtype=config.params_dtype)
 
 
 class ParallelAttention(nn.Module):
-    """Causal self-attention; each TP rank owns num_heads / tp whole heads.
+    """Causal self-attention; each TP rank owns num_heads / tp whole heads and num_key_value_heads / tp K/V heads.
 
-    The fused QKV output is laid out per head as [head, (q, k, v), head_dim] (Megatron's
-    layout), so a contiguous column split hands every rank complete heads.
+    The fused QKV output is laid out per K/V group as [kv_head, (q x heads / kv_heads, k, v), head_dim]
+    (Megatron's GQA layout; with one K/V head per query head it is [head, (q, k, v), head_dim]), so a contiguous
+    column split hands every rank complete groups.
     """
 
     def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker, sp_group=None):
@@ -47,26 +55,37 @@ class ParallelAttention(nn.Module):
         self.ulysses = UlyssesAttention(sp_group) if group_size(sp_group) > 1 else None
         self.sp_rank = group_rank(sp_group)
         self.local_heads = config.num_attention_heads // group_size(tp_group)
+        self.local_kv_heads = config.num_key_value_heads // group_size(tp_group)
+        self.queries_per_kv = config.num_attention_heads // config.num_key_value_heads
+        bias = not config.disable_bias_linear
         # Heads differ per TP rank, so their dropout draws from the per-rank generator (Megatron's rule); whole
         # heads (TP=1, no sequence parallelism) draw from the default generator, as the hidden dropout does.
         self.per_rank_dropout = group_size(tp_group) > 1 or config.sequence_parallel
         self.query_key_value = ColumnParallelLinear(
-            config.hidden_size, 3 * config.hidden_size, group=tp_group,
+            config.hidden_size, config.hidden_size + 2 * config.kv_channels, group=tp_group,
             init_method=init_method_normal(config.init_method_std), params_dtype=config.params_dtype,
-            sequence_parallel=config.sequence_parallel,
+            sequence_parallel=config.sequence_parallel, bias=bias,
         )
         self.dense = RowParallelLinear(
             config.hidden_size, config.hidden_size, group=tp_group,
             init_method=scaled_init_method_normal(config.init_method_std, config.num_layers),
-            params_dtype=config.params_dtype, sequence_parallel=config.sequence_parallel,
+            params_dtype=config.params_dtype, sequence_parallel=config.sequence_parallel, bias=bias,
         )
-        self.rotary = RotaryEmbedding(config.rotary_dim) if config.use_rotary_position_embeddings else None
+        self.rotary = (RotaryEmbedding(config.rotary_dim, config.rope_theta)
+                       if config.use_rotary_position_embeddings else None)
+
+    def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[b, s, (heads + 2 kv_heads) d / tp] -> q [b, heads, s, d], k and v [b, kv_heads, s, d] (this rank's)."""
+        batch, seq, _ = qkv.shape
+        group = self.queries_per_kv
+        qkv = qkv.view(batch, seq, self.local_kv_heads, group + 2, self.config.head_dim)
+        q = qkv[:, :, :, :group].reshape(batch, seq, self.local_heads, self.config.head_dim)
+        return q.transpose(1, 2), qkv[:, :, :, group].transpose(1, 2), qkv[:, :, :, group + 1].transpose(1, 2)
 
     def forward(self, x: torch.Tensor, kv_cache: LayerKVCache | None = None) -> torch.Tensor:
-        qkv = self.query_key_value(x)  # [b, s, 3 h / tp]: the whole sequence even when x is a slice
+        qkv = self.query_key_value(x)  # [b, s, (heads + 2 kv_heads) d / tp]: the whole sequence even when x is a slice
         batch, seq, _ = qkv.shape
-        qkv = qkv.view(batch, seq, self.local_heads, 3, self.config.head_dim)
-        q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))  # each [b, heads, s, d]
+        q, k, v = self._split_qkv(qkv)
         assert not (self.ulysses is not None and kv_cache is not None), "the KV cache is for serial decoding"
         # the chunk's first position: after the cache's, or this rank's slice start under Ulysses
         past = kv_cache.past_length if kv_cache is not None else self.sp_rank * seq
@@ -80,6 +99,10 @@ class ParallelAttention(nn.Module):
             # query i sits at position past + i and sees keys 0..past + i (SDPA's is_causal
             # aligns the triangle top-left, which is only right without a cached prefix)
             mask = torch.ones(seq, past + seq, dtype=torch.bool, device=x.device).tril(diagonal=past)
+        if self.queries_per_kv > 1:
+            # each K/V head serves its group of consecutive query heads; the cache keeps the smaller K/V, the
+            # attention (and DeepSpeed-Ulysses' all-to-alls, which split heads) sees one per query head
+            k, v = (t.repeat_interleave(self.queries_per_kv, dim=1) for t in (k, v))
         dropout = self.config.attention_dropout if self.training else 0.0
         # The fork swaps generator states, which breaks a --compile graph; at TP=1 (or with nothing to draw:
         # eval, --attention-dropout 0) there is no swap. Every ZeRO stage draws the same default-generator masks.
@@ -95,23 +118,30 @@ class ParallelAttention(nn.Module):
 
 
 class ParallelMLP(nn.Module):
-    """h -> ffn (column split) -> GELU(tanh) -> h (row split)."""
+    """h -> ffn (column split) -> GELU(tanh) -> h (row split); with --swiglu, h -> (gate, up) -> SiLU(gate) x up
+    -> h, gate and up one column-parallel matrix of 2 ffn rows whose TP shards are each [gate_r; up_r]."""
 
     def __init__(self, config: GPTConfig, tp_group):
         super().__init__()
+        self.swiglu = config.swiglu
+        bias = not config.disable_bias_linear
         self.dense_h_to_4h = ColumnParallelLinear(
-            config.hidden_size, config.ffn_hidden_size, group=tp_group,
+            config.hidden_size, config.ffn_input_width, group=tp_group,
             init_method=init_method_normal(config.init_method_std), params_dtype=config.params_dtype,
-            sequence_parallel=config.sequence_parallel,
+            sequence_parallel=config.sequence_parallel, bias=bias, stride=2 if config.swiglu else 1,
         )
         self.dense_4h_to_h = RowParallelLinear(
             config.ffn_hidden_size, config.hidden_size, group=tp_group,
             init_method=scaled_init_method_normal(config.init_method_std, config.num_layers),
-            params_dtype=config.params_dtype, sequence_parallel=config.sequence_parallel,
+            params_dtype=config.params_dtype, sequence_parallel=config.sequence_parallel, bias=bias,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x), approximate="tanh"))
+        y = self.dense_h_to_4h(x)
+        if self.swiglu:
+            gate, up = y.chunk(2, dim=-1)
+            return self.dense_4h_to_h(F.silu(gate) * up)
+        return self.dense_4h_to_h(F.gelu(y, approximate="tanh"))
 
 
 class ParallelTransformerLayer(nn.Module):

@@ -6,7 +6,9 @@ along dim 0 and row-parallel weights (attention output, 4h->h) along dim 1; ever
 replicated. The fused QKV is laid out per head, so concatenating the ranks' rows gives the
 full per-head layout. DeepSpeed's pipeline engine saves one file per layer and TP rank,
 `layer_XX-model_YY-model_states.pt`: layer 0 the embeddings, 1..L the transformer layers,
-L + 1 the final LayerNorm (the tied output layer reuses layer 0's weight and is not saved).
+L + 1 the final LayerNorm (the tied output layer reuses layer 0's weight and is not saved; an untied one,
+--untie-embeddings-and-output-weights, is layer L + 2, its keys output_layer.*). SwiGLU's h->4h shards are each
+[gate_r; up_r] (Megatron's layout): merged, the gates come first, then the ups.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import re
 import torch
 
 COLUMN_PARALLEL = ("word_embeddings.weight", "query_key_value.weight", "query_key_value.bias",
-                   "dense_h_to_4h.weight", "dense_h_to_4h.bias")
+                   "dense_h_to_4h.weight", "dense_h_to_4h.bias", "output_layer.weight")
+GATED = ("dense_h_to_4h.weight", "dense_h_to_4h.bias")  # SwiGLU's gate and up, strided over the TP ranks
 ROW_PARALLEL = ("self_attention.dense.weight", "dense_4h_to_h.weight")
 _LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
 
@@ -30,14 +33,20 @@ def partition_dim(name: str) -> int | None:
     return None
 
 
-def merge_tensor_parallel(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def merge_tensor_parallel(shards: list[dict[str, torch.Tensor]], swiglu: bool = False) -> dict[str, torch.Tensor]:
     """One state dict from the TP ranks' state dicts, in rank order."""
     if len(shards) == 1:
         return shards[0]
     merged = {}
     for name, first in shards[0].items():
         dim = partition_dim(name)
-        merged[name] = first if dim is None else torch.cat([shard[name] for shard in shards], dim=dim)
+        if dim is None:
+            merged[name] = first
+        elif swiglu and name.endswith(GATED):
+            halves = [shard[name].chunk(2, dim=dim) for shard in shards]
+            merged[name] = torch.cat([gate for gate, _ in halves] + [up for _, up in halves], dim=dim)
+        else:
+            merged[name] = torch.cat([shard[name] for shard in shards], dim=dim)
     return merged
 
 
@@ -56,11 +65,13 @@ def gather_pipeline_layers(files: dict[tuple[int, int], str], tp_rank: int) -> d
     indices = sorted(index for index, rank in files if rank == tp_rank)
     if not indices or indices != list(range(len(indices))) or len(indices) < 3:
         raise ValueError(f"pipeline layer files of TP rank {tp_rank} are incomplete: layers {indices}")
-    last = indices[-1]  # the final LayerNorm; 1..last-1 are the transformer layers
+    # weights_only=False takes effect only with --trust-checkpoint (reader.load_checkpoint_weights)
+    modules = {index: torch.load(files[(index, tp_rank)], map_location="cpu", weights_only=False, mmap=True)
+               for index in indices}
+    untied = any(name.startswith("output_layer.") for name in modules[indices[-1]])
+    last = indices[-2] if untied else indices[-1]  # the final norm; 1..last-1 are the transformer layers
     state = {}
-    for index in indices:
-        # weights_only=False takes effect only with --trust-checkpoint (reader.load_checkpoint_weights)
-        module = torch.load(files[(index, tp_rank)], map_location="cpu", weights_only=False, mmap=True)
-        prefix = "" if index == 0 else "final_layernorm." if index == last else f"layers.{index - 1}."
+    for index, module in modules.items():
+        prefix = "" if index == 0 or index > last else "final_layernorm." if index == last else f"layers.{index - 1}."
         state.update({prefix + name: tensor.float() for name, tensor in module.items()})
     return state

@@ -252,10 +252,10 @@ def _load_weights(folder: str) -> LoadedCheckpoint:
     layer_files = pipeline_layer_files(folder)
     zero = bool(glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")))
     shards = [_tp_shard(folder, rank, tp_size, layer_files, zero) for rank in range(tp_size)]
-    weights = merge_tensor_parallel([shard for shard, _ in shards])
+    config = _config_from_metadata(states, states_file)
+    weights = merge_tensor_parallel([shard for shard, _ in shards], swiglu=config.swiglu)
     if "word_embeddings.weight" not in weights:
         raise SavedModelError(f"{folder}: no word_embeddings.weight among the weights (not a GPT checkpoint)")
-    config = _config_from_metadata(states, states_file)
     check_state_dict(weights, config, folder)
     args = states.get("args", {})
     return LoadedCheckpoint(path=folder, iteration=int(states.get("iteration", 0)), config=config,

@@ -61,25 +61,34 @@ def fp32_cpu_init(shape: tuple[int, ...], init_method: InitMethod) -> torch.Tens
     return master
 
 
+def strided_shard(full: torch.Tensor, dim: int, group, stride: int = 1) -> torch.Tensor:
+    """This rank's slice of `full` along `dim`: with stride k the dimension is k blocks (SwiGLU's gate and up),
+    each split over the group, and the rank holds its part of every block, in block order (Megatron's
+    partition_stride): each rank's gate and up halves then belong to the same hidden units."""
+    blocks = full.chunk(stride, dim=dim)
+    return torch.cat([block.chunk(group_size(group), dim=dim)[group_rank(group)] for block in blocks], dim=dim)
+
+
 def _sharded_weight(
-    full_shape: tuple[int, int], partition_dim: int, group, init_method: InitMethod, params_dtype: torch.dtype
+    full_shape: tuple[int, int], partition_dim: int, group, init_method: InitMethod, params_dtype: torch.dtype,
+    stride: int = 1,
 ) -> nn.Parameter:
     """Initialise the full fp32 master weight, copy this rank's slice along `partition_dim` into the parameter
     (created where and as zero.Init wants it, if it is on)."""
-    shard = fp32_cpu_init(full_shape, init_method).chunk(group_size(group), dim=partition_dim)[group_rank(group)]
+    shard = strided_shard(fp32_cpu_init(full_shape, init_method), partition_dim, group, stride)
     weight = nn.Parameter(torch.empty(shard.shape, dtype=params_dtype))
     with torch.no_grad():
         weight.copy_(shard)
-    mark_tensor_parallel(weight, partition_dim, parallel=group_size(group) > 1)
+    mark_tensor_parallel(weight, partition_dim, parallel=group_size(group) > 1, stride=stride)
     return weight
 
 
-def mark_tensor_parallel(param: nn.Parameter, partition_dim: int, parallel: bool = True) -> None:
+def mark_tensor_parallel(param: nn.Parameter, partition_dim: int, parallel: bool = True, stride: int = 1) -> None:
     """The attributes DeepSpeed reads (deepspeed.runtime.utils.is_model_parallel_parameter)
     so that split parameters count on every rank in the grad norm, replicated ones once."""
     param.tensor_model_parallel = parallel
     param.partition_dim = partition_dim
-    param.partition_stride = 1
+    param.partition_stride = stride
 
 
 class ColumnParallelLinear(nn.Module):
@@ -87,17 +96,17 @@ class ColumnParallelLinear(nn.Module):
 
     def __init__(self, input_size: int, output_size: int, *, group, init_method: InitMethod,
                  bias: bool = True, gather_output: bool = False, params_dtype: torch.dtype = torch.float32,
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, stride: int = 1):
         super().__init__()
         self.group = group
         self.gather_output = gather_output
         self.sequence_parallel = sequence_parallel
-        self.output_size_per_partition = divide(output_size, group_size(group), "output size")
-        self.weight = _sharded_weight((output_size, input_size), 0, group, init_method, params_dtype)
+        self.output_size_per_partition = divide(output_size, group_size(group) * stride, "output size") * stride
+        self.weight = _sharded_weight((output_size, input_size), 0, group, init_method, params_dtype, stride)
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.zeros(self.output_size_per_partition, dtype=params_dtype))
-            mark_tensor_parallel(self.bias, 0, parallel=group_size(group) > 1)
+            mark_tensor_parallel(self.bias, 0, parallel=group_size(group) > 1, stride=stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:
@@ -156,6 +165,23 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
         weight = copy_to_tensor_model_parallel_region(self.weight, self.group)
         bias = copy_to_tensor_model_parallel_region(self.bias, self.group)
         return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+
+
+class SequenceParallelRMSNorm(nn.RMSNorm):
+    """RMSNorm (torch's fused F.rms_norm; Llama's normalization: no mean, no bias) with the weight replicated over
+    the group and, sequence parallel, its gradient summed over the group as SequenceParallelLayerNorm's is."""
+
+    def __init__(self, hidden_size: int, *, eps: float, group, sequence_parallel: bool,
+                 params_dtype: torch.dtype = torch.float32):
+        super().__init__(hidden_size, eps=eps, dtype=params_dtype)
+        self.group = group
+        self.sequence_parallel = sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.sequence_parallel:
+            return super().forward(x)
+        weight = copy_to_tensor_model_parallel_region(self.weight, self.group)
+        return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -53,12 +53,14 @@ _PART_NAMES: tuple[tuple[str, str], ...] = (
 
 
 def layer_forward_flops(config: GPTConfig, tokens: int) -> float:
-    """Multiply-adds x 2 of one transformer layer's forward over `tokens` tokens: QKV (h -> 3h), attention
-    out (h -> h), MLP in and out (h -> f -> h), and the attention products Q K^T and softmax(.) V, each
+    """Multiply-adds x 2 of one transformer layer's forward over `tokens` tokens: QKV (h -> h + 2 k, k the K/V
+    width: h without grouped-query attention), attention out (h -> h), MLP in and out (h -> f -> h; SwiGLU's
+    gate and up are two h -> f), and the attention products Q K^T and softmax(.) V, each
     s x s x h per sequence (the whole square: the causal kernels skip the masked half, but Megatron's
     papers and the counters count it, so the figure stays comparable)."""
     h, f, s = config.hidden_size, config.ffn_hidden_size, config.seq_length
-    return 2.0 * tokens * h * (4 * h + 2 * f) + 4.0 * tokens * s * h
+    matmuls = (2 * h + 2 * config.kv_channels) + config.ffn_input_width + f  # per token, per input feature
+    return 2.0 * tokens * h * matmuls + 4.0 * tokens * s * h
 
 
 def logit_forward_flops(config: GPTConfig, tokens: int) -> float:

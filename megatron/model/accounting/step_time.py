@@ -212,19 +212,27 @@ class _Module:
 def _modules(config: GPTConfig, tp: int, pp: int, stage: int) -> list[_Module]:
     """The parameter-holding modules of pipeline `stage` in forward order (accounting.parameter_groups_on_rank's
     sizes); the last stage of a pipeline holds its own copy of the tied word embedding."""
-    h, f = config.hidden_size, config.ffn_hidden_size
+    h, f, qkv, f_in = config.hidden_size, config.ffn_hidden_size, h_qkv(config), config.ffn_input_width
     words = _Module("words", (config.padded_vocab_size // tp * h,))
     positions = [_Module("positions", (config.learned_positions * h,))] if config.learned_positions else []
     modules = [words, *positions] if stage == 0 else []
+    norm = _Module("layernorm", (h,) if config.normalization == "rmsnorm" else (h, h))
+
+    def linear(kind: str, weight: int, bias: int) -> _Module:  # --disable-bias-linear: the weight alone
+        return _Module(kind, (weight,) if config.disable_bias_linear else (weight, bias))
     for _ in range(config.num_layers // pp):
-        modules += [_Module("layernorm", (h, h)), _Module("column", (3 * h * h // tp, 3 * h // tp)),
-                    _Module("row", (h * h // tp, h)), _Module("layernorm", (h, h)),
-                    _Module("column", (h * f // tp, f // tp)), _Module("row", (f * h // tp, h))]
+        modules += [norm, linear("column", h * qkv // tp, qkv // tp), linear("row", h * h // tp, h), norm,
+                    linear("column", h * f_in // tp, f_in // tp), linear("row", f * h // tp, h)]
     if stage == pp - 1:
-        modules.append(_Module("layernorm", (h, h)))
-        if pp > 1:
-            modules.append(words)
+        modules.append(norm)
+        if pp > 1 or config.untie_embeddings_and_output_weights:
+            modules.append(words)  # the tied embedding's copy, or the untied output layer
     return modules
+
+
+def h_qkv(config: GPTConfig) -> int:
+    """The fused QKV's output features: h queries and the K/V width twice (grouped-query attention: smaller)."""
+    return config.hidden_size + 2 * config.kv_channels
 
 
 def _gradient_order(modules: list[_Module], stage3: bool) -> list[tuple[int, int]]:
@@ -233,7 +241,7 @@ def _gradient_order(modules: list[_Module], stage3: bool) -> list[tuple[int, int
     linear's bias before its weight, except that ZeRO-3's linear function yields a column-parallel layer's
     weight first (a row-parallel layer adds its bias outside the matmul)."""
     def within(module: _Module) -> tuple[int, ...]:
-        if module.kind == "row" or (module.kind == "column" and not stage3):
+        if len(module.sizes) > 1 and (module.kind == "row" or (module.kind == "column" and not stage3)):
             return (1, 0)
         return tuple(range(len(module.sizes)))
     return [(m, i) for m in reversed(range(len(modules))) for i in within(modules[m])]

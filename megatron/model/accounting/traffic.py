@@ -105,7 +105,7 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
             traffic["all_reduce"] += per_step
     if pp > 1:
         traffic["p2p"] += g * activation / (tp if setup.sequence_parallel else 1) * ((stage > 0) + (stage < pp - 1))
-        if stage in (0, pp - 1):
+        if stage in (0, pp - 1) and not config.untie_embeddings_and_output_weights:  # the tied embedding's sync
             traffic["all_reduce"] += 2 * _ring_share(2) * config.padded_vocab_size // tp * config.hidden_size \
                 * setup.element_bytes
     return traffic
