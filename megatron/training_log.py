@@ -25,6 +25,20 @@ class IterationStats:
     tokens_per_gpu_per_second: float
     tflops: float
     curriculum_seqlen: int | None = None  # --curriculum-learning-legacy: the last step's sequence length
+    moe: "MoEStats | None" = None  # --num-experts: the interval's routing
+
+
+@dataclass
+class MoEStats:
+    """An interval's routing over the MoE layers and the data-parallel ranks (megatron/model/moe.py)."""
+    loss: float  # --moe-loss-coeff x the layers' load-balancing losses, what the loss adds to the lm loss
+    imbalance: float  # the most loaded expert's tokens / the mean expert's, of the most unbalanced layer
+    dropped: float  # the fraction of the routes (token, expert) dropped by the experts' capacity
+
+
+def moe_fields(m: MoEStats | None) -> str:
+    return "" if m is None else (f" moe loss: {m.loss:.6E} | expert load max/mean: {m.imbalance:.3f} |"
+                                 f" tokens dropped: {m.dropped:.4f} |")
 
 
 def iteration_line(s: IterationStats) -> str:
@@ -37,7 +51,7 @@ def iteration_line(s: IterationStats) -> str:
             f" elapsed time per iteration (ms): {s.elapsed_ms:.1f} |"
             f" learning rate: {s.learning_rate:.3E} |"
             f" global batch size: {s.global_batch_size:5d} |"
-            f" lm loss: {s.lm_loss:.6E} |"
+            f" lm loss: {s.lm_loss:.6E} |{moe_fields(s.moe)}"
             f" loss scale: {s.loss_scale:.1f} |"
             f"{grad_norm}{seqlen}"
             f" number of skipped iterations: {s.skipped_iterations:3d} |"
@@ -198,6 +212,9 @@ def iteration_scalars(s: IterationStats) -> dict[str, float]:
         values["grad-norm"] = s.grad_norm
     if s.curriculum_seqlen is not None:
         values["seqlen/curriculum_seqlen"] = s.curriculum_seqlen  # Megatron-DeepSpeed's TensorBoard name
+    if s.moe is not None:
+        values |= {"moe loss": s.moe.loss, "moe/expert-load-max-over-mean": s.moe.imbalance,
+                   "moe/tokens-dropped": s.moe.dropped}
     return values
 
 
