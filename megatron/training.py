@@ -26,7 +26,7 @@ from megatron.launch.dist_env import all_ranks_on_this_host
 from megatron.length_predictions import LengthPredictions
 from megatron.model import moe
 from megatron.step_timing import PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup, probes_skipped
-from megatron.training_log import (IterationStats, MoEStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
+from megatron.training_log import (NOT_PREDICTED_MOE, IterationStats, MoEStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
                                    iteration_line, iteration_scalars, memory_line, memory_scalars, model_state_line,
                                    peak_line, probe_line, progress_line, run_info_line, time_line, time_scalars,
                                    validation_line)
@@ -292,8 +292,8 @@ class Reporter:
             sent = comm_counter.since(now, self.comm_before, state.interval_iterations)
             self.comm_before = now
             self.print_line(comm_line(self.dist_info.rank, state.iteration, sent, self.num_params,
-                                      predicted.traffic))
-            scalars |= comm_scalars(sent, self.num_params, predicted.traffic)
+                                      None if args.model.is_moe else predicted.traffic))
+            scalars |= comm_scalars(sent, self.num_params, None if args.model.is_moe else predicted.traffic)
         if predicted.time is not None:
             measured = self.measured_time(seconds, state.interval_iterations)
             self.print_line(time_line(self.dist_info.rank, state.iteration, measured, predicted.time))
@@ -349,7 +349,9 @@ class Reporter:
         measured["other"] = max(0, mem["allocated"] - (held - offloaded if self.dist_info.on_cuda else held))
         # ZeRO partitions over data- x DeepSpeed-Ulysses sequence-parallel ranks (as the estimate does)
         partitions = self.args.parallel.data_parallel_size * self.args.parallel.sequence_parallel_size
-        self.print_line(model_state_line(measured, self.predictions.at(seq_length).memory, ds.zero_stage, partitions,
+        # megatron/model/accounting/ counts no experts yet (docs/moe.md)
+        estimate = None if self.args.model.is_moe else self.predictions.at(seq_length).memory
+        self.print_line(model_state_line(measured, estimate, ds.zero_stage, partitions,
                                          ds.precision, ds.offload))
 
     def counting(self):
@@ -583,6 +585,8 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
                                   accounting.matmul_precision(ds.precision, tf32), peak))
     if probes_skipped():
         reporter.print_line(PROBES_SKIPPED_LINE)
+    elif model_config.is_moe:
+        reporter.print_line(f" > step time {NOT_PREDICTED_MOE}: the step-time model has no experts yet (no time lines)")
     else:
         predicted, predictions.rates, predictions.link = predict_at_startup(args, dist_info, ds_config, setup)
         reporter.print_line(probe_line(predictions.rates, predictions.link, predicted))

@@ -17,7 +17,7 @@ from megatron.model import GPTModel
 from megatron.model.config import ModelConfigError
 from megatron.model.moe import expert_parallel_rank, moe_layers, routing_summary
 from megatron.training import get_batch, masked_mean_loss, with_moe_loss
-from megatron.training_log import IterationStats, MoEStats, iteration_line
+from megatron.training_log import IterationStats, MoEStats, comm_line, comm_scalars, iteration_line, model_state_line
 from test_arguments import base
 from test_parallel_training import losses
 from test_tensor_parallel import SEED, _gpt_config, run_ranks
@@ -181,3 +181,25 @@ def test_the_log_shows_the_moe_loss_load_and_drops(moe_runs):
     for loss, load, dropped in fields:
         # l_aux is about 1 per layer for a balanced gate, weighted 0.1 by default; nothing dropped without dropping
         assert 0.05 < float(loss) < 0.3 and float(load) >= 1.0 and float(dropped) == 0.0
+
+
+def test_the_predictions_without_experts_are_not_printed_for_moe():
+    """megatron/model/accounting/ counts no experts yet: the lines say so rather than print a dense model's figure."""
+    measured = dict(params=2**30, grads=2**30, optim=2**31, offloaded=0, other=0)
+    assert model_state_line(measured, None, 1, 2, "fp32", "none").endswith(
+        "ZeRO estimate (stage=1, dp=2, dtype=fp32, offload=none): not predicted for MoE |")
+    line = comm_line(0, 3, {"all_reduce": 2**20}, 2**18, None)
+    assert line.endswith("| bytes/param=4.000 | predicted=not predicted for MoE |")
+    assert "traffic/predicted-MB" not in comm_scalars({"all_reduce": 2**20}, 2**18, None)
+
+
+@pytest.mark.slow
+def test_an_moe_runs_prediction_lines_say_not_predicted_and_parse(moe_runs, tmp_path):
+    from analysis.log_parser import parse_log
+
+    log = moe_runs["ep2_z1"]
+    assert "predicted=not predicted for MoE |" in log and "offload=none): not predicted for MoE |" in log
+    (tmp_path / "run.log").write_text(log)
+    parsed = parse_log(tmp_path / "run.log")
+    assert [record.lm_loss for record in parsed.iterations] == pytest.approx(losses(log)[:-1], rel=1e-6)
+    assert parsed.model_state.estimate == {}
