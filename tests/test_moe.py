@@ -2,6 +2,7 @@
 their refusals (one line each), expert gradients through DeepSpeed's reduction on 2 real gloo ranks at EP=1 and
 EP=2, and real pretrain_gpt.py runs: EP=2 gives EP=1's losses without token dropping, ZeRO 1 and 2 give ZeRO 0's."""
 import re
+import subprocess
 from dataclasses import replace
 from functools import partial
 
@@ -9,10 +10,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import parallel_pretrain
+from conftest import REPO_ROOT, driver_env, parallel_pretrain
 from megatron.arguments import ConfigError, parse_args
 from megatron.core.layout import ParallelLayout
 from megatron.core.parallel_state import ParallelState
+from megatron.launch.settings import LaunchError, training_settings
 from megatron.model import GPTModel
 from megatron.model.config import ModelConfigError
 from megatron.model.moe import expert_parallel_rank, moe_layers, routing_summary
@@ -203,3 +205,28 @@ def test_an_moe_runs_prediction_lines_say_not_predicted_and_parse(moe_runs, tmp_
     parsed = parse_log(tmp_path / "run.log")
     assert [record.lm_loss for record in parsed.iterations] == pytest.approx(losses(log)[:-1], rel=1e-6)
     assert parsed.model_state.estimate == {}
+
+
+def test_the_driver_variables_give_the_moe_flags():
+    settings = training_settings({"NUM_EXPERTS": "4 8", "EP_SIZE": "2", "TOPK": "2", "MOE_LOSS_COEFF": "0.01"},
+                                 accelerator="cpu", world=2, model_size="tiny")
+    flags = " ".join(settings.flags)
+    assert "--num-experts 4 8 --moe-expert-parallel-size 2 --topk 2 --moe-loss-coeff 0.01" in flags
+    assert settings.sources["--num-experts"] == "NUM_EXPERTS" and settings.sources["--topk"] == "TOPK"
+    assert "--num-experts" not in training_settings({}, accelerator="cpu", world=2, model_size="tiny").flags
+    with pytest.raises(LaunchError, match=r"^NUM_EXPERTS=4,8: expected a positive integer, or one per MoE layer"):
+        training_settings({"NUM_EXPERTS": "4,8"}, accelerator="cpu", world=2, model_size="tiny")
+
+
+@pytest.mark.slow
+def test_the_z1_driver_trains_with_num_experts_4_and_ep_size_2(dolly_data_dir, tmp_path):
+    env = driver_env(dolly_data_dir, tmp_path, NUM_EXPERTS=4, EP_SIZE=2, TRAIN_EPOCHS="", TRAIN_ITERS=3,
+                     EVAL_ITERS=0, ZERO_LAB_SKIP_PROBES=1)
+    run = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], cwd=REPO_ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "--num-experts 4 --moe-expert-parallel-size 2" in (tmp_path / "gpt_tiny_Z1" / "command.txt").read_text()
+    log = (tmp_path / "gpt_tiny_Z1" / "train.log").read_text()
+    assert "| zero stage: 1 |" in log and "| world size: 2 |" in log
+    assert len(re.findall(r"\| lm loss: \S+ \| moe loss: \S+ \| expert load max/mean: \S+ \| tokens dropped: \S+ \|",
+                          log)) == 3

@@ -1,7 +1,8 @@
 """Named model shapes: the one table of them (pretrain_gpt.py's --model-size, ALCF/models.sh's
 MODEL_SIZE_KEY, tools/zero_plan.py and the Hugging Face conversion all read it).
 
-`python megatron/model/presets.py NAME` prints "layers hidden heads" for shell scripts (no torch import).
+`python megatron/model/presets.py NAME` prints "layers hidden heads" for shell scripts (no torch import); an MoE
+preset also gives num_experts (--num-experts' default with it).
 """
 import sys
 
@@ -21,6 +22,13 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
     "13B": dict(num_layers=40, hidden_size=5120, num_attention_heads=40),
     "25B": dict(num_layers=64, hidden_size=5760, num_attention_heads=64),
     "175B": dict(num_layers=96, hidden_size=12288, num_attention_heads=96),
+}
+# Mixture of experts (docs/moe.md), named as Megatron-DeepSpeed's examples_deepspeed/MoE name theirs (a dense
+# shape + MoE-<experts>): the dense preset's shape with num_experts experts in every other layer (--num-experts).
+MODEL_PRESETS |= {
+    "tiny-moe4": dict(MODEL_PRESETS["tiny"], num_experts=4),
+    "gpt-125m-moe8": dict(MODEL_PRESETS["125M"], num_experts=8),
+    "gpt-350m-moe16": dict(MODEL_PRESETS["355M"], num_experts=16),
 }
 
 
