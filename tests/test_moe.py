@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import REPO_ROOT, driver_env, parallel_pretrain
+from conftest import REPO_ROOT, driver_env, parallel_pretrain, tool_in_process
 from megatron.arguments import ConfigError, parse_args
 from megatron.core.layout import ParallelLayout
 from megatron.core.parallel_state import ParallelState
@@ -230,3 +230,16 @@ def test_the_z1_driver_trains_with_num_experts_4_and_ep_size_2(dolly_data_dir, t
     assert "| zero stage: 1 |" in log and "| world size: 2 |" in log
     assert len(re.findall(r"\| lm loss: \S+ \| moe loss: \S+ \| expert load max/mean: \S+ \| tokens dropped: \S+ \|",
                           log)) == 3
+
+
+def test_the_hugging_face_export_refuses_an_moe_checkpoint_in_one_line(capsys, tmp_path):
+    from megatron.saved_model.reader import save_checkpoint_weights
+
+    config = _gpt_config(num_experts=[4])
+    torch.manual_seed(SEED)
+    save_checkpoint_weights(str(tmp_path / "ckpt"), config, GPTModel(config).state_dict(), {}, "test")
+    code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", tmp_path / "ckpt",
+                                   "--output", tmp_path / "hf")
+    assert code == 1 and err.count("\n") == 1 and not (tmp_path / "hf").exists()
+    assert err.startswith("error: ") and ": a mixture-of-experts checkpoint (--num-experts 4): reading its expert " \
+        "weights (Hugging Face export, generation, evaluation) is not supported yet (docs/moe.md)" in err
