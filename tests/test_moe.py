@@ -243,3 +243,19 @@ def test_the_hugging_face_export_refuses_an_moe_checkpoint_in_one_line(capsys, t
     assert code == 1 and err.count("\n") == 1 and not (tmp_path / "hf").exists()
     assert err.startswith("error: ") and ": a mixture-of-experts checkpoint (--num-experts 4): reading its expert " \
         "weights (Hugging Face export, generation, evaluation) is not supported yet (docs/moe.md)" in err
+
+
+def test_each_expert_starts_from_its_global_index_whatever_the_ep_size():
+    """DeepSpeed deep-copies one expert into every slot; here expert g's weights come from g's own seed."""
+    def experts(ep, rank):
+        torch.manual_seed(SEED)
+        model = GPTModel(_gpt_config(num_experts=[4], moe_expert_parallel_size=ep), expert_rank=rank)
+        [layer] = moe_layers(model)
+        return [torch.cat([p.detach().flatten() for p in expert.parameters()])
+                for expert in layer.moe.deepspeed_moe.experts.deepspeed_experts]
+
+    whole = experts(1, 0)
+    assert not torch.equal(whole[0], whole[1])
+    for rank in (0, 1):
+        for local, weights in enumerate(experts(2, rank)):
+            assert torch.equal(weights, whole[2 * rank + local])
