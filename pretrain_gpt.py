@@ -100,6 +100,7 @@ def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
     from megatron.deepspeed_config import tuned_keys_added, write_deepspeed_config
     from megatron.training_log import tuned_keys_line
     from megatron.model import GPTModel, accounting
+    from megatron.model.moe import expert_parallel_rank
     from megatron.run_record import write_environment_record
     from megatron.training import setup_engine
 
@@ -109,7 +110,8 @@ def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
         builder = partial(build_gpt_pipe, args.model, parallel)
     else:
         builder = partial(GPTModel, args.model, parallel.get_tensor_model_parallel_group(),
-                          parallel.get_sequence_parallel_group())
+                          parallel.get_sequence_parallel_group(),
+                          expert_rank=expert_parallel_rank(parallel.data.rank, args.model.moe_expert_parallel_size))
     engine, ds_config = setup_engine(builder, accounting.count_parameters(args.model), args, dist_info, train_iters)
     user = args.deepspeed.user_config
     if user is not None and dist_info.rank == 0 and (added := tuned_keys_added(user, ds_config)):

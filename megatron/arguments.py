@@ -134,6 +134,10 @@ class TrainingArgs:
     curriculum_learning_legacy: bool = flag(
         False, "Megatron-DeepSpeed's sequence-length curriculum, as the --deepspeed_config JSON's curriculum_learning "
                "section describes it (docs/curriculum.md)")
+    # what the MoE layers' load-balancing losses are weighted by in the loss (Megatron-DeepSpeed's default)
+    moe_loss_coeff: float = flag(0.1, "the MoE load-balancing loss's weight in the loss")
+    create_moe_param_group: bool = flag(
+        False, "expert parameters in optimizer groups of their own (always so under ZeRO, which needs them)")
 
     def __post_init__(self):
         given = [flag for flag, value in (("--train-iters", self.train_iters),
@@ -144,6 +148,7 @@ class TrainingArgs:
                  + (f" (got {' and '.join(given)})" if given else ""))
         _require(self.max_nan_iterations > 0, "--max-nan-iterations must be >= 1")
         _require(self.exit_interval is None or self.exit_interval > 0, "--exit-interval must be >= 1")
+        _require(self.moe_loss_coeff >= 0, f"--moe-loss-coeff must be >= 0, got {self.moe_loss_coeff}")
 
 
 @dataclass
@@ -272,10 +277,16 @@ class Args:
     curriculum: CurriculumConfig | None = None
 
 
-def _flag_type(annotation):
-    """int, float, str, bool or list from a field's annotation (`X | None` is X)."""
+def _strip_none(annotation):
+    """`X | None` is X."""
     if isinstance(annotation, types.UnionType):
         [annotation] = [kind for kind in typing.get_args(annotation) if kind is not type(None)]
+    return annotation
+
+
+def _flag_type(annotation):
+    """int, float, str, bool or list from a field's annotation (`X | None` is X)."""
+    annotation = _strip_none(annotation)
     return typing.get_origin(annotation) or annotation
 
 
@@ -295,7 +306,9 @@ def _add_flags(group, section, *names: str) -> None:
         if kind is bool:
             group.add_argument(*options, action="store_true", help=help_text)
         elif kind is list:
-            group.add_argument(*options, nargs="*", default=default, help=help_text)
+            [item] = typing.get_args(_strip_none(hints[spec.name])) or [str]
+            group.add_argument(*options, nargs="*", type=None if item is str else item, default=default,
+                               help=help_text)
         else:
             group.add_argument(*options, type=None if kind is str else kind, default=default, help=help_text)
 
@@ -314,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
     # Megatron's query-key layer scaling divides scores by the layer number in fp16 kernels; zero-lab's SDPA has none
     model.add_argument("--no-query-key-layer-scaling", action="store_true",
                        help="accepted and ignored: the attention has no query-key layer scaling (docs/model.md)")
+    moe = parser.add_argument_group("mixture of experts (docs/moe.md)")
+    _add_flags(moe, GPTConfig, "num_experts", "expert_interval", "moe_expert_parallel_size", "topk",
+               "moe_train_capacity_factor", "moe_eval_capacity_factor", "moe_min_capacity", "mlp_type")
+    moe.add_argument("--disable-moe-token-dropping", action="store_false", dest="moe_token_dropping",
+                     help="no expert capacity limit: every token reaches its experts")
+    # --moe-loss-coeff and --create-moe-param-group are TrainingArgs' (the training group)
 
     par = parser.add_argument_group("parallelism")
     _add_flags(par, ParallelLayout, "tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -367,7 +386,7 @@ def _model_config(ns, params_dtype: torch.dtype) -> GPTConfig:
                      params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel,
                      use_rotary_position_embeddings=ns.use_rotary_position_embeddings,
                      rotary_percent=ns.rotary_percent, rope_theta=ns.rope_theta,
-                     **{name: getattr(ns, name) for name in LLAMA_FLAGS})
+                     **{name: getattr(ns, name) for name in LLAMA_FLAGS}, **_moe_shape(ns))
 
 
 def _parse_with_preset(argv: list[str]) -> argparse.Namespace:
@@ -376,11 +395,21 @@ def _parse_with_preset(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     ns = parser.parse_args(argv)
     architecture = {key: value for key, value in MODEL_PRESETS.get(ns.model_size, {}).items()
-                    if key not in ("num_layers", "hidden_size", "num_attention_heads")}
+                    # --num-experts: _moe_shape takes the preset's
+                    if key not in ("num_layers", "hidden_size", "num_attention_heads", "num_experts")}
     if not architecture:
         return ns
     parser.set_defaults(**architecture)
     return parser.parse_args(argv)
+
+
+def _moe_shape(ns) -> dict:
+    """GPTConfig's mixture-of-experts fields from the flags; --num-experts defaults to the preset's."""
+    preset = MODEL_PRESETS.get(ns.model_size or "", {})
+    experts = ns.num_experts or [preset.get("num_experts", 1)]
+    return dict(num_experts=experts, **{name: getattr(ns, name) for name in (
+        "expert_interval", "moe_expert_parallel_size", "topk", "moe_train_capacity_factor",
+        "moe_eval_capacity_factor", "moe_min_capacity", "moe_token_dropping", "mlp_type")})
 
 
 def _json_count(config: dict, key: str, path: str):
@@ -497,6 +526,7 @@ def _unsupported_combinations(args: Args, device_type: str):
         (ds.zero_stage >= 2 and par.pipeline_model_parallel_size > 1,
          f"--zero-stage {ds.zero_stage} cannot be combined with pipeline parallelism; "
          "use --zero-stage 0/1 or --no-pipeline-parallel"),
+        *_moe_problems(args),
         *_ulysses_problems(args),  # before Megatron's --sequence-parallel's own rule: its message names both
         (args.curriculum is not None and pp > 1,
          f"{CURRICULUM_FLAG} cannot be combined with pipeline parallelism (DeepSpeed's pipeline engine keeps the "
@@ -534,6 +564,25 @@ def _ulysses_problems(args: Args):
         (args.deepspeed.zero_stage == 3 and zero.get("reduce_scatter", True) is False,
          f"{flag} at ZeRO stage 3 needs zero_optimization.reduce_scatter on (--deepspeed_config "
          f"{args.deepspeed.deepspeed_config} turns it off): DeepSpeed averages the gradients another way there"),
+    ]
+
+
+def _moe_problems(args: Args):
+    """What the MoE layers (--num-experts > 1) cannot run with here (docs/moe.md)."""
+    m, par, ds = args.model, args.parallel, args.deepspeed
+    flag, ep, dp = f"--num-experts {' '.join(map(str, m.num_experts))}", m.moe_expert_parallel_size, par.data_parallel_size
+    return [] if not m.is_moe else [
+        (ds.zero_stage == 3, f"{flag} cannot run at --zero-stage 3: DeepSpeed {deepspeed.__version__}'s MoE layer "
+                             "does not support ZeRO stage 3; use --zero-stage 0, 1 or 2"),
+        (par.pipeline_model_parallel_size > 1, f"{flag} cannot be combined with pipeline parallelism; use "
+                                               "--pipeline-model-parallel-size 1 or --no-pipeline-parallel"),
+        (par.tensor_model_parallel_size > 1, f"{flag} cannot be combined with --tensor-model-parallel-size > 1 "
+                                             "(the experts are not split over tensor-parallel ranks here)"),
+        (par.sequence_parallel_size > 1, f"{flag} cannot be combined with --ds-sequence-parallel-size > 1"),
+        (m.recompute_activations, f"{flag} cannot be combined with --checkpoint-activations (the recomputed "
+                                  "forward would lose the gates' load-balancing loss)"),
+        (dp % ep != 0, f"--moe-expert-parallel-size {ep} must divide the data-parallel size {dp}: the experts "
+                       "are spread over groups of data-parallel ranks"),
     ]
 
 

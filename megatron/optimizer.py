@@ -5,6 +5,7 @@ import re
 import subprocess
 
 import torch
+from deepspeed.moe.utils import is_moe_param
 
 from megatron.arguments import Args, OptimizerArgs
 from megatron.core.grad_norm import model_parallel_grad_norm
@@ -71,8 +72,32 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     for param in model.parameters():
         if param.requires_grad:
             (no_decay if len(getattr(param, "ds_shape", param.shape)) < 2 else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    return [{"params": decay, "weight_decay": weight_decay, "name": "decay"},
+            {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"}]
+
+
+def moe_param_groups(groups: list[dict]) -> list[dict]:
+    """Each group split into its dense parameters and, per expert-parallel size, its expert ones (marked 'moe'):
+    DeepSpeed's ZeRO 1-2 partitions and reduces those over the expert-data-parallel group instead (deepspeed.moe.
+    utils; Megatron-DeepSpeed's --create-moe-param-group). Groups left empty are dropped."""
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    return [group for group in split_params_into_different_moe_groups_for_optimizer(groups) if group["params"]]
+
+
+def expert_grad_square(params) -> torch.Tensor:
+    """The squared gradient norm of the expert parameters of every rank of their expert-parallel groups: each
+    rank holds other experts, and an expert's gradient is the same on its expert-data-parallel ranks."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    total = torch.zeros((), dtype=torch.float32, device=params[0].device)
+    for name in sorted({p.group_name for p in params}):
+        grads = [p.grad.detach().float() for p in params if p.group_name == name and p.grad is not None]
+        square = torch.stack([g.norm() for g in grads]).square().sum() if grads else torch.zeros_like(total)
+        dist.all_reduce(square, group=groups._get_expert_parallel_group(name))
+        total = total + square
+    return total
 
 
 class NonFiniteSkippingAdamW(torch.optim.AdamW):
@@ -92,7 +117,10 @@ class NonFiniteSkippingAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure=None):
         params = [p for group in self.param_groups for p in group["params"]]
-        norm = model_parallel_grad_norm(params, self.tensor_rank, self.norm_group)
+        experts = [p for p in params if is_moe_param(p)]
+        norm = model_parallel_grad_norm([p for p in params if not is_moe_param(p)], self.tensor_rank, self.norm_group)
+        if experts:  # MoE runs have no tensor or pipeline parallelism (megatron/arguments.py)
+            norm = (norm.square() + expert_grad_square(experts)).sqrt()
         self._global_grad_norm = norm.item()
         self.overflow = not math.isfinite(self._global_grad_norm)
         if self.overflow:
@@ -109,6 +137,8 @@ def build_optimizer(model: torch.nn.Module, args: Args, state=None) -> torch.opt
     16M parameters about 4x faster than the default per-tensor loop (bench/bench_cpu_step_parts.py)."""
     opt = args.optimizer
     groups = param_groups(model, opt.weight_decay)
+    if args.model.is_moe and (args.deepspeed.zero_stage > 0 or args.training.create_moe_param_group):
+        groups = moe_param_groups(groups)
     kwargs = dict(lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps, weight_decay=opt.weight_decay)
     if args.deepspeed.offload_optimizer:
         # the offloaded step runs on the CPU; DeepSpeed requires its own vectorised CPU Adam there

@@ -24,8 +24,9 @@ from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
 from megatron.launch.dist_env import all_ranks_on_this_host
 from megatron.length_predictions import LengthPredictions
+from megatron.model import moe
 from megatron.step_timing import PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup, probes_skipped
-from megatron.training_log import (IterationStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
+from megatron.training_log import (NOT_PREDICTED_MOE, IterationStats, MoEStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
                                    iteration_line, iteration_scalars, memory_line, memory_scalars, model_state_line,
                                    peak_line, probe_line, progress_line, run_info_line, time_line, time_scalars,
                                    validation_line)
@@ -145,6 +146,13 @@ def sequence_gradient_factor(zero_stage: int, sequence) -> float:
     return float(sequence.size) if zero_stage == 3 and sequence is not None else 1.0
 
 
+def with_moe_loss(loss: torch.Tensor, module: torch.nn.Module, coeff: float) -> torch.Tensor:
+    """The lm loss plus --moe-loss-coeff x the MoE layers' load-balancing losses of the forward just run, as
+    Megatron-DeepSpeed's loss function adds them (the lm loss alone is what the log calls lm loss)."""
+    aux = moe.aux_loss(module)
+    return loss if aux is None else loss + coeff * aux
+
+
 def data_parallel_mean(value: torch.Tensor, dist_info: DistInfo) -> float:
     """Mean over the data-parallel replicas (the tensor-parallel ranks of one replica hold the same value)."""
     return data_parallel_means([value], dist_info)[0]
@@ -178,6 +186,7 @@ def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
         if measure:
             activations = saved[0]
         loss, whole = sequence_mean_loss(per_token_loss, loss_mask, dist_info.parallel.sequence)
+        loss = with_moe_loss(loss, engine.module, args.training.moe_loss_coeff)
         engine.backward(loss * sequence_gradient_factor(args.deepspeed.zero_stage, dist_info.parallel.sequence))
         losses.append(whole)
         if probe_memory:
@@ -269,7 +278,7 @@ class Reporter:
             skipped_iterations=state.skipped_iterations, nan_iterations=state.nan_iterations,
             samples_per_second=batch / seconds,
             tokens_per_gpu_per_second=batch * sum(lengths) / len(lengths) / seconds / world, tflops=tflops,
-            curriculum_seqlen=lengths[-1] if args.curriculum is not None else None)
+            curriculum_seqlen=lengths[-1] if args.curriculum is not None else None, moe=self.moe_stats(engine))
         self.print_line(iteration_line(stats))
         mfu = hfu = None
         if self.peak_tflops is not None:
@@ -283,8 +292,8 @@ class Reporter:
             sent = comm_counter.since(now, self.comm_before, state.interval_iterations)
             self.comm_before = now
             self.print_line(comm_line(self.dist_info.rank, state.iteration, sent, self.num_params,
-                                      predicted.traffic))
-            scalars |= comm_scalars(sent, self.num_params, predicted.traffic)
+                                      None if args.model.is_moe else predicted.traffic))
+            scalars |= comm_scalars(sent, self.num_params, None if args.model.is_moe else predicted.traffic)
         if predicted.time is not None:
             measured = self.measured_time(seconds, state.interval_iterations)
             self.print_line(time_line(self.dist_info.rank, state.iteration, measured, predicted.time))
@@ -292,6 +301,18 @@ class Reporter:
         self.print_line(self.progress.line(self.dist_info.rank, state.iteration, self.schedule.train_iters))
         for writer in self.writers:
             writer.scalars(scalars, state.iteration)
+
+    def moe_stats(self, engine) -> MoEStats | None:
+        """The interval's routing summed over the data-parallel ranks (one collective), and its counts restarted."""
+        layers = moe.moe_layers(engine.module)
+        if not layers:
+            return None
+        flat = [layer.stats.take() for layer in layers]
+        summed = torch.cat(flat)
+        data = self.dist_info.parallel.data
+        dist.all_reduce(summed, group=data.handle)
+        per_layer = list(summed.split([len(f) for f in flat]))
+        return MoEStats(*moe.routing_summary(per_layer, self.args.training.moe_loss_coeff))
 
     def measured_time(self, step_seconds: float, interval_iterations: int) -> dict[str, float]:
         """The interval's mean step time split into compute, communication (blocked in collectives) and
@@ -328,7 +349,9 @@ class Reporter:
         measured["other"] = max(0, mem["allocated"] - (held - offloaded if self.dist_info.on_cuda else held))
         # ZeRO partitions over data- x DeepSpeed-Ulysses sequence-parallel ranks (as the estimate does)
         partitions = self.predictions.setup.zero_partitions
-        self.print_line(model_state_line(measured, self.predictions.at(seq_length).memory, ds.zero_stage, partitions,
+        # megatron/model/accounting/ counts no experts yet (docs/moe.md)
+        estimate = None if self.args.model.is_moe else self.predictions.at(seq_length).memory
+        self.print_line(model_state_line(measured, estimate, ds.zero_stage, partitions,
                                          ds.precision, ds.offload))
 
     def counting(self):
@@ -561,6 +584,8 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
                                   accounting.matmul_precision(ds.precision, tf32), peak))
     if probes_skipped():
         reporter.print_line(PROBES_SKIPPED_LINE)
+    elif model_config.is_moe:
+        reporter.print_line(f" > step time {NOT_PREDICTED_MOE}: the step-time model has no experts yet (no time lines)")
     else:
         predicted, predictions.rates, predictions.link = predict_at_startup(args, dist_info, ds_config, setup)
         reporter.print_line(probe_line(predictions.rates, predictions.link, predicted))

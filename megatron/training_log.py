@@ -25,6 +25,20 @@ class IterationStats:
     tokens_per_gpu_per_second: float
     tflops: float
     curriculum_seqlen: int | None = None  # --curriculum-learning-legacy: the last step's sequence length
+    moe: "MoEStats | None" = None  # --num-experts: the interval's routing
+
+
+@dataclass
+class MoEStats:
+    """An interval's routing over the MoE layers and the data-parallel ranks (megatron/model/moe.py)."""
+    loss: float  # --moe-loss-coeff x the layers' load-balancing losses, what the loss adds to the lm loss
+    imbalance: float  # the most loaded expert's tokens / the mean expert's, of the most unbalanced layer
+    dropped: float  # the fraction of the routes (token, expert) dropped by the experts' capacity
+
+
+def moe_fields(m: MoEStats | None) -> str:
+    return "" if m is None else (f" moe loss: {m.loss:.6E} | expert load max/mean: {m.imbalance:.3f} |"
+                                 f" tokens dropped: {m.dropped:.4f} |")
 
 
 def iteration_line(s: IterationStats) -> str:
@@ -37,7 +51,7 @@ def iteration_line(s: IterationStats) -> str:
             f" elapsed time per iteration (ms): {s.elapsed_ms:.1f} |"
             f" learning rate: {s.learning_rate:.3E} |"
             f" global batch size: {s.global_batch_size:5d} |"
-            f" lm loss: {s.lm_loss:.6E} |"
+            f" lm loss: {s.lm_loss:.6E} |{moe_fields(s.moe)}"
             f" loss scale: {s.loss_scale:.1f} |"
             f"{grad_norm}{seqlen}"
             f" number of skipped iterations: {s.skipped_iterations:3d} |"
@@ -60,14 +74,23 @@ def memory_line(rank: int, device: str, iteration: int, mem: dict, mfu_percent: 
             f"MaxHostRSS={mem['max_rss'] / GB:.2f}GB{mfu} |")
 
 
-def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: int, precision: str,
+# what the lines print where megatron/model/accounting/ has no model yet: its dense figures would be wrong
+NOT_PREDICTED_MOE = "not predicted for MoE"
+
+
+def model_state_line(measured: dict, estimate: dict | None, zero_stage: int, dp_size: int, precision: str,
                      offload: str) -> str:
     """Measured: params, grads and optimizer states on the accelerator, offloaded states, the activations
     of one micro-batch (when measured) and everything else allocated; the estimate
     (megatron/model/accounting.memory_per_rank): the same, total = the model states on the accelerator."""
     m = {key: value / GB for key, value in measured.items()}
-    e = {key: value / GB for key, value in estimate.items()}
+    e = {key: value / GB for key, value in (estimate or {}).items()}
     activations = f" activations={m['activations']:.4f}" if "activations" in m else ""
+    if estimate is None:
+        return (f" model state memory per rank (GB) | measured: params={m['params']:.4f} grads={m['grads']:.4f} "
+                f"optim={m['optim']:.4f} offloaded={m['offloaded']:.4f}{activations} other={m['other']:.4f} | "
+                f"ZeRO estimate (stage={zero_stage}, dp={dp_size}, dtype={precision}, offload={offload}): "
+                f"{NOT_PREDICTED_MOE} |")
     return (f" model state memory per rank (GB) | measured: params={m['params']:.4f} grads={m['grads']:.4f} "
             f"optim={m['optim']:.4f} offloaded={m['offloaded']:.4f}{activations} other={m['other']:.4f} | "
             f"ZeRO estimate (stage={zero_stage}, dp={dp_size}, dtype={precision}, offload={offload}): "
@@ -76,14 +99,15 @@ def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: i
             f"output_buffer={e['output_buffer']:.4f} |")
 
 
-def comm_line(rank: int, iteration: int, sent_per_iteration: dict, num_params: int, predicted: float) -> str:
+def comm_line(rank: int, iteration: int, sent_per_iteration: dict, num_params: int, predicted: float | None) -> str:
     """Bytes this rank sent per iteration through each kind of collective (megatron/comm_counter.py),
     their total per model parameter, and the total megatron/model/accounting/ predicts
     (docs/zero-tradeoff.md defines "sent")."""
     total = sum(sent_per_iteration.values())
     kinds = " | ".join(f"{kind}={sent / MB:.3f}MB" for kind, sent in sent_per_iteration.items())
     return (f"[Rank {rank}] comm at iteration {iteration:8d} | {kinds} | total={total / MB:.3f}MB | "
-            f"bytes/param={total / num_params:.3f} | predicted={predicted / MB:.3f}MB |")
+            f"bytes/param={total / num_params:.3f} | "
+            + (f"predicted={NOT_PREDICTED_MOE} |" if predicted is None else f"predicted={predicted / MB:.3f}MB |"))
 
 
 def time_line(rank: int, iteration: int, measured: dict, predicted) -> str:
@@ -198,6 +222,9 @@ def iteration_scalars(s: IterationStats) -> dict[str, float]:
         values["grad-norm"] = s.grad_norm
     if s.curriculum_seqlen is not None:
         values["seqlen/curriculum_seqlen"] = s.curriculum_seqlen  # Megatron-DeepSpeed's TensorBoard name
+    if s.moe is not None:
+        values |= {"moe loss": s.moe.loss, "moe/expert-load-max-over-mean": s.moe.imbalance,
+                   "moe/tokens-dropped": s.moe.dropped}
     return values
 
 
@@ -211,11 +238,11 @@ def memory_scalars(mem: dict, mfu_percent: float | None, hfu_percent: float | No
     return values
 
 
-def comm_scalars(sent_per_iteration: dict, num_params: int, predicted: float) -> dict[str, float]:
+def comm_scalars(sent_per_iteration: dict, num_params: int, predicted: float | None) -> dict[str, float]:
     total = sum(sent_per_iteration.values())
     values = {f"traffic/{kind}-MB": sent / MB for kind, sent in sent_per_iteration.items()}
-    return values | {"traffic/total-MB": total / MB, "traffic/predicted-MB": predicted / MB,
-                     "traffic/bytes-per-param": total / num_params}
+    values |= {"traffic/total-MB": total / MB, "traffic/bytes-per-param": total / num_params}
+    return values if predicted is None else values | {"traffic/predicted-MB": predicted / MB}
 
 
 def time_scalars(measured: dict, predicted) -> dict[str, float]:

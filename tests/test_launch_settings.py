@@ -259,7 +259,8 @@ def test_a_bad_variable_is_named_with_its_value_and_what_is_expected(tmp_path, s
     (dict(NGPUS="two"), "NGPUS=two: expected a positive integer"),
     (dict(LAUNCHER="mpirun"), "LAUNCHER=mpirun: expected one of torchrun, deepspeed, mpiexec, srun"),
     (dict(MODEL_SIZE="7B"), "MODEL_SIZE=7B: expected a preset (tiny, 125M, 355M, 760M, 774M, 1.3B, 1.5B, 2.7B, "
-                            "6.7B, 13B, 25B, 175B)"),
+                            "6.7B, 13B, 25B, 175B, llama-tiny, llama2-7b, llama2-13b, llama3-8b, tiny-moe4, "
+                            "gpt-125m-moe8, gpt-350m-moe16)"),
     (dict(NNODES="2", NODE_RANK="x"), "NODE_RANK=x: expected an integer >= 0"),
     # ALCF's ZERO_STAGE: each driver runs its own stage, and says so instead of ignoring another
     (dict(ZERO_STAGE="3"), "ZERO_STAGE=3: gpt_deepspeed_Z1.sh runs ZeRO stage 1 (each driver is one experiment: "

@@ -93,8 +93,28 @@ def build(name: str, vocab: int, positions: int, device: str = "meta") -> tuple[
     return config, sum(p.numel() for p in model.parameters())
 
 
+# MoE preset -> (the dense preset whose shape it has, experts per MoE layer): Megatron-DeepSpeed's examples'
+# 125M+MoE and 350M+MoE models (examples_deepspeed/MoE), with fewer experts, and a tiny one for CPU ranks
+MOE_PRESETS = {"tiny-moe4": ("tiny", 4), "gpt-125m-moe8": ("125M", 8), "gpt-350m-moe16": ("355M", 16)}
+
+
 def test_every_preset_but_tiny_is_named_after_a_published_model():
-    assert sorted(MODEL_PRESETS) == sorted([*PUBLISHED, *LLAMA_PUBLISHED, "tiny", "llama-tiny"])
+    assert sorted(MODEL_PRESETS) == sorted([*PUBLISHED, *LLAMA_PUBLISHED, "tiny", "llama-tiny", *MOE_PRESETS])
+
+
+@pytest.mark.parametrize("name", MOE_PRESETS)
+def test_moe_presets_are_their_dense_shape_with_experts_every_other_layer(name, data_prefix):
+    from megatron.arguments import parse_args
+
+    dense, experts = MOE_PRESETS[name]
+    assert MODEL_PRESETS[name] == dict(MODEL_PRESETS[dense], num_experts=experts)
+    args = parse_args(["--model-size", name, "--seq-length", "32", "--micro-batch-size", "1", "--train-iters", "1",
+                       "--data-path", data_prefix], world_size=1)
+    layers = MODEL_PRESETS[dense]["num_layers"]
+    assert args.model.layer_experts == [1, experts] * (layers // 2)
+    # --num-experts given wins over the preset's
+    assert parse_args(["--model-size", name, "--seq-length", "32", "--micro-batch-size", "1", "--train-iters", "1",
+                       "--data-path", data_prefix, "--num-experts", "2"], world_size=1).model.layer_experts[1] == 2
 
 
 @pytest.mark.parametrize("name", PUBLISHED)

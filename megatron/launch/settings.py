@@ -128,6 +128,11 @@ def _checked(env: Mapping[str, str]) -> None:
     check(env, "fp32|bf16|fp16", "PRECISION", "DTYPE")
     check(env, "cosine|linear|constant", "LR_DECAY_STYLE")
     check(env, "learned|rotary", "POSITION_EMBEDDING_TYPE")
+    check(env, "int", "EP_SIZE", "TOPK")
+    check(env, "number", "MOE_LOSS_COEFF")
+    if env.get("NUM_EXPERTS") and not re.fullmatch(r"[1-9][0-9]*( [1-9][0-9]*)*", env["NUM_EXPERTS"]):
+        raise LaunchError(f"NUM_EXPERTS={env['NUM_EXPERTS']}: expected a positive integer, or one per MoE layer "
+                          "separated by spaces")
     if env.get("DS_CONFIG") and not Path(env["DS_CONFIG"]).is_file():
         raise LaunchError(f"DS_CONFIG={env['DS_CONFIG']}: no such file (expected a DeepSpeed JSON)")
     for name in ("SPLIT", "DATA_SPLIT"):
@@ -261,8 +266,9 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
     # DeepSpeed-Ulysses (docs/long-sequences.md); SP is Megatron's --sequence-parallel
     ulysses = ["--ds-sequence-parallel-size", v["SP_SIZE"]] if v.get("SP_SIZE", "1") != "1" else []
     wandb = ["--wandb-project", v["WANDB_PROJECT"]] if v.get("WANDB_PROJECT") else []
+    moe = _moe_flags(v)
     flags = ["--model-size", model_size, "--seq-length", v["SEQ_LEN"], "--max-position-embeddings", v["SEQ_LEN"],
-             *positions, *batch_flags, *length, *precision, *parallel, *ulysses,
+             *positions, *batch_flags, *length, *precision, *parallel, *ulysses, *moe,
              "--data-path", *v["DATA_PATH"].split(), "--vocab-file", v["VOCAB_FILE"], "--merge-file", v["MERGE_FILE"],
              "--split", v["SPLIT"], "--lr", v["LR"], "--min-lr", v["MIN_LR"], "--lr-decay-style", v["LR_DECAY_STYLE"],
              "--lr-warmup-fraction", v["LR_WARMUP_FRACTION"], "--adam-beta1", v["ADAM_BETA1"],
@@ -287,7 +293,21 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
         sources["--use-rotary-position-embeddings"] = "POSITION_EMBEDDING_TYPE"
     if ulysses:  # the same
         sources["--ds-sequence-parallel-size"] = names["SP_SIZE"]
+    sources |= {flag: variable for flag, variable in MOE_VARIABLES.items() if flag in moe}
     return TrainingSettings(flags=flags, sources=sources, values=v)
+
+
+# the mixture-of-experts variables (docs/moe.md), by the flag each gives; only set ones give flags
+MOE_VARIABLES = {"--num-experts": "NUM_EXPERTS", "--moe-expert-parallel-size": "EP_SIZE", "--topk": "TOPK",
+                 "--moe-loss-coeff": "MOE_LOSS_COEFF"}
+
+
+def _moe_flags(v: dict[str, str]) -> list[str]:
+    flags = []
+    for flag, variable in MOE_VARIABLES.items():
+        if variable in v:
+            flags += [flag, *v[variable].split()]
+    return flags
 
 
 # The variables the settings read, and give back with their defaults applied (TrainingSettings.values)
@@ -296,7 +316,8 @@ VARIABLES = ("SEQ_LEN", "MICRO_BATCH", "GLOBAL_BATCH", "GAS", "DPSIZE", "TP", "P
              "EVAL_INTERVAL", "EVAL_ITERS", "SAVE_INTERVAL", "DS_CONFIG", "LR", "MIN_LR", "DATA_DIR", "DATA_PATH",
              "VOCAB_FILE", "MERGE_FILE", "SPLIT", "DATA_SPLIT", "LR_DECAY_STYLE", "LR_WARMUP_FRACTION",
              "LR_WARMUP_FRAC", "ADAM_BETA1", "ADAM_BETA2", "WEIGHT_DECAY", "SEED", "DISTRIBUTED_TIMEOUT_MINUTES",
-             "CLIP_GRAD", "WANDB_PROJECT", "POSITION_EMBEDDING_TYPE", "SP_SIZE", "SPSIZE")
+             "CLIP_GRAD", "WANDB_PROJECT", "POSITION_EMBEDDING_TYPE", "SP_SIZE", "SPSIZE", "NUM_EXPERTS", "EP_SIZE",
+             "TOPK", "MOE_LOSS_COEFF")
 # every variable the settings read from the caller: docs/environment.md lists each (tests/test_environment_table.py)
 READ = tuple(name for name in VARIABLES if name != "DPSIZE") + ("OMP_NUM_THREADS", "MASTER_PORT", "MAX_RESTARTS",
                                                                  "FRESH", "DRY_RUN")

@@ -1,7 +1,7 @@
 """GPTConfig: the model's shape and regularisation, validated with Megatron flag names."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -48,6 +48,17 @@ class GPTConfig:
     num_key_value_heads: int | None = None
     untie_embeddings_and_output_weights: bool = False
     disable_bias_linear: bool = False
+    # Megatron-DeepSpeed's mixture of experts (DeepSpeed's MoE layer in the MLP; megatron/model/moe.py): experts
+    # per MoE layer, one value or one per MoE layer; every expert_interval-th layer is one (1: dense)
+    num_experts: list[int] = field(default_factory=lambda: [1])
+    expert_interval: int = 2
+    moe_expert_parallel_size: int = 1  # the run's layout, not the model's: checkpoints do not store it
+    topk: int = 1
+    moe_train_capacity_factor: float = 1.0
+    moe_eval_capacity_factor: float = 1.0
+    moe_min_capacity: int = 4
+    moe_token_dropping: bool = True  # --disable-moe-token-dropping turns it off
+    mlp_type: str = "standard"  # residual: PR-MoE's dense MLP beside the experts
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
@@ -85,6 +96,7 @@ class GPTConfig:
             raise ModelConfigError(f"--init-method-std must be > 0, got {self.init_method_std}")
         self._check_rotary()
         self._check_llama()
+        self._check_moe()
         if self.params_dtype not in _PARAMS_DTYPES:
             raise ModelConfigError(f"params dtype must be one of float32, bfloat16, float16, got {self.params_dtype}")
 
@@ -109,6 +121,46 @@ class GPTConfig:
                                    "group of query heads")
         if self.rope_theta <= 0:
             raise ModelConfigError(f"--rope-theta must be > 0, got {self.rope_theta}")
+
+    def _check_moe(self) -> None:
+        counts, interval = self.num_experts, self.expert_interval
+        if not counts or any(not isinstance(n, int) or n < 1 for n in counts):
+            raise ModelConfigError(f"--num-experts must be positive integers, got {counts}")
+        if not isinstance(interval, int) or interval < 1:
+            raise ModelConfigError(f"--expert-interval must be a positive integer, got {interval!r}")
+        if len(counts) not in (1, self.num_layers // interval):
+            raise ModelConfigError(f"--num-experts gives {len(counts)} values: give one, or one per MoE layer "
+                                   f"(--num-layers {self.num_layers} // --expert-interval {interval} = "
+                                   f"{self.num_layers // interval})")
+        for flag, value in (("--moe-train-capacity-factor", self.moe_train_capacity_factor),
+                            ("--moe-eval-capacity-factor", self.moe_eval_capacity_factor)):
+            if value <= 0:
+                raise ModelConfigError(f"{flag} must be > 0, got {value}")
+        if self.moe_min_capacity < 0:
+            raise ModelConfigError(f"--moe-min-capacity must be >= 0, got {self.moe_min_capacity}")
+        if self.mlp_type not in ("standard", "residual"):
+            raise ModelConfigError(f"--mlp-type must be standard or residual, got {self.mlp_type!r}")
+        moe = [n for n in self.layer_experts if n > 1]
+        if moe and not 1 <= self.topk <= min(moe):
+            raise ModelConfigError(f"--topk {self.topk} must be from 1 to the fewest experts of a layer ({min(moe)})")
+        ep = self.moe_expert_parallel_size
+        if ep < 1 or any(n % ep for n in moe):
+            raise ModelConfigError(f"--moe-expert-parallel-size {ep} must divide every layer's --num-experts "
+                                   f"({', '.join(map(str, sorted(set(moe))))})" if moe else
+                                   f"--moe-expert-parallel-size must be >= 1, got {ep}")
+
+    @property
+    def layer_experts(self) -> list[int]:
+        """Experts of each layer (1: a dense MLP), Megatron-DeepSpeed's rule: layer i (from 1) is an MoE layer
+        when i is a multiple of --expert-interval, and takes the next value of --num-experts."""
+        per_moe_layer = self.num_experts * (self.num_layers // self.expert_interval) if len(self.num_experts) == 1 \
+            else self.num_experts
+        return [per_moe_layer[(i - 1) // self.expert_interval] if i % self.expert_interval == 0 else 1
+                for i in range(1, self.num_layers + 1)]
+
+    @property
+    def is_moe(self) -> bool:
+        return any(n > 1 for n in self.layer_experts)
 
     @property
     def head_dim(self) -> int:
@@ -143,7 +195,8 @@ class GPTConfig:
 
     def to_dict(self) -> dict:
         """The shape as plain values (what checkpoints store); the dtype is the run's, not the model's."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "params_dtype"}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("params_dtype", "moe_expert_parallel_size")}
 
     @classmethod
     def from_dict(cls, values: dict, **overrides) -> "GPTConfig":

@@ -85,7 +85,8 @@ def embed(words: VocabParallelEmbedding, positions: nn.Embedding | None, dropout
 
 
 class GPTModel(nn.Module):
-    def __init__(self, config: GPTConfig, tp_group=None, sp_group=None):
+    def __init__(self, config: GPTConfig, tp_group=None, sp_group=None, expert_rank: int = 0):
+        """expert_rank: this rank's place in its expert-parallel group (megatron/model/moe.py)."""
         super().__init__()
         check_parallel_shape(config, group_size(tp_group))
         self.config = config
@@ -97,9 +98,10 @@ class GPTModel(nn.Module):
             self.word_embeddings, self.position_embeddings = build_embeddings(config, tp_group)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
         self.layers = nn.ModuleList()
-        for index in range(config.num_layers):
+        for index, experts in enumerate(config.layer_experts):
             with layer_init_seed(seed, index + 1):
-                self.layers.append(ParallelTransformerLayer(config, tp_group, self.rng_tracker, sp_group))
+                self.layers.append(ParallelTransformerLayer(config, tp_group, self.rng_tracker, sp_group, experts,
+                                                            expert_rank))
         self.final_layernorm = layer_norm(config, tp_group)
         self.output_layer = None
         if config.untie_embeddings_and_output_weights:

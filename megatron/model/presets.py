@@ -1,7 +1,8 @@
 """Named model shapes: the one table of them (pretrain_gpt.py's --model-size, ALCF/models.sh's
 MODEL_SIZE_KEY, tools/zero_plan.py and the Hugging Face conversion all read it).
 
-`python megatron/model/presets.py NAME` prints "layers hidden heads" for shell scripts (no torch import).
+`python megatron/model/presets.py NAME` prints "layers hidden heads" for shell scripts (no torch import); an MoE
+preset also gives num_experts (--num-experts' default with it).
 """
 import sys
 
@@ -37,6 +38,13 @@ MODEL_PRESETS: dict[str, dict[str, int | str | bool | float]] = {
 }
 # the vocabulary (before padding) of the tokenizer a preset was published with, where it is not GPT-2's 50257
 PRESET_VOCABULARY = {"llama2-7b": 32000, "llama2-13b": 32000, "llama3-8b": 128256}
+# Mixture of experts (docs/moe.md), named as Megatron-DeepSpeed's examples_deepspeed/MoE name theirs (a dense
+# shape + MoE-<experts>): the dense preset's shape with num_experts experts in every other layer (--num-experts).
+MODEL_PRESETS |= {
+    "tiny-moe4": dict(MODEL_PRESETS["tiny"], num_experts=4),
+    "gpt-125m-moe8": dict(MODEL_PRESETS["125M"], num_experts=8),
+    "gpt-350m-moe16": dict(MODEL_PRESETS["355M"], num_experts=16),
+}
 
 
 def main(argv: list[str]) -> int:

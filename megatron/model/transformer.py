@@ -26,6 +26,7 @@ from megatron.core.tensor_parallel import (
 from megatron.core.tensor_parallel.mappings import group_rank, group_size
 from megatron.model.config import GPTConfig
 from megatron.model.kv_cache import LayerKVCache
+from megatron.model.moe import MoEMLP
 from megatron.model.rotary import RotaryEmbedding
 from megatron.model.ulysses import UlyssesAttention
 
@@ -144,13 +145,21 @@ class ParallelMLP(nn.Module):
         return self.dense_4h_to_h(F.gelu(y, approximate="tanh"))
 
 
+def build_mlp(config: GPTConfig, tp_group, num_experts: int, expert_rank: int) -> nn.Module:
+    """The dense MLP, or DeepSpeed's MoE layer of `num_experts` such MLPs (megatron/model/moe.py)."""
+    if num_experts == 1:
+        return ParallelMLP(config, tp_group)
+    return MoEMLP(config, num_experts, lambda: ParallelMLP(config, None), expert_rank)
+
+
 class ParallelTransformerLayer(nn.Module):
-    def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker, sp_group=None):
+    def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker, sp_group=None,
+                 num_experts: int = 1, expert_rank: int = 0):
         super().__init__()
         self.input_layernorm = layer_norm(config, tp_group)
         self.self_attention = ParallelAttention(config, tp_group, rng_tracker, sp_group)
         self.post_attention_layernorm = layer_norm(config, tp_group)
-        self.mlp = ParallelMLP(config, tp_group)
+        self.mlp = build_mlp(config, tp_group, num_experts, expert_rank)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
         self.sequence_parallel = config.sequence_parallel
         self.rng_tracker = rng_tracker

@@ -248,6 +248,11 @@ def _load_weights(folder: str) -> LoadedCheckpoint:
     states = _torch_load(states_file)
     if not isinstance(states, dict) or "module" not in states:
         raise SavedModelError(f"{states_file}: not a DeepSpeed model-states file (no 'module')")
+    config = _config_from_metadata(states, states_file)
+    if config.is_moe:  # DeepSpeed saves each expert in a file of its own, which this reader does not merge yet
+        raise SavedModelError(f"{folder}: a mixture-of-experts checkpoint (--num-experts "
+                              f"{' '.join(map(str, config.num_experts))}): reading its expert weights (Hugging Face "
+                              "export, generation, evaluation) is not supported yet (docs/moe.md)")
     tp_size = int(states.get("tensor_model_parallel_size", 1))
     layer_files = pipeline_layer_files(folder)
     zero = bool(glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")))
