@@ -77,8 +77,10 @@ def test_recomputation_and_bf16_layers_probe():
 
 class FixedCostOptimizer:
     """An optimizer whose step takes FIXED_S plus PER_ELEMENT_S per element of its parameters (a GPU's fused
-    AdamW: launches and the synchronisation, then memory-bound work): what the probe should read is PER_ELEMENT_S."""
-    FIXED_S, PER_ELEMENT_S = 2e-3, 5e-9
+    AdamW: launches and the synchronisation, then memory-bound work): what the probe should read is PER_ELEMENT_S.
+    The costs are tens of milliseconds so that a sleep's late wake-up on a loaded machine (a few ms at a load of
+    8 on 2 cores) stays small beside the 49 ms between the two sizes' steps."""
+    FIXED_S, PER_ELEMENT_S = 2e-2, 5e-8
 
     def __init__(self, params):
         self.elements = sum(p.numel() for p in params)
@@ -88,7 +90,7 @@ class FixedCostOptimizer:
 
 
 def test_the_optimizer_probe_tells_a_steps_fixed_cost_from_its_per_element_cost():
-    # one size would read (2 ms + 5.2 ms) / 2^20 = 6.9 ns per element; the line through two sizes reads 5 and 2 ms
+    # one size would read (20 ms + 52 ms) / 2^20 = 69 ns per element; the line through two sizes reads 50 ns and 20 ms
     fixed, per_element = optimizer_seconds(FixedCostOptimizer, CPU)
     assert per_element == pytest.approx(FixedCostOptimizer.PER_ELEMENT_S, rel=0.1)
     assert fixed == pytest.approx(FixedCostOptimizer.FIXED_S, rel=0.25)
