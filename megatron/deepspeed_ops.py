@@ -5,6 +5,8 @@ every rank (megatron/initialize.py). Imports no torch or DeepSpeed until an op i
     python -m megatron.deepspeed_ops folder          # the folder the ops are built in
     python -m megatron.deepspeed_ops build OP... | all   # builds the ops not built yet (names as in OPS)
 """
+import contextlib
+import fcntl
 import functools
 import os
 import sys
@@ -48,21 +50,42 @@ def build_line(name: str) -> str:
     return f"compiling DeepSpeed's {name} for {use} (first use, about {minutes} min)"
 
 
+@contextlib.contextmanager
+def build_guard(name: str, folder: str):
+    """Held around each load of an op. torch marks a build in progress with a file, <folder>/<name>/lock, that it
+    removes at the end; a process killed mid-build (Ctrl-C, the OOM killer) leaves it behind, and every later load
+    of the op waits for it forever. So each load here also holds an flock on <name>/zero-lab.build, which the
+    kernel releases when its process dies: a torch lock found while holding the flock belongs to no live load of
+    ours, and is removed with one line (the build then starts again)."""
+    op_folder = os.path.join(folder, name)
+    os.makedirs(op_folder, exist_ok=True)
+    with open(os.path.join(op_folder, "zero-lab.build"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # another rank's load (or build) of this op first
+        stale = os.path.join(op_folder, "lock")
+        if os.path.exists(stale):
+            print(f"removing {stale}: a build of DeepSpeed's {name} that ended without finishing left it",
+                  flush=True)
+            os.remove(stale)
+        yield
+
+
 def announce_builds(quiet: bool = False) -> None:
     """From now on, one line before DeepSpeed compiles an op that this environment has not built yet (a run
-    would otherwise sit silent for the minutes it takes). Quiet on all but one rank per host: the others wait
-    for that rank's build. DeepSpeed compiles every op through OpBuilder.jit_load, so that is where the line
-    goes; an op installed prebuilt never reaches it."""
+    would otherwise sit silent for the minutes it takes), and every load under build_guard. Quiet on all but one
+    rank per host: the others wait for that rank's build. DeepSpeed compiles every op through OpBuilder.jit_load,
+    so that is where the line goes; an op installed prebuilt never reaches it."""
     from deepspeed.ops.op_builder.builder import OpBuilder
     jit_load = OpBuilder.jit_load
-    if quiet or getattr(jit_load, "announces_builds", False):
+    if getattr(jit_load, "announces_builds", False):
         return
 
     @functools.wraps(jit_load)
     def announcing_jit_load(builder, *args, **kwargs):
-        if not is_built(builder.name, extensions_dir()):
-            print(build_line(builder.name), flush=True)
-        return jit_load(builder, *args, **kwargs)
+        folder = extensions_dir()
+        with build_guard(builder.name, folder):
+            if not quiet and not is_built(builder.name, folder):
+                print(build_line(builder.name), flush=True)
+            return jit_load(builder, *args, **kwargs)
 
     announcing_jit_load.announces_builds = True
     OpBuilder.jit_load = announcing_jit_load

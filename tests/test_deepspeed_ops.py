@@ -85,6 +85,32 @@ def test_a_rank_says_in_one_line_that_it_compiles_an_op_before_the_build(tmp_pat
     assert lines.count(SHM_LINE) == 1
 
 
+@pytest.mark.slow
+def test_a_build_killed_mid_way_does_not_stall_the_next_load(tmp_path, shm_built):
+    """A rank killed while it compiles an op leaves torch's build lock in the op's folder, and torch's own wait for
+    it has no end; the next load removes it, saying so in one line, and goes on (the op is copied in meanwhile,
+    as if built, so that the second load is quick)."""
+    folder, lock = tmp_path / "ext", tmp_path / "ext" / SHM / "lock"
+    rank = subprocess.Popen([sys.executable, "-c", RANK], env=rank_env(tmp_path, folder), cwd=REPO_ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not lock.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert lock.exists(), "the build did not start"
+    finally:
+        os.killpg(rank.pid, signal.SIGKILL)
+        rank.wait()
+    assert lock.exists()  # what the killed build left behind
+    shutil.copytree(shm_built, folder / SHM, dirs_exist_ok=True, ignore=shutil.ignore_patterns("lock"))
+    result = subprocess.run([sys.executable, "-c", RANK], env=rank_env(tmp_path, folder), cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (f"removing {lock}: a build of DeepSpeed's {SHM} that ended without finishing left it\n"
+            in result.stdout), result.stdout
+    assert f"built in {folder}\n" in result.stdout and not lock.exists()
+
+
 def test_the_build_command_refuses_an_unknown_op_in_one_line():
     result = subprocess.run([sys.executable, "-m", "megatron.deepspeed_ops", "build", "cpu_adamw"], env=test_env(),
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
