@@ -1,14 +1,12 @@
 """The committed reference sweep (runs/reference/cpu-2rank) and `analysis/summarize.py --compare`: the reference is
 whole, small and agrees with its own summary; the comparison states missing experiments, differing settings and
-lengths; a folder that is no reference is one error line; a short sweep run again gives the same traffic and memory
-(and, the data and seed being the same, the same loss)."""
+lengths; a folder that is no reference is one error line; the suite's shared sweep, run again, gives the traffic and
+memory recorded from it (and, the data and seed being the same, the same loss)."""
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, free_port, test_env
+from conftest import REPO_ROOT
 from analysis import summarize
 from analysis.collect import collect
 from analysis.compare import compare_markdown
@@ -16,15 +14,15 @@ from analysis.reference import MEMORY, TRAFFIC, read_reference, run_figures
 from analysis.run_summary import RunSummary
 
 REFERENCE = REPO_ROOT / "runs" / "reference" / "cpu-2rank"
+# the figures of the suite's own shared sweep (conftest.six_driver_runs), recorded by tests/record_driver_sweep.py
+SWEEP_REFERENCE = REPO_ROOT / "tests" / "fixtures" / "driver-sweep"
 FIXTURE_LOGS = REPO_ROOT / "tests" / "fixtures" / "logs"
 EXPERIMENTS = ["Z0", "Z1", "Z2", "Z3", "Z3+offload", "Z3+NVMe"]
-# the regenerated sweep stops here (--exit-interval): three logged intervals of the reference's 60 iterations
-SHORT_ITERATIONS = 15
 # lm loss on another machine: fp32 on CPU, the same data and seed, but other kernels may round differently
 LOSS_TOLERANCE = 2e-3
 # the measured activations (megatron/memory.py: the storages autograd saves, less those of the parameters as
-# they are at that moment) of ZeRO-3 with NVMe offload came out 0.0152 GB in the reference and 0.0154 in a rerun
-# on the same machine (the estimate: 0.0154); every other memory figure repeated exactly
+# they are at that moment) of ZeRO-3 with NVMe offload came out 0.0152 GB in runs/reference/cpu-2rank and 0.0154 in
+# a rerun on the same machine (the estimate: 0.0154); every other memory figure repeated exactly
 ACTIVATIONS_TOLERANCE_GB = 1e-3
 
 
@@ -99,38 +97,29 @@ def test_compare_with_a_folder_that_is_no_reference_is_one_error_line(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_short_sweep_run_again_matches_the_committed_reference(dolly_data_dir, tmp_path):
-    """run_all.sh with the reference's settings (the drivers' CPU defaults on the dolly sample), stopped after
-    SHORT_ITERATIONS of its 60 iterations: traffic and model-state memory equal the reference's, the loss agrees
-    at every point both logged, and --compare says so."""
-    runs = tmp_path / "runs"
-    env = test_env(DATA_PATH=dolly_data_dir / "dolly_text_document", VOCAB_FILE=dolly_data_dir / "gpt2-vocab.json",
-                   MERGE_FILE=dolly_data_dir / "gpt2-merges.txt", RUNS_DIR=runs, MASTER_PORT=free_port(),
-                   CUDA_VISIBLE_DEVICES="")
-    sweep = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "run_all.sh"),
-                            "--exit-interval", str(SHORT_ITERATIONS)],
-                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+def test_the_shared_sweep_matches_its_committed_reference(six_driver_runs, tmp_path):
+    """The suite's shared sweep (conftest.six_driver_runs: run_all.sh with driver_env's settings) against the figures
+    tests/record_driver_sweep.py recorded from the same sweep: traffic and model-state memory equal, the loss equal
+    within fp32 rounding at every logged iteration, and `summarize.py --compare` finds nothing that differs."""
+    runs, result = six_driver_runs
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     new = {f.label: f for f in (run_figures(s) for s in collect(runs, 2).runs)}
-    reference = {r.label: r for r in read_reference(REFERENCE).runs}
-    assert sorted(new) == sorted(reference)
+    reference = {r.label: r for r in read_reference(SWEEP_REFERENCE).runs}
+    assert sorted(new) == sorted(reference) == sorted(EXPERIMENTS)
     for label, ref in reference.items():
         figures = new[label]
         assert figures.settings == ref.settings, label
-        assert figures.last_iteration == SHORT_ITERATIONS, label
+        assert (figures.status, figures.last_iteration) == (ref.status, ref.last_iteration) == ("finished", 4), label
         assert {k: figures.traffic[k] for k in TRAFFIC} == ref.traffic, label
         exact = [k for k in MEMORY if k != "activations_gb"]
         assert {k: figures.memory[k] for k in exact} == {k: ref.memory[k] for k in exact}, label
         assert figures.memory["activations_gb"] == pytest.approx(ref.memory["activations_gb"],
                                                                  abs=ACTIVATIONS_TOLERANCE_GB), label
-        ref_loss = dict(ref.loss)
-        assert len(figures.loss) == SHORT_ITERATIONS // 5
-        for tokens, loss in figures.loss:
-            assert loss == pytest.approx(ref_loss[tokens], abs=LOSS_TOLERANCE), (label, tokens)
-    compared = subprocess.run(["python", str(REPO_ROOT / "analysis" / "summarize.py"), str(runs), "--no-plots",
-                               "--compare", str(REFERENCE)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                              timeout=300)
-    assert compared.returncode == 0, compared.stderr
-    text = (runs / "compare.md").read_text()
-    assert "Not in" not in text and "settings differ" not in text
-    assert text.count("lengths differ: the reference logged up to iteration 60, the new run up to iteration 15") == 6
+        assert [tokens for tokens, _ in figures.loss] == [tokens for tokens, _ in ref.loss], label
+        for (tokens, loss), (_, ref_loss) in zip(figures.loss, ref.loss):
+            assert loss == pytest.approx(ref_loss, abs=LOSS_TOLERANCE), (label, tokens)
+    out = tmp_path / "out"  # not the shared runs folder, which other tests read
+    assert summarize.main([str(runs), "--out", str(out), "--no-plots", "--compare", str(SWEEP_REFERENCE)]) == 0
+    text = (out / "compare.md").read_text()
+    assert "Not in" not in text and "settings differ" not in text and "lengths differ" not in text
+    assert text.count("\n### ") == len(EXPERIMENTS)
