@@ -87,7 +87,7 @@ def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
 
 def probe_layer(config: GPTConfig, tensor_parallel_size: int) -> ParallelTransformerLayer:
     """One transformer layer as one TP rank holds it, serial (no process group, so no collectives timed): at
-    TP = t its QKV and MLP-in layers keep 3h/t and f/t output features, its attention-out layer h/t input
+    TP = t its QKV and MLP-in layers keep (h + 2 kv)/t and f/t output features, its attention-out layer h/t input
     features, and it runs num_heads/t heads; LayerNorms stay whole. Sequence parallelism is left out: its
     matmuls see the whole sequence all the same."""
     t = tensor_parallel_size
@@ -95,11 +95,14 @@ def probe_layer(config: GPTConfig, tensor_parallel_size: int) -> ParallelTransfo
     layer = ParallelTransformerLayer(local, None, model_parallel_tracker(1234, 0))
     if t > 1:
         h, attention = config.hidden_size, layer.self_attention
-        init = init_method_normal(config.init_method_std)
-        attention.query_key_value = ColumnParallelLinear(h, 3 * h // t, group=None, init_method=init,
-                                                         params_dtype=config.params_dtype)
-        attention.dense = RowParallelLinear(h // t, h, group=None, init_method=init, params_dtype=config.params_dtype)
+        init, bias = init_method_normal(config.init_method_std), not config.disable_bias_linear
+        # the queries and this rank's K/V heads (grouped-query attention keeps fewer of them)
+        attention.query_key_value = ColumnParallelLinear(h, (h + 2 * config.kv_channels) // t, group=None,
+                                                         init_method=init, params_dtype=config.params_dtype, bias=bias)
+        attention.dense = RowParallelLinear(h // t, h, group=None, init_method=init, params_dtype=config.params_dtype,
+                                            bias=bias)
         attention.local_heads = config.num_attention_heads // t
+        attention.local_kv_heads = config.num_key_value_heads // t
     return layer
 
 
