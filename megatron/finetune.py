@@ -57,7 +57,7 @@ def local_weights(full: dict[str, torch.Tensor], module: torch.nn.Module, num_la
             raise SavedModelError(f"--load {where} --finetune: the checkpoint has no {source} for this model's "
                                   f"{name} (check --num-layers and the other model flags)")
         tensor, dim = full[source], partition_dim(source)
-        if source == "word_embeddings.weight":
+        if source in ("word_embeddings.weight", "output_layer.weight"):
             tensor = _resize_vocabulary(tensor, _full_shape(param)[0] * tp_size)
         if dim is not None and tp_size > 1:  # SwiGLU's gate and up: this rank's part of each (partition_stride 2)
             tensor = strided_shard(tensor, dim, tp_group, getattr(param, "partition_stride", 1))

@@ -107,13 +107,21 @@ def test_probe_sizes_pass_a_gpus_l2_cache_and_keep_a_cpus_probe_short():
     assert _sizes(OPTIMIZER_ELEMENTS, CPU)[-1] == 2**20  # the single size it had, in about the same time
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4])
-def test_probed_layer_holds_one_tp_ranks_share(tp):
-    layer = probe_layer(config(64), tp)
-    matrices, vectors = parameter_groups_on_rank(config(64), tp)
-    # one layer's matrices (QKV, attention out, MLP in, out) and vectors, after the two embeddings
-    assert [p.numel() for p in layer.parameters() if p.dim() == 2] == matrices[2:6]
-    assert [p.numel() for p in layer.parameters() if p.dim() == 1] == vectors[:8]
+LLAMA = dict(use_rotary_position_embeddings=True, normalization="rmsnorm", swiglu=True, num_key_value_heads=2,
+             untie_embeddings_and_output_weights=True, disable_bias_linear=True, ffn_hidden_size=176)
+
+
+@pytest.mark.parametrize("tp, shape", [(1, {}), (2, {}), (4, {}), (1, LLAMA), (2, LLAMA)],
+                         ids=["gpt2-tp1", "gpt2-tp2", "gpt2-tp4", "llama-tp1", "llama-tp2"])
+def test_probed_layer_holds_one_tp_ranks_share(tp, shape):
+    """GPT-2's layer, and the run's own where it is Llama-shaped: grouped-query QKV, SwiGLU, RMSNorm, no biases."""
+    layer = probe_layer(config(64, **shape), tp)
+    matrices, vectors = parameter_groups_on_rank(config(64, **shape), tp)
+    # one layer's matrices (QKV, attention out, MLP in, out) and vectors, after the embeddings (one: rotary)
+    first = 1 if shape else 2
+    assert [p.numel() for p in layer.parameters() if p.dim() == 2] == matrices[first:first + 4]
+    layer_vectors = 2 if shape else 8  # the two norms' weights; GPT-2's biases and LayerNorm biases too
+    assert [p.numel() for p in layer.parameters() if p.dim() == 1] == vectors[:layer_vectors]
     x = torch.randn(2, 32, 64)
     assert layer(x).shape == x.shape
 

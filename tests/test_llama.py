@@ -291,21 +291,6 @@ def test_llama_pipeline_two_stages_with_untied_output_matches_serial_training(ll
     assert_passed(llama_world_2, "_check_llama_pipeline_matches_serial")
 
 
-def test_hf_gpt2_export_refuses_a_llama_checkpoint_in_one_line(tmp_path, capsys):
-    from megatron.saved_model.reader import save_checkpoint_weights
-    from conftest import tool_in_process
-
-    model = build(llama_config())
-    save_checkpoint_weights(str(tmp_path / "ckpt"), model.config, model.state_dict(), {}, "test")
-    code, out, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", tmp_path / "ckpt",
-                                     "--output", tmp_path / "hf")
-    assert code == 1 and out == ""
-    assert err.strip().splitlines() == [
-        f"error: {tmp_path / 'ckpt' / 'global_step0'}: the model is Llama-shaped (RMSNorm, SwiGLU, grouped-query "
-        "attention, untied output or no biases), not GPT-2: no Hugging Face GPT-2 export"]
-    assert not (tmp_path / "hf").exists()
-
-
 def test_tensor_parallel_shards_merge_into_the_serial_weights():
     """TP=2 shards (SwiGLU's [gate_r; up_r] each, K/V groups, the untied output layer's vocabulary rows) merge into
     the TP=1 state dict, and --finetune's slicing (strided_shard) gives each rank its shard back."""

@@ -123,6 +123,26 @@ def test_saved_activations_follow_the_sequence_length(seq_length):
     assert _measured_activations(config) == pytest.approx(predicted, rel=0.01)
 
 
+@pytest.mark.parametrize("dtype, recompute, dropout, kv_heads", [
+    ("fp32", False, 0.0, 2), ("bf16", False, 0.0, 2), ("fp32", False, 0.1, 2), ("bf16", False, 0.1, 2),
+    ("fp32", True, 0.0, 2), ("fp32", False, 0.0, 4), ("bf16", False, 0.0, 1)])
+def test_saved_activations_of_a_llama_forward_are_the_prediction(dtype, recompute, dropout, kv_heads):
+    """llama-tiny (RMSNorm, SwiGLU, rotary, untied output) with grouped-query (2 and 1 K/V heads) and multi-head
+    attention (4): what RMSNorm keeps in fp32 on CPU, SwiGLU's gate, up, SiLU(gate) and product, the rotated or
+    repeated q, k and v, and no position ids, within 1%."""
+    import torch
+
+    from megatron.model import MODEL_PRESETS, GPTConfig
+    from megatron.model.accounting import TrainingSetup, activation_bytes
+    shape = dict(MODEL_PRESETS["llama-tiny"], num_key_value_heads=kv_heads)
+    config = GPTConfig(**shape, seq_length=64, max_position_embeddings=64, padded_vocab_size=1024,
+                       params_dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype],
+                       recompute_activations=recompute, hidden_dropout=dropout, attention_dropout=dropout)
+    predicted = activation_bytes(config, TrainingSetup(world_size=1, micro_batch_size=4, precision=dtype,
+                                                       activation_recompute=recompute, device="cpu"))
+    assert _measured_activations(config) == pytest.approx(predicted, rel=0.01)
+
+
 def _check_ulysses_activations(rank, world):
     import deepspeed
 

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = json.loads((ROOT / "tools" / "published_runs.json").read_text())
 RUNS = PUBLISHED["runs"]
+CHECKS = PUBLISHED["checks"]  # Llama runs held against the shipped calibration, outside the fit
 _spec = importlib.util.spec_from_file_location("zero_plan", ROOT / "tools" / "zero_plan.py")
 zero_plan = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(zero_plan)
@@ -61,9 +62,9 @@ def test_the_bound_is_above_every_published_run(run):
     assert low <= zero_plan.published_step_seconds(run) / bound <= high
 
 
-def docs_runs() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """({run: its table row's cells}, {run: the command the docs give for it}) from docs/zero-tradeoff.md."""
-    text = (ROOT / "docs" / "zero-tradeoff.md").read_text().split("## Checked against published runs")[1]
+def docs_runs(section: str = "## Checked against published runs") -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """({run: its table row's cells}, {run: the command the docs give for it}) from a docs/zero-tradeoff.md section."""
+    text = (ROOT / "docs" / "zero-tradeoff.md").read_text().split(section)[1]
     text = text.split("\n## ")[0]
     rows = {cells[0]: cells[1:] for cells in
             ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| "))
@@ -92,6 +93,44 @@ def test_the_docs_table_is_what_the_planner_prints_for_the_docs_commands(capsys,
             patch.setattr(zero_plan, "CALIBRATION", leave_one_out(run))
             assert left_out == printed_row(capsys, args, option)["hw TFLOP/s/GPU"], run["name"]
         assert left_out_ratio == f"{float(left_out) / float(published):.2f}"
+
+
+def hw_tflops(row: dict[str, str]) -> str:
+    """The printed hardware TFLOP/s per GPU: its own column with --recompute, else the model FLOPs' (the same)."""
+    return row.get("hw TFLOP/s/GPU", row["TFLOP/s/GPU"])
+
+
+def bound_over_published(run: dict) -> float:
+    bound = zero_plan.published_run_parts(run).expected(zero_plan.Calibration(matmul=1.0, memory_passes=0.0, link=1.0))
+    return zero_plan.published_step_seconds(run) / bound.total
+
+
+def test_the_llama_runs_outside_the_fit_print_what_the_docs_state(capsys):
+    """Llama 3 405B (Table 4) and torchtitan's Llama 3.1 8B on 8 H100s, with the shipped calibration: the docs'
+    table (published hw TFLOP/s/GPU, step ms, bound ms, hw TFLOP/s/GPU, / published, published step / bound) is
+    what the planner prints for the docs' commands."""
+    rows, commands = docs_runs("## Llama runs outside the fit")
+    assert sorted(rows) == sorted(commands) == sorted(run["name"] for run in CHECKS)
+    for run in CHECKS:
+        layout, option, batch, published, step, bound, tflops, ratio, bound_ratio = rows[run["name"]]
+        assert commands[run["name"]] == zero_plan.published_run_args(run), run["name"]
+        dp = run["gpus_per_node"] * run["nodes"] // (run["tp"] * run["pp"])
+        assert layout == f"{run['tp']} x {run['pp']} x {dp}" and option == zero_plan.published_run_option(run)
+        assert batch == f"{run['global_batch_size']} ({run['micro_batch_size']})"
+        assert published == f"{zero_plan.published_tflops_per_gpu(run):.0f}"
+        row = printed_row(capsys, commands[run["name"]], option)
+        assert (step, bound, tflops) == (row["step ms"], row["bound ms"], hw_tflops(row)), run["name"]
+        assert ratio == f"{float(tflops) / zero_plan.published_tflops_per_gpu(run):.2f}"
+        assert bound_ratio == f"{bound_over_published(run):.2f}"
+
+
+def test_the_llama_runs_would_break_the_fit():
+    """Fitted with them, some run's leave-one-out error passes the shipped bound: they stay out of the fit."""
+    everything = RUNS + CHECKS
+    worst = max(abs(zero_plan.published_step_seconds(run) / zero_plan.published_run_parts(run).expected(
+        zero_plan.fit_calibration([other for other in everything if other is not run])).total - 1)
+        for run in everything)
+    assert worst > PUBLISHED["calibration"]["leave_one_out_error"]
 
 
 if __name__ == "__main__":  # prints the docs' table rows and commands

@@ -1,10 +1,12 @@
-"""Export a zero-lab checkpoint (any ZeRO stage, offload included) as a Hugging Face GPT-2 folder.
+"""Export a zero-lab checkpoint (any ZeRO stage, TP/PP layout, offload included) as a Hugging Face folder.
 
     python tools/checkpoint_to_hf.py --load runs/gpt_125M_Z3/checkpoints --output hf/gpt_125M
 
-The folder (config.json, model.safetensors, vocab.json, merges.txt) loads offline with
-transformers.GPT2LMHeadModel.from_pretrained / AutoTokenizer.from_pretrained. The padded
-vocabulary rows are dropped when the tokenizer is known.
+The folder (config.json, model.safetensors and the tokenizer's files: vocab.json and merges.txt for GPT-2,
+tokenizer.json for a Llama2Tokenizer or Llama3Tokenizer run) loads offline with
+transformers.AutoModelForCausalLM.from_pretrained / AutoTokenizer.from_pretrained: GPT2LMHeadModel for a GPT-2
+shaped model, LlamaForCausalLM for a Llama-shaped one (docs/model.md). The padded vocabulary rows are dropped when
+the tokenizer is known.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def main(argv: list[str]) -> int:
         loaded = load_checkpoint_weights(args.load, args.tag, trust=args.trust_checkpoint)
         tokenizer, files = resolve_tokenizer(loaded.tokenizer, args.vocab_file, args.merge_file)
         vocab_size = tokenizer.vocab_size if tokenizer else loaded.config.padded_vocab_size
-        save_hf_folder(loaded, args.output, vocab_size, tokenizer.eod if tokenizer else None, files)
+        save_hf_folder(loaded, args.output, vocab_size, tokenizer, files)
     except ZeroLabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -1,10 +1,11 @@
-"""Convert a Hugging Face GPT-2 folder (gpt2, -medium, -large, -xl shapes) into a zero-lab checkpoint.
+"""Convert a Hugging Face GPT-2 (gpt2, -medium, -large, -xl shapes) or Llama folder into a zero-lab checkpoint.
 
     python tools/hf_to_checkpoint.py --hf /models/gpt2 --save runs/gpt2_init
     python pretrain_gpt.py --model-size 125M --seq-length 1024 --load runs/gpt2_init --finetune ...
 
 The checkpoint is at iteration 0 with no optimizer state; `--finetune` loads only its weights,
-whatever the ZeRO stage of the run. vocab.json/merges.txt are copied next to it when the folder has them.
+whatever the ZeRO stage of the run. vocab.json/merges.txt are copied next to it when a GPT-2 folder has them; a
+Llama's run gives its own --tokenizer-type and --tokenizer-model. What a Llama config needs: docs/model.md.
 """
 from __future__ import annotations
 
@@ -25,6 +26,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def llama_flags(config) -> str:
+    if not config.swiglu:
+        return ""
+    untie = " --untie-embeddings-and-output-weights" if config.untie_embeddings_and_output_weights else ""
+    return (f"--num-key-value-heads {config.num_key_value_heads} --ffn-hidden-size {config.ffn_hidden_size} "
+            f"--rope-theta {config.rope_theta:g} --normalization rmsnorm --swiglu --use-rotary-position-embeddings "
+            f"--disable-bias-linear{untie} ")
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     import transformers
@@ -40,7 +50,7 @@ def main(argv: list[str]) -> int:
     c = loaded.config
     print(f"wrote {args.save} from {args.hf}: --num-layers {c.num_layers} --hidden-size {c.hidden_size} "
           f"--num-attention-heads {c.num_attention_heads} --max-position-embeddings {c.max_position_embeddings} "
-          f"(padded vocab {c.padded_vocab_size})")
+          f"{llama_flags(c)}(padded vocab {c.padded_vocab_size})")
     return 0
 
 

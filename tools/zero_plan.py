@@ -175,6 +175,11 @@ def parse_tokens(text: str) -> float:
     return float(match.group(1)) * scale
 
 
+# GPTConfig's Llama fields, each behind its Megatron-DeepSpeed flag (--num-key-value-heads, --swiglu, ...)
+LLAMA_FLAGS = ("num_key_value_heads", "ffn_hidden_size", "swiglu", "normalization",
+               "untie_embeddings_and_output_weights", "disable_bias_linear", "rope_theta")
+
+
 def model_config(ns: argparse.Namespace) -> GPTConfig:
     if ns.model_size is not None:
         if ns.model_size not in MODEL_PRESETS:
@@ -190,6 +195,9 @@ def model_config(ns: argparse.Namespace) -> GPTConfig:
             shape[name] = getattr(ns, name)
         elif name not in shape:
             raise PlanError(f"--{name.replace('_', '-')} is required without --model-size")
+    # Llama's architecture flags (docs/model.md) add to a preset's own
+    shape.update({name: getattr(ns, name) for name in LLAMA_FLAGS if getattr(ns, name) not in (None, False)})
+    shape["use_rotary_position_embeddings"] = ns.rotary or shape.get("use_rotary_position_embeddings", False)
     multiple = 128 * ns.tp  # Megatron's --make-vocab-size-divisible-by 128 x TP
     padded = -(-ns.vocab_size // multiple) * multiple
     # --use-rotary-position-embeddings adds rotary to a preset without it (the Llama presets have it already)
@@ -493,8 +501,10 @@ def published_run_args(run: dict) -> list[str]:
                  global_batch_size=run["global_batch_size"], gpus=run["gpus_per_node"], nodes=run["nodes"],
                  tp=run["tp"], pp=run["pp"], gpu=run["gpu"], precision=run["precision"],
                  inter_node_bandwidth=run["inter_node_bandwidth"])
+    flags.update({name: run[name] for name in LLAMA_FLAGS if name in run and not isinstance(run[name], bool)})
+    switches = [name for name in (*LLAMA_FLAGS, "use_rotary_position_embeddings", "recompute") if run.get(name) is True]
     args = [item for name, value in flags.items() for item in (f"--{name.replace('_', '-')}", str(value))]
-    return args + (["--recompute"] if run["recompute"] else [])
+    return args + [f"--{name.replace('_', '-')}" for name in switches]
 
 
 def published_run_option(run: dict) -> str:
@@ -503,10 +513,27 @@ def published_run_option(run: dict) -> str:
 
 
 def published_step_seconds(run: dict) -> float:
-    """The run's seconds per step from its published hardware TFLOP/s per GPU."""
-    ns = parse_args(published_run_args(run))
-    flops = accounting.hardware_flops_per_iteration(model_config(ns), run["global_batch_size"])
-    return flops / (run["published_tflops_per_gpu"] * 1e12 * run["gpus_per_node"] * run["nodes"])
+    """The run's seconds per step: from its published tokens/s per GPU where it gives those (torchtitan does),
+    from its model TFLOP/s per GPU (the MFU's numerator: Llama 3's), else from its hardware TFLOP/s per GPU."""
+    gpus = run["gpus_per_node"] * run["nodes"]
+    if "published_tokens_per_s_per_gpu" in run:
+        return run["global_batch_size"] * run["seq_length"] / (run["published_tokens_per_s_per_gpu"] * gpus)
+    config = model_config(parse_args(published_run_args(run)))
+    if "published_model_tflops_per_gpu" in run:
+        flops = accounting.model_flops_per_iteration(config, run["global_batch_size"])
+        return flops / (run["published_model_tflops_per_gpu"] * 1e12 * gpus)
+    flops = accounting.hardware_flops_per_iteration(config, run["global_batch_size"])
+    return flops / (run["published_tflops_per_gpu"] * 1e12 * gpus)
+
+
+def published_tflops_per_gpu(run: dict) -> float:
+    """The run's hardware TFLOP/s per GPU: as published, or its published step (published_step_seconds) counted by
+    our FLOPs."""
+    if "published_tflops_per_gpu" in run:
+        return run["published_tflops_per_gpu"]
+    config = model_config(parse_args(published_run_args(run)))
+    flops = accounting.hardware_flops_per_iteration(config, run["global_batch_size"])
+    return flops / published_step_seconds(run) / (run["gpus_per_node"] * run["nodes"]) / 1e12
 
 
 def published_run_parts(run: dict) -> StepParts:
@@ -699,6 +726,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="DeepSpeed-Ulysses: split each sequence over this many GPUs (default: 1)")
     parser.add_argument("--use-rotary-position-embeddings", dest="rotary", action="store_true",
                         help="rotary positions: no learned position table, which would grow with --seq-length")
+    parser.add_argument("--num-key-value-heads", type=int, help="grouped-query attention (default: the preset's, "
+                        "else one per query head)")
+    parser.add_argument("--ffn-hidden-size", type=int, help="default: the preset's, else 4 x hidden (2/3 of it with "
+                        "--swiglu)")
+    parser.add_argument("--swiglu", action="store_true", help="SwiGLU's three-matrix MLP (Llama)")
+    parser.add_argument("--normalization", choices=("layernorm", "rmsnorm"))
+    parser.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    parser.add_argument("--disable-bias-linear", action="store_true")
+    parser.add_argument("--rope-theta", type=float)
     parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
     parser.add_argument("--recompute", "--checkpoint-activations", dest="recompute", action="store_true",
                         help="full activation recomputation")

@@ -19,7 +19,7 @@ from megatron.launch import settings as training
 from megatron.launch.plan import (REPO, Launch, check_port, die, free_port, given, python_of, resume_rule,
                                   visible_gpus)
 from megatron.launch.settings import check
-from megatron.model.presets import MODEL_PRESETS
+from megatron.model.presets import LLAMA, MODEL_PRESETS
 
 # examples_zero/gpt_deepspeed_<experiment>.sh -> (its ZeRO stage, its OFFLOAD: 0 none, 1 optimizer states and
 # parameters in CPU memory, nvme in files under NVME_PATH, ZeRO-Infinity)
@@ -27,24 +27,48 @@ EXPERIMENTS = {"DP": (0, "0"), "Z1": (1, "0"), "Z2": (2, "0"), "Z3": (3, "0"), "
                "Z3_NVMe": (3, "nvme")}
 
 
+def _hf_shape(config: dict) -> tuple[dict, str | None]:
+    """A Hugging Face config.json's shape in MODEL_PRESETS' terms, and its positions (the GPT-2 table's length, or
+    a Llama's max_position_embeddings)."""
+    if config.get("model_type") != "llama":
+        return dict(num_layers=config.get("n_layer"), hidden_size=config.get("n_embd"),
+                    num_attention_heads=config.get("n_head")), config.get("n_positions")
+    rope = config.get("rope_parameters") or {}
+    shape = dict(num_layers=config.get("num_hidden_layers"), hidden_size=config.get("hidden_size"),
+                 num_attention_heads=config.get("num_attention_heads"), **LLAMA,
+                 num_key_value_heads=config.get("num_key_value_heads"), ffn_hidden_size=config.get("intermediate_size"),
+                 rope_theta=float(rope.get("rope_theta", 10000.0)))
+    if config.get("tie_word_embeddings"):
+        shape["untie_embeddings_and_output_weights"] = False
+    return shape, config.get("max_position_embeddings")
+
+
+def _same_shape(preset: dict, shape: dict) -> bool:
+    """The preset's own values, with GPTConfig's defaults where it leaves them out (one K/V head per query head,
+    rope theta 10000)."""
+    defaults = dict(num_key_value_heads=preset["num_attention_heads"], rope_theta=10000.0)
+    return {**{key: value for key, value in defaults.items() if key in shape}, **preset} == shape
+
+
 def init_hf_shape(init_hf: str, model_size: str | None) -> tuple[str, str]:
-    """INIT_HF=<Hugging Face GPT-2 folder>: (its MODEL_SIZE preset, its position table's length)."""
+    """INIT_HF=<Hugging Face GPT-2 or Llama folder>: (its MODEL_SIZE preset, its positions)."""
     config_file = os.path.join(init_hf, "config.json")
     if not os.path.isfile(config_file):
         die(f"INIT_HF={init_hf}: not a Hugging Face model folder (no config.json)")
     try:
         with open(config_file) as handle:
-            config = json.load(handle)
-        shape = dict(num_layers=config.get("n_layer"), hidden_size=config.get("n_embd"),
-                     num_attention_heads=config.get("n_head"))
+            shape, positions = _hf_shape(json.load(handle))
     except (OSError, ValueError, AttributeError):
         die(f"INIT_HF={init_hf}: cannot read {config_file}")
-    preset = next((name for name, preset in MODEL_PRESETS.items() if preset == shape), None)
+    preset = next((name for name, preset in MODEL_PRESETS.items() if _same_shape(preset, shape)), None)
     if preset is None:
-        die(f"INIT_HF={init_hf}: its n_layer/n_embd/n_head match no MODEL_SIZE preset")
+        fields = "n_layer/n_embd/n_head" if "swiglu" not in shape else (
+            "num_hidden_layers/hidden_size/num_attention_heads/num_key_value_heads/intermediate_size/rope_theta/"
+            "tie_word_embeddings")
+        die(f"INIT_HF={init_hf}: its {fields} match no MODEL_SIZE preset")
     if model_size and model_size != preset:
         die(f"INIT_HF={init_hf} is a {preset} model but MODEL_SIZE={model_size}")
-    return preset, str(config.get("n_positions"))
+    return preset, str(positions)
 
 
 class DriverPlanner:

@@ -14,8 +14,8 @@ import sys
 # 32 heads, FFN 11008; 13B 40 x 5120, 40 heads, FFN 13824; vocabulary 32000) and Llama 3 8B (Meta's config.json:
 # 32 x 4096, 32 query heads over 8 K/V heads, FFN 14336, rope theta 500000, vocabulary 128256). "llama-tiny" is
 # for CPU runs: grouped-query attention (4 heads over 2 K/V heads) so that TP=2 splits K/V heads too.
-_LLAMA = dict(use_rotary_position_embeddings=True, normalization="rmsnorm", swiglu=True,
-              untie_embeddings_and_output_weights=True, disable_bias_linear=True)
+LLAMA = dict(use_rotary_position_embeddings=True, normalization="rmsnorm", swiglu=True,
+         untie_embeddings_and_output_weights=True, disable_bias_linear=True)
 MODEL_PRESETS: dict[str, dict[str, int | str | bool | float]] = {
     "tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=4),
     "125M": dict(num_layers=12, hidden_size=768, num_attention_heads=12),
@@ -29,11 +29,11 @@ MODEL_PRESETS: dict[str, dict[str, int | str | bool | float]] = {
     "13B": dict(num_layers=40, hidden_size=5120, num_attention_heads=40),
     "25B": dict(num_layers=64, hidden_size=5760, num_attention_heads=64),
     "175B": dict(num_layers=96, hidden_size=12288, num_attention_heads=96),
-    "llama-tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=4, **_LLAMA, num_key_value_heads=2,
+    "llama-tiny": dict(num_layers=2, hidden_size=128, num_attention_heads=4, **LLAMA, num_key_value_heads=2,
                        ffn_hidden_size=352),
-    "llama2-7b": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, **_LLAMA, ffn_hidden_size=11008),
-    "llama2-13b": dict(num_layers=40, hidden_size=5120, num_attention_heads=40, **_LLAMA, ffn_hidden_size=13824),
-    "llama3-8b": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, **_LLAMA, num_key_value_heads=8,
+    "llama2-7b": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, **LLAMA, ffn_hidden_size=11008),
+    "llama2-13b": dict(num_layers=40, hidden_size=5120, num_attention_heads=40, **LLAMA, ffn_hidden_size=13824),
+    "llama3-8b": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, **LLAMA, num_key_value_heads=8,
                       ffn_hidden_size=14336, rope_theta=500000.0),
 }
 # the vocabulary (before padding) of the tokenizer a preset was published with, where it is not GPT-2's 50257

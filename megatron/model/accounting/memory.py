@@ -123,6 +123,32 @@ def _dropout_mask_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
     return setup.element_bytes if setup.device == "cpu" else 1
 
 
+def _fused_attention_inputs(config: GPTConfig) -> int:
+    """[tokens, hidden] tensors a fused attention kernel (CUDA, or CPU without attention dropout) keeps of its
+    inputs, with the kernel's output where it is not the output projection's input (measured on CPU,
+    tests/test_memory.py)."""
+    rotary = config.use_rotary_position_embeddings
+    multi_head = config.num_key_value_heads == config.num_attention_heads
+    if multi_head and not rotary:
+        return 3  # q, k and v are views of the QKV output, and the kernel's output is the projection's input
+    # q and k rotated into copies, or q sliced out of the K/V groups and K/V repeated to every head: three
+    # tensors of their own. Rotated q is [b, a, s, d], and so is the kernel's output: a copy feeds the projection
+    kept = 3 + (1 if rotary else 0)
+    # multi-head with rotary: v is still a view of the QKV output, which stays whole (3 hidden) beside q and k
+    return kept + (2 if multi_head else 0)
+
+
+def _norm_bytes(config: GPTConfig, setup: TrainingSetup) -> tuple[int, int]:
+    """(bytes per element, bytes per token) one norm keeps: LayerNorm its input, its mean and 1/std (the input's
+    dtype on CPU, fp32 on CUDA); RMSNorm on CPU (torch's unfused rms_norm computes in fp32) the input and the
+    normalised input in fp32 and an fp32 1/rms, and on CUDA (a fused kernel; not measured here) its input and
+    the fp32 1/rms."""
+    e, on_cpu = setup.element_bytes, setup.device == "cpu"
+    if config.normalization == "rmsnorm":
+        return (8 if on_cpu else e), 4
+    return e, 2 * (e if on_cpu else 4)
+
+
 def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
     """What one transformer layer keeps for the backward of one micro-batch (see activation_bytes)."""
     s, b, h, a = config.seq_length, setup.micro_batch_size, config.hidden_size, config.num_attention_heads
@@ -132,26 +158,29 @@ def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
     sequence_split = tp if setup.sequence_parallel else 1
     if on_cpu and config.attention_dropout > 0:
         # SDPA's math kernel (CPU attention with dropout) computes in fp32 whatever the input dtype: fp32
-        # copies of q, k, v and the softmax output, its dropout mask and the dropped probabilities (a s^2 b;
-        # under Ulysses the whole sequence's for a/N heads)
+        # copies of q, k, v (K/V repeated to every head) and the softmax output, its dropout mask and the dropped
+        # probabilities (a s^2 b; under Ulysses the whole sequence's for a/N heads)
         attention_inputs, attention = 3 * 4, a * s * s * b * 3 * 4 / tp / n
     else:
-        # a fused kernel (CUDA, or CPU without attention dropout) keeps q, k, v (views of the QKV output), its
-        # output (laid out so that it is the output projection's input, counted below) and an fp32 log-sum-exp.
-        # Under Ulysses q, k and v are the all-to-all's [s, a/N] outputs (t h elements each, as before) and the
-        # kernel's output is a tensor of its own beside the projection's input that the reverse all-to-all makes
-        attention_inputs, attention = 3 * e, 4 * a * t * b / tp + (t * b * h * e / tp if n > 1 else 0)
+        # a fused kernel (CUDA, or CPU without attention dropout) keeps q, k, v and an fp32 log-sum-exp
+        # (_fused_attention_inputs). Under Ulysses q, k and v are the all-to-all's [s, a/N] outputs (t h elements
+        # each, as before) and the kernel's output is a tensor of its own beside the projection's input that the
+        # reverse all-to-all makes
+        attention_inputs = _fused_attention_inputs(config) * e
+        attention = 4 * a * t * b / tp + (t * b * h * e / tp if n > 1 else 0)
+    if config.use_rotary_position_embeddings:  # the fp32 cos and sin of the positions the layer rotates by
+        attention += 2 * s * config.rotary_dim * 4
     mask = _dropout_mask_bytes(config, setup)
-    norm_statistics = e if on_cpu else 4  # LayerNorm's mean and 1/std: the input's dtype on CPU, fp32 on CUDA
-    # split over TP: the attention inputs, the attention output projection's input (e), the MLP's GeLU
-    # input and output (8e)
-    split = t * b * h * (attention_inputs + 9 * e) / tp
-    # whole on every TP rank: the QKV and MLP inputs (the LayerNorms' outputs; under sequence parallelism
+    norm_element, norm_token = _norm_bytes(config, setup)
+    # split over TP: the attention inputs, the attention output projection's input (e), the MLP's GeLU input and
+    # output (2 ffn e), or SwiGLU's gate and up (one tensor), SiLU(gate) and its product with up (4 ffn e)
+    mlp = (4 if config.swiglu else 2) * config.ffn_hidden_size * e
+    split = t * b * (h * (attention_inputs + e) + mlp) / tp
+    # whole on every TP rank: the QKV and MLP inputs (the norms' outputs; under sequence parallelism
     # the column-parallel layers keep the gathered input, not their slice)
     whole = t * b * h * 2 * e
-    # replicated unless sequence parallel: both LayerNorms' inputs, the two residual dropout masks, both
-    # LayerNorms' mean and 1/std per token
-    replicated = (t * b * h * (2 * e + 2 * mask) + 2 * 2 * norm_statistics * t * b) / sequence_split
+    # replicated unless sequence parallel: what both norms keep (_norm_bytes), the two residual dropout masks
+    replicated = (t * b * h * 2 * (norm_element + mask) + 2 * norm_token * t * b) / sequence_split
     return split + whole + replicated + attention
 
 
@@ -171,21 +200,23 @@ def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) ->
     under a fused kernel the attention output before the reverse all-to-all (s b h / N more per layer); the
     all-to-alls keep nothing (measured on 2 CPU ranks, tests/test_memory.py)."""
     s, b, h = config.seq_length // setup.sequence_parallel_size, setup.micro_batch_size, config.hidden_size
-    e, on_cpu = setup.element_bytes, setup.device == "cpu"
+    e = setup.element_bytes
     sequence_split = setup.tensor_parallel_size if setup.sequence_parallel else 1
     layers = config.num_layers // setup.pipeline_parallel_size
     if setup.activation_recompute:
         per_micro = layers * s * b * h * e / sequence_split
     else:
         per_micro = layers * _layer_activation_bytes(config, setup)
-    if stage == 0:  # int64 token and position ids, the embedding's dropout mask
-        per_micro += 2 * 8 * s * b + s * b * h * _dropout_mask_bytes(config, setup) / sequence_split
+    if stage == 0:  # int64 token ids and position ids (a learned table's lookup only), the embedding's dropout mask
+        ids = 2 if config.learned_positions else 1
+        per_micro += ids * 8 * s * b + s * b * h * _dropout_mask_bytes(config, setup) / sequence_split
     if stage == setup.pipeline_parallel_size - 1:
-        # final LayerNorm input (e) and statistics; the output layer's input (e, gathered under sequence
+        # what the final norm keeps (_norm_bytes); the output layer's input (e, gathered under sequence
         # parallelism); int64 labels, a 1-byte "label outside this vocabulary slice" flag and an fp32 sum of
         # exponentials per token
-        norm_statistics = 2 * (e if on_cpu else 4)
-        per_micro += (s * b * h * e + norm_statistics * s * b) / sequence_split + s * b * h * e + s * b * (8 + 1 + 4)
+        norm_element, norm_token = _norm_bytes(config, setup)
+        final_norm = (s * b * h * norm_element + norm_token * s * b) / sequence_split
+        per_micro += final_norm + s * b * h * e + s * b * (8 + 1 + 4)
     in_flight = min(setup.pipeline_parallel_size - stage, setup.gradient_accumulation_steps)
     return int(per_micro * max(1, in_flight))
 
