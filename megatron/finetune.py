@@ -49,7 +49,7 @@ def _resize_vocabulary(words: torch.Tensor, rows: int) -> torch.Tensor:
 def local_weights(full: dict[str, torch.Tensor], module: torch.nn.Module, num_layers: int, tp_group,
                   where: str) -> dict[str, torch.Tensor]:
     """{parameter name in `module`: the tensor it must hold on this rank}."""
-    tp_size, tp_rank = group_size(tp_group), group_rank(tp_group)
+    tp_size = group_size(tp_group)
     local = {}
     for name, param in module.named_parameters():
         source = our_name(name, num_layers)

@@ -19,7 +19,6 @@ import torch
 
 from conftest import REPO_ROOT, launch_script
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
-from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.launch.dist_env import DistEnvError, LauncherEnv, export_launcher_env, resolve_launcher_env
 from test_presets import LLAMA_PUBLISHED, PUBLISHED
 

@@ -197,7 +197,6 @@ def model_config(ns: argparse.Namespace) -> GPTConfig:
             raise PlanError(f"--{name.replace('_', '-')} is required without --model-size")
     # Llama's architecture flags (docs/model.md) add to a preset's own
     shape.update({name: getattr(ns, name) for name in LLAMA_FLAGS if getattr(ns, name) not in (None, False)})
-    shape["use_rotary_position_embeddings"] = ns.rotary or shape.get("use_rotary_position_embeddings", False)
     multiple = 128 * ns.tp  # Megatron's --make-vocab-size-divisible-by 128 x TP
     padded = -(-ns.vocab_size // multiple) * multiple
     # --use-rotary-position-embeddings adds rotary to a preset without it (the Llama presets have it already)
