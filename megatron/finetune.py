@@ -15,7 +15,7 @@ import torch
 from megatron.checkpointing.resume_check import positions_refusal
 from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
 from megatron.core.tensor_parallel.layers import strided_shard
-from megatron.core.tensor_parallel.mappings import group_rank, group_size
+from megatron.core.tensor_parallel.mappings import group_size
 from megatron.saved_model.layouts import partition_dim
 from megatron.saved_model.reader import SavedModelError, load_checkpoint_weights
 
