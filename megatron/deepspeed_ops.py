@@ -10,6 +10,7 @@ import fcntl
 import functools
 import os
 import sys
+import time
 
 # The ops zero-lab's runs load on the CPU accelerator: name (torch's extension name, its folder and .so) ->
 # (DeepSpeed's builder, what loads it, minutes to compile). The minutes are ninja's own logs of these builds
@@ -50,22 +51,56 @@ def build_line(name: str) -> str:
     return f"compiling DeepSpeed's {name} for {use} (first use, about {minutes} min)"
 
 
+# A build's lock older than this, with no process working in its folder, is a dead build's: torch takes the lock
+# and starts ninja in that folder within milliseconds, and releases it as soon as ninja is done.
+STALE_AFTER_S = 10
+
+
+def _working_in(folder: str) -> bool:
+    """Whether a live process has `folder` as its working directory: torch runs ninja there, and ninja the
+    compiler (Linux's /proc; elsewhere every lock counts as live)."""
+    if not os.path.isdir("/proc"):
+        return True
+    folder = os.path.realpath(folder)
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/cwd") == folder:
+                    return True
+    return False
+
+
+def _is_stale(lock: str) -> bool:
+    try:
+        age = time.time() - os.path.getmtime(lock)
+    except FileNotFoundError:
+        return False
+    return age > STALE_AFTER_S and not _working_in(os.path.dirname(lock))
+
+
 @contextlib.contextmanager
 def build_guard(name: str, folder: str):
     """Held around each load of an op. torch marks a build in progress with a file, <folder>/<name>/lock, that it
     removes at the end; a process killed mid-build (Ctrl-C, the OOM killer) leaves it behind, and every later load
-    of the op waits for it forever. So each load here also holds an flock on <name>/zero-lab.build, which the
-    kernel releases when its process dies: a torch lock found while holding the flock belongs to no live load of
-    ours, and is removed with one line (the build then starts again)."""
+    of the op waits for it forever. Loads here hold an flock on <name>/zero-lab.build, which the kernel releases
+    when its process dies, so no other load of ours is building while it is held; a torch lock found then is
+    waited for while a live process builds under it (a build of another program's, or a killed build's last
+    compilers), and once none does it is a dead build's, removed with one line (the build then starts again)."""
     op_folder = os.path.join(folder, name)
     os.makedirs(op_folder, exist_ok=True)
     with open(os.path.join(op_folder, "zero-lab.build"), "a") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # another rank's load (or build) of this op first
-        stale = os.path.join(op_folder, "lock")
-        if os.path.exists(stale):
-            print(f"removing {stale}: a build of DeepSpeed's {name} that ended without finishing left it",
-                  flush=True)
-            os.remove(stale)
+        lock = os.path.join(op_folder, "lock")
+        # torch's own wait for the lock has no end: wait here instead, until the build that holds it ends (the lock
+        # goes) or is found dead (a killed build's compilers may outlive it by a minute: until they end, it is live)
+        while os.path.exists(lock):
+            if _is_stale(lock):
+                print(f"removing {lock}: a build of DeepSpeed's {name} that ended without finishing left it",
+                      flush=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(lock)
+                break
+            time.sleep(1)
         yield
 
 

@@ -4,6 +4,7 @@ environment's own folder unless TORCH_EXTENSIONS_DIR says otherwise, and says in
 that folder lacks before the build starts. The op is built once in the environment's folder (as the set-up
 builds it: seconds when it is there) and copied where a test needs it built (torch then loads it without a
 rebuild); the announced build is stopped once its line is read."""
+import contextlib
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, free_port, test_env
+from megatron.deepspeed_ops import STALE_AFTER_S
 
 SHM = "deepspeed_shm_comm"
 SHM_LINE = "compiling DeepSpeed's deepspeed_shm_comm for shared-memory collectives (first use, about 1 min)"
@@ -101,7 +103,15 @@ def test_a_build_killed_mid_way_does_not_stall_the_next_load(tmp_path, shm_built
     finally:
         os.killpg(rank.pid, signal.SIGKILL)
         rank.wait()
+        # ninja runs each compiler in a process group of its own, which outlives the rank's by up to a minute (the
+        # next load waits for them): ended here by PID, as those working in the op's folder
+        for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/cwd") == str((folder / SHM).resolve()):
+                    os.kill(int(pid), signal.SIGKILL)
     assert lock.exists()  # what the killed build left behind
+    # a lock younger than STALE_AFTER_S may be a build that is just starting: the next load comes after that
+    time.sleep(max(0.0, os.path.getmtime(lock) + STALE_AFTER_S + 1 - time.time()))
     shutil.copytree(shm_built, folder / SHM, dirs_exist_ok=True, ignore=shutil.ignore_patterns("lock"))
     result = subprocess.run([sys.executable, "-c", RANK], env=rank_env(tmp_path, folder), cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=180)
