@@ -19,30 +19,31 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """cos and sin of every position's angles, [positions, rotary_dim] in fp32, cached on the device of the
-    tensors they rotate and grown when a longer sequence comes. No parameters and no buffers: nothing enters
-    the state dict, and casting the model to bf16 leaves the angles fp32."""
+    """cos and sin of the angles of the positions a call rotates, [positions, rotary_dim] in fp32, cached on the
+    device of the tensors they rotate for the next call at the same positions (every training step). Only the
+    chunk's own positions: the backward keeps this cos and sin, so a cache from position 0 would make the last
+    DeepSpeed-Ulysses rank keep the whole sequence's angles in every layer (s x rotary_dim x 8 bytes each).
+    No parameters and no buffers: nothing enters the state dict, and casting the model to bf16 leaves the
+    angles fp32."""
 
     def __init__(self, rotary_dim: int):
         super().__init__()
         assert rotary_dim >= 2 and rotary_dim % 2 == 0, f"expected an even rotary_dim >= 2, got {rotary_dim}"
         self.rotary_dim = rotary_dim
-        self._cos = self._sin = None
+        self._key = self._cos = self._sin = None
 
-    def _angles(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._cos is None or self._cos.shape[0] < length or self._cos.device != device:
+    def _angles(self, first_position: int, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._key != (first_position, length, device):
             exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.float32, device=device) / self.rotary_dim
             inverse_frequencies = ROTARY_BASE ** -exponents
-            positions = torch.arange(length, dtype=torch.float32, device=device)
+            positions = torch.arange(first_position, first_position + length, dtype=torch.float32, device=device)
             angles = torch.outer(positions, inverse_frequencies).repeat(1, 2)  # [positions, rotary_dim]
-            self._cos, self._sin = angles.cos(), angles.sin()
+            self._key, self._cos, self._sin = (first_position, length, device), angles.cos(), angles.sin()
         return self._cos, self._sin
 
     def forward(self, x: torch.Tensor, first_position: int) -> torch.Tensor:
         """x: [batch, heads, seq, head_dim] at positions first_position .. first_position + seq - 1."""
-        seq = x.shape[2]
-        cos, sin = self._angles(first_position + seq, x.device)
-        cos, sin = cos[first_position:first_position + seq], sin[first_position:first_position + seq]
+        cos, sin = self._angles(first_position, x.shape[2], x.device)
         rotated, passed = x[..., :self.rotary_dim].float(), x[..., self.rotary_dim:]
         rotated = rotated * cos + rotate_half(rotated) * sin
         return torch.cat((rotated.to(x.dtype), passed), dim=-1)

@@ -152,7 +152,24 @@ def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
     # replicated unless sequence parallel: both LayerNorms' inputs, the two residual dropout masks, both
     # LayerNorms' mean and 1/std per token
     replicated = (t * b * h * (2 * e + 2 * mask) + 2 * 2 * norm_statistics * t * b) / sequence_split
-    return split + whole + replicated + attention
+    return split + whole + replicated + attention + _rotary_bytes(config, setup)
+
+
+def _rotary_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
+    """What rotary positions add to a layer's activations: the fp32 cos and sin of the rank's t positions (the
+    backward's multiplications keep them; megatron/model/rotary.py computes only the chunk's own), and without
+    Ulysses the rotated q and k (new tensors, where q and k were views of the QKV output, which v still keeps)
+    and the output projection's input, which the fused kernel fed a contiguous q copies out of its output. Under
+    Ulysses the all-to-alls' outputs already are new tensors (counted in the attention above), and SDPA's math
+    kernel (CPU attention with dropout) keeps fp32 copies of its own either way."""
+    if not config.use_rotary_position_embeddings:
+        return 0.0
+    t, b, h = config.seq_length / setup.sequence_parallel_size, setup.micro_batch_size, config.hidden_size
+    angles = 2 * t * config.rotary_dim * 4
+    fused = not (setup.device == "cpu" and config.attention_dropout > 0)
+    if setup.sequence_parallel_size > 1 or not fused:
+        return angles
+    return angles + 3 * t * b * h * setup.element_bytes / setup.tensor_parallel_size
 
 
 def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
@@ -178,8 +195,9 @@ def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) ->
         per_micro = layers * s * b * h * e / sequence_split
     else:
         per_micro = layers * _layer_activation_bytes(config, setup)
-    if stage == 0:  # int64 token and position ids, the embedding's dropout mask
-        per_micro += 2 * 8 * s * b + s * b * h * _dropout_mask_bytes(config, setup) / sequence_split
+    if stage == 0:  # int64 token and position ids (no position ids with rotary), the embedding's dropout mask
+        ids = 1 if config.use_rotary_position_embeddings else 2
+        per_micro += ids * 8 * s * b + s * b * h * _dropout_mask_bytes(config, setup) / sequence_split
     if stage == setup.pipeline_parallel_size - 1:
         # final LayerNorm input (e) and statistics; the output layer's input (e, gathered under sequence
         # parallelism); int64 labels, a 1-byte "label outside this vocabulary slice" flag and an fp32 sum of
