@@ -147,15 +147,20 @@ def _check_ulysses_activations(rank, world):
     from megatron.model.accounting import TrainingSetup, activation_bytes
     deepspeed.init_distributed(dist_backend="gloo")  # DistributedAttention's all-to-alls go through deepspeed.comm
     state = ParallelState.build(ParallelLayout(world_size=world, sequence_parallel_size=2))
+    setup = TrainingSetup(world_size=world, micro_batch_size=4, device="cpu", sequence_parallel_size=2)
+    measured = {}
     for seq_length, dropout, rotary in ((64, 0.0, False), (256, 0.0, False), (1024, 0.0, False), (256, 0.1, False),
                                         (1024, 0.0, True), (256, 0.1, True)):
         config = _tiny(seq_length, dropout, rotary)
-        measured = _measured_activations(config, state.get_sequence_parallel_group(), state.sequence)
-        setup = TrainingSetup(world_size=world, micro_batch_size=4, device="cpu", sequence_parallel_size=2)
+        measured[seq_length, dropout, rotary] = _measured_activations(config, state.get_sequence_parallel_group(),
+                                                                      state.sequence)
         whole = activation_bytes(config, TrainingSetup(world_size=world, micro_batch_size=4, device="cpu"))
-        # every rank, the last one too: its rotary angles are those of its own slice, not of positions 0 on
-        assert measured == pytest.approx(activation_bytes(config, setup), rel=0.01), (seq_length, dropout, rotary)
-        assert measured < 0.55 * whole  # about half of what one rank keeps for the whole sequence
+        assert measured[seq_length, dropout, rotary] == pytest.approx(activation_bytes(config, setup), rel=0.01)
+        assert measured[seq_length, dropout, rotary] < 0.55 * whole  # about half of what one rank keeps for all s
+    # what rotary adds, on every rank: the last one's cos and sin are its own slice's, not positions 0 on
+    added = measured[1024, 0.0, True] - measured[1024, 0.0, False]
+    assert added == pytest.approx(activation_bytes(_tiny(1024, 0.0, True), setup)
+                                  - activation_bytes(_tiny(1024, 0.0, False), setup), rel=0.01)
 
 
 @pytest.mark.slow
