@@ -19,10 +19,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """cos and sin of the angles of the positions a call rotates, [positions, rotary_dim] in fp32, cached on the
-    device of the tensors they rotate for the next call at the same positions (every training step). Only the
-    chunk's own positions: the backward keeps this cos and sin, so a cache from position 0 would make the last
-    DeepSpeed-Ulysses rank keep the whole sequence's angles in every layer (s x rotary_dim x 8 bytes each).
+    """cos and sin of the angles of the positions a call rotates, [positions, rotary_dim] in fp32, computed on the
+    device of the tensors they rotate at every call and not kept by the module: the backward keeps them until it
+    has run, and nothing outlives the step (a cache would hold them between steps too, and a cache from position 0
+    would make the last DeepSpeed-Ulysses rank hold the whole sequence's angles in every layer). Computing them is
+    t x rotary_dim / 2 multiplications and t x rotary_dim cos and sin per layer, next to the attention's t^2.
     No parameters and no buffers: nothing enters the state dict, and casting the model to bf16 leaves the
     angles fp32."""
 
@@ -30,20 +31,24 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         assert rotary_dim >= 2 and rotary_dim % 2 == 0, f"expected an even rotary_dim >= 2, got {rotary_dim}"
         self.rotary_dim = rotary_dim
-        self._key = self._cos = self._sin = None
 
     def _angles(self, first_position: int, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._key != (first_position, length, device):
-            exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.float32, device=device) / self.rotary_dim
-            inverse_frequencies = ROTARY_BASE ** -exponents
-            positions = torch.arange(first_position, first_position + length, dtype=torch.float32, device=device)
-            angles = torch.outer(positions, inverse_frequencies).repeat(1, 2)  # [positions, rotary_dim]
-            self._key, self._cos, self._sin = (first_position, length, device), angles.cos(), angles.sin()
-        return self._cos, self._sin
+        exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.float32, device=device) / self.rotary_dim
+        inverse_frequencies = ROTARY_BASE ** -exponents
+        positions = torch.arange(first_position, first_position + length, dtype=torch.float32, device=device)
+        angles = torch.outer(positions, inverse_frequencies).repeat(1, 2)  # [positions, rotary_dim]
+        return angles.cos(), angles.sin()
 
     def forward(self, x: torch.Tensor, first_position: int) -> torch.Tensor:
         """x: [batch, heads, seq, head_dim] at positions first_position .. first_position + seq - 1."""
-        cos, sin = self._angles(first_position, x.shape[2], x.device)
+        return self._rotate(x, *self._angles(first_position, x.shape[2], x.device))
+
+    def pair(self, q: torch.Tensor, k: torch.Tensor, first_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k at the same positions, rotated by one cos and sin (which the backward keeps once)."""
+        cos, sin = self._angles(first_position, q.shape[2], q.device)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rotated, passed = x[..., :self.rotary_dim].float(), x[..., self.rotary_dim:]
         rotated = rotated * cos + rotate_half(rotated) * sin
         return torch.cat((rotated.to(x.dtype), passed), dim=-1)
