@@ -92,11 +92,11 @@ def test_saved_activations_leave_out_the_weights():
     assert saved == [8 * 256 * 4]  # the input only, not the 256 x 256 weight
 
 
-def _tiny(seq_length: int, dropout: float):
+def _tiny(seq_length: int, dropout: float, rotary: bool = False):
     from megatron.model import GPTConfig
     return GPTConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=seq_length,
                      max_position_embeddings=seq_length, padded_vocab_size=1024, hidden_dropout=dropout,
-                     attention_dropout=dropout)
+                     attention_dropout=dropout, use_rotary_position_embeddings=rotary)
 
 
 def _measured_activations(config, sp_group=None, sequence=None) -> int:
@@ -143,6 +143,22 @@ def test_saved_activations_of_a_llama_forward_are_the_prediction(dtype, recomput
     assert _measured_activations(config) == pytest.approx(predicted, rel=0.01)
 
 
+@pytest.mark.parametrize("dtype, recompute, dropout", [
+    ("fp32", False, 0.0), ("bf16", False, 0.0), ("fp32", True, 0.0), ("fp32", False, 0.1)])
+def test_rotary_activations_are_the_prediction(dtype, recompute, dropout):
+    """Rotary positions keep the rotated q and k and a copy of the output projection's input (the fused kernel
+    fed a contiguous q) and each layer's fp32 cos and sin, and no position ids: within 1% at 1024 tokens."""
+    import torch
+    from dataclasses import replace
+
+    from megatron.model.accounting import TrainingSetup, activation_bytes
+    config = replace(_tiny(1024, dropout, rotary=True), recompute_activations=recompute,
+                     params_dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
+    predicted = activation_bytes(config, TrainingSetup(world_size=1, micro_batch_size=4, precision=dtype,
+                                                       activation_recompute=recompute, device="cpu"))
+    assert _measured_activations(config) == pytest.approx(predicted, rel=0.01)
+
+
 def _check_ulysses_activations(rank, world):
     import deepspeed
 
@@ -151,19 +167,27 @@ def _check_ulysses_activations(rank, world):
     from megatron.model.accounting import TrainingSetup, activation_bytes
     deepspeed.init_distributed(dist_backend="gloo")  # DistributedAttention's all-to-alls go through deepspeed.comm
     state = ParallelState.build(ParallelLayout(world_size=world, sequence_parallel_size=2))
-    for seq_length, dropout in ((64, 0.0), (256, 0.0), (1024, 0.0), (256, 0.1)):
-        config = _tiny(seq_length, dropout)
-        measured = _measured_activations(config, state.get_sequence_parallel_group(), state.sequence)
-        setup = TrainingSetup(world_size=world, micro_batch_size=4, device="cpu", sequence_parallel_size=2)
+    setup = TrainingSetup(world_size=world, micro_batch_size=4, device="cpu", sequence_parallel_size=2)
+    measured = {}
+    for seq_length, dropout, rotary in ((64, 0.0, False), (256, 0.0, False), (1024, 0.0, False), (256, 0.1, False),
+                                        (1024, 0.0, True), (256, 0.1, True)):
+        config = _tiny(seq_length, dropout, rotary)
+        measured[seq_length, dropout, rotary] = _measured_activations(config, state.get_sequence_parallel_group(),
+                                                                      state.sequence)
         whole = activation_bytes(config, TrainingSetup(world_size=world, micro_batch_size=4, device="cpu"))
-        assert measured == pytest.approx(activation_bytes(config, setup), rel=0.01), (seq_length, dropout)
-        assert measured < 0.55 * whole  # about half of what one rank keeps for the whole sequence
+        assert measured[seq_length, dropout, rotary] == pytest.approx(activation_bytes(config, setup), rel=0.01)
+        assert measured[seq_length, dropout, rotary] < 0.55 * whole  # about half of what one rank keeps for all s
+    # what rotary adds, on every rank: the last one's cos and sin are its own slice's, not positions 0 on
+    added = measured[1024, 0.0, True] - measured[1024, 0.0, False]
+    assert added == pytest.approx(activation_bytes(_tiny(1024, 0.0, True), setup)
+                                  - activation_bytes(_tiny(1024, 0.0, False), setup), rel=0.01)
 
 
 @pytest.mark.slow
 def test_ulysses_ranks_keep_the_predicted_activations():
     """SP=2 on 2 real gloo ranks: each keeps s/2 tokens of every activation outside attention and the whole
     sequence for half the heads inside it (with the fused kernel also its output before the reverse all-to-all),
-    within 1% of megatron/model/accounting/'s prediction at 64, 256 and 1024 tokens, and with attention dropout."""
+    within 1% of megatron/model/accounting/'s prediction at 64, 256 and 1024 tokens, with attention dropout, and
+    with rotary positions (each rank's cos and sin for its s/2 positions only)."""
     from test_tensor_parallel import run_ranks
     run_ranks(_check_ulysses_activations)

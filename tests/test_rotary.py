@@ -74,6 +74,18 @@ def test_rotary_model_has_no_position_table_and_the_accounting_agrees():
     assert "positions" in [module.kind for module in _modules(learned, 1, 1, 0)]
 
 
+def test_nothing_outlives_the_step():
+    """The cos and sin are the chunk's own positions' and only the backward keeps them: after it the module holds
+    no tensor (a cache would stay between steps, and one from position 0 on the last Ulysses rank would hold the
+    whole sequence's angles in every layer)."""
+    rotary = RotaryEmbedding(8)
+    x = torch.randn(1, 2, 16, 8, requires_grad=True)
+    rotary(x, 48).sum().backward()
+    assert not [name for name, value in vars(rotary).items() if isinstance(value, torch.Tensor)]
+    cos, _ = rotary._angles(48, 16, x.device)
+    assert torch.equal(cos, rotary._angles(0, 64, x.device)[0][48:])  # positions 48..63, as a slice from 0 gives
+
+
 def test_rotation_is_gpt_neoxs():
     from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb
     torch.manual_seed(0)
@@ -142,7 +154,7 @@ def test_bf16_model_keeps_the_angles_fp32():
     with torch.no_grad():
         logits = model(ids, torch.arange(40).unsqueeze(0))
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
-    cos, _ = model.layers[0].self_attention.rotary._angles(40, torch.device("cpu"))
+    cos, _ = model.layers[0].self_attention.rotary._angles(0, 40, torch.device("cpu"))
     assert cos.dtype == torch.float32
 
 

@@ -428,7 +428,9 @@ def test_the_longest_sequence_that_fits_each_option(capsys):
     assert plans["DP"]["longest_seq"] < plans["Z3"]["longest_seq"] < plans["Z3 + full offload"]["longest_seq"]
     serial = {p["option"]: p for p in plan_json(capsys, *LONG, "--seq-length", "4096")["plans"]}
     ratio = plans["Z3 + full offload"]["longest_seq"] / serial["Z3 + full offload"]["longest_seq"]
-    assert 7.5 < ratio <= 8.0
+    # a little over 8: at SP=1 the layer recomputed at a time also keeps rotary's rotated q, k and projection
+    # input, which the all-to-alls' outputs replace under Ulysses (megatron/model/accounting/memory.py)
+    assert 7.5 < ratio <= 8.2
     assert plans["Z3"]["activations_gb"] == pytest.approx(
         accounting.activation_bytes(config, setup) / 2**30, rel=1e-6)
 

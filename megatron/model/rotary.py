@@ -19,31 +19,37 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """cos and sin of every position's angles, [positions, rotary_dim] in fp32, cached on the device of the
-    tensors they rotate and grown when a longer sequence comes. No parameters and no buffers: nothing enters
-    the state dict, and casting the model to bf16 leaves the angles fp32."""
+    """cos and sin of the angles of the positions a call rotates, [positions, rotary_dim] in fp32, computed on the
+    device of the tensors they rotate at every call and not kept by the module: the backward keeps them until it
+    has run, and nothing outlives the step (a cache would hold them between steps too, and a cache from position 0
+    would make the last DeepSpeed-Ulysses rank hold the whole sequence's angles in every layer). Computing them is
+    t x rotary_dim / 2 multiplications and t x rotary_dim cos and sin per layer, next to the attention's t^2.
+    No parameters and no buffers: nothing enters the state dict, and casting the model to bf16 leaves the
+    angles fp32."""
 
     def __init__(self, rotary_dim: int, base: float = ROTARY_BASE):
         super().__init__()
         assert rotary_dim >= 2 and rotary_dim % 2 == 0, f"expected an even rotary_dim >= 2, got {rotary_dim}"
         self.rotary_dim = rotary_dim
         self.base = base  # --rope-theta
-        self._cos = self._sin = None
 
-    def _angles(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._cos is None or self._cos.shape[0] < length or self._cos.device != device:
-            exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.float32, device=device) / self.rotary_dim
-            inverse_frequencies = self.base ** -exponents
-            positions = torch.arange(length, dtype=torch.float32, device=device)
-            angles = torch.outer(positions, inverse_frequencies).repeat(1, 2)  # [positions, rotary_dim]
-            self._cos, self._sin = angles.cos(), angles.sin()
-        return self._cos, self._sin
+    def _angles(self, first_position: int, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.float32, device=device) / self.rotary_dim
+        inverse_frequencies = self.base ** -exponents
+        positions = torch.arange(first_position, first_position + length, dtype=torch.float32, device=device)
+        angles = torch.outer(positions, inverse_frequencies).repeat(1, 2)  # [positions, rotary_dim]
+        return angles.cos(), angles.sin()
 
     def forward(self, x: torch.Tensor, first_position: int) -> torch.Tensor:
         """x: [batch, heads, seq, head_dim] at positions first_position .. first_position + seq - 1."""
-        seq = x.shape[2]
-        cos, sin = self._angles(first_position + seq, x.device)
-        cos, sin = cos[first_position:first_position + seq], sin[first_position:first_position + seq]
+        return self._rotate(x, *self._angles(first_position, x.shape[2], x.device))
+
+    def pair(self, q: torch.Tensor, k: torch.Tensor, first_position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k at the same positions, rotated by one cos and sin (which the backward keeps once)."""
+        cos, sin = self._angles(first_position, q.shape[2], q.device)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rotated, passed = x[..., :self.rotary_dim].float(), x[..., self.rotary_dim:]
         rotated = rotated * cos + rotate_half(rotated) * sin
         return torch.cat((rotated.to(x.dtype), passed), dim=-1)

@@ -93,7 +93,7 @@ class ParallelAttention(nn.Module):
         if self.rotary is not None:
             # the chunk holds positions past .. past + seq - 1 (decoding step t is position t), before its
             # keys join the cache: cached keys keep the rotation of their own positions
-            q, k = self.rotary(q, past), self.rotary(k, past)
+            q, k = self.rotary.pair(q, k, past)
         mask = None
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)

@@ -123,13 +123,14 @@ def _dropout_mask_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
     return setup.element_bytes if setup.device == "cpu" else 1
 
 
-def _fused_attention_inputs(config: GPTConfig) -> int:
+def _fused_attention_inputs(config: GPTConfig, setup: TrainingSetup) -> int:
     """[tokens, hidden] tensors a fused attention kernel (CUDA, or CPU without attention dropout) keeps of its
     inputs, with the kernel's output where it is not the output projection's input (measured on CPU,
-    tests/test_memory.py)."""
+    tests/test_memory.py). Under Ulysses q, k and v are the all-to-alls' outputs, tensors of their own whatever
+    rotary or grouped-query attention made before them."""
     rotary = config.use_rotary_position_embeddings
     multi_head = config.num_key_value_heads == config.num_attention_heads
-    if multi_head and not rotary:
+    if setup.sequence_parallel_size > 1 or (multi_head and not rotary):
         return 3  # q, k and v are views of the QKV output, and the kernel's output is the projection's input
     # q and k rotated into copies, or q sliced out of the K/V groups and K/V repeated to every head: three
     # tensors of their own. Rotated q is [b, a, s, d], and so is the kernel's output: a copy feeds the projection
@@ -166,10 +167,10 @@ def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
         # (_fused_attention_inputs). Under Ulysses q, k and v are the all-to-all's [s, a/N] outputs (t h elements
         # each, as before) and the kernel's output is a tensor of its own beside the projection's input that the
         # reverse all-to-all makes
-        attention_inputs = _fused_attention_inputs(config) * e
+        attention_inputs = _fused_attention_inputs(config, setup) * e
         attention = 4 * a * t * b / tp + (t * b * h * e / tp if n > 1 else 0)
-    if config.use_rotary_position_embeddings:  # the fp32 cos and sin of the positions the layer rotates by
-        attention += 2 * s * config.rotary_dim * 4
+    if config.use_rotary_position_embeddings:  # the fp32 cos and sin of the rank's t positions the layer rotates by
+        attention += 2 * t * config.rotary_dim * 4
     mask = _dropout_mask_bytes(config, setup)
     norm_element, norm_token = _norm_bytes(config, setup)
     # split over TP: the attention inputs, the attention output projection's input (e), the MLP's GeLU input and

@@ -1,0 +1,414 @@
+"""Long sequences under DeepSpeed-Ulysses on CPU ranks: the shape of ALCF's table (sequence length against
+throughput and memory, per sequence-parallel size), measured beside what megatron/model/accounting/ predicts.
+
+A small model, on 4 CPU ranks (torchrun, ZeRO-1, fp32): the tiny preset's shape (2 layers, hidden 128, 4 heads)
+with rotary positions, so that no position table grows with the sequence, and a byte-level vocabulary (the
+committed dolly sample's UTF-8 bytes through NullTokenizer --vocab-size 256, padded to 384), so that the
+activations, not the output layer's [tokens, vocab] buffer, grow with the sequence. Dropout is off, so CPU
+attention runs SDPA's fused kernel, which keeps no s x s tensor (docs/long-sequences.md, "Memory").
+
+For SP = 1, 2 and 4 the 4 ranks run DP = 4, 2 and 1: every layout partitions ZeRO's states over the same 4 ranks
+(DeepSpeed's sequence-data-parallel group), so the model states per rank are equal and only the sequence split
+differs. Tokens/s per rank (the iteration line's tgs: the step's tokens over ranks and seconds) is comparable
+across the layouts: at SP=1 each rank trains whole sequences of its own samples, at SP=N 1/N of shared ones.
+
+Per SP size the lengths run are 1024, 2048, ... while their predicted memory fits the cap, then the longest
+length that fits the cap by prediction (a multiple of STEP tokens). Each run's own log lines give both sides:
+  - tokens/s per rank: measured, the iteration lines' tgs; predicted, the step's tokens over the ranks and the
+    time line's predicted total (start-up probes on: the time prediction needs them);
+  - peak memory per rank: the model-state line (rank 0), measured params + grads + optim + activations +
+    other, predicted total (model states) + activations + output_buffer, as memory_per_rank counts it.
+The longest sequence is checked by running at it: "fits" when the measured peak is within the cap; the length
+one STEP longer exceeds the cap by prediction (printed, not run).
+
+    python bench/bench_long_sequences.py --json long_sequences.json         # about 10 minutes on 2 cores
+    python bench/bench_long_sequences.py --sp-sizes 4 --ranks 4 --cap-mb 32  # one column
+    python bench/bench_long_sequences.py --paper-only   # the planner against DeepSpeed-Ulysses' published figure
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from analysis.log_parser import parse_log  # noqa: E402
+from bench.bench_step_time import BenchError, OtherWork, Stopped, free_port, machine, stop_on_sigterm  # noqa: E402
+from megatron.model import accounting  # noqa: E402
+from megatron.model.config import GPTConfig  # noqa: E402
+from megatron.model.presets import MODEL_PRESETS  # noqa: E402
+
+MiB = 2**20
+GB = 2**30  # the log lines' GB
+STEP = 128  # tokens: the longest-sequence search's step (divisible by every SP size run)
+VOCAB = 256  # bytes; NullTokenizer adds the end-of-document id (257), padded to 384
+PADDED_VOCAB = 384
+LOG_INTERVAL = 2
+SHAPE = MODEL_PRESETS["tiny"]
+
+
+@dataclass
+class Row:
+    """One run: a sequence length at one SP size, measured beside predicted."""
+    ranks: int
+    sp: int
+    seq_length: int
+    longest: bool  # the longest length that fits the cap by prediction
+    tokens_per_s: float  # per rank, mean of the steady intervals' tgs
+    predicted_tokens_per_s: float
+    step_ms: float
+    predicted_step_ms: float
+    peak_mb: float  # per rank, the model-state line's measured sum
+    predicted_peak_mb: float
+    activations_mb: float
+    predicted_activations_mb: float
+    intervals: int
+    others_cores: float | None = None
+
+    @property
+    def dp(self) -> int:
+        return self.ranks // self.sp
+
+    @property
+    def peak_error_pct(self) -> float:
+        return 100.0 * (self.predicted_peak_mb - self.peak_mb) / self.peak_mb
+
+    @property
+    def time_error_pct(self) -> float:
+        return 100.0 * (self.predicted_step_ms - self.step_ms) / self.step_ms
+
+
+# ---- predictions before running ----
+
+def model_config(seq_length: int) -> GPTConfig:
+    return GPTConfig(**SHAPE, seq_length=seq_length, max_position_embeddings=seq_length,
+                     padded_vocab_size=PADDED_VOCAB, hidden_dropout=0.0, attention_dropout=0.0,
+                     use_rotary_position_embeddings=True)
+
+
+def training_setup(ranks: int, sp: int) -> accounting.TrainingSetup:
+    return accounting.TrainingSetup(world_size=ranks, micro_batch_size=1, sequence_parallel_size=sp, zero_stage=1,
+                                    precision="fp32", device="cpu")
+
+
+def predicted_peak_mb(ranks: int, sp: int, seq_length: int) -> float:
+    return accounting.memory_per_rank(model_config(seq_length), training_setup(ranks, sp))["total"] / MiB
+
+
+def longest_fitting(ranks: int, sp: int, cap_mb: float) -> int:
+    """The longest multiple of STEP whose predicted peak per rank is within cap_mb (0: none); memory grows with
+    the length, so a doubling search then a bisection."""
+    def fits(steps: int) -> bool:
+        return predicted_peak_mb(ranks, sp, steps * STEP) <= cap_mb
+
+    if not fits(1):
+        return 0
+    high = 2
+    while fits(high):
+        high *= 2
+    low = high // 2  # fits; high does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low * STEP
+
+
+def lengths_to_run(longest: int) -> list[int]:
+    """1024, 2048, ... up to the longest that fits, and that longest one."""
+    lengths, length = [], 1024
+    while length < longest:
+        lengths.append(length)
+        length *= 2
+    return lengths + [longest] if longest else []
+
+
+# ---- one run ----
+
+def prepare_data(folder: Path) -> Path:
+    """The committed dolly sample as UTF-8 bytes, one id per byte, through tools/preprocess_data.py."""
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus = folder / "dolly_bytes.jsonl"
+    with open(REPO / "data" / "samples" / "dolly-sample.jsonl") as source, open(corpus, "w") as out:
+        for line in source:
+            record = json.loads(line)
+            text = "\n".join(value for value in record.values() if isinstance(value, str) and value)
+            out.write(json.dumps({"text": " ".join(str(byte) for byte in text.encode())}) + "\n")
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", str(corpus),
+                           "--output-prefix", str(folder / "dolly_bytes"), "--tokenizer-type", "NullTokenizer",
+                           "--vocab-size", str(VOCAB), "--append-eod"], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise SystemExit(f"error: tools/preprocess_data.py failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return folder / "dolly_bytes_text_document"
+
+
+def command(data: Path, ranks: int, sp: int, seq_length: int, iters: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+            "--master_port", str(free_port()), str(REPO / "pretrain_gpt.py"),
+            "--num-layers", str(SHAPE["num_layers"]), "--hidden-size", str(SHAPE["hidden_size"]),
+            "--num-attention-heads", str(SHAPE["num_attention_heads"]), "--use-rotary-position-embeddings",
+            "--seq-length", str(seq_length), "--micro-batch-size", "1", "--global-batch-size", str(ranks // sp),
+            "--ds-sequence-parallel-size", str(sp), "--zero-stage", "1", "--train-iters", str(iters),
+            "--log-interval", str(LOG_INTERVAL), "--eval-interval", str(iters + 1), "--eval-iters", "0",
+            "--lr", "1e-3", "--hidden-dropout", "0", "--attention-dropout", "0", "--data-path", str(data),
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB)]
+
+
+def run(data: Path, ranks: int, sp: int, seq_length: int, iters: int, output: Path, timeout: float) -> Path:
+    """pretrain_gpt.py on `ranks` CPU ranks; its output (rank 0 prints the log lines) goes to `output`."""
+    env = dict(os.environ, DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("ZERO_LAB_SKIP_PROBES", None)  # the time prediction needs the probes
+    with open(output, "w") as out:
+        process = subprocess.Popen(command(data, ranks, sp, seq_length, iters), cwd=REPO, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"still running after {timeout:.0f} s (output: {output})")
+        finally:
+            if process.poll() is None:  # timed out, or the bench was stopped: end torchrun and its ranks
+                end(process)
+    if process.returncode != 0:
+        tail = output.read_text().strip().splitlines()[-1:] or ["no output"]
+        raise BenchError(f"exit {process.returncode}: {tail[0]} (output: {output})")
+    return output
+
+
+def end(process: subprocess.Popen) -> None:
+    """torchrun passes SIGTERM on to its ranks (each in a session of its own, out of reach of a killpg) and waits
+    for them; SIGKILL to its group only if that takes over 30 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def summarize(path: Path, ranks: int, sp: int, seq_length: int, longest: bool) -> Row:
+    """The run's log lines, the first logging interval (warm-up) left out."""
+    log = parse_log(path)
+    state, times, iterations = log.model_state, log.times[1:], log.iterations[1:]
+    if state is None or not times or not iterations:
+        raise BenchError(f"no model-state line or fewer than 2 logging intervals in {path}")
+    measured, estimate = state.measured, state.estimate
+    peak = sum(measured.get(name, 0.0) for name in ("params", "grads", "optim", "activations", "other"))
+    predicted_peak = estimate["total"] + estimate["activations"] + estimate["output_buffer"]
+    step_ms = statistics.fmean(t.measured_ms["total"] for t in times)
+    predicted_ms = statistics.fmean(t.predicted_ms["total"] for t in times)
+    tokens_per_rank_step = (ranks // sp) * seq_length / ranks
+    return Row(ranks, sp, seq_length, longest, statistics.fmean(i.tgs for i in iterations),
+               tokens_per_rank_step / (predicted_ms / 1000), step_ms, predicted_ms, peak * GB / MiB,
+               predicted_peak * GB / MiB, measured["activations"] * GB / MiB, estimate["activations"] * GB / MiB,
+               len(times))
+
+
+# ---- printing ----
+
+def table(rows: list[Row], failures: list[str]) -> str:
+    lines = ["| SP | DP | seq length | tokens/s per rank meas / pred | step ms meas / pred | time error "
+             "| peak MiB per rank meas / pred | peak error | activations MiB meas / pred | others' CPU |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        others = "n/a" if r.others_cores is None else f"{r.others_cores:.2f} cores"
+        lines.append(f"| {r.sp} | {r.dp} | "
+                     f"{r.seq_length}{' (longest)' if r.longest else ''} | "
+                     f"{r.tokens_per_s:.0f} / {r.predicted_tokens_per_s:.0f} | {r.step_ms:.0f} / "
+                     f"{r.predicted_step_ms:.0f} | {r.time_error_pct:+.0f}% | {r.peak_mb:.1f} / "
+                     f"{r.predicted_peak_mb:.1f} | {r.peak_error_pct:+.1f}% | {r.activations_mb:.1f} / "
+                     f"{r.predicted_activations_mb:.1f} | {others} |")
+    lines += [f"| failed: {why} |" + " |" * 9 for why in failures]
+    return "\n".join(lines)
+
+
+@dataclass
+class Longest:
+    """The longest sequence that fits the cap at one SP size: predicted, and checked by the run at it."""
+    sp: int
+    seq_length: int
+    predicted_mb: float
+    one_step_longer_mb: float  # predicted at seq_length + STEP: over the cap
+    measured_mb: float | None  # the run at seq_length; None if it failed
+    cap_mb: float
+
+    @property
+    def verdict(self) -> str:
+        if self.measured_mb is None:
+            return "not checked (the run failed)"
+        if self.measured_mb <= self.cap_mb:
+            return f"fits ({self.measured_mb:.1f} MiB measured)"
+        return f"does not fit: {self.measured_mb:.1f} MiB measured, {self.measured_mb - self.cap_mb:.1f} over"
+
+
+def longest_table(longest: list[Longest], cap_mb: float) -> str:
+    lines = [f"| SP | longest sequence within {cap_mb:g} MiB per rank (predicted) | predicted MiB | "
+             f"+{STEP} tokens predicted MiB | run at the longest |", "| ---: | ---: | ---: | ---: | --- |"]
+    lines += [f"| {x.sp} | {x.seq_length} | {x.predicted_mb:.1f} | {x.one_step_longer_mb:.1f} | {x.verdict} |"
+              for x in longest]
+    return "\n".join(lines)
+
+
+# ---- the planner against DeepSpeed-Ulysses' published throughput ----
+
+# Jacobs et al. 2023 (arXiv 2309.14509) and its blog (microsoft/DeepSpeed blogs/deepspeed-ulysses/README.md) give
+# their throughput per GPU and sequence lengths as bar charts (Figures 2-4): no value can be read exactly. The
+# one figure in their text is a bound whose setup is not named: the A100 runs (up to 64 A100s of 40 GB) sustain
+PUBLISHED_BOUND = 175.0  # "over 175 TFlops/GPU (over 54% of hardware peak)"
+# Setups their text names: a 1.3B GPT at 32K tokens on 8 A100s with SP=4 (the convergence study, Figure 5);
+# and the setup item 4 measured the planner at (1.3B, 64K tokens, SP=8). Their 1.2B GPT's shape (Figure 2) and
+# their 30B runs' SP degree and micro-batch (Figure 3) are not given, so they cannot be planned.
+PAPER_SETUPS = (("1.3B GPT, 32K tokens, SP=4, 8 x A100-40GB (the paper's convergence setup)", 32768, 4),
+                ("1.3B GPT, 64K tokens, SP=8, 8 x A100-40GB", 65536, 8))
+
+
+def planned_tflops(seq_length: int, sp: int, fused: bool) -> tuple[str, float]:
+    """tools/zero_plan.py's pick and its expected TFLOP/s per GPU; `fused`: with the memory-bound term's a s^2
+    scores left out, as SDPA's fused kernels run the attention (the planner counts them: its calibration's
+    published runs ran unfused attention)."""
+    import contextlib
+    import importlib.util
+    import io
+
+    spec = importlib.util.spec_from_file_location("zero_plan", REPO / "tools" / "zero_plan.py")
+    zero_plan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zero_plan)
+    if fused:
+        unfused = zero_plan.layer_memory_bytes
+
+        def layer_memory_bytes(config, setup):
+            scores = 5 * config.num_attention_heads * config.seq_length ** 2 * setup.micro_batch_size / (
+                setup.tensor_parallel_size * setup.sequence_parallel_size) * setup.element_bytes / 2
+            return unfused(config, setup) - scores
+        zero_plan.layer_memory_bytes = layer_memory_bytes
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        zero_plan.main(["--model-size", "1.3B", "--gpus", "8", "--gpu", "A100-40GB", "--seq-length", str(seq_length),
+                        "--ds-sequence-parallel-size", str(sp), "--use-rotary-position-embeddings", "--json"])
+    plan = json.loads(out.getvalue())
+    chosen = next(p for p in plan["plans"] if p["option"] == plan["choice"])
+    return plan["choice"], chosen["tflops_per_gpu"]
+
+
+def paper_check() -> tuple[str, list[dict]]:
+    rows = []
+    for name, seq_length, sp in PAPER_SETUPS:
+        option, tflops = planned_tflops(seq_length, sp, fused=False)
+        _, fused = planned_tflops(seq_length, sp, fused=True)
+        rows.append(dict(setup=name, option=option, planned_tflops=tflops, planned_fused_tflops=fused,
+                         published_bound_tflops=PUBLISHED_BOUND))
+    lines = ["| setup | planner's pick | planned TFLOP/s per GPU | / published bound | with fused attention's "
+             "memory term | / published bound |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['setup']} | {r['option']} | {r['planned_tflops']:.0f} | {r['planned_tflops'] / PUBLISHED_BOUND:.2f} "
+              f"| {r['planned_fused_tflops']:.0f} | {r['planned_fused_tflops'] / PUBLISHED_BOUND:.2f} |" for r in rows]
+    text = ("## tools/zero_plan.py against DeepSpeed-Ulysses (Jacobs et al. 2023)\n\n"
+            "No throughput figure of the paper can be read exactly: its sequence lengths and TFLOP/s per GPU are "
+            "bar charts (Figures 2-4). Its text states one bound without naming the setup: A100 runs sustaining "
+            f"over {PUBLISHED_BOUND:.0f} TFLOP/s per GPU (over 54% of peak). The ratios below are to that bound, "
+            "not to a measurement of the same setup.\n\n" + "\n".join(lines) + "\n")
+    return text, rows
+
+
+# ---- the bench ----
+
+def column(data: Path, runs_dir: Path, opts, sp: int) -> tuple[list[Row], list[str], Longest]:
+    """Every length of one SP size, shortest first; a run that fails ends the column (longer ones would too)."""
+    longest = longest_fitting(opts.ranks, sp, opts.cap_mb)
+    rows, failures, measured_at_longest = [], [], None
+    for length in lengths_to_run(longest):
+        started, other = time.monotonic(), OtherWork().start()
+        output = runs_dir / f"sp{sp}_seq{length}.log"
+        try:
+            run(data, opts.ranks, sp, length, opts.iters, output, opts.timeout)
+            rows.append(summarize(output, opts.ranks, sp, length, length == longest))
+        except BenchError as error:
+            failures.append(f"SP={sp} seq {length}: {error}")
+            print(f"[bench] SP={sp} seq {length}: failed: {error}", file=sys.stderr, flush=True)
+            break
+        rows[-1].others_cores = other.cores()
+        measured_at_longest = rows[-1].peak_mb if length == longest else None
+        print(f"[bench] SP={sp} seq {length}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    return rows, failures, Longest(sp, longest, predicted_peak_mb(opts.ranks, sp, longest),
+                                   predicted_peak_mb(opts.ranks, sp, longest + STEP), measured_at_longest,
+                                   opts.cap_mb)
+
+
+def report(rows: list[Row], failures: list[str], longest: list[Longest], opts) -> str:
+    return "\n".join([
+        f"## {opts.ranks} CPU ranks, ZeRO-1 fp32, tiny shape with rotary positions, byte vocabulary, micro-batch 1, "
+        f"{opts.iters} iterations per run (the first of {opts.iters // LOG_INTERVAL} logging intervals left out)",
+        "", table(rows, failures), "", longest_table(longest, opts.cap_mb), ""])
+
+
+def options(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=4, help="CPU ranks per run (default 4)")
+    parser.add_argument("--sp-sizes", type=int, nargs="+", default=[1, 2, 4],
+                        help="DeepSpeed-Ulysses sizes, each dividing --ranks and the 4 heads (default 1 2 4)")
+    parser.add_argument("--cap-mb", type=float, default=64.0,
+                        help="memory cap per rank in MiB, for the longest sequence (default 64)")
+    parser.add_argument("--iters", type=int, default=6, help=f"iterations per run (default 6: {6 // LOG_INTERVAL} "
+                                                             f"logging intervals of {LOG_INTERVAL})")
+    parser.add_argument("--json", help="write the rows and the longest sequences to this file")
+    parser.add_argument("--runs-dir", help="keep the runs' outputs here (default: a temporary folder)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take (default 600)")
+    parser.add_argument("--paper-only", action="store_true",
+                        help="print only tools/zero_plan.py against DeepSpeed-Ulysses' published throughput (no runs)")
+    opts = parser.parse_args(argv)
+    for sp in opts.sp_sizes:
+        if sp < 1 or opts.ranks % sp or SHAPE["num_attention_heads"] % sp or STEP % sp:
+            parser.error(f"--sp-sizes {sp}: must divide --ranks {opts.ranks}, the model's "
+                         f"{SHAPE['num_attention_heads']} heads and the {STEP}-token step")
+    if opts.iters < 2 * LOG_INTERVAL:
+        parser.error(f"--iters {opts.iters}: expected at least 2 logging intervals of {LOG_INTERVAL} (the first is "
+                     "warm-up)")
+    return opts
+
+
+def main(argv) -> int:
+    opts = options(argv)
+    stop_on_sigterm()  # the running torchrun is ended on the way out (run's finally)
+    if opts.paper_only:
+        print(paper_check()[0])
+        return 0
+    with tempfile.TemporaryDirectory(prefix="bench_long_sequences.") as tmp:
+        data = prepare_data(Path(tmp) / "data")
+        runs_dir = Path(opts.runs_dir or Path(tmp) / "runs").resolve()
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        start, started = machine(), time.monotonic()
+        print(f"machine: {start['cpus']} CPUs, load average {start['load_average']} at start; torch {start['torch']}, "
+              f"deepspeed {start['deepspeed']}; commit {start['commit']}; {start['date']}; cap {opts.cap_mb:g} MiB "
+              f"per rank\n", flush=True)
+        rows, failures, longest = [], [], []
+        for sp in opts.sp_sizes:
+            sp_rows, sp_failures, sp_longest = column(data, runs_dir, opts, sp)
+            rows, failures, longest = rows + sp_rows, failures + sp_failures, longest + [sp_longest]
+        print(report(rows, failures, longest, opts))
+        paper, paper_rows = paper_check()
+        print(paper)
+        load_end = round(os.getloadavg()[0], 2)
+        print(f"load average at the end: {load_end}; bench wall time {time.monotonic() - started:.0f} s")
+        if opts.json:
+            record = dict(machine={**start, "load_average_end": load_end}, ranks=opts.ranks, cap_mb=opts.cap_mb,
+                          iters=opts.iters, step_tokens=STEP, failures=failures,
+                          rows=[{**asdict(r), "dp": r.dp, "peak_error_pct": r.peak_error_pct,
+                                 "time_error_pct": r.time_error_pct} for r in rows],
+                          longest=[{**asdict(x), "verdict": x.verdict} for x in longest], paper=paper_rows)
+            Path(opts.json).write_text(json.dumps(record, indent=2) + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Stopped as stopped:
+        sys.exit(f"[bench] {stopped}: the running torchrun and its ranks were ended")
