@@ -26,7 +26,7 @@ from megatron.launch.dist_env import all_ranks_on_this_host
 from megatron.length_predictions import LengthPredictions
 from megatron.model import moe
 from megatron.step_timing import PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup, probes_skipped
-from megatron.training_log import (NOT_PREDICTED_MOE, IterationStats, MoEStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
+from megatron.training_log import (IterationStats, MoEStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
                                    iteration_line, iteration_scalars, memory_line, memory_scalars, model_state_line,
                                    parameters_line, peak_line, probe_line, progress_line, run_info_line, time_line,
                                    time_scalars, validation_line)
@@ -602,8 +602,6 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
                                   accounting.matmul_precision(ds.precision, tf32), peak))
     if probes_skipped():
         reporter.print_line(PROBES_SKIPPED_LINE)
-    elif model_config.is_moe:
-        reporter.print_line(f" > step time {NOT_PREDICTED_MOE}: the step-time model has no experts yet (no time lines)")
     else:
         predicted, predictions.rates, predictions.link = predict_at_startup(args, dist_info, ds_config, setup)
         reporter.print_line(probe_line(predictions.rates, predictions.link, predicted))

@@ -82,10 +82,6 @@ def parameters_line(total: int, active: int, on_rank: int, measured: int | None)
             f"{held} |")
 
 
-# what the step-time line prints for MoE: the step-time model has no all-to-alls or expert compute yet
-NOT_PREDICTED_MOE = "not predicted for MoE"
-
-
 def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: int, precision: str,
                      offload: str) -> str:
     """Measured: params, grads and optimizer states on the accelerator, offloaded states, the activations

@@ -292,7 +292,7 @@ def test_the_driver_variables_give_the_moe_flags():
 @pytest.mark.slow
 def test_the_z1_driver_trains_with_num_experts_4_and_ep_size_2(dolly_data_dir, tmp_path):
     env = driver_env(dolly_data_dir, tmp_path, NUM_EXPERTS=4, EP_SIZE=2, TRAIN_EPOCHS="", TRAIN_ITERS=3,
-                     EVAL_ITERS=0, ZERO_LAB_SKIP_PROBES=1)
+                     EVAL_ITERS=0)
     run = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], cwd=REPO_ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -301,6 +301,10 @@ def test_the_z1_driver_trains_with_num_experts_4_and_ep_size_2(dolly_data_dir, t
     assert "| zero stage: 1 |" in log and "| world size: 2 |" in log
     assert len(re.findall(r"\| lm loss: \S+ \| moe loss: \S+ \| expert load max/mean: \S+ \| tokens dropped: \S+ \|",
                           log)) == 3
+    # the step-time model prices the all-to-alls: the probes run and every interval has its time line
+    assert " > step time predicted |" in log and "not predicted" not in log
+    times = re.findall(r"\[Rank 0\] time at iteration +\d+ \| measured: .* \| predicted: .* total=\S+ms \|", log)
+    assert len(times) == 3
 
 
 def test_the_hugging_face_export_refuses_an_moe_checkpoint_in_one_line(capsys, tmp_path):
