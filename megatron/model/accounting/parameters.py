@@ -48,7 +48,8 @@ def parameter_groups_on_rank(config: GPTConfig, tensor_parallel_size: int = 1, p
     megatron/optimizer.py's two groups: (matrices, which decay; biases and LayerNorm weights, which do not).
     Split matrices and their column biases count 1/tp; LayerNorms, row-parallel biases and position
     embeddings are whole on every TP rank (rotary positions have no table). Stage 0 holds the embeddings, the last stage the final
-    LayerNorm and (with PP > 1) its own copy of the tied word embedding; each stage num_layers / pp layers.
+    LayerNorm and (with PP > 1) its own copy of the tied embedding module (the word embedding and an unused
+    position table); each stage num_layers / pp layers.
     Llama's shapes: RMSNorm has no bias, --disable-bias-linear drops the linear biases, QKV is h + 2 x the K/V
     width (grouped-query attention), SwiGLU's first matrix 2 ffn wide, and an untied output layer is the last
     stage's own [vocab / tp, h] matrix. An MoE layer's MLP is its gate (and a residual MoE's dense MLP and
@@ -70,8 +71,10 @@ def parameter_groups_on_rank(config: GPTConfig, tensor_parallel_size: int = 1, p
         vectors += norm + ([qkv // tp, h] if bias else []) + norm + mlp_biases
     if stage == pp - 1:
         vectors += norm
-        if pp > 1 or config.untie_embeddings_and_output_weights:
-            matrices.append(words)  # the tied embedding's copy, or the untied output layer
+        if config.untie_embeddings_and_output_weights:
+            matrices.append(words)  # the untied output layer
+        elif pp > 1:  # the tied embedding's copy: the whole EmbeddingPipe, its (unused) position table too
+            matrices += [words] + ([config.learned_positions * h] if config.learned_positions else [])
     return matrices, vectors
 
 

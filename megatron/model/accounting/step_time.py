@@ -225,8 +225,10 @@ def _modules(config: GPTConfig, tp: int, pp: int, stage: int) -> list[_Module]:
                     linear("column", h * f_in // tp, f_in // tp), linear("row", f * h // tp, h)]
     if stage == pp - 1:
         modules.append(norm)
-        if pp > 1 or config.untie_embeddings_and_output_weights:
-            modules.append(words)  # the tied embedding's copy, or the untied output layer
+        if config.untie_embeddings_and_output_weights:
+            modules.append(words)  # the untied output layer
+        elif pp > 1:
+            modules += [words, *positions]  # the tied embedding's copy, its unused position table too
     return modules
 
 
