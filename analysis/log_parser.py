@@ -72,6 +72,11 @@ class IterationRecord:
     tgs: float | None = None
     tflops: float | None = None
     curriculum_seqlen: int | None = None  # the sequence length of a curriculum's last step (docs/curriculum.md)
+    # mixture of experts (docs/moe.md): the load-balancing loss added to the lm loss, the most loaded expert's
+    # tokens over the mean, and the fraction of routes dropped by capacity, over the interval
+    moe_loss: float | None = None
+    expert_load: float | None = None
+    tokens_dropped: float | None = None
     attempt: int = 0  # which start of training printed it: ParsedLog.starts' index
     # iterations the interval ending here spans (the last logged iteration of the same start to this one);
     # None for the first interval after a resume, whose start (the checkpoint's iteration) the log does not say
@@ -234,6 +239,9 @@ def _parse_iteration(seg: str, it: int, total: int) -> IterationRecord:
         tgs=_float(TGS_RE, seg),
         tflops=_float(r"TFLOPs:\s*(\d+\.\d+)", seg),
         curriculum_seqlen=_int(r"curriculum seqlen:\s*(\d+)", seg),
+        moe_loss=_float(r"moe loss: (\S+) \|", seg),
+        expert_load=_float(r"expert load max/mean: (\S+) \|", seg),
+        tokens_dropped=_float(r"tokens dropped: (\S+) \|", seg),
     )
 
 

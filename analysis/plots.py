@@ -202,6 +202,25 @@ def tradeoff_plot(runs: list[RunSummary], out_dir: Path) -> str | None:
     return "zero_tradeoff.png"
 
 
+# the MoE fields of the iteration line (docs/moe.md), one panel each
+MOE_PANELS = (("moe loss (coeff x load-balancing loss)", 1), ("expert load max/mean", 2),
+              ("tokens dropped (fraction of routes)", 3))
+
+
+def _moe_plot(runs: list[RunSummary], path: Path) -> None:
+    fig, axes = plt.subplots(len(MOE_PANELS), 1, figsize=(7.5, 7.5), sharex=True)
+    for ax, (label, column) in zip(axes, MOE_PANELS):
+        for run in runs:
+            ax.plot([row[0] for row in run.moe_curve], [row[column] for row in run.moe_curve], marker="o",
+                    markersize=3, label=run.label)
+        ax.set_ylabel(label, fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0].set_title("Mixture of experts: routing over iterations")
+    axes[-1].set_xlabel("iteration")
+    axes[0].legend(fontsize=8, ncols=_legend_columns(len(runs)), **OUTSIDE_RIGHT)
+    _save(fig, path)
+
+
 def _with(runs: list[RunSummary], *attrs: str) -> list[RunSummary]:
     return [r for r in runs if any(getattr(r, a) is not None for a in attrs)]
 
@@ -239,4 +258,8 @@ def make_plots(runs: list[RunSummary], out_dir: Path) -> list[tuple[str, str]]:
     if with_curve:
         _loss_plot(with_curve, out_dir / "loss.png")
         written.append(("loss.png", "Training loss vs consumed tokens"))
+    with_moe = [r for r in runs if r.moe_curve]
+    if with_moe:
+        _moe_plot(with_moe, out_dir / "moe.png")
+        written.append(("moe.png", "Mixture of experts: moe loss, expert load max/mean and tokens dropped"))
     return written

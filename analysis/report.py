@@ -13,7 +13,7 @@ from typing import Callable
 from analysis.run_summary import RunSummary
 
 # CSV/JSON carry every field at full precision; the curve goes to JSON and the plot only.
-CSV_FIELDS = [f.name for f in fields(RunSummary) if f.name != "loss_curve"]
+CSV_FIELDS = [f.name for f in fields(RunSummary) if f.name not in ("loss_curve", "moe_curve")]
 
 
 def _num(digits: int) -> Callable[[float | None], str]:

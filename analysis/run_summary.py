@@ -59,6 +59,8 @@ class RunSummary:
     val_ppl_last: float | None
     # (consumed tokens, lm loss) per logged iteration; plotted, not tabulated.
     loss_curve: list[tuple[int, float]] = field(default_factory=list)
+    # (iteration, moe loss, expert load max/mean, tokens dropped) per logged iteration of an MoE run; plotted
+    moe_curve: list[tuple[int, float, float, float]] = field(default_factory=list)
     # The ZeRO trade-off (docs/zero-tradeoff.md): MB (2**20 bytes) the printing rank sent per iteration,
     # measured (mean over the comm lines) and predicted; the model-state line's offloaded states and one
     # micro-batch's activations, measured and predicted, and the predicted output-layer buffer (GB).
@@ -370,6 +372,8 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         val_ppl_last=validations[-1].ppl if validations else None,
         loss_curve=[(tokens, r.lm_loss) for r in records
                     if r.lm_loss is not None and (tokens := _consumed_tokens(r, meta)) is not None],
+        moe_curve=[(r.iteration, r.moe_loss, r.expert_load, r.tokens_dropped) for r in records
+                   if None not in (r.moe_loss, r.expert_load, r.tokens_dropped)],
         **_traffic(log, kept_intervals),
         **_step_time(log, kept_intervals),
         **_progress(log, status),

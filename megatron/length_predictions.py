@@ -48,7 +48,8 @@ class LengthPredictions:
             hardware_flops=accounting.hardware_flops_per_iteration(config, batch),
             memory=accounting.memory_per_rank(config, setup, self.stage),
             traffic=sum(accounting.zero_traffic_per_step(config, setup, self.stage, self.zero).values())
-            + accounting.ulysses_all_to_all_per_step(config, setup),
+            + accounting.ulysses_all_to_all_per_step(config, setup)
+            + sum(accounting.moe_all_to_all_per_step(config, setup).values()),
             time=time)
 
     def over(self, lengths: list[int]) -> Predicted:

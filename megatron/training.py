@@ -7,7 +7,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import psutil
@@ -26,10 +26,10 @@ from megatron.launch.dist_env import all_ranks_on_this_host
 from megatron.length_predictions import LengthPredictions
 from megatron.model import moe
 from megatron.step_timing import PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup, probes_skipped
-from megatron.training_log import (NOT_PREDICTED_MOE, IterationStats, MoEStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
+from megatron.training_log import (IterationStats, MoEStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
                                    iteration_line, iteration_scalars, memory_line, memory_scalars, model_state_line,
-                                   peak_line, probe_line, progress_line, run_info_line, time_line, time_scalars,
-                                   validation_line)
+                                   parameters_line, peak_line, probe_line, progress_line, run_info_line, time_line,
+                                   time_scalars, validation_line)
 
 
 class TrainingError(ZeroLabError, RuntimeError):
@@ -291,9 +291,9 @@ class Reporter:
             now = self.comm.snapshot()
             sent = comm_counter.since(now, self.comm_before, state.interval_iterations)
             self.comm_before = now
-            self.print_line(comm_line(self.dist_info.rank, state.iteration, sent, self.num_params,
-                                      None if args.model.is_moe else predicted.traffic))
-            scalars |= comm_scalars(sent, self.num_params, None if args.model.is_moe else predicted.traffic)
+            traffic = self.moe_traffic(engine, predicted.traffic, lengths, state.interval_iterations)
+            self.print_line(comm_line(self.dist_info.rank, state.iteration, sent, self.num_params, traffic))
+            scalars |= comm_scalars(sent, self.num_params, traffic)
         if predicted.time is not None:
             measured = self.measured_time(seconds, state.interval_iterations)
             self.print_line(time_line(self.dist_info.rank, state.iteration, measured, predicted.time))
@@ -313,6 +313,23 @@ class Reporter:
         dist.all_reduce(summed, group=data.handle)
         per_layer = list(summed.split([len(f) for f in flat]))
         return MoEStats(*moe.routing_summary(per_layer, self.args.training.moe_loss_coeff))
+
+    def moe_traffic(self, engine, predicted: float, lengths: list[int], interval_iterations: int) -> float:
+        """The predicted traffic with, without token dropping, the MoE all-to-alls sized by the capacities this
+        rank's gates chose in the interval (the most loaded expert's tokens, known only once routed), not by the
+        balanced gate's that the prediction assumes (accounting.moe_capacity)."""
+        from megatron.model import accounting
+
+        config, setup = self.args.model, self.predictions.setup
+        layers = moe.moe_layers(engine.module)
+        if not layers:
+            return predicted
+        capacities = [layer.stats.take_capacity() / max(1, interval_iterations) for layer in layers]
+        if config.moe_token_dropping or len(set(lengths)) > 1:
+            return predicted
+        assumed = accounting.moe_all_to_all_per_step(replace(config, seq_length=lengths[0]), setup)
+        routed = accounting.moe_all_to_all_per_step(replace(config, seq_length=lengths[0]), setup, capacities)
+        return predicted - sum(assumed.values()) + sum(routed.values())
 
     def measured_time(self, step_seconds: float, interval_iterations: int) -> dict[str, float]:
         """The interval's mean step time split into compute, communication (blocked in collectives) and
@@ -349,8 +366,7 @@ class Reporter:
         measured["other"] = max(0, mem["allocated"] - (held - offloaded if self.dist_info.on_cuda else held))
         # ZeRO partitions over data- x DeepSpeed-Ulysses sequence-parallel ranks (as the estimate does)
         partitions = self.predictions.setup.zero_partitions
-        # megatron/model/accounting/ counts no experts yet (docs/moe.md)
-        estimate = None if self.args.model.is_moe else self.predictions.at(seq_length).memory
+        estimate = self.predictions.at(seq_length).memory
         self.print_line(model_state_line(measured, estimate, ds.zero_stage, partitions,
                                          ds.precision, ds.offload))
 
@@ -580,12 +596,12 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
                                   args.model.seq_length, schedule.samples_per_epoch))
     if dist_info.rank == log_rank:
         reporter.writers = open_writers(args, schedule, ds_config, reporter.print_line)
+    reporter.print_line(parameters_line(*predicted_parameters(model_config, par, last_stage),
+                                        None if engine is None else measured_parameters(engine)))
     reporter.print_line(peak_line(device_name, accounting.accelerator_part(device_name),
                                   accounting.matmul_precision(ds.precision, tf32), peak))
     if probes_skipped():
         reporter.print_line(PROBES_SKIPPED_LINE)
-    elif model_config.is_moe:
-        reporter.print_line(f" > step time {NOT_PREDICTED_MOE}: the step-time model has no experts yet (no time lines)")
     else:
         predicted, predictions.rates, predictions.link = predict_at_startup(args, dist_info, ds_config, setup)
         reporter.print_line(probe_line(predictions.rates, predictions.link, predicted))
@@ -593,6 +609,21 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
         reporter.offload_clock = OffloadStepClock(comm, dist_info.on_cuda)
         reporter.offload_clock.install(engine)
     return reporter
+
+
+def predicted_parameters(config, par, stage: int) -> tuple[int, int, int]:
+    """(the model's parameters, those active per token, those the printing rank of pipeline `stage` holds)."""
+    from megatron.model import accounting
+
+    on_rank = accounting.parameters_on_rank(config, par.tensor_model_parallel_size, par.pipeline_model_parallel_size,
+                                            stage)
+    experts = sum(map(sum, accounting.expert_groups_on_rank(config, config.moe_expert_parallel_size)))
+    return accounting.count_parameters(config), accounting.active_parameters(config), on_rank + experts
+
+
+def measured_parameters(engine) -> int:
+    """Parameters this rank's module holds, whole (ZeRO-3's gathered size, not its partition)."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
 
 
 def open_writers(args: Args, schedule: Schedule, ds_config: dict, print_line) -> list:
@@ -620,7 +651,7 @@ def training_setup(args: Args, dist_info: DistInfo):
         gradient_accumulation_steps=train.gradient_accumulation_steps,
         tensor_parallel_size=par.tensor_model_parallel_size, pipeline_parallel_size=par.pipeline_model_parallel_size,
         sequence_parallel=par.sequence_parallel, sequence_parallel_size=par.sequence_parallel_size,
-        precision=ds.precision, zero_stage=ds.zero_stage,
+        expert_parallel_size=args.model.moe_expert_parallel_size, precision=ds.precision, zero_stage=ds.zero_stage,
         offload_optimizer=ds.offload_optimizer, offload_params=ds.offload_params,
         offload_device="nvme" if ds.nvme_path else "cpu", activation_recompute=args.model.recompute_activations,
         device="cuda" if dist_info.on_cuda else "cpu")

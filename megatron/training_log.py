@@ -74,23 +74,22 @@ def memory_line(rank: int, device: str, iteration: int, mem: dict, mfu_percent: 
             f"MaxHostRSS={mem['max_rss'] / GB:.2f}GB{mfu} |")
 
 
-# what the lines print where megatron/model/accounting/ has no model yet: its dense figures would be wrong
-NOT_PREDICTED_MOE = "not predicted for MoE"
+def parameters_line(total: int, active: int, on_rank: int, measured: int | None) -> str:
+    """The model's parameters (every expert included), those one token goes through (--topk experts per MoE
+    layer: megatron/model/accounting/parameters.py) and the printing rank's, predicted beside measured."""
+    held = "" if measured is None else f", measured {measured}"
+    return (f" > parameters | total: {total} | active per token: {active} | on this rank: predicted {on_rank}"
+            f"{held} |")
 
 
-def model_state_line(measured: dict, estimate: dict | None, zero_stage: int, dp_size: int, precision: str,
+def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: int, precision: str,
                      offload: str) -> str:
     """Measured: params, grads and optimizer states on the accelerator, offloaded states, the activations
     of one micro-batch (when measured) and everything else allocated; the estimate
     (megatron/model/accounting.memory_per_rank): the same, total = the model states on the accelerator."""
     m = {key: value / GB for key, value in measured.items()}
-    e = {key: value / GB for key, value in (estimate or {}).items()}
+    e = {key: value / GB for key, value in estimate.items()}
     activations = f" activations={m['activations']:.4f}" if "activations" in m else ""
-    if estimate is None:
-        return (f" model state memory per rank (GB) | measured: params={m['params']:.4f} grads={m['grads']:.4f} "
-                f"optim={m['optim']:.4f} offloaded={m['offloaded']:.4f}{activations} other={m['other']:.4f} | "
-                f"ZeRO estimate (stage={zero_stage}, dp={dp_size}, dtype={precision}, offload={offload}): "
-                f"{NOT_PREDICTED_MOE} |")
     return (f" model state memory per rank (GB) | measured: params={m['params']:.4f} grads={m['grads']:.4f} "
             f"optim={m['optim']:.4f} offloaded={m['offloaded']:.4f}{activations} other={m['other']:.4f} | "
             f"ZeRO estimate (stage={zero_stage}, dp={dp_size}, dtype={precision}, offload={offload}): "
@@ -99,15 +98,14 @@ def model_state_line(measured: dict, estimate: dict | None, zero_stage: int, dp_
             f"output_buffer={e['output_buffer']:.4f} |")
 
 
-def comm_line(rank: int, iteration: int, sent_per_iteration: dict, num_params: int, predicted: float | None) -> str:
+def comm_line(rank: int, iteration: int, sent_per_iteration: dict, num_params: int, predicted: float) -> str:
     """Bytes this rank sent per iteration through each kind of collective (megatron/comm_counter.py),
     their total per model parameter, and the total megatron/model/accounting/ predicts
     (docs/zero-tradeoff.md defines "sent")."""
     total = sum(sent_per_iteration.values())
     kinds = " | ".join(f"{kind}={sent / MB:.3f}MB" for kind, sent in sent_per_iteration.items())
     return (f"[Rank {rank}] comm at iteration {iteration:8d} | {kinds} | total={total / MB:.3f}MB | "
-            f"bytes/param={total / num_params:.3f} | "
-            + (f"predicted={NOT_PREDICTED_MOE} |" if predicted is None else f"predicted={predicted / MB:.3f}MB |"))
+            f"bytes/param={total / num_params:.3f} | predicted={predicted / MB:.3f}MB |")
 
 
 def time_line(rank: int, iteration: int, measured: dict, predicted) -> str:
@@ -238,11 +236,11 @@ def memory_scalars(mem: dict, mfu_percent: float | None, hfu_percent: float | No
     return values
 
 
-def comm_scalars(sent_per_iteration: dict, num_params: int, predicted: float | None) -> dict[str, float]:
+def comm_scalars(sent_per_iteration: dict, num_params: int, predicted: float) -> dict[str, float]:
     total = sum(sent_per_iteration.values())
     values = {f"traffic/{kind}-MB": sent / MB for kind, sent in sent_per_iteration.items()}
     values |= {"traffic/total-MB": total / MB, "traffic/bytes-per-param": total / num_params}
-    return values if predicted is None else values | {"traffic/predicted-MB": predicted / MB}
+    return values | {"traffic/predicted-MB": predicted / MB}
 
 
 def time_scalars(measured: dict, predicted) -> dict[str, float]:

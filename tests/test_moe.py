@@ -1,6 +1,7 @@
 """Mixture of experts (--num-experts, DeepSpeed's MoE layer; docs/moe.md): which layers get experts, the flags and
 their refusals (one line each), expert gradients through DeepSpeed's reduction on 2 real gloo ranks at EP=1 and
 EP=2, and real pretrain_gpt.py runs: EP=2 gives EP=1's losses without token dropping, ZeRO 1 and 2 give ZeRO 0's."""
+import math
 import re
 import subprocess
 from dataclasses import replace
@@ -16,10 +17,14 @@ from megatron.core.layout import ParallelLayout
 from megatron.core.parallel_state import ParallelState
 from megatron.launch.settings import LaunchError, training_settings
 from megatron.model import GPTModel
+from megatron.model.accounting import (AccountingError, TrainingSetup, active_parameters, count_parameters,
+                                       memory_per_rank, model_flops_per_iteration, moe_all_to_all_per_step,
+                                       moe_capacity, parameters_on_rank)
 from megatron.model.config import ModelConfigError
 from megatron.model.moe import expert_parallel_rank, moe_layers, routing_summary
+from megatron.model.transformer import ParallelMLP
 from megatron.training import get_batch, masked_mean_loss, with_moe_loss
-from megatron.training_log import IterationStats, MoEStats, comm_line, comm_scalars, iteration_line, model_state_line
+from megatron.training_log import IterationStats, MoEStats, iteration_line
 from test_arguments import base
 from test_parallel_training import losses
 from test_tensor_parallel import SEED, _gpt_config, run_ranks
@@ -135,11 +140,15 @@ def test_expert_gradients_do_not_change_with_the_expert_parallel_size():
 
 @pytest.fixture(scope="module")
 def moe_runs(dolly_data_dir):
-    """4 experts without token dropping on 2 CPU ranks: EP=1 and EP=2 at ZeRO 0, EP=2 at ZeRO 1 and 2."""
+    """4 experts without token dropping on 2 CPU ranks: EP=1 and EP=2 at ZeRO 0, EP=2 at ZeRO 1 and 2; and top-2
+    with token dropping at EP=2, ZeRO 2."""
     run = partial(parallel_pretrain, dolly_data_dir, 2, *MOE4)
     return {"ep1": run("--moe-expert-parallel-size", "1", "--zero-stage", "0").stdout,
             **{f"ep2_z{stage}": run("--moe-expert-parallel-size", "2", "--zero-stage", str(stage)).stdout
-               for stage in (0, 1, 2)}}
+               for stage in (0, 1, 2)},
+            # capacity-bound all-to-alls: tokens dropped at the default capacity factor, top-2
+            "ep2_z2_top2_dropping": parallel_pretrain(dolly_data_dir, 2, "--num-experts", "4", "--topk", "2",
+                                                     "--moe-expert-parallel-size", "2", "--zero-stage", "2").stdout}
 
 
 @pytest.mark.slow
@@ -185,26 +194,88 @@ def test_the_log_shows_the_moe_loss_load_and_drops(moe_runs):
         assert 0.05 < float(loss) < 0.3 and float(load) >= 1.0 and float(dropped) == 0.0
 
 
-def test_the_predictions_without_experts_are_not_printed_for_moe():
-    """megatron/model/accounting/ counts no experts yet: the lines say so rather than print a dense model's figure."""
-    measured = dict(params=2**30, grads=2**30, optim=2**31, offloaded=0, other=0)
-    assert model_state_line(measured, None, 1, 2, "fp32", "none").endswith(
-        "ZeRO estimate (stage=1, dp=2, dtype=fp32, offload=none): not predicted for MoE |")
-    line = comm_line(0, 3, {"all_reduce": 2**20}, 2**18, None)
-    assert line.endswith("| bytes/param=4.000 | predicted=not predicted for MoE |")
-    assert "traffic/predicted-MB" not in comm_scalars({"all_reduce": 2**20}, 2**18, None)
+def test_the_parameter_count_holds_every_expert_and_a_token_goes_through_topk_of_them():
+    for shape in ({"num_experts": [4]}, {"num_experts": [4], "mlp_type": "residual"}, {"num_experts": [4, 2],
+                                                                                         "num_layers": 4}):
+        config = _gpt_config(**shape)
+        torch.manual_seed(SEED)
+        assert count_parameters(config) == sum(p.numel() for p in GPTModel(config).parameters()), shape
+    dense, h = _gpt_config(), _gpt_config().hidden_size
+    expert = sum(p.numel() for p in ParallelMLP(dense, None).parameters())
+    # the dense model's, the gate (h -> 4) of the one MoE layer, and topk - 1 experts more than the dense MLP
+    assert active_parameters(_gpt_config(num_experts=[4])) == count_parameters(dense) + 4 * h
+    assert active_parameters(_gpt_config(num_experts=[4], topk=2)) == count_parameters(dense) + 4 * h + expert
+    assert active_parameters(dense) == count_parameters(dense)
+
+
+def test_moe_flops_per_token_are_the_active_experts_and_the_gate():
+    dense, moe = _gpt_config(), _gpt_config(num_experts=[4], topk=2)
+    h, f, tokens = dense.hidden_size, dense.ffn_hidden_size, 8 * dense.seq_length
+    # one MoE layer: a second expert's MLP (h -> f -> h) and the gate (h -> 4), forward and backward (x 3)
+    extra = 3 * 2 * tokens * h * (2 * f + 4)
+    assert model_flops_per_iteration(moe, 8) == model_flops_per_iteration(dense, 8) + extra
+
+
+@pytest.mark.parametrize("topk, experts, factor, minimum, tokens", [
+    (1, 4, 1.0, 4, 128), (2, 8, 1.25, 4, 100), (1, 8, 1.0, 4, 6), (3, 4, 1.5, 0, 30)])
+def test_the_predicted_capacity_is_the_one_deepspeeds_gate_chooses(topk, experts, factor, minimum, tokens):
+    from deepspeed.moe.sharded_moe import TopKGate
+
+    config = _gpt_config(num_experts=[experts], topk=topk, moe_train_capacity_factor=factor, moe_min_capacity=minimum)
+    gate = TopKGate(config.hidden_size, experts, topk, factor, factor, minimum).train()
+    capacity = gate(torch.randn(tokens, config.hidden_size), None, True)[1]
+    assert moe_capacity(config, experts, tokens) == int(capacity)
+
+
+def test_the_experts_are_held_over_ep_and_partitioned_over_the_expert_data_parallel_ranks():
+    config = _gpt_config(num_experts=[4], moe_expert_parallel_size=2)
+    dense = parameters_on_rank(config)
+    experts = 2 * sum(p.numel() for p in ParallelMLP(config, None).parameters())  # 4 experts over EP=2
+    setup = TrainingSetup(world_size=4, micro_batch_size=1, zero_stage=1, expert_parallel_size=2)
+    memory = memory_per_rank(config, setup)
+    assert memory["params"] == 4 * (dense + experts)
+    # fp32 at ZeRO-1: Adam's m and v and the fp32 master partition; the rest over DP=4, experts over DP/EP=2
+    assert memory["optim"] == 12 * (math.ceil(dense / 4) + math.ceil(experts / 2))
+    with pytest.raises(AccountingError, match="^--moe-expert-parallel-size 3 must divide the data-parallel size 4$"):
+        TrainingSetup(world_size=4, micro_batch_size=1, expert_parallel_size=3)
+
+
+def test_the_all_to_alls_are_four_per_moe_layer_and_micro_batch_sized_by_capacity():
+    config = _gpt_config(num_experts=[4], moe_expert_parallel_size=2, moe_min_capacity=0)
+    setup = TrainingSetup(world_size=2, micro_batch_size=2, gradient_accumulation_steps=3, expert_parallel_size=2)
+    capacity = moe_capacity(config, 4, 2 * config.seq_length)
+    sent = moe_all_to_all_per_step(config, setup)
+    assert sent == {"all_to_all": 3 * 4 * (4 * capacity * config.hidden_size * 4) / 2, "all_reduce": 0.0}
+    # without token dropping: the capacities the gates chose, and one int64 all-reduce (MAX) per forward
+    routed = moe_all_to_all_per_step(replace(config, moe_token_dropping=False), setup, [30.0])
+    assert routed == {"all_to_all": 4 * (4 * 30 * config.hidden_size * 4) / 2, "all_reduce": 3 * 2 * 8 / 2}
+    assert moe_all_to_all_per_step(replace(config, moe_expert_parallel_size=1),
+                                   replace(setup, expert_parallel_size=1))["all_to_all"] == 0
+
+
+PREDICTION_LINES = re.compile(
+    r" > parameters \| total: (\d+) \| active per token: (\d+) \| on this rank: predicted (\d+), measured (\d+) \|")
 
 
 @pytest.mark.slow
-def test_an_moe_runs_prediction_lines_say_not_predicted_and_parse(moe_runs, tmp_path):
+@pytest.mark.parametrize("run", ["ep1", "ep2_z0", "ep2_z1", "ep2_z2", "ep2_z2_top2_dropping"])
+def test_an_moe_runs_parameters_memory_and_traffic_are_predicted(moe_runs, run, tmp_path):
+    """Parameters on the rank and all-to-all traffic exactly (without token dropping the all-to-alls are sized by
+    the capacities the gates chose; with it by the predicted capacity), the model states within 5%."""
     from analysis.log_parser import parse_log
 
-    log = moe_runs["ep2_z1"]
-    assert "predicted=not predicted for MoE |" in log and "offload=none): not predicted for MoE |" in log
+    log = moe_runs[run]
+    total, active, predicted, measured = map(int, PREDICTION_LINES.search(log).groups())
+    assert predicted == measured and total > active
+    numbers = re.search(r"measured: params=(\S+) grads=(\S+) optim=(\S+) .* ZeRO estimate \([^)]*\): "
+                        r"params=(\S+) grads=(\S+) optim=(\S+) ", log).groups()
+    assert [float(x) for x in numbers[3:]] == pytest.approx([float(x) for x in numbers[:3]], rel=0.05)
+    sent = re.findall(r"\| (?:all_to_all=(\S+)MB \| )?total=(\S+)MB \| bytes/param=\S+ \| predicted=(\S+)MB \|", log)
+    assert len(sent) == len(losses(log)) - 1
+    for all_to_all, total_mb, predicted_mb in sent:
+        assert total_mb == predicted_mb and (float(all_to_all or 0) > 0) == (run != "ep1")
     (tmp_path / "run.log").write_text(log)
-    parsed = parse_log(tmp_path / "run.log")
-    assert [record.lm_loss for record in parsed.iterations] == pytest.approx(losses(log)[:-1], rel=1e-6)
-    assert parsed.model_state.estimate == {}
+    assert parse_log(tmp_path / "run.log").model_state.estimate["params"] == pytest.approx(float(numbers[3]))
 
 
 def test_the_driver_variables_give_the_moe_flags():
@@ -221,7 +292,7 @@ def test_the_driver_variables_give_the_moe_flags():
 @pytest.mark.slow
 def test_the_z1_driver_trains_with_num_experts_4_and_ep_size_2(dolly_data_dir, tmp_path):
     env = driver_env(dolly_data_dir, tmp_path, NUM_EXPERTS=4, EP_SIZE=2, TRAIN_EPOCHS="", TRAIN_ITERS=3,
-                     EVAL_ITERS=0, ZERO_LAB_SKIP_PROBES=1)
+                     EVAL_ITERS=0)
     run = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], cwd=REPO_ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -230,6 +301,10 @@ def test_the_z1_driver_trains_with_num_experts_4_and_ep_size_2(dolly_data_dir, t
     assert "| zero stage: 1 |" in log and "| world size: 2 |" in log
     assert len(re.findall(r"\| lm loss: \S+ \| moe loss: \S+ \| expert load max/mean: \S+ \| tokens dropped: \S+ \|",
                           log)) == 3
+    # the step-time model prices the all-to-alls: the probes run and every interval has its time line
+    assert " > step time predicted |" in log and "not predicted" not in log
+    times = re.findall(r"\[Rank 0\] time at iteration +\d+ \| measured: .* \| predicted: .* total=\S+ms \|", log)
+    assert len(times) == 3
 
 
 def test_the_hugging_face_export_refuses_an_moe_checkpoint_in_one_line(capsys, tmp_path):

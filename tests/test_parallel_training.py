@@ -207,3 +207,12 @@ def test_resume_on_another_tensor_or_pipeline_parallel_size_is_refused_in_one_li
         f"resume with {flag} 2, or start from its weights on any layout with --finetune (iteration and optimizer "
         "start afresh)")
     assert "Traceback" not in run.stderr and " > run info" not in run.stdout  # nothing built, nothing trained
+
+
+@pytest.mark.parametrize("name", list(PARALLEL_LAYOUTS))
+def test_the_printing_ranks_parameters_are_predicted_exactly(layout_logs, name):
+    """TP splits, ZeRO-3 (the whole shapes) and the last pipeline stage's copy of the tied embedding, whose
+    EmbeddingPipe holds the (unused) position table too."""
+    predicted, measured = re.search(r" > parameters \| total: \d+ \| active per token: \d+ \| on this rank: "
+                                    r"predicted (\d+), measured (\d+) \|", layout_logs[name]).groups()
+    assert predicted == measured

@@ -17,11 +17,12 @@ from megatron.model.accounting.step_time import (
     hierarchical_link_costs,
     link_costs_from_flags,
     messages_per_step,
+    moe_all_to_all_seconds,
     optimizer_elements,
     pipeline_bubble,
     predict_step_time,
 )
-from megatron.model.accounting.traffic import OWNER_REDUCTION, zero_traffic_per_step
+from megatron.model.accounting.traffic import OWNER_REDUCTION, moe_all_to_all_per_step, zero_traffic_per_step
 from megatron.model.accounting.training_setup import AccountingError
 from megatron.model.config import GPTConfig
 
@@ -405,3 +406,19 @@ def test_a_run_without_the_probes_says_so_and_prints_no_time_lines(checkpoint_ru
     assert log.splitlines().count(PROBES_SKIPPED_LINE) == 1
     assert "step time predicted" not in log and " time at iteration " not in log
     assert " iteration        8/       8 |" in log
+
+
+def test_the_moe_all_to_alls_are_priced_at_the_links_all_to_all_cost():
+    """4 all-to-alls per MoE layer and micro-batch, the capacity's bytes, at the link's all_to_all cost (else its
+    all-gather's); only they change when the all-to-all costs 1 s + 1 s per byte more."""
+    moe = replace(CONFIG, num_layers=2, num_experts=[4], moe_expert_parallel_size=2, moe_min_capacity=0)
+    ep2 = TrainingSetup(world_size=2, micro_batch_size=2, gradient_accumulation_steps=3, expert_parallel_size=2)
+    # each all-to-all: 4 experts x capacity ceil(16 / 4 x 1.0) = 4 x 16 hidden x 4 bytes, half of it sent
+    sent = 4 * 3 * 4 * 4 * 16 * 4 / 2
+    assert moe_all_to_all_per_step(moe, ep2)["all_to_all"] == sent
+    zero = CollectiveCost(0.0, 0.0)
+    free = LinkCosts(dict.fromkeys(KINDS, zero), source="probe")
+    priced = LinkCosts({**free.costs, "all_to_all": CollectiveCost(1.0, 1.0)}, source="probe")
+    times = [predict_step_time(moe, ep2, 0, RATES, link, BUCKETS, overlap_comm=False) for link in (free, priced)]
+    assert times[1].communication - times[0].communication == pytest.approx(4 * 3 + sent)
+    assert moe_all_to_all_seconds(moe, ep2, priced) == pytest.approx(4 * 3 + sent)

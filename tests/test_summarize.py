@@ -805,3 +805,35 @@ def test_summarizing_a_reference_sweep_points_to_compare():
     assert result.stderr.strip() == (f"error: {reference}: no training runs found (no log with iteration lines); it "
                                      "is a reference sweep: compare runs with it by python analysis/summarize.py "
                                      f"runs/ --compare {reference}")
+
+
+def _moe_iteration(iteration: int, load: float, dropped: float) -> str:
+    from megatron.training_log import IterationStats, MoEStats, iteration_line
+    return iteration_line(IterationStats(
+        iteration=iteration, train_iters=6, consumed_samples=8 * iteration, consumed_tokens=512 * iteration,
+        elapsed_ms=500.0, learning_rate=1e-4, global_batch_size=8, lm_loss=10.0 - iteration / 10, loss_scale=1.0,
+        grad_norm=1.0, skipped_iterations=0, nan_iterations=0, samples_per_second=16.0,
+        tokens_per_gpu_per_second=512.0, tflops=0.1, moe=MoEStats(0.1 + iteration / 100, load, dropped)))
+
+
+def test_an_moe_runs_routing_is_read_and_plotted_over_iterations(tmp_path):
+    lines = [RUN_INFO] + [_moe_iteration(i, 1.0 + i / 10, i / 100) for i in range(1, 7)]
+    [record] = parsed(lines[1]).iterations
+    assert (record.moe_loss, record.expert_load, record.tokens_dropped) == (0.11, 1.1, 0.01)
+    log = tmp_path / "runs" / "gpt_tiny_Z1" / "train.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("\n".join(lines) + "\n")
+    result = run_cli(tmp_path / "runs", "--out", tmp_path / "out", "--skip-first", "0")
+    assert result.returncode == 0, result.stderr
+    [run] = json.loads((tmp_path / "out" / "summary.json").read_text())["runs"]
+    assert run["moe_curve"][0] == [1, 0.11, 1.1, 0.01] and len(run["moe_curve"]) == 6
+    image = mpimg.imread(tmp_path / "out" / "moe.png")
+    assert image.ndim == 3 and image.shape[0] > 100
+    assert "](moe.png)" in (tmp_path / "out" / "report.md").read_text()
+    assert "moe_curve" not in (tmp_path / "out" / "summary.csv").read_text()
+
+
+def test_a_dense_run_has_no_moe_plot(summary):
+    out, _, _ = summary
+    assert not (out / "moe.png").exists()
+    assert all(run["moe_curve"] == [] for run in json.loads((out / "summary.json").read_text())["runs"])

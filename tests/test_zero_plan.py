@@ -446,3 +446,42 @@ def test_llama_preset_plans_with_its_own_vocabulary_and_exact_count(capsys):
     code, out, _ = tool_in_process(capsys, "zero_plan.py", "--model-size", "llama3-8b", "--vocab-size", "32000",
                                    "--gpus", "8", "--gpu-memory", "80GB")
     assert code == 0 and out.startswith("llama3-8b: 7.24B parameters")  # 2 x 96256 x 4096 fewer
+
+
+def test_an_moe_preset_plans_each_stage_and_expert_parallel_size(capsys):
+    """gpt-125m-moe8 on 8 GPUs: ZeRO 0-2 (no ZeRO-3 with MoE) at EP 1, 2, 4 and 8; a larger EP holds fewer experts
+    and sends fewer gradient bytes but adds the all-to-alls."""
+    from megatron.model import accounting
+    from tools.zero_plan import model_config, parse_args
+
+    data = plan_json(capsys, "--model-size", "gpt-125m-moe8", "--gpus", "8", "--gpu-memory", "80GB",
+                     "--micro-batch-size", "4")
+    plans = {p["option"]: p for p in data["plans"]}
+    assert list(plans) == [f"{stage} EP={ep}" for ep in (1, 2, 4, 8) for stage in ("DP", "Z1", "Z2")]
+    assert plans["DP EP=8"]["model_states_gb"] < plans["DP EP=2"]["model_states_gb"] < plans["DP EP=1"][
+        "model_states_gb"]
+    ns = parse_args(["--model-size", "gpt-125m-moe8", "--gpus", "8", "--gpu-memory", "80GB",
+                     "--micro-batch-size", "4"])
+    config = model_config(ns)
+    for ep in (1, 8):
+        setup = accounting.TrainingSetup(world_size=8, micro_batch_size=4, precision="bf16", expert_parallel_size=ep)
+        sent = sum(accounting.zero_traffic_per_step(config, setup).values()) + sum(
+            accounting.moe_all_to_all_per_step(config, setup).values())
+        assert plans[f"DP EP={ep}"]["traffic_gb"] == pytest.approx(sent / 2**30)
+    assert accounting.moe_all_to_all_per_step(config, setup)["all_to_all"] > 0
+    only = plan_json(capsys, "--model-size", "tiny", "--num-experts", "4", "--topk", "2",
+                     "--moe-expert-parallel-size", "2", "--gpus", "2", "--gpu-memory", "8GB")
+    assert [p["option"] for p in only["plans"]] == ["DP EP=2", "Z1 EP=2", "Z2 EP=2"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model-size", "gpt-125m-moe8", "--tp", "2"], "--num-experts 8 cannot be combined with "
+                                                      "--tensor-model-parallel-size > 1"),
+    (["--model-size", "gpt-125m-moe8", "--moe-expert-parallel-size", "3"],
+     "--moe-expert-parallel-size 3 must divide the data-parallel size 8 and every layer's --num-experts (8)"),
+    (["--model-size", "125M", "--moe-expert-parallel-size", "2"],
+     "--moe-expert-parallel-size needs --num-experts (or an MoE --model-size)"),
+])
+def test_moe_layouts_the_training_refuses_are_refused_in_one_line(capsys, flags, message):
+    code, out, err = tool_in_process(capsys, "zero_plan.py", *flags, "--gpus", "8", "--gpu-memory", "80GB")
+    assert code == 1 and out == "" and err == f"error: {message}\n"

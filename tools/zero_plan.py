@@ -185,9 +185,6 @@ def model_config(ns: argparse.Namespace) -> GPTConfig:
         if ns.model_size not in MODEL_PRESETS:
             raise PlanError(f"--model-size {ns.model_size}: unknown preset (choose from {', '.join(MODEL_PRESETS)})")
         shape = dict(MODEL_PRESETS[ns.model_size])
-        if shape.get("num_experts", 1) > 1:
-            raise PlanError(f"--model-size {ns.model_size}: a mixture-of-experts preset, which the planner's "
-                            "accounting does not cover yet (docs/moe.md)")
     else:
         shape = {}
     for name in ("num_layers", "hidden_size", "num_attention_heads"):
@@ -197,13 +194,17 @@ def model_config(ns: argparse.Namespace) -> GPTConfig:
             raise PlanError(f"--{name.replace('_', '-')} is required without --model-size")
     # Llama's architecture flags (docs/model.md) add to a preset's own
     shape.update({name: getattr(ns, name) for name in LLAMA_FLAGS if getattr(ns, name) not in (None, False)})
+    if ns.num_experts is not None:
+        shape["num_experts"] = ns.num_experts
+    if isinstance(shape.get("num_experts"), int):  # a preset's one value (megatron/model/presets.py)
+        shape["num_experts"] = [shape["num_experts"]]
     multiple = 128 * ns.tp  # Megatron's --make-vocab-size-divisible-by 128 x TP
     padded = -(-ns.vocab_size // multiple) * multiple
     # --use-rotary-position-embeddings adds rotary to a preset without it (the Llama presets have it already)
     shape["use_rotary_position_embeddings"] = ns.rotary or shape.get("use_rotary_position_embeddings", False)
     config = GPTConfig(**shape, seq_length=ns.seq_length, max_position_embeddings=ns.seq_length,
                        padded_vocab_size=padded, recompute_activations=ns.recompute,
-                       sequence_parallel=ns.sequence_parallel)
+                       sequence_parallel=ns.sequence_parallel, topk=ns.topk)
     # layers that do not divide into the stages are split unevenly (stage_config), as Megatron-DeepSpeed does
     problems = [p for p in parallel_shape_problems(config, ns.tp, ns.pp) if not p.startswith("--num-layers")]
     if config.num_layers < ns.pp:
@@ -212,7 +213,37 @@ def model_config(ns: argparse.Namespace) -> GPTConfig:
     if problems:
         raise ModelConfigError(problems[0])
     ulysses_problem(config, ns)
+    moe_problem(config, ns)
     return config
+
+
+def moe_problem(config: GPTConfig, ns: argparse.Namespace) -> None:
+    """Refuse, in one line, an MoE layout the training refuses (docs/moe.md): experts only beside data parallelism."""
+    if not config.is_moe:
+        if ns.ep is not None:
+            raise PlanError("--moe-expert-parallel-size needs --num-experts (or an MoE --model-size)")
+        return
+    experts = f"--num-experts {' '.join(map(str, config.num_experts))}"
+    for flag, size in (("--tensor-model-parallel-size", ns.tp), ("--pipeline-model-parallel-size", ns.pp),
+                       ("--ds-sequence-parallel-size", ns.sp)):
+        if size > 1:
+            raise PlanError(f"{experts} cannot be combined with {flag} > 1")
+    if ns.recompute:
+        raise PlanError(f"{experts} cannot be combined with --checkpoint-activations")
+    world, moe = ns.gpus * ns.nodes, [n for n in config.layer_experts if n > 1]
+    if ns.ep is not None and (ns.ep < 1 or world % ns.ep or any(n % ns.ep for n in moe)):
+        raise PlanError(f"--moe-expert-parallel-size {ns.ep} must divide the data-parallel size {world} and every "
+                        f"layer's --num-experts ({', '.join(map(str, sorted(set(moe))))})")
+
+
+def expert_parallel_sizes(config: GPTConfig, ns: argparse.Namespace) -> list[int]:
+    """The EP sizes to plan: the one asked for, else every one that divides the GPUs and each layer's experts."""
+    if not config.is_moe:
+        return [1]
+    if ns.ep is not None:
+        return [ns.ep]
+    world, moe = ns.gpus * ns.nodes, [n for n in config.layer_experts if n > 1]
+    return [ep for ep in range(1, world + 1) if not world % ep and not any(n % ep for n in moe)]
 
 
 def ulysses_problem(config: GPTConfig, ns: argparse.Namespace) -> None:
@@ -399,12 +430,23 @@ def step_parts(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware,
 
 
 def training_setup(ns: argparse.Namespace, accumulation: int, stage: int, offload_optimizer: bool,
-                   offload_params: bool, device: str) -> accounting.TrainingSetup:
+                   offload_params: bool, device: str, expert_parallel_size: int = 1) -> accounting.TrainingSetup:
     return accounting.TrainingSetup(
         world_size=ns.gpus * ns.nodes, micro_batch_size=ns.micro_batch_size, gradient_accumulation_steps=accumulation,
         tensor_parallel_size=ns.tp, pipeline_parallel_size=ns.pp, sequence_parallel=ns.sequence_parallel,
-        sequence_parallel_size=ns.sp, precision=ns.precision, zero_stage=stage, offload_optimizer=offload_optimizer,
-        offload_params=offload_params, offload_device=device, activation_recompute=ns.recompute)
+        sequence_parallel_size=ns.sp, expert_parallel_size=expert_parallel_size, precision=ns.precision,
+        zero_stage=stage, offload_optimizer=offload_optimizer, offload_params=offload_params, offload_device=device,
+        activation_recompute=ns.recompute)
+
+
+def layout_options(config: GPTConfig, ns: argparse.Namespace) -> list[tuple]:
+    """OPTIONS, each at every expert-parallel size for an MoE model (without ZeRO-3, which DeepSpeed 0.19 cannot
+    run with MoE: docs/moe.md): (label, stage, offload optimizer, offload params, device, EP)."""
+    if not config.is_moe:
+        return [(*option, 1) for option in OPTIONS]
+    return [(f"{label} EP={ep}", stage, optimizer, params, device, ep)
+            for ep in expert_parallel_sizes(config, ns)
+            for label, stage, optimizer, params, device in OPTIONS if stage < 3]
 
 
 def plan(config: GPTConfig, ns: argparse.Namespace) -> list[Plan]:
@@ -414,13 +456,14 @@ def plan(config: GPTConfig, ns: argparse.Namespace) -> list[Plan]:
     total_params = accounting.count_parameters(config)
     busiest = stage_config(config, ns.pp)
     plans = []
-    for label, stage, offload_optimizer, offload_params, device in OPTIONS:
+    for label, stage, offload_optimizer, offload_params, device, ep in layout_options(config, ns):
         if stage >= 2 and ns.pp > 1:
             continue  # DeepSpeed's pipeline engine supports ZeRO 0 and 1 only
-        setup = training_setup(ns, accumulation, stage, offload_optimizer, offload_params, device)
+        setup = training_setup(ns, accumulation, stage, offload_optimizer, offload_params, device, ep)
         # every pipeline stage; the busiest one decides
         memory = max((accounting.memory_per_rank(busiest, setup, s) for s in range(ns.pp)), key=lambda m: m["total"])
-        traffic = max(sum(accounting.zero_traffic_per_step(busiest, setup, s).values()) for s in range(ns.pp))
+        traffic = max(sum(accounting.zero_traffic_per_step(busiest, setup, s).values()) for s in range(ns.pp)) \
+            + sum(accounting.moe_all_to_all_per_step(busiest, setup).values())
         moved = accounting.offload_transfer_per_step(busiest, setup, 0)
         plans.append(Plan(option=label, params_gb=memory["params"] / GB, grads_gb=memory["grads"] / GB,
                           optim_gb=memory["optim"] / GB, model_states_gb=memory["model_states"] / GB,
@@ -737,6 +780,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
     parser.add_argument("--recompute", "--checkpoint-activations", dest="recompute", action="store_true",
                         help="full activation recomputation")
+    parser.add_argument("--num-experts", type=int, nargs="+",
+                        help="experts of every other layer, one value or one per MoE layer (an MoE --model-size, "
+                             "gpt-125m-moe8 say, has its own)")
+    parser.add_argument("--moe-expert-parallel-size", dest="ep", type=int,
+                        help="default: every size that divides the GPUs and each layer's experts")
+    parser.add_argument("--topk", type=int, default=1, help="experts per token (default: 1)")
     parser.add_argument("--json", action="store_true", help="print the plans and the choice as JSON")
     ns = parser.parse_args(argv)
     if ns.model_size is None and ns.num_layers is None:

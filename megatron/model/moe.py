@@ -30,16 +30,25 @@ class RoutingStats:
         self.tokens_per_expert = torch.zeros(num_experts)  # routes chosen by the gate, before capacity
         self.routes = torch.zeros(2)  # (routes chosen, routes dropped by capacity)
         self.aux_loss = torch.zeros(2)  # (sum of l_aux, forwards)
+        # token slots per expert summed over the forwards: what the all-to-alls carried (read apart, by this rank)
+        self.capacity = torch.zeros(())
 
     def add(self, gate_output: tuple) -> None:
-        l_aux, _, _, indices, _, _, exp_counts = gate_output  # DeepSpeed's sparse routes: a negative index: dropped
+        l_aux, capacity, _, indices, _, _, exp_counts = gate_output  # sparse routes: a negative index: dropped
         if self.routes.device != indices.device:
-            self.tokens_per_expert, self.routes, self.aux_loss = (t.to(indices.device) for t in
-                                                                  (self.tokens_per_expert, self.routes, self.aux_loss))
+            self.tokens_per_expert, self.routes, self.aux_loss, self.capacity = (
+                t.to(indices.device) for t in (self.tokens_per_expert, self.routes, self.aux_loss, self.capacity))
+        self.capacity += capacity
         self.tokens_per_expert += exp_counts.float()
         self.routes += torch.stack([torch.tensor(indices.numel(), device=indices.device, dtype=torch.float32),
                                     (indices < 0).sum().float()])
         self.aux_loss += torch.stack([l_aux.detach().float(), torch.ones((), device=l_aux.device)])
+
+    def take_capacity(self) -> float:
+        """The capacities summed since the last call, and start again from zero."""
+        total = float(self.capacity)
+        self.capacity.zero_()
+        return total
 
     def take(self) -> torch.Tensor:
         """[tokens per expert..., routes, dropped, l_aux sum, forwards], and start again from zero."""

@@ -20,15 +20,18 @@ from megatron.model.accounting.memory import (
     runs_bf16_optimizer,
     zero_model_state_estimate,
 )
-from megatron.model.accounting.parameters import count_parameters, parameter_groups_on_rank, parameters_on_rank
-from megatron.model.accounting.traffic import (TRAFFIC_KINDS, offload_transfer_per_step, ulysses_all_to_all_per_step,
+from megatron.model.accounting.parameters import (active_parameters, count_parameters, expert_groups_on_rank,
+                                                  parameter_groups_on_rank, parameters_on_rank)
+from megatron.model.accounting.traffic import (TRAFFIC_KINDS, moe_all_to_all_per_step, moe_capacity,
+                                               offload_transfer_per_step, ulysses_all_to_all_per_step,
                                                zero_traffic_per_step)
 from megatron.model.accounting.training_setup import PRECISIONS, AccountingError, TrainingSetup
 
 __all__ = [
     "PEAK_TFLOPS", "PRECISIONS", "TRAFFIC_KINDS", "AccountingError", "TrainingSetup", "accelerator_part",
-    "activation_bytes", "count_parameters", "gradient_bytes_per_element", "gradient_elements_held",
-    "hardware_flops_per_iteration", "matmul_precision", "memory_per_rank", "model_flops_per_iteration",
+    "activation_bytes", "active_parameters", "count_parameters", "expert_groups_on_rank",
+    "gradient_bytes_per_element", "gradient_elements_held", "hardware_flops_per_iteration", "matmul_precision",
+    "memory_per_rank", "model_flops_per_iteration", "moe_all_to_all_per_step", "moe_capacity",
     "offload_transfer_per_step", "output_layer_buffer_bytes", "parameter_groups_on_rank", "parameters_on_rank",
     "peak_tflops", "runs_bf16_optimizer", "ulysses_all_to_all_per_step", "zero_model_state_estimate",
     "zero_traffic_per_step",

@@ -52,14 +52,20 @@ _PART_NAMES: tuple[tuple[str, str], ...] = (
 )
 
 
-def layer_forward_flops(config: GPTConfig, tokens: int) -> float:
+def layer_forward_flops(config: GPTConfig, tokens: int, experts: int = 1) -> float:
     """Multiply-adds x 2 of one transformer layer's forward over `tokens` tokens: QKV (h -> h + 2 k, k the K/V
     width: h without grouped-query attention), attention out (h -> h), MLP in and out (h -> f -> h; SwiGLU's
     gate and up are two h -> f), and the attention products Q K^T and softmax(.) V, each
     s x s x h per sequence (the whole square: the causal kernels skip the masked half, but Megatron's
-    papers and the counters count it, so the figure stays comparable)."""
+    papers and the counters count it, so the figure stays comparable). An MoE layer (`experts` > 1) runs the
+    active MLPs: --topk experts per token, the gate (h -> experts) and, for --mlp-type residual, the dense MLP
+    beside them and its coefficient (h -> 2); the capacity's padding is not counted, as the dropped tokens are not.
+    """
     h, f, s = config.hidden_size, config.ffn_hidden_size, config.seq_length
-    matmuls = (2 * h + 2 * config.kv_channels) + config.ffn_input_width + f  # per token, per input feature
+    mlp = config.ffn_input_width + f
+    if experts > 1:
+        mlp = config.topk * mlp + experts + ((mlp + 2) if config.mlp_type == "residual" else 0)
+    matmuls = (2 * h + 2 * config.kv_channels) + mlp  # per token, per input feature
     return 2.0 * tokens * h * matmuls + 4.0 * tokens * s * h
 
 
@@ -73,9 +79,11 @@ def model_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> floa
     the forward, once, and of the backward, twice (input and weight gradients), recomputation not counted:
     3 (L layer + 2 B s h V), V the padded vocabulary of the logit layer. With f = 4h this is
     72 B s L h^2 (1 + s/(6h) + V/(12 L h)) (Narayanan et al. 2021 without their recompute forward).
-    Softmax, LayerNorm, GELU, bias adds and the embedding lookups are not matmuls and not counted."""
+    Softmax, LayerNorm, GELU, bias adds and the embedding lookups are not matmuls and not counted. MoE layers
+    count their active FLOPs per token (layer_forward_flops)."""
     tokens = global_batch_size * config.seq_length
-    return 3.0 * (config.num_layers * layer_forward_flops(config, tokens) + logit_forward_flops(config, tokens))
+    layers = sum(layer_forward_flops(config, tokens, experts) for experts in config.layer_experts)
+    return 3.0 * (layers + logit_forward_flops(config, tokens))
 
 
 def hardware_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> float:
@@ -84,7 +92,8 @@ def hardware_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> f
     recomputed)."""
     flops = model_flops_per_iteration(config, global_batch_size)
     if config.recompute_activations:
-        flops += config.num_layers * layer_forward_flops(config, global_batch_size * config.seq_length)
+        flops += sum(layer_forward_flops(config, global_batch_size * config.seq_length, experts)
+                     for experts in config.layer_experts)
     return flops
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from megatron.model.accounting.parameters import parameter_groups_on_rank, parameters_on_rank
+from megatron.model.accounting.parameters import expert_groups_on_rank, parameter_groups_on_rank, parameters_on_rank
 from megatron.model.accounting.training_setup import AccountingError, TrainingSetup
 from megatron.model.config import GPTConfig
 
@@ -79,11 +79,25 @@ def gradient_elements_held(config: GPTConfig, setup: TrainingSetup, stage: int =
     flattened and cut into dp equal partitions), so a partition that falls inside a large parameter (the
     word embedding) holds all of it; stage 1 reduces only at the last micro-batch, so with accumulation it
     holds every gradient until then; with the optimizer offloaded they keep none (the host's fp32 gradient
-    partition does). Stage 3 holds its flat partition, in host memory with the optimizer offloaded
-    (zero_model_state_estimate counts it off the accelerator). In bf16 the gradients accumulate in fp32 (gradient_bytes_per_element): stage 1's
-    bf16 optimizer keeps every gradient, stage 2 an fp32 buffer of exactly its partition of each group."""
+    partition does). MoE: the experts are groups of their own (megatron/optimizer.py's moe_param_groups), under
+    the same rule over the expert-data-parallel ranks. Stage 3 holds its flat partition, in host memory with the
+    optimizer offloaded (zero_model_state_estimate counts it off the accelerator). In bf16 the gradients
+    accumulate in fp32 (gradient_bytes_per_element): stage 1's bf16 optimizer keeps every gradient, stage 2 an
+    fp32 buffer of exactly its partition of each group."""
     sizes = parameter_groups_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
-    every, dp = sum(map(sum, sizes)), setup.zero_partitions
+    dense = _gradient_elements_of_groups(sizes, setup.zero_partitions, setup)
+    return dense + expert_gradient_elements_held(config, setup)
+
+
+def expert_gradient_elements_held(config: GPTConfig, setup: TrainingSetup) -> int:
+    """The expert gradients among gradient_elements_held's."""
+    experts = [group for group in expert_groups_on_rank(config, setup.expert_parallel_size) if group]
+    return _gradient_elements_of_groups(experts, setup.expert_data_parallel_size, setup) if experts else 0
+
+
+def _gradient_elements_of_groups(sizes: list[list[int]], dp: int, setup: TrainingSetup) -> int:
+    """gradient_elements_held's rule for optimizer groups of these sizes, partitioned over dp ranks."""
+    every = sum(map(sum, sizes))
     if setup.offload_optimizer and setup.zero_stage in (1, 2):
         return 0  # each reduced bucket goes straight to the host's fp32 gradient partition
     if setup.zero_stage == 0 or (setup.zero_stage == 1 and (setup.gradient_accumulation_steps > 1
@@ -238,15 +252,17 @@ def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> 
     buffer (last stage only) and their total (the peak, with the one layer recomputed at a time under
     full recomputation); and the bytes offloaded to host memory or NVMe: the offloaded states, and with
     the optimizer offloaded the fp32 gradient partition it steps with and, at stage 3, the gradient partition
-    it accumulates in host memory."""
+    it accumulates in host memory. MoE: the rank's experts (each MoE layer's / EP) under the same ZeRO stage over
+    the expert-data-parallel ranks (DP / EP), the rest over the data-parallel ones."""
     on_rank = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
-    args = (on_rank, setup.zero_stage, setup.zero_partitions, setup.precision)
-    held = dict(gradient_elements=gradient_elements_held(config, setup, stage),
-                gradient_bytes=gradient_bytes_per_element(setup))
-    states = zero_model_state_estimate(*args, setup.offload_optimizer, setup.offload_params, **held)
-    offloaded = zero_model_state_estimate(*args, **held)["total"] - states["total"]
-    if setup.offload_optimizer:  # the optimizer steps on the host: an fp32 copy of the gradient partition there
-        offloaded += math.ceil(on_rank / setup.zero_partitions) * 4
+    experts = sum(map(sum, expert_groups_on_rank(config, setup.expert_parallel_size)))
+    every = gradient_elements_held(config, setup, stage)
+    expert_held = expert_gradient_elements_held(config, setup)
+    states, offloaded = _model_states(on_rank, setup.zero_partitions, every - expert_held, setup)
+    if experts:  # ZeRO partitions them over the expert-data-parallel ranks
+        expert_states, expert_offloaded = _model_states(experts, setup.expert_data_parallel_size, expert_held, setup)
+        states = {key: states[key] + expert_states[key] for key in states}
+        offloaded += expert_offloaded
     activations = activation_bytes(config, setup, stage)
     recomputed = int(_layer_activation_bytes(config, setup)) if setup.activation_recompute else 0
     buffer = output_layer_buffer_bytes(config, setup) if stage == setup.pipeline_parallel_size - 1 else 0
@@ -254,6 +270,18 @@ def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> 
                 activations=activations, output_buffer=buffer,
                 total=states["total"] + activations + recomputed + buffer,
                 offloaded=offloaded)
+
+
+def _model_states(on_rank: int, partitions: int, gradient_elements: int,
+                  setup: TrainingSetup) -> tuple[dict[str, int], int]:
+    """(zero_model_state_estimate on the accelerator, bytes offloaded) of `on_rank` parameters over `partitions`."""
+    args = (on_rank, setup.zero_stage, partitions, setup.precision)
+    held = dict(gradient_elements=gradient_elements, gradient_bytes=gradient_bytes_per_element(setup))
+    states = zero_model_state_estimate(*args, setup.offload_optimizer, setup.offload_params, **held)
+    offloaded = zero_model_state_estimate(*args, **held)["total"] - states["total"]
+    if setup.offload_optimizer:  # the optimizer steps on the host: an fp32 copy of the gradient partition there
+        offloaded += math.ceil(on_rank / partitions) * 4
+    return states, offloaded
 
 
 def checkpoint_bytes(num_params: int, precision: str, zero_stage: int) -> int:

@@ -29,9 +29,9 @@ from dataclasses import dataclass, replace
 from megatron.model.accounting.flops import hardware_flops_per_iteration, logit_forward_flops, model_flops_per_iteration
 from megatron.model.accounting.memory import runs_bf16_optimizer
 from megatron.model.accounting.parameters import parameters_on_rank
-from megatron.model.accounting.traffic import (TRAFFIC_KINDS, offload_transfer_per_step, reduces_to_owners,
-                                               ulysses_all_to_all_per_step, ulysses_all_to_alls_per_step,
-                                               zero_traffic_per_step)
+from megatron.model.accounting.traffic import (TRAFFIC_KINDS, moe_all_to_all_per_step, offload_transfer_per_step,
+                                               reduces_to_owners, ulysses_all_to_all_per_step,
+                                               ulysses_all_to_alls_per_step, zero_traffic_per_step)
 from megatron.model.accounting.training_setup import AccountingError, TrainingSetup
 from megatron.model.config import GPTConfig
 
@@ -225,8 +225,10 @@ def _modules(config: GPTConfig, tp: int, pp: int, stage: int) -> list[_Module]:
                     linear("column", h * f_in // tp, f_in // tp), linear("row", f * h // tp, h)]
     if stage == pp - 1:
         modules.append(norm)
-        if pp > 1 or config.untie_embeddings_and_output_weights:
-            modules.append(words)  # the tied embedding's copy, or the untied output layer
+        if config.untie_embeddings_and_output_weights:
+            modules.append(words)  # the untied output layer
+        elif pp > 1:
+            modules += [words, *positions]  # the tied embedding's copy, its unused position table too
     return modules
 
 
@@ -502,9 +504,10 @@ def optimizer_elements(config: GPTConfig, setup: TrainingSetup, stage: int = 0) 
 
 def model_parallel_alone(config: GPTConfig, setup: TrainingSetup) -> tuple[GPTConfig, TrainingSetup]:
     """The same layout without data parallelism: what its TP and PP collectives send alone. A DeepSpeed-Ulysses
-    rank's TP collectives carry its s/N tokens, so its sequence ranks become a shorter sequence."""
+    rank's TP collectives carry its s/N tokens, so its sequence ranks become a shorter sequence; MoE's all-to-alls
+    are apart (moe_all_to_all_seconds)."""
     alone = replace(setup, world_size=setup.tensor_parallel_size * setup.pipeline_parallel_size,
-                    sequence_parallel_size=1)
+                    sequence_parallel_size=1, expert_parallel_size=1)
     return replace(config, seq_length=config.seq_length // setup.sequence_parallel_size), alone
 
 
@@ -515,6 +518,20 @@ def ulysses_seconds(config: GPTConfig, setup: TrainingSetup, link: LinkCosts) ->
     buffer goes to the group's other ranks; 0 without Ulysses."""
     cost = link.costs.get("all_to_all", link.costs["all_gather"])
     return cost.seconds(ulysses_all_to_all_per_step(config, setup), ulysses_all_to_alls_per_step(config, setup))
+
+
+def moe_all_to_all_seconds(config: GPTConfig, setup: TrainingSetup, link: LinkCosts) -> float:
+    """Seconds of the MoE layers' all-to-alls and capacity all-reduces in a step (moe_all_to_all_per_step's bytes;
+    4 all-to-alls per MoE layer and micro-batch), at the link's all-to-all cost as ulysses_seconds prices it."""
+    sent = moe_all_to_all_per_step(config, setup)
+    if not sent["all_to_all"]:
+        return 0.0
+    calls = 4 * sum(n > 1 for n in config.layer_experts) * setup.gradient_accumulation_steps
+    cost = link.costs.get("all_to_all", link.costs["all_gather"])
+    seconds = cost.seconds(sent["all_to_all"], calls)
+    if sent["all_reduce"]:
+        seconds += link.costs["all_reduce"].seconds(sent["all_reduce"], calls // 4)
+    return seconds
 
 
 def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates: ComputeRates, link: LinkCosts,
@@ -530,7 +547,8 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     offloaded. communication: per
     kind, link.costs[kind] of zero_traffic_per_step's bytes and messages_per_step's messages (a pipeline's bubble is not modelled), the
     data-parallel gradient reduction at link.gradient_reduction(gradient_reduction_op(setup, buckets)), and
-    DeepSpeed-Ulysses' all-to-alls (ulysses_seconds, on `model_parallel_link` where given).
+    DeepSpeed-Ulysses' all-to-alls (ulysses_seconds, on `model_parallel_link` where given), and MoE's
+    (moe_all_to_all_seconds, on the data-parallel link: the expert-parallel ranks are data-parallel ones).
     offload: with the optimizer offloaded, its step on the host over the same elements; and
     offload_transfer_per_step's PCIe bytes at rates.host_copy_bytes_per_s and NVMe bytes at
     rates.nvme_bytes_per_s. overlap: with overlap_comm on CUDA, ZeRO 1-3's gradient reductions (the
@@ -570,6 +588,7 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     reduction_seconds = link.gradient_reduction(gradient_reduction_op(setup, buckets)).seconds(*reduction)
     communication += reduction_seconds - link.costs["reduce_scatter"].seconds(*reduction)
     communication += ulysses_seconds(config, setup, model_parallel_link or link)
+    communication += moe_all_to_all_seconds(config, setup, link)
     transfers = offload_transfer_per_step(config, setup, stage)
     if transfers["nvme"] and rates.nvme_bytes_per_s is None:
         raise AccountingError("the run offloads to NVMe but the compute probe measured no NVMe rate "

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from megatron.model.accounting.memory import runs_bf16_optimizer, zero_model_state_estimate
-from megatron.model.accounting.parameters import parameters_on_rank
+from megatron.model.accounting.parameters import expert_groups_on_rank, parameters_on_rank
 from megatron.model.accounting.training_setup import TrainingSetup
 from megatron.model.config import GPTConfig
 
@@ -71,27 +71,17 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
     between the first and last stage.
 
     `zero`: the DeepSpeed config's zero_optimization section; where it leaves ZeRO 1-2 all-reducing each
-    bucket (`reduces_to_owners`), their gradient reductions are all-reduces of twice the volume."""
+    bucket (`reduces_to_owners`), their gradient reductions are all-reduces of twice the volume.
+
+    MoE: the rank's experts the same way over their expert-data-parallel ranks (DP / EP); the all-to-alls are
+    moe_all_to_all_per_step's."""
     traffic = dict.fromkeys(TRAFFIC_KINDS, 0.0)
-    tp, pp, dp, g = (setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.zero_partitions,
-                     setup.gradient_accumulation_steps)
+    tp, pp, g = setup.tensor_parallel_size, setup.pipeline_parallel_size, setup.gradient_accumulation_steps
     size = parameters_on_rank(config, tp, pp, stage) * setup.element_bytes
-    share = _ring_share(dp) * size
-    if setup.zero_stage == 0:
-        traffic["all_reduce"] += 2 * share
-    elif runs_bf16_optimizer(setup):
-        traffic["all_reduce"] += 2 * share
-        traffic["all_gather"] += share
-    elif setup.zero_stage in (1, 2):
-        reductions = 1 if setup.zero_stage == 1 else g
-        if reduces_to_owners(zero):
-            traffic["reduce_scatter"] += reductions * share
-        else:
-            traffic["all_reduce"] += reductions * 2 * share
-        traffic["all_gather"] += share
-    else:
-        traffic["reduce_scatter"] += g * share
-        traffic["all_gather"] += 2 * g * share
+    _add_data_parallel(traffic, size, setup.zero_partitions, setup, zero)
+    experts = sum(map(sum, expert_groups_on_rank(config, setup.expert_parallel_size))) * setup.element_bytes
+    if experts:  # DeepSpeed reduces (and ZeRO gathers) the experts over their expert-data-parallel ranks
+        _add_data_parallel(traffic, experts, setup.expert_data_parallel_size, setup, zero)
     tokens = config.seq_length // setup.sequence_parallel_size  # a sequence's tokens on the rank
     activation = setup.micro_batch_size * tokens * config.hidden_size * setup.element_bytes
     if tp > 1:
@@ -109,6 +99,62 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
             traffic["all_reduce"] += 2 * _ring_share(2) * config.padded_vocab_size // tp * config.hidden_size \
                 * setup.element_bytes
     return traffic
+
+
+def _add_data_parallel(traffic: dict[str, float], size: float, dp: int, setup: TrainingSetup,
+                       zero: dict | None) -> None:
+    """zero_traffic_per_step's data-parallel volumes of `size` bytes of parameters held by dp ranks."""
+    share, g = _ring_share(dp) * size, setup.gradient_accumulation_steps
+    if setup.zero_stage == 0:
+        traffic["all_reduce"] += 2 * share
+    elif runs_bf16_optimizer(setup):
+        traffic["all_reduce"] += 2 * share
+        traffic["all_gather"] += share
+    elif setup.zero_stage in (1, 2):
+        reductions = 1 if setup.zero_stage == 1 else g
+        if reduces_to_owners(zero):
+            traffic["reduce_scatter"] += reductions * share
+        else:
+            traffic["all_reduce"] += reductions * 2 * share
+        traffic["all_gather"] += share
+    else:
+        traffic["reduce_scatter"] += g * share
+        traffic["all_gather"] += 2 * g * share
+
+
+def moe_capacity(config: GPTConfig, experts: int, tokens: int) -> int:
+    """Token slots per expert of one MoE layer's training forward over `tokens` tokens, as DeepSpeed's gates
+    (top1gating, top2gating, topkgating) size their dispatch buffers: max(--moe-min-capacity, ceil(tokens /
+    experts x --moe-train-capacity-factor x --topk)). Without token dropping the capacity is the most loaded
+    expert's count (the maximum over the expert-parallel group), known only once routed: predicted here as a
+    balanced gate's, ceil(tokens x topk / experts), its least."""
+    if not config.moe_token_dropping:
+        return math.ceil(tokens * config.topk / experts)
+    return max(config.moe_min_capacity,
+               math.ceil(tokens / experts * (config.moe_train_capacity_factor * config.topk)))
+
+
+def moe_all_to_all_per_step(config: GPTConfig, setup: TrainingSetup,
+                            capacities: list[float] | None = None) -> dict[str, float]:
+    """Bytes one rank sends per step through the MoE layers (docs/moe.md), by kind: at EP > 1 each MoE layer's
+    forward dispatches its [experts, capacity, hidden] buffer to the experts' ranks and combines their outputs
+    back (two all-to-alls, (EP-1)/EP of the buffer leaving the rank), and the backward sends their gradients the
+    same way (two more), every micro-batch; without token dropping each forward first all-reduces the
+    capacity (one int64, MAX) over the expert-parallel group. `capacities`: each MoE layer's capacity summed
+    over the step's micro-batches, as measured (a run without token dropping); by default moe_capacity's."""
+    ep, g = setup.expert_parallel_size, setup.gradient_accumulation_steps
+    moe = [n for n in config.layer_experts if n > 1]
+    sent = {"all_to_all": 0.0, "all_reduce": 0.0}
+    if ep == 1 or not moe:
+        return sent
+    tokens = setup.micro_batch_size * config.seq_length
+    if capacities is None:
+        capacities = [g * moe_capacity(config, n, tokens) for n in moe]
+    for experts, capacity in zip(moe, capacities):
+        sent["all_to_all"] += 4 * experts * capacity * config.hidden_size * setup.element_bytes * _ring_share(ep)
+    if not config.moe_token_dropping:
+        sent["all_reduce"] += len(moe) * g * 2 * _ring_share(ep) * 8
+    return sent
 
 
 def offload_transfer_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> dict[str, float]:

@@ -27,6 +27,9 @@ class TrainingSetup:
     # DeepSpeed-Ulysses' N (--ds-sequence-parallel-size): each of N ranks holds s/N of every sequence and, inside
     # the attention, the whole sequence for a/N heads; ZeRO partitions over these N x the data-parallel ranks
     sequence_parallel_size: int = 1
+    # --moe-expert-parallel-size: each MoE layer's experts are split over this many data-parallel ranks; ZeRO
+    # partitions and reduces the expert parameters over the data-parallel size / EP (the expert-data-parallel ranks)
+    expert_parallel_size: int = 1
     precision: str = "fp32"
     zero_stage: int = 0
     offload_optimizer: bool = False
@@ -45,6 +48,9 @@ class TrainingSetup:
         if self.world_size % model_parallel:
             raise AccountingError(f"{self.world_size} ranks do not divide into TP={self.tensor_parallel_size} x "
                                   f"PP={self.pipeline_parallel_size} x SP={self.sequence_parallel_size}")
+        if self.expert_parallel_size < 1 or self.data_parallel_size % self.expert_parallel_size:
+            raise AccountingError(f"--moe-expert-parallel-size {self.expert_parallel_size} must divide the "
+                                  f"data-parallel size {self.data_parallel_size}")
         if self.precision not in _ELEMENT_BYTES:
             raise AccountingError(f"precision must be one of {sorted(_ELEMENT_BYTES)}, got {self.precision!r}")
         if self.device not in ("cuda", "cpu"):
@@ -63,6 +69,11 @@ class TrainingSetup:
         """Ranks that hold the same parameters, over which ZeRO partitions and reduces: the sequence ranks times
         the data-parallel ones (DeepSpeed's sequence-data-parallel group)."""
         return self.data_parallel_size * self.sequence_parallel_size
+
+    @property
+    def expert_data_parallel_size(self) -> int:
+        """Ranks that hold the same experts, over which ZeRO partitions and reduces them."""
+        return self.data_parallel_size // self.expert_parallel_size
 
     @property
     def element_bytes(self) -> int:
