@@ -16,7 +16,7 @@ from megatron.core.parallel_state import ParallelState
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo, initialize_distributed, launcher_world_size, set_seed, silence_known_warnings
 from megatron.launch.flag_sources import name_sources
-from megatron.launch.heartbeat import Heartbeat
+from megatron.launch.heartbeat import Heartbeat, silent_seconds
 from megatron.launch.lost_peer import Peers
 from megatron.startup import check_save_folder_is_shared, prepare_run
 from megatron.training import LoopState, resolve_schedule
@@ -144,7 +144,8 @@ def main(argv: list[str]) -> int:
             comm.time_on_cuda(torch.cuda.current_stream())
         peers = Peers.gather(dist_info.address)  # who runs where: a lost host is then named
         check_save_folder_is_shared(args.checkpoint.save)  # every host's ranks must write into the same folder
-        heartbeat = Heartbeat(peers).start()  # a silent host ends the job in a minute (megatron/launch/heartbeat.py)
+        # a silent host ends the job in a minute (megatron/launch/heartbeat.py)
+        heartbeat = Heartbeat(peers, silent_seconds()).start()
         # the layout's process groups, built once; the data loader, the logging rank and DeepSpeed's mpu use them
         timeout = timedelta(minutes=args.parallel.distributed_timeout_minutes)
         pretrain(args, tokenizer, replace(dist_info, parallel=ParallelState.build(args.parallel.layout, timeout)), comm)

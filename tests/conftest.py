@@ -32,7 +32,9 @@ use_environment_extensions()
 
 
 def test_env(**overrides):
-    """Environment for subprocesses: CPU accelerator, this repo importable, no hub access."""
+    """Environment for subprocesses: CPU accelerator, this repo importable, no hub access, no start-up probes.
+    The probes (2-3 s of every rank at each start) feed only the prediction and time lines (docs/log-lines.md):
+    a run whose test reads those, or a summary column made from them, sets ZERO_LAB_SKIP_PROBES=0."""
     env = dict(os.environ)
     env.update(
         DS_ACCELERATOR="cpu",
@@ -40,6 +42,7 @@ def test_env(**overrides):
         HF_HUB_OFFLINE="1",
         PYTHON=sys.executable,
         PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
+        ZERO_LAB_SKIP_PROBES="1",
     )
     env.update({k: str(v) for k, v in overrides.items()})
     return env
@@ -147,10 +150,12 @@ def waiting_driver_launch(tmp_path):
 def six_driver_runs(dolly_data_dir, tmp_path_factory):
     """`examples_zero/run_all.sh` once for the whole suite: the six ZeRO drivers (tiny model, 2 CPU
     ranks, 2 epochs of 2 iterations on a 2% train split of the dolly sample), then the analysis.
-    Returns (runs folder, completed process)."""
+    Returns (runs folder, completed process). With the start-up probes: tests/test_drivers.py reads the prediction
+    and time lines, and the summary's time columns come from them."""
     runs_dir = tmp_path_factory.mktemp("runs")
-    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "run_all.sh")], cwd=REPO_ROOT,
-                            env=driver_env(dolly_data_dir, runs_dir), capture_output=True, text=True, timeout=1200)
+    env = driver_env(dolly_data_dir, runs_dir, ZERO_LAB_SKIP_PROBES=0)
+    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "run_all.sh")], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=1200)
     return runs_dir, result
 
 

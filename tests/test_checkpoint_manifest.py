@@ -3,8 +3,9 @@ and kept in the completion marker; at a resume a file that does not match is nam
 newest intact checkpoint before it is resumed instead.
 
 Real 2-rank runs (ZeRO-1, dropout off): tests/runs.py's saved-checkpoint run saves global_step2, 4, 6 and 8; a
-byte flipped in a shard of global_step8, or a truncated file, makes the resumed run skip it, resume global_step6
-and repeat the first run's losses; a checkpoint saved before manifests existed loads as before, with a note."""
+byte flipped in a shard of global_step8 and a truncated shard of global_step6 make the resumed run skip both,
+resume global_step4 and repeat the first run's losses; a checkpoint saved before manifests existed loads as
+before, with a note."""
 import json
 import os
 import re
@@ -201,29 +202,29 @@ def test_a_real_save_lists_every_file_with_its_checksum(saved):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", ["flipped byte", "truncated"])
-def test_a_damaged_newest_checkpoint_is_skipped_and_the_run_resumes_the_one_before(dolly_data_dir, saved, tmp_path,
-                                                                                  damage):
+def test_damaged_newest_checkpoints_are_skipped_and_the_run_resumes_the_newest_intact_one(dolly_data_dir, saved,
+                                                                                          tmp_path):
+    """Both kinds of damage in one resumed run: a byte flipped in global_step8's shard and global_step6's shard
+    truncated; the run skips both, each in its line, and resumes global_step4."""
     ref_losses, ref_folder = saved
     folder = copy_of(ref_folder, tmp_path / "ckpt")
-    shard = folder / "global_step8" / SHARD
-    size = shard.stat().st_size
-    if damage == "flipped byte":
-        flip_byte(shard)
-        crc = format_crc(file_crc32(str(shard)))
-        saved_crc = json.loads((folder / "global_step8" / "zero_lab_state.json").read_text())["crc32"][SHARD]
-        why = f"{SHARD} has CRC-32 {crc}, {saved_crc} when it was saved (its contents changed after the save)"
-    else:
-        with open(shard, "r+b") as handle:
-            handle.truncate(size - 1000)
-        why = f"{SHARD} is {size - 1000} bytes, {size} when it was saved"
+    flipped, truncated = folder / "global_step8" / SHARD, folder / "global_step6" / SHARD
+    flip_byte(flipped)
+    crc = format_crc(file_crc32(str(flipped)))
+    saved_crc = json.loads((folder / "global_step8" / "zero_lab_state.json").read_text())["crc32"][SHARD]
+    size = truncated.stat().st_size
+    with open(truncated, "r+b") as handle:
+        handle.truncate(size - 1000)
     resumed = pretrain(dolly_data_dir, "--load", str(folder), "--save", str(folder), "--save-interval", "2")
     assert [line for line in resumed.stdout.splitlines() if "skipped checkpoint" in line] == [
-        f"warning: --load {folder}: skipped checkpoint global_step8: {why}; resuming from global_step6"]
-    assert re.search(rf"loaded checkpoint {re.escape(str(folder / 'global_step6'))}\S* at iteration 6$", resumed.stdout,
+        f"warning: --load {folder}: skipped checkpoint global_step8: {SHARD} has CRC-32 {crc}, {saved_crc} when it "
+        "was saved (its contents changed after the save); resuming from global_step4",
+        f"warning: --load {folder}: skipped checkpoint global_step6: {SHARD} is {size - 1000} bytes, {size} when it "
+        "was saved; resuming from global_step4"]
+    assert re.search(rf"loaded checkpoint {re.escape(str(folder / 'global_step4'))}\S* at iteration 4$", resumed.stdout,
                      re.M)
-    assert losses(resumed.stdout) == {7: ref_losses[7], 8: ref_losses[8]}
-    # the resumed run's own save of global_step8 replaced the damaged one
+    assert losses(resumed.stdout) == {it: ref_losses[it] for it in range(5, CHECKPOINT_ITERS + 1)}
+    # the resumed run's own saves of global_step6 and 8 replaced the damaged ones
     assert resume_tag(str(folder)).tag == "global_step8" and resume_tag(str(folder)).skipped == []
 
 

@@ -172,8 +172,8 @@ def test_two_rank_runs_follow_the_schedule_and_a_resume_continues_it(dolly_data_
     (tmp_path / "ds.json").write_text(json.dumps({"curriculum_learning": SECTION}))
     flags = ("--curriculum-learning-legacy", "--deepspeed_config", str(tmp_path / "ds.json"), "--zero-stage", "1")
     # with the start-up probes, for the time lines
-    run = subprocess.run(pretrain_cmd(dolly_data_dir, 2, *flags), env=test_env(), capture_output=True, text=True,
-                         timeout=600)
+    run = subprocess.run(pretrain_cmd(dolly_data_dir, 2, *flags), env=test_env(ZERO_LAB_SKIP_PROBES=0),
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     whole = logged(run.stdout)
     tokens = list(np.cumsum([GLOBAL_BATCH * length for length in LENGTHS]))

@@ -44,3 +44,19 @@ def test_a_rank_that_failed_stops_beating_without_marking_itself_done():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["beats", "True", "done", "False"]
+
+
+def test_the_silence_a_host_is_given_is_a_minute_unless_the_environment_says():
+    from megatron.launch.heartbeat import SILENT_SECONDS, silent_seconds
+    assert silent_seconds({}) == SILENT_SECONDS == 60.0
+    assert silent_seconds({"ZERO_LAB_HEARTBEAT_SECONDS": "30"}) == 30.0
+
+
+@pytest.mark.parametrize("value", ["10", "thirty", "nan", "-30"])
+def test_a_silence_shorter_than_three_beats_or_not_a_number_is_one_line(value):
+    from megatron.errors import ZeroLabError
+    from megatron.launch.heartbeat import silent_seconds
+    with pytest.raises(ZeroLabError) as error:
+        silent_seconds({"ZERO_LAB_HEARTBEAT_SECONDS": value})
+    assert str(error.value) == (f"ZERO_LAB_HEARTBEAT_SECONDS={value}: expected seconds >= 15 (three beats of 5 s; "
+                                "default 60)")

@@ -157,10 +157,10 @@ def wait_for_iteration(run: TwoHostRun, log: Path, iteration: int, timeout: floa
 NO_DROPOUT = ("--hidden-dropout", "0", "--attention-dropout", "0")
 
 
-def lost_host_run(two_host_runs, dolly_data_dir, tmp_path):
+def lost_host_run(two_host_runs, dolly_data_dir, tmp_path, **settings):
     """A 40-iteration run saving every 2 iterations, at the default --distributed-timeout-minutes (10),
-    waited on until iteration 3 is logged."""
-    env = driver_env(dolly_data_dir, tmp_path, TRAIN_ITERS=40, SAVE_INTERVAL=2)
+    waited on until iteration 3 is logged; `settings`: more of its environment."""
+    env = driver_env(dolly_data_dir, tmp_path, TRAIN_ITERS=40, SAVE_INTERVAL=2, **settings)
     env.pop("TRAIN_EPOCHS")
     run = two_host_runs(env, tmp_path, *NO_DROPOUT)
     wait_for_iteration(run, tmp_path / "gpt_tiny_Z1" / "train.log", 3)
@@ -191,21 +191,22 @@ def last_line(text: str) -> str:
 
 def test_a_cut_link_ends_the_job_and_it_resumes_on_the_host_left(cluster, two_host_runs, dolly_data_dir, tmp_path):
     """node1's link goes down mid-run. A collective blocked on it would wait 10 minutes; the heartbeat ends
-    both hosts' jobs in about a minute, each naming the host it lost, leaving no process on either host.
+    both hosts' jobs after its silence (ZERO_LAB_HEARTBEAT_SECONDS=30 here, not to wait out the default minute),
+    each naming the host it lost, leaving no process on either host.
     The last intact checkpoint then resumes on node0 alone: 1 rank, the same global batch (gradient
     accumulation 2), converted through the universal checkpoint; the loss carries on where it stopped."""
-    run = lost_host_run(two_host_runs, dolly_data_dir, tmp_path)
+    run = lost_host_run(two_host_runs, dolly_data_dir, tmp_path, ZERO_LAB_HEARTBEAT_SECONDS=30)
     cluster.cut("node1")
     try:
         ended = run.wait(timeout=240)
     finally:
         cluster.heal("node1")
     assert run.returncodes() == {"node0": 1, "node1": 1}, run.tails()
-    assert ended["node0"] < 90, ended  # 60 s of silence, and the launcher's teardown
+    assert ended["node0"] < 60, ended  # 30 s of silence, and the launcher's teardown
     assert last_line(run.output("node0")).startswith(
-        "error: lost rank 1 on node1 (10.250.0.2): no heartbeat for 60 s: its host is down or cut off; the last "
+        "error: lost rank 1 on node1 (10.250.0.2): no heartbeat for 30 s: its host is down or cut off; the last "
         "checkpoint resumes on the hosts left with --universal-checkpoint (docs/multi-node.md) (launcher's report: ")
-    assert last_line(run.output("node1")).startswith("error: lost rank 0 on node0 (10.250.0.1): no heartbeat for 60 s")
+    assert last_line(run.output("node1")).startswith("error: lost rank 0 on node0 (10.250.0.1): no heartbeat for 30 s")
     assert "Traceback" not in run.output("node0") + run.output("node1")
     assert processes_left(cluster) == {}
 

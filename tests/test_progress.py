@@ -169,7 +169,8 @@ def test_a_real_run_prints_the_progress_line_every_interval(dolly_data_dir):
            "--data-path", str(dolly_data_dir / "dolly_text_document"),
            "--vocab-file", str(dolly_data_dir / "gpt2-vocab.json"),
            "--merge-file", str(dolly_data_dir / "gpt2-merges.txt")]
-    run = subprocess.run(cmd, env=test_env(), capture_output=True, text=True, timeout=600)
+    # with the start-up probes: the progress line follows the time line, which they make
+    run = subprocess.run(cmd, env=test_env(ZERO_LAB_SKIP_PROBES=0), capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = run.stdout.splitlines()
     progress = [(i, line) for i, line in enumerate(lines) if " progress at iteration " in line]

@@ -102,7 +102,8 @@ def test_an_offline_run_logs_the_scalars_config_and_deepspeed_json(dolly_data_di
     save_dir, run_dir = tmp_path / "wandb-files", tmp_path / "run"
     run = pretrain(dolly_data_dir, tmp_path, "--wandb-project", "zl-test", "--wandb-exp-name", "offline-z1",
                    "--wandb-save-dir", str(save_dir), "--run-dir", str(run_dir),
-                   "--tensorboard-dir", str(tmp_path / "tb"), env=wandb_env(tmp_path, WANDB_MODE="offline"))
+                   "--tensorboard-dir", str(tmp_path / "tb"),
+                   env=wandb_env(tmp_path, WANDB_MODE="offline", ZERO_LAB_SKIP_PROBES=0))  # the step-time scalars
     assert "--wandb-project" not in run.stdout  # it started: no line saying otherwise
     project, name, config, history = offline_run(save_dir)
     assert (project, name) == ("zl-test", "offline-z1")

@@ -24,14 +24,33 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from megatron.errors import ZeroLabError
 from megatron.launch.lost_peer import Peers
 
 BEAT_SECONDS = 5.0
 SILENT_SECONDS = 60.0
+# SILENT_SECONDS for one run (docs/multi-node.md): e.g. the suite's cut-link test, which would otherwise wait out
+# the minute; at least three beats, so that one late beat on a loaded host is not taken for a lost one
+SILENT_SECONDS_VAR = "ZERO_LAB_HEARTBEAT_SECONDS"
 # what a failed rank waits at most for its threads' store calls to return (milliseconds on a live store, seconds
 # on a loaded machine) before its process exits
 FAILED_JOIN_SECONDS = 5.0
 _KEYS = "zero-lab/heartbeat"
+
+
+def silent_seconds(environ=os.environ) -> float:
+    """SILENT_SECONDS, or SILENT_SECONDS_VAR's seconds where it is set; another value is refused in one line."""
+    value = environ.get(SILENT_SECONDS_VAR)
+    if value is None:
+        return SILENT_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 3 * BEAT_SECONDS:  # nan too
+        raise ZeroLabError(f"{SILENT_SECONDS_VAR}={value}: expected seconds >= {3 * BEAT_SECONDS:g} (three beats of "
+                           f"{BEAT_SECONDS:g} s; default {SILENT_SECONDS:g})")
+    return seconds
 
 
 class Heartbeat:
