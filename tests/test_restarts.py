@@ -5,7 +5,6 @@ again, or a signal to the job, is not restarted.
 The fault is real: rank 1 SIGKILLs itself (as the out-of-memory killer would) once the run's log shows
 iteration 2, on the first attempt only (conftest.fault_env); the Slurm case is in test_slurm.py."""
 import json
-import os
 import re
 import shutil
 import subprocess
