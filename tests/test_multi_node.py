@@ -239,7 +239,9 @@ def test_a_killed_host_ends_the_job_at_once(cluster, two_host_runs, dolly_data_d
     assert cause.startswith(
         "error: lost rank 1 on node1 (10.250.0.2): its connection closed: its process or host is gone; the last "
         "checkpoint resumes on the hosts left with --universal-checkpoint (docs/multi-node.md); torch said: "), cause
-    assert "Connection closed by peer" in cause and " (launcher's report: " in cause  # torch's own first line
+    # torch's own first line: gloo reads an end of stream ("Connection closed by peer"), or a reset where the dead
+    # process's socket still had data in flight ("Read error ...: Connection reset by peer"), as the kernel decides
+    assert re.search(r"Connection (closed|reset) by peer", cause) and " (launcher's report: " in cause
     assert "Traceback" not in run.output("node0")
     assert processes_left(cluster) == {}
 
