@@ -2,6 +2,7 @@
 test breaks when DeepSpeed renames one), and a missing one raises instead of measuring zero."""
 import inspect
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -57,20 +58,22 @@ def test_a_missing_attribute_raises_naming_it():
         memory._private(Renamed(), "averaged_gradients")
 
 
-@pytest.mark.parametrize("dtype, recompute, dropout", [
-    ("fp32", False, 0.1), ("bf16", False, 0.1), ("fp32", True, 0.1), ("fp32", False, 0.0), ("bf16", False, 0.0)])
-def test_saved_activations_of_a_real_forward_are_the_prediction(dtype, recompute, dropout):
+@pytest.mark.parametrize("dtype, recompute, dropout, attention_dropout", [
+    ("fp32", False, 0.1, 0.1), ("bf16", False, 0.1, 0.1), ("fp32", True, 0.1, 0.1), ("fp32", False, 0.0, 0.0),
+    ("bf16", False, 0.0, 0.0), ("fp32", False, 0.1, 0.0), ("bf16", False, 0.0, 0.1)])
+def test_saved_activations_of_a_real_forward_are_the_prediction(dtype, recompute, dropout, attention_dropout):
     """saved_activation_bytes around one training forward of the real model on CPU (every tensor autograd
-    keeps, weights aside) against megatron/model/accounting/'s CPU activations, within 1%: with dropout SDPA's
-    math kernel, without it the CPU flash kernel."""
+    keeps, weights aside) against megatron/model/accounting/'s CPU activations, within 1%: with attention dropout
+    SDPA's math kernel, without it the CPU flash kernel (accounting.fused_attention), whatever the hidden
+    dropout."""
     import torch
 
     from megatron.model import GPTConfig, GPTModel
-    from megatron.model.accounting import TrainingSetup, activation_bytes
+    from megatron.model.accounting import TrainingSetup, activation_bytes, fused_attention
     params_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     config = GPTConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64,
                        max_position_embeddings=64, padded_vocab_size=1024, params_dtype=params_dtype,
-                       recompute_activations=recompute, hidden_dropout=dropout, attention_dropout=dropout)
+                       recompute_activations=recompute, hidden_dropout=dropout, attention_dropout=attention_dropout)
     torch.manual_seed(0)
     model = GPTModel(config).train()
     ids = torch.randint(0, 1000, (4, 64))
@@ -81,6 +84,9 @@ def test_saved_activations_of_a_real_forward_are_the_prediction(dtype, recompute
                                                        activation_recompute=recompute, device="cpu"))
     assert saved[0] == pytest.approx(predicted, rel=0.01)
     assert saved[0] > (100_000 if recompute else 1_000_000)
+    setup = TrainingSetup(world_size=1, micro_batch_size=4, device="cpu")
+    assert fused_attention(config, setup) == (attention_dropout == 0)
+    assert fused_attention(config, replace(setup, device="cuda"))  # flash, cuDNN or memory-efficient
 
 
 def test_saved_activations_leave_out_the_weights():

@@ -276,6 +276,25 @@ def test_step_time_by_hand_on_one_node(capsys):
         > dp["compute_ms"]
 
 
+def test_flash_attention_times_no_scores_in_the_memory_bound_term(capsys):
+    """--use-flash-attn-v2 (zero-lab's SDPA on a GPU): the memory-bound kernels write Korthikanti's s b h 34 and the
+    fused kernel's fp32 log-sum-exp (4 a s b bytes), not the unfused 5 a s^2 b scores; the rest of the step is the
+    default's. At the Ulysses paper's 1.3B, 32K tokens, SP=4 on 8 A100s that lifts the planner from 0.40 of the
+    paper's 175 TFLOP/s bound to 1.06 (bench/results/long_sequences_cpu.md)."""
+    data = plan_json(capsys, *EXAMPLE, "--gpu", "A100-80GB")["plans"][0]
+    fused = plan_json(capsys, *EXAMPLE, "--gpu", "A100-80GB", "--use-flash-attn-v2")["plans"][0]
+    scores, lse = 5 * 16 * 1024**2 * 4, 4 * 16 * 1024 * 4
+    assert data["compute_ms"] - fused["compute_ms"] == pytest.approx(2.01 * 3 * 24 * (scores - lse) / 2039e9 * 1e3,
+                                                                     rel=1e-9)
+    assert fused["communication_ms"] == data["communication_ms"] and fused["bound"] == data["bound"]
+    paper = ["--model-size", "1.3B", "--gpus", "8", "--gpu", "A100-40GB", "--seq-length", "32768",
+             "--ds-sequence-parallel-size", "4", "--use-rotary-position-embeddings"]
+    for flag, ratio in (([], 0.40), (["--use-flash-attn"], 1.06)):
+        plan = plan_json(capsys, *paper, *flag)
+        chosen = next(p for p in plan["plans"] if p["option"] == plan["choice"])
+        assert chosen["tflops_per_gpu"] / 175 == pytest.approx(ratio, abs=0.005)
+
+
 def test_pipeline_bubble_and_tensor_parallel_all_reduces(capsys):
     # TP 2 x PP 2 x DP 2 on 8 GPUs, 8 micro-batches per step: the bubble is (2-1)/8 of the forward and backward
     args = [*EXAMPLE, "--gpu", "H100-SXM", "--tp", "2", "--pp", "2", "--global-batch-size", "64"]

@@ -389,21 +389,26 @@ class StepParts:
                         bubble=(self.stretch - 1) * per_micro_batch)
 
 
-def layer_memory_bytes(config: GPTConfig, setup: accounting.TrainingSetup) -> float:
+def layer_memory_bytes(config: GPTConfig, setup: accounting.TrainingSetup, flash_attn: bool = False) -> float:
     """Bytes one layer's forward writes on a TP rank for one micro-batch, Korthikanti et al. 2022's count with
     unfused attention (as the 2021-2022 codebases of the published runs ran it): s b h (10 + 24/t) + 5 a s^2 b / t
     in 16-bit, the 10 split over TP too under sequence parallelism; under DeepSpeed-Ulysses (N) s/N tokens, and
-    the a s^2 scores for a/N heads. The memory-bound kernels read and write about these bytes;
-    `Calibration.memory_passes` says how many times."""
+    the a s^2 scores for a/N heads. `flash_attn` (--use-flash-attn-v2; zero-lab's SDPA on a GPU): a fused kernel
+    writes no scores, only its fp32 log-sum-exp, 4 a s b / t bytes. The memory-bound kernels read and write about
+    these bytes; `Calibration.memory_passes` says how many times."""
     s, b, h, a = config.seq_length, setup.micro_batch_size, config.hidden_size, config.num_attention_heads
     t, n = setup.tensor_parallel_size, setup.sequence_parallel_size
     replicated = 10 / t if setup.sequence_parallel else 10
-    return (s / n * b * h * (replicated + 24 / t) + 5 * a * s * s * b / t / n) * setup.element_bytes / 2
+    outside = s / n * b * h * (replicated + 24 / t) * setup.element_bytes / 2
+    if flash_attn:
+        return outside + 4 * a * s * b / t / n
+    return outside + 5 * a * s * s * b / t / n * setup.element_bytes / 2
 
 
 def step_parts(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware, gpus_per_node: int,
-               nodes: int) -> tuple[StepTime, StepParts] | None:
-    """(the bound, `project`'s step, and the same step split into StepParts). `config`: the busiest stage's."""
+               nodes: int, flash_attn: bool = False) -> tuple[StepTime, StepParts] | None:
+    """(the bound, `project`'s step, and the same step split into StepParts). `config`: the busiest stage's;
+    `flash_attn`: attention runs a fused kernel (layer_memory_bytes)."""
     projected = project(config, setup, hw, gpus_per_node, nodes)
     if projected is None:
         return None
@@ -423,7 +428,7 @@ def step_parts(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware,
     activation = setup.micro_batch_size * config_alone.seq_length * config.hidden_size * setup.element_bytes
     model_parallel = bound_model_parallel + model.costs["all_reduce"].seconds(
         recomputed * 2 * (tp - 1) / tp * activation, recomputed)
-    memory = (3 + setup.activation_recompute) * layers * g * layer_memory_bytes(config, setup) / hw.kind.hbm_bytes_per_s
+    memory = (3 + setup.activation_recompute) * layers * g * layer_memory_bytes(config, setup, flash_attn) / hw.kind.hbm_bytes_per_s
     return bound, StepParts(matmul=matmul, memory=memory, model_parallel=model_parallel,
                             data_parallel=bound.communication - bound.overlap - bound_model_parallel,
                             other=bound.compute - matmul, offload=bound.offload, stretch=1 + (pp - 1) / g)
@@ -516,7 +521,7 @@ def timing(config: GPTConfig, busiest: GPTConfig, setup: accounting.TrainingSetu
     published runs' CALIBRATION), tokens/s, TFLOP/s per GPU, model FLOPs (the MFU numerator) and hardware FLOPs
     (recomputation counted, as the published runs count them), with --tokens the days to train; and `bound`,
     the same from the bound (`project`). `busiest`: the busiest pipeline stage's model (stage_config)."""
-    projected = step_parts(busiest, setup, ns.hardware, ns.gpus, ns.nodes) if ns.hardware else None
+    projected = step_parts(busiest, setup, ns.hardware, ns.gpus, ns.nodes, ns.flash_attn) if ns.hardware else None
     if projected is None:
         return {}
     bound, parts = projected
@@ -777,6 +782,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     parser.add_argument("--disable-bias-linear", action="store_true")
     parser.add_argument("--rope-theta", type=float)
+    parser.add_argument("--use-flash-attn-v2", "--use-flash-attn", dest="flash_attn", action="store_true",
+                        help="time attention as a fused kernel that writes no s x s scores (FlashAttention; "
+                             "zero-lab's SDPA on a GPU); default: unfused, as the calibration's published runs")
     parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
     parser.add_argument("--recompute", "--checkpoint-activations", dest="recompute", action="store_true",
                         help="full activation recomputation")

@@ -13,6 +13,7 @@ from megatron.model.accounting.flops import (
 )
 from megatron.model.accounting.memory import (
     activation_bytes,
+    fused_attention,
     gradient_bytes_per_element,
     gradient_elements_held,
     memory_per_rank,
@@ -30,6 +31,7 @@ from megatron.model.accounting.training_setup import PRECISIONS, AccountingError
 __all__ = [
     "PEAK_TFLOPS", "PRECISIONS", "TRAFFIC_KINDS", "AccountingError", "TrainingSetup", "accelerator_part",
     "activation_bytes", "active_parameters", "count_parameters", "expert_groups_on_rank",
+    "fused_attention",
     "gradient_bytes_per_element", "gradient_elements_held", "hardware_flops_per_iteration", "matmul_precision",
     "memory_per_rank", "model_flops_per_iteration", "moe_all_to_all_per_step", "moe_capacity",
     "offload_transfer_per_step", "output_layer_buffer_bytes", "parameter_groups_on_rank", "parameters_on_rank",

@@ -137,6 +137,13 @@ def _dropout_mask_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
     return setup.element_bytes if setup.device == "cpu" else 1
 
 
+def fused_attention(config: GPTConfig, setup: TrainingSetup) -> bool:
+    """Whether the model's attention (one SDPA call, megatron/model/transformer.py) runs a fused kernel, which keeps
+    no s x s tensor: on CUDA always (flash, cuDNN or memory-efficient, tests/test_gpu.py); on CPU only without
+    attention dropout, since PyTorch's CPU flash kernel has none and SDPA falls back to its math kernel."""
+    return setup.device != "cpu" or config.attention_dropout == 0
+
+
 def _fused_attention_inputs(config: GPTConfig, setup: TrainingSetup) -> int:
     """[tokens, hidden] tensors a fused attention kernel (CUDA, or CPU without attention dropout) keeps of its
     inputs, with the kernel's output where it is not the output projection's input (measured on CPU,
@@ -167,11 +174,11 @@ def _norm_bytes(config: GPTConfig, setup: TrainingSetup) -> tuple[int, int]:
 def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
     """What one transformer layer keeps for the backward of one micro-batch (see activation_bytes)."""
     s, b, h, a = config.seq_length, setup.micro_batch_size, config.hidden_size, config.num_attention_heads
-    e, tp, on_cpu = setup.element_bytes, setup.tensor_parallel_size, setup.device == "cpu"
+    e, tp = setup.element_bytes, setup.tensor_parallel_size
     n = setup.sequence_parallel_size
     t = s / n  # tokens of each sequence on this rank: under Ulysses every activation outside attention holds s/N
     sequence_split = tp if setup.sequence_parallel else 1
-    if on_cpu and config.attention_dropout > 0:
+    if not fused_attention(config, setup):
         # SDPA's math kernel (CPU attention with dropout) computes in fp32 whatever the input dtype: fp32
         # copies of q, k, v (K/V repeated to every head) and the softmax output, its dropout mask and the dropped
         # probabilities (a s^2 b; under Ulysses the whole sequence's for a/N heads)
