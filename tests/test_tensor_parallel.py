@@ -270,6 +270,31 @@ def test_sequence_parallel_mappings_without_the_torch_2_13_collectives(world_2):
     assert_passed(world_2, "_check_mappings_on_torch_before_2_13")
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_sequence_parallel_norms_share_one_forward_and_are_the_torch_norms(sequence_parallel):
+    """Both norms are _SequenceParallelNorm over their torch class: one constructor and forward, and on one rank
+    (group None) the torch norm's output, gradients and state dict keys, sequence parallel or not (two ranks:
+    test_sequence_parallel_gpt_matches_serial_loss_and_gradients and test_llama's TP=2 check)."""
+    from megatron.core.tensor_parallel import SequenceParallelLayerNorm, SequenceParallelRMSNorm
+
+    assert SequenceParallelLayerNorm.forward is SequenceParallelRMSNorm.forward
+    assert SequenceParallelLayerNorm.__init__ is SequenceParallelRMSNorm.__init__
+    for ours, theirs in ((SequenceParallelLayerNorm, torch.nn.LayerNorm), (SequenceParallelRMSNorm, torch.nn.RMSNorm)):
+        norm = ours(8, eps=1e-5, group=None, sequence_parallel=sequence_parallel)
+        reference = theirs(8, eps=1e-5)
+        with torch.no_grad():
+            for mine, other in zip(norm.parameters(), reference.parameters()):
+                mine.copy_(torch.randn_like(mine))
+                other.copy_(mine)
+        x = torch.randn(2, 3, 8)
+        torch.testing.assert_close(norm(x), reference(x), rtol=0, atol=0)
+        norm(x).square().sum().backward()
+        reference(x).square().sum().backward()
+        for mine, other in zip(norm.parameters(), reference.parameters()):
+            torch.testing.assert_close(mine.grad, other.grad, rtol=0, atol=0)
+        assert norm.state_dict().keys() == reference.state_dict().keys()
+
+
 def _check_rng_tracker(rank, world):
     torch.manual_seed(SEED)
     tracker = model_parallel_tracker(SEED, tensor_parallel_rank=rank)

@@ -148,10 +148,11 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + copy_to_tensor_model_parallel_region(self.bias, self.group)
 
 
-class SequenceParallelLayerNorm(nn.LayerNorm):
-    """LayerNorm whose weights are replicated across the group while its input is split along the
-    sequence: each rank's gradient covers only its slice, so the gradients are summed over the group.
-    With group None or sequence_parallel False it is nn.LayerNorm."""
+class _SequenceParallelNorm:
+    """A norm (the torch class after this one in the bases) whose weights are replicated across the group while its
+    input is split along the sequence: each rank's gradient covers only its slice, so the weights enter through
+    copy_to_tensor_model_parallel_region, whose backward sums their gradients over the group. With group None or
+    sequence_parallel False it is the torch norm."""
 
     def __init__(self, hidden_size: int, *, eps: float, group, sequence_parallel: bool,
                  params_dtype: torch.dtype = torch.float32):
@@ -163,24 +164,23 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
         if not self.sequence_parallel:
             return super().forward(x)
         weight = copy_to_tensor_model_parallel_region(self.weight, self.group)
-        bias = copy_to_tensor_model_parallel_region(self.bias, self.group)
+        bias = getattr(self, "bias", None)  # RMSNorm has none
+        bias = None if bias is None else copy_to_tensor_model_parallel_region(bias, self.group)
+        return self._normalize(x, weight, bias)
+
+
+class SequenceParallelLayerNorm(_SequenceParallelNorm, nn.LayerNorm):
+    """LayerNorm (GPT-2's), sequence-parallel aware (_SequenceParallelNorm)."""
+
+    def _normalize(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 
 
-class SequenceParallelRMSNorm(nn.RMSNorm):
-    """RMSNorm (torch's fused F.rms_norm; Llama's normalization: no mean, no bias) with the weight replicated over
-    the group and, sequence parallel, its gradient summed over the group as SequenceParallelLayerNorm's is."""
+class SequenceParallelRMSNorm(_SequenceParallelNorm, nn.RMSNorm):
+    """RMSNorm (torch's fused F.rms_norm; Llama's normalization: no mean, no bias), sequence-parallel aware
+    (_SequenceParallelNorm)."""
 
-    def __init__(self, hidden_size: int, *, eps: float, group, sequence_parallel: bool,
-                 params_dtype: torch.dtype = torch.float32):
-        super().__init__(hidden_size, eps=eps, dtype=params_dtype)
-        self.group = group
-        self.sequence_parallel = sequence_parallel
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.sequence_parallel:
-            return super().forward(x)
-        weight = copy_to_tensor_model_parallel_region(self.weight, self.group)
+    def _normalize(self, x: torch.Tensor, weight: torch.Tensor, bias: None) -> torch.Tensor:
         return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
 
