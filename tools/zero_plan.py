@@ -428,7 +428,8 @@ def step_parts(config: GPTConfig, setup: accounting.TrainingSetup, hw: Hardware,
     activation = setup.micro_batch_size * config_alone.seq_length * config.hidden_size * setup.element_bytes
     model_parallel = bound_model_parallel + model.costs["all_reduce"].seconds(
         recomputed * 2 * (tp - 1) / tp * activation, recomputed)
-    memory = (3 + setup.activation_recompute) * layers * g * layer_memory_bytes(config, setup, flash_attn) / hw.kind.hbm_bytes_per_s
+    layer_bytes = layer_memory_bytes(config, setup, flash_attn)
+    memory = (3 + setup.activation_recompute) * layers * g * layer_bytes / hw.kind.hbm_bytes_per_s
     return bound, StepParts(matmul=matmul, memory=memory, model_parallel=model_parallel,
                             data_parallel=bound.communication - bound.overlap - bound_model_parallel,
                             other=bound.compute - matmul, offload=bound.offload, stretch=1 + (pp - 1) / g)
