@@ -143,6 +143,55 @@ def test_two_sequence_ranks_give_the_serial_loss_and_gradients(rotary):
     run_ranks(partial(_check_model_matches_serial, rotary=rotary))
 
 
+def _check_dropout_masks_differ_per_sequence_rank(rank, world):
+    """Hidden dropout 0.5 and attention dropout 0.5 on 2 SP ranks from one seed: the embedding's and each layer's
+    residual masks (read from the dropout modules' inputs and outputs) and the stream the attention's SDPA draws
+    its mask from (read in DistributedAttention's local attention, after the all-to-all) differ between the ranks;
+    a recomputed layer (--checkpoint-activations) draws its masks again."""
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    state = ParallelState.build(ParallelLayout(world_size=world, sequence_parallel_size=2))
+    group = state.get_sequence_parallel_group()
+    for recompute in (False, True):
+        config = _gpt_config(hidden_dropout=0.5, attention_dropout=0.5, recompute_activations=recompute)
+        torch.manual_seed(SEED)
+        model = GPTModel(config, sp_group=group).train()
+        masks, attention = [], []
+
+        def residual_mask(module, inputs, output):
+            masks.append((output == 0) & (inputs[0] != 0))
+
+        def attention_stream(module, inputs):  # the next draws of the generator SDPA's dropout reads
+            generator = torch.Generator()
+            generator.set_state(torch.get_rng_state())
+            attention.append(torch.rand(64, generator=generator))
+
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.register_forward_hook(residual_mask)
+        for layer in model.layers:
+            layer.self_attention.ulysses.attention.local_attn.register_forward_pre_hook(attention_stream)
+        text = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(7))
+        tokens, labels, positions, mask = get_batch({"text": text}, torch.device("cpu"), -1, False, state.sequence)
+        sequence_mean_loss(model(tokens, positions, labels), mask, state.sequence)[0].backward()
+        # the embedding's and the 2 layers' 2 residual masks, the 2 layers' attentions; a recomputed layer stops
+        # once it has what its backward needs (torch's non-reentrant checkpoint), before its MLP's residual dropout
+        assert (len(masks), len(attention)) == ((5, 2) if not recompute else (7, 4)), (len(masks), len(attention))
+        for first, again in ((masks[:5], masks[5:]), (attention[:2], attention[2:])):  # the same masks drawn again
+            assert all(any(torch.equal(mask, drawn) for drawn in first) for mask in again)
+        for mine in masks + attention:
+            mine = mine.float()
+            both = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(both, mine, group=group)
+            assert not torch.equal(both[0], both[1])
+
+
+@pytest.mark.slow
+def test_sequence_ranks_draw_different_dropout_masks():
+    run_ranks(_check_dropout_masks_differ_per_sequence_rank)
+
+
 @pytest.fixture(scope="module")
 def ulysses_runs(dolly_data_dir, tmp_path_factory):
     """The serial run, SP=2 at ZeRO 1 (3 iterations, saved, then resumed at SP=1 on one rank) and at ZeRO 3."""

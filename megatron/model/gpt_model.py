@@ -14,6 +14,7 @@ from torch import nn
 
 from megatron.core.scratch import ScratchBuffers
 from megatron.core.tensor_parallel import (
+    SEQUENCE_PARALLEL_RNG,
     VocabParallelEmbedding,
     checkpoint,
     gather_from_tensor_model_parallel_region,
@@ -73,14 +74,17 @@ def layer_init_seed(base_seed: int, index: int):
 
 
 def embed(words: VocabParallelEmbedding, positions: nn.Embedding | None, dropout: nn.Dropout, input_ids: torch.Tensor,
-          position_ids: torch.Tensor, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker) -> torch.Tensor:
+          position_ids: torch.Tensor, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker,
+          ulysses: bool = False) -> torch.Tensor:
     """Word + position embeddings after dropout: [b, s, h], or this rank's [b, s / tp, h] sequence
-    slice with sequence parallelism (whose dropout then differs per rank, so it uses the tracker)."""
+    slice with sequence parallelism (whose dropout then differs per rank, so it uses the tracker). `ulysses`:
+    input_ids are this rank's slice of a DeepSpeed-Ulysses group, whose masks differ per SP rank too."""
     x = words(input_ids) if positions is None else words(input_ids) + positions(position_ids)
-    if not config.sequence_parallel:
-        return dropout(x)
-    x = scatter_to_sequence_parallel_region(x, tp_group)
-    with rng_tracker.fork(x.device):
+    if config.sequence_parallel:
+        x = scatter_to_sequence_parallel_region(x, tp_group)
+        with rng_tracker.fork(x.device):
+            return dropout(x)
+    with rng_tracker.fork(x.device, SEQUENCE_PARALLEL_RNG) if ulysses else contextlib.nullcontext():
         return dropout(x)
 
 
@@ -93,7 +97,9 @@ class GPTModel(nn.Module):
         self.tp_group = tp_group
         # Per-TP-rank dropout stream and per-layer init seeds, from the seed given to torch.manual_seed.
         seed = torch.initial_seed()
-        self.rng_tracker = model_parallel_tracker(seed % 2**62, group_rank(tp_group))
+        self.rng_tracker = model_parallel_tracker(seed % 2**62, group_rank(tp_group), group_rank(sp_group),
+                                                  group_size(tp_group))
+        self.ulysses_slice = group_size(sp_group) > 1  # this rank holds a DeepSpeed-Ulysses slice
         with layer_init_seed(seed, 0):
             self.word_embeddings, self.position_embeddings = build_embeddings(config, tp_group)
         self.embedding_dropout = nn.Dropout(config.hidden_dropout)
@@ -120,7 +126,7 @@ class GPTModel(nn.Module):
             f"{tuple(input_ids.shape)} and {tuple(position_ids.shape)}"
         )
         x = embed(self.word_embeddings, self.position_embeddings, self.embedding_dropout, input_ids, position_ids,
-                  self.config, self.tp_group, self.rng_tracker)
+                  self.config, self.tp_group, self.rng_tracker, self.ulysses_slice)
         recompute = self.config.recompute_activations and self.training and torch.is_grad_enabled()
         assert not (recompute and kv_cache is not None), "the KV cache is for inference, not recomputed training"
         for index, layer in enumerate(self.layers):

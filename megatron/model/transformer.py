@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.core.tensor_parallel import (
+    SEQUENCE_PARALLEL_RNG,
     ColumnParallelLinear,
     RNGStatesTracker,
     RowParallelLinear,
@@ -59,9 +60,10 @@ class ParallelAttention(nn.Module):
         self.local_kv_heads = config.num_key_value_heads // group_size(tp_group)
         self.queries_per_kv = config.num_attention_heads // config.num_key_value_heads
         bias = not config.disable_bias_linear
-        # Heads differ per TP rank, so their dropout draws from the per-rank generator (Megatron's rule); whole
-        # heads (TP=1, no sequence parallelism) draw from the default generator, as the hidden dropout does.
-        self.per_rank_dropout = group_size(tp_group) > 1 or config.sequence_parallel
+        # Heads differ per TP rank (and per Ulysses rank: each attends over its own heads after the all-to-all), so
+        # their dropout draws from the per-rank generator (Megatron's rule); whole heads (TP=1, no sequence
+        # parallelism of either kind) draw from the default generator, as the hidden dropout does.
+        self.per_rank_dropout = group_size(tp_group) > 1 or config.sequence_parallel or group_size(sp_group) > 1
         self.query_key_value = ColumnParallelLinear(
             config.hidden_size, config.hidden_size + 2 * config.kv_channels, group=tp_group,
             init_method=init_method_normal(config.init_method_std), params_dtype=config.params_dtype,
@@ -162,14 +164,20 @@ class ParallelTransformerLayer(nn.Module):
         self.mlp = build_mlp(config, tp_group, num_experts, expert_rank)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
         self.sequence_parallel = config.sequence_parallel
+        self.ulysses_slice = group_size(sp_group) > 1  # this rank holds a DeepSpeed-Ulysses slice
         self.rng_tracker = rng_tracker
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
         # Replicated residual-branch outputs use the default generator (the same mask on every TP
-        # rank); sequence slices differ per rank, so they draw from the per-rank generator.
-        if not self.sequence_parallel:
+        # rank); sequence slices differ per rank, so they draw from the per-rank generator: Megatron's slices
+        # (over TP) from the model-parallel one, Ulysses' (over SP, replicated over TP) from the sequence one.
+        if self.sequence_parallel:
+            stream = self.rng_tracker.fork(x.device)
+        elif self.ulysses_slice:
+            stream = self.rng_tracker.fork(x.device, SEQUENCE_PARALLEL_RNG)
+        else:
             return self.hidden_dropout(x)
-        with self.rng_tracker.fork(x.device):
+        with stream:
             return self.hidden_dropout(x)
 
     def forward(self, x: torch.Tensor, kv_cache: LayerKVCache | None = None) -> torch.Tensor:

@@ -20,7 +20,8 @@ from megatron.core.tensor_parallel.mappings import (
     scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
-from megatron.core.tensor_parallel.random import RNGStatesTracker, checkpoint, model_parallel_tracker
+from megatron.core.tensor_parallel.random import (SEQUENCE_PARALLEL_RNG, RNGStatesTracker, checkpoint,
+                                                  model_parallel_tracker)
 
 __all__ = [
     "ColumnParallelLinear",
@@ -41,6 +42,7 @@ __all__ = [
     "reduce_scatter_to_sequence_parallel_region",
     "scatter_to_sequence_parallel_region",
     "RNGStatesTracker",
+    "SEQUENCE_PARALLEL_RNG",
     "checkpoint",
     "model_parallel_tracker",
 ]

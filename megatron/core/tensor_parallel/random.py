@@ -17,6 +17,11 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 MODEL_PARALLEL_RNG = "model-parallel-rng"
 # Megatron's offset between the data-parallel seed and the tensor-parallel seeds.
 TENSOR_PARALLEL_SEED_OFFSET = 2718
+# DeepSpeed-Ulysses: each rank of a sequence-parallel group holds its own slice of every sequence, so its dropout
+# outside the attention draws from a stream of its own (the same on the ranks of its TP group), seeded this far
+# from the tensor-parallel seeds
+SEQUENCE_PARALLEL_RNG = "sequence-parallel-rng"
+SEQUENCE_PARALLEL_SEED_OFFSET = 2**20
 
 
 def _default_generator(device: torch.device) -> torch.Generator:
@@ -70,10 +75,16 @@ class RNGStatesTracker:
         self.states = {key: state.clone() for key, state in states.items()}
 
 
-def model_parallel_tracker(seed: int, tensor_parallel_rank: int) -> RNGStatesTracker:
-    """A tracker whose model-parallel state differs on each TP rank, derived from `seed`."""
+def model_parallel_tracker(seed: int, tensor_parallel_rank: int, sequence_parallel_rank: int = 0,
+                           tensor_parallel_size: int = 1) -> RNGStatesTracker:
+    """A tracker of two states derived from `seed`: the model-parallel one differs on each TP rank and, under
+    DeepSpeed-Ulysses, on each sequence-parallel rank (split heads: TP's, and Ulysses' heads of the whole sequence
+    after the all-to-all); the sequence-parallel one differs per SP rank only (Ulysses' sequence slices, replicated
+    over TP). At SP rank 0 the model-parallel seed is Megatron's, seed + 2718 + TP rank."""
     tracker = RNGStatesTracker()
-    tracker.add(MODEL_PARALLEL_RNG, seed + TENSOR_PARALLEL_SEED_OFFSET + tensor_parallel_rank)
+    tracker.add(MODEL_PARALLEL_RNG, seed + TENSOR_PARALLEL_SEED_OFFSET + tensor_parallel_rank
+                + tensor_parallel_size * sequence_parallel_rank)
+    tracker.add(SEQUENCE_PARALLEL_RNG, seed + SEQUENCE_PARALLEL_SEED_OFFSET + sequence_parallel_rank)
     return tracker
 
 
