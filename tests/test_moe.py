@@ -1,8 +1,10 @@
 """Mixture of experts (--num-experts, DeepSpeed's MoE layer; docs/moe.md): which layers get experts, the flags and
 their refusals (one line each), expert gradients through DeepSpeed's reduction on 2 real gloo ranks at EP=1 and
-EP=2, and real pretrain_gpt.py runs: EP=2 gives EP=1's losses without token dropping, ZeRO 1 and 2 give ZeRO 0's."""
+EP=2, and real pretrain_gpt.py runs: EP=2 gives EP=1's losses without token dropping, ZeRO 1 and 2 give ZeRO 0's;
+checkpoints: a resume at the same layout repeats the losses, another EP is refused in one line."""
 import math
 import re
+import shutil
 import subprocess
 from dataclasses import replace
 from functools import partial
@@ -25,6 +27,7 @@ from megatron.model.moe import expert_parallel_rank, moe_layers, routing_summary
 from megatron.model.transformer import ParallelMLP
 from megatron.training import get_batch, masked_mean_loss, with_moe_loss
 from megatron.training_log import IterationStats, MoEStats, iteration_line
+from runs import run_pretrain
 from test_arguments import base
 from test_parallel_training import losses
 from test_tensor_parallel import SEED, _gpt_config, run_ranks
@@ -139,13 +142,18 @@ def test_expert_gradients_do_not_change_with_the_expert_parallel_size():
 
 
 @pytest.fixture(scope="module")
-def moe_runs(dolly_data_dir):
+def moe_runs(dolly_data_dir, tmp_path_factory):
     """4 experts without token dropping on 2 CPU ranks: EP=1 and EP=2 at ZeRO 0, EP=2 at ZeRO 1 and 2; and top-2
-    with token dropping at EP=2, ZeRO 2."""
+    with token dropping at EP=2, ZeRO 2. EP=2 at ZeRO 1 saves at iteration 3 and at its end (5) into
+    moe_runs["ep2_z1_checkpoint"], which the checkpoint tests read."""
     run = partial(parallel_pretrain, dolly_data_dir, 2, *MOE4)
+    saved = tmp_path_factory.mktemp("moe_checkpoint")
+    save = {1: ("--save", str(saved), "--save-interval", "3")}
     return {"ep1": run("--moe-expert-parallel-size", "1", "--zero-stage", "0").stdout,
-            **{f"ep2_z{stage}": run("--moe-expert-parallel-size", "2", "--zero-stage", str(stage)).stdout
+            **{f"ep2_z{stage}": run("--moe-expert-parallel-size", "2", "--zero-stage", str(stage),
+                                    *save.get(stage, ())).stdout
                for stage in (0, 1, 2)},
+            "ep2_z1_checkpoint": saved,
             # capacity-bound all-to-alls: tokens dropped at the default capacity factor, top-2
             "ep2_z2_top2_dropping": parallel_pretrain(dolly_data_dir, 2, "--num-experts", "4", "--topk", "2",
                                                      "--moe-expert-parallel-size", "2", "--zero-stage", "2").stdout}
@@ -336,3 +344,43 @@ def test_each_expert_starts_from_its_global_index_whatever_the_ep_size():
     for rank in (0, 1):
         for local, weights in enumerate(experts(2, rank)):
             assert torch.equal(weights, whole[2 * rank + local])
+
+
+# --- checkpoints (docs/moe.md, "Checkpoints") ---
+
+def _from_iteration_3(moe_runs, target):
+    """A copy of the EP=2, ZeRO-1 run's checkpoint of iteration 3, `latest` naming it."""
+    target.mkdir()
+    shutil.copytree(moe_runs["ep2_z1_checkpoint"] / "global_step3", target / "global_step3")
+    (target / "latest").write_text("global_step3")
+    return target
+
+
+@pytest.mark.slow
+def test_an_moe_run_resumed_at_its_layout_gives_the_uninterrupted_runs_losses(moe_runs, dolly_data_dir, tmp_path):
+    saved = moe_runs["ep2_z1_checkpoint"]
+    assert sorted(path.name for path in (saved / "global_step3").glob("layer_*_expert_*")) == [
+        f"layer_0_expert_{expert}_mp_rank_00_model_states.pt" for expert in range(4)]  # one file per expert
+    resumed = parallel_pretrain(dolly_data_dir, 2, *MOE4, "--moe-expert-parallel-size", "2", "--zero-stage", "1",
+                                "--load", str(_from_iteration_3(moe_runs, tmp_path / "ckpt"))).stdout
+    assert "loaded checkpoint" in resumed and re.findall(r" iteration\s+(\d+)/", resumed) == ["4", "5"]
+    # iterations 4 and 5 and the validation loss: as printed by the run that never stopped
+    assert losses(resumed) == losses(moe_runs["ep2_z1"])[3:]
+    assert grad_norms(resumed) == grad_norms(moe_runs["ep2_z1"])[3:]
+
+
+@pytest.mark.slow
+def test_a_resume_at_another_expert_parallel_size_is_refused_in_one_line(moe_runs, dolly_data_dir, tmp_path):
+    """EP=2 -> EP=1 on the same 2 ranks: DeepSpeed 0.19.8 would stop in its ZeRO loader with a traceback."""
+    load = _from_iteration_3(moe_runs, tmp_path / "ckpt")
+    run = run_pretrain(dolly_data_dir, *MOE4, "--moe-expert-parallel-size", "1", "--zero-stage", "1", "--load",
+                       str(load), ranks=2, expect=1)
+    assert "[rank0]: Traceback" not in run.stderr, run.stderr[-3000:]  # torchrun's own report of the exit stays
+    assert [line for line in run.stderr.splitlines() if line.startswith("error: ")] == [
+        f"error: --load {load}: cannot resume global_step3: it was saved with data-parallel size 2 at ZeRO stage 1 "
+        "and --moe-expert-parallel-size 2, this run has data-parallel size 2 at ZeRO stage 1 and "
+        "--moe-expert-parallel-size 1; DeepSpeed 0.19.8 resumes a mixture-of-experts checkpoint only in the layout "
+        "it was saved with (no universal checkpoint of its experts): resume with --zero-stage 1 and "
+        "--moe-expert-parallel-size 2 on data-parallel size 2"]
+    assert " > run info" not in run.stdout  # refused before anything was built
+
