@@ -472,3 +472,17 @@ def test_finetuning_from_an_moe_checkpoint_is_refused_in_one_line(tmp_path):
     assert str(error.value) == (
         f"--load {tmp_path / 'ckpt'} --finetune: a mixture-of-experts checkpoint (--num-experts 4): fine-tuning from "
         "it is not supported; resume it with --load at its layout (docs/moe.md)")
+
+
+def test_an_moe_checkpoint_resumes_only_in_the_layout_it_was_saved_with():
+    from megatron.checkpointing.resume_check import moe_layout_refusal
+
+    saved = {"zero_stage": 1, "data_parallel_size": 2, "sequence_parallel_size": 1, "expert_parallel_size": 2}
+    assert moe_layout_refusal(saved, dict(saved)) is None
+    old = {key: value for key, value in saved.items() if key != "expert_parallel_size"}
+    assert moe_layout_refusal(old, {**saved, "expert_parallel_size": 1}) is None  # DeepSpeed's own errors apply
+    for change in ({"zero_stage": 2}, {"data_parallel_size": 4}, {"expert_parallel_size": 1}):
+        refusal = moe_layout_refusal(saved, {**saved, **change})
+        assert refusal.startswith("it was saved with data-parallel size 2 at ZeRO stage 1 and "
+                                  "--moe-expert-parallel-size 2, this run has ") and "\n" not in refusal
+        assert refusal.endswith("resume with --zero-stage 1 and --moe-expert-parallel-size 2 on data-parallel size 2")
