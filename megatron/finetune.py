@@ -82,6 +82,10 @@ def load_finetune_weights(engine, load_dir: str, trust: bool = False) -> str:
     import deepspeed
 
     loaded = load_checkpoint_weights(load_dir, trust=trust)
+    if loaded.config.is_moe:  # the experts' names are global, a rank's local at EP > 1: not mapped here
+        raise SavedModelError(f"--load {load_dir} --finetune: a mixture-of-experts checkpoint (--num-experts "
+                              f"{' '.join(map(str, loaded.config.num_experts))}): fine-tuning from it is not "
+                              "supported; resume it with --load at its layout (docs/moe.md)")
     module = engine.module
     expected_layers = getattr(getattr(module, "config", None), "num_layers", loaded.config.num_layers)
     if expected_layers != loaded.config.num_layers:

@@ -1,8 +1,11 @@
 """Mixture of experts (--num-experts, DeepSpeed's MoE layer; docs/moe.md): which layers get experts, the flags and
 their refusals (one line each), expert gradients through DeepSpeed's reduction on 2 real gloo ranks at EP=1 and
-EP=2, and real pretrain_gpt.py runs: EP=2 gives EP=1's losses without token dropping, ZeRO 1 and 2 give ZeRO 0's."""
+EP=2, and real pretrain_gpt.py runs: EP=2 gives EP=1's losses without token dropping, ZeRO 1 and 2 give ZeRO 0's;
+checkpoints: a resume at the same layout repeats the losses, another EP is refused in one line, generation and
+evaluation read the experts' files."""
 import math
 import re
+import shutil
 import subprocess
 from dataclasses import replace
 from functools import partial
@@ -25,6 +28,7 @@ from megatron.model.moe import expert_parallel_rank, moe_layers, routing_summary
 from megatron.model.transformer import ParallelMLP
 from megatron.training import get_batch, masked_mean_loss, with_moe_loss
 from megatron.training_log import IterationStats, MoEStats, iteration_line
+from runs import run_pretrain
 from test_arguments import base
 from test_parallel_training import losses
 from test_tensor_parallel import SEED, _gpt_config, run_ranks
@@ -139,13 +143,18 @@ def test_expert_gradients_do_not_change_with_the_expert_parallel_size():
 
 
 @pytest.fixture(scope="module")
-def moe_runs(dolly_data_dir):
+def moe_runs(dolly_data_dir, tmp_path_factory):
     """4 experts without token dropping on 2 CPU ranks: EP=1 and EP=2 at ZeRO 0, EP=2 at ZeRO 1 and 2; and top-2
-    with token dropping at EP=2, ZeRO 2."""
+    with token dropping at EP=2, ZeRO 2. EP=2 at ZeRO 1 saves at iteration 3 and at its end (5) into
+    moe_runs["ep2_z1_checkpoint"], which the checkpoint tests read."""
     run = partial(parallel_pretrain, dolly_data_dir, 2, *MOE4)
+    saved = tmp_path_factory.mktemp("moe_checkpoint")
+    save = {1: ("--save", str(saved), "--save-interval", "3")}
     return {"ep1": run("--moe-expert-parallel-size", "1", "--zero-stage", "0").stdout,
-            **{f"ep2_z{stage}": run("--moe-expert-parallel-size", "2", "--zero-stage", str(stage)).stdout
+            **{f"ep2_z{stage}": run("--moe-expert-parallel-size", "2", "--zero-stage", str(stage),
+                                    *save.get(stage, ())).stdout
                for stage in (0, 1, 2)},
+            "ep2_z1_checkpoint": saved,
             # capacity-bound all-to-alls: tokens dropped at the default capacity factor, top-2
             "ep2_z2_top2_dropping": parallel_pretrain(dolly_data_dir, 2, "--num-experts", "4", "--topk", "2",
                                                      "--moe-expert-parallel-size", "2", "--zero-stage", "2").stdout}
@@ -318,8 +327,8 @@ def test_the_hugging_face_export_refuses_an_moe_checkpoint_in_one_line(capsys, t
     code, _, err = tool_in_process(capsys, "checkpoint_to_hf.py", "--load", tmp_path / "ckpt",
                                    "--output", tmp_path / "hf")
     assert code == 1 and err.count("\n") == 1 and not (tmp_path / "hf").exists()
-    assert err.startswith("error: ") and ": a mixture-of-experts checkpoint (--num-experts 4): reading its expert " \
-        "weights (Hugging Face export, generation, evaluation) is not supported yet (docs/moe.md)" in err
+    assert err.startswith("error: ") and ": a mixture-of-experts checkpoint (--num-experts 4): Hugging Face's GPT-2 " \
+        "and Llama have no experts to hold its expert weights: no Hugging Face export (docs/moe.md)" in err
 
 
 def test_each_expert_starts_from_its_global_index_whatever_the_ep_size():
@@ -336,3 +345,144 @@ def test_each_expert_starts_from_its_global_index_whatever_the_ep_size():
     for rank in (0, 1):
         for local, weights in enumerate(experts(2, rank)):
             assert torch.equal(weights, whole[2 * rank + local])
+
+
+# --- checkpoints (docs/moe.md, "Checkpoints") ---
+
+def _from_iteration_3(moe_runs, target):
+    """A copy of the EP=2, ZeRO-1 run's checkpoint of iteration 3, `latest` naming it."""
+    target.mkdir()
+    shutil.copytree(moe_runs["ep2_z1_checkpoint"] / "global_step3", target / "global_step3")
+    (target / "latest").write_text("global_step3")
+    return target
+
+
+@pytest.mark.slow
+def test_an_moe_run_resumed_at_its_layout_gives_the_uninterrupted_runs_losses(moe_runs, dolly_data_dir, tmp_path):
+    saved = moe_runs["ep2_z1_checkpoint"]
+    assert sorted(path.name for path in (saved / "global_step3").glob("layer_*_expert_*")) == [
+        f"layer_0_expert_{expert}_mp_rank_00_model_states.pt" for expert in range(4)]  # one file per expert
+    resumed = parallel_pretrain(dolly_data_dir, 2, *MOE4, "--moe-expert-parallel-size", "2", "--zero-stage", "1",
+                                "--load", str(_from_iteration_3(moe_runs, tmp_path / "ckpt"))).stdout
+    assert "loaded checkpoint" in resumed and re.findall(r" iteration\s+(\d+)/", resumed) == ["4", "5"]
+    # iterations 4 and 5 and the validation loss: as printed by the run that never stopped
+    assert losses(resumed) == losses(moe_runs["ep2_z1"])[3:]
+    assert grad_norms(resumed) == grad_norms(moe_runs["ep2_z1"])[3:]
+
+
+@pytest.mark.slow
+def test_a_resume_at_another_expert_parallel_size_is_refused_in_one_line(moe_runs, dolly_data_dir, tmp_path):
+    """EP=2 -> EP=1 on the same 2 ranks: DeepSpeed 0.19.8 would stop in its ZeRO loader with a traceback."""
+    load = _from_iteration_3(moe_runs, tmp_path / "ckpt")
+    run = run_pretrain(dolly_data_dir, *MOE4, "--moe-expert-parallel-size", "1", "--zero-stage", "1", "--load",
+                       str(load), ranks=2, expect=1)
+    assert "[rank0]: Traceback" not in run.stderr, run.stderr[-3000:]  # torchrun's own report of the exit stays
+    assert [line for line in run.stderr.splitlines() if line.startswith("error: ")] == [
+        f"error: --load {load}: cannot resume global_step3: it was saved with data-parallel size 2 at ZeRO stage 1 "
+        "and --moe-expert-parallel-size 2, this run has data-parallel size 2 at ZeRO stage 1 and "
+        "--moe-expert-parallel-size 1; DeepSpeed 0.19.8 resumes a mixture-of-experts checkpoint only in the layout "
+        "it was saved with (no universal checkpoint of its experts): resume with --zero-stage 1 and "
+        "--moe-expert-parallel-size 2 on data-parallel size 2"]
+    assert " > run info" not in run.stdout  # refused before anything was built
+
+
+def _save_and_compute_at_ep2(rank, world, folder):
+    """A 4-expert model trained one step at EP=2, ZeRO 1 (Adam, so the weights moved), saved by DeepSpeed's engine
+    (each expert in a file of its own); rank 0 keeps what the trained EP=2 model computes in eval mode: the logits
+    of a batch and greedy tokens with a KV cache. Top-1 and an eval capacity that drops nothing: DeepSpeed draws
+    top-2's second expert and, over capacity, the tokens it keeps at random, in eval mode too."""
+    import os
+
+    import deepspeed
+
+    from megatron.inference.generation import SamplingConfig, generate
+
+    os.environ["LOCAL_RANK"] = str(rank)
+    deepspeed.init_distributed(dist_backend="gloo")
+    state = ParallelState.build(ParallelLayout(world_size=world))
+    config = _gpt_config(num_experts=[4], moe_expert_parallel_size=2, moe_eval_capacity_factor=4.0)
+    torch.manual_seed(SEED)
+    model = GPTModel(config, expert_rank=expert_parallel_rank(rank, 2))
+    engine, *_ = deepspeed.initialize(model=model, mpu=state, dist_init_required=False, config={
+        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2}}})
+    text = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(7 + rank))
+    tokens, labels, positions, mask = get_batch({"text": text}, torch.device("cpu"), -1, False)
+    engine.backward(with_moe_loss(masked_mean_loss(engine(tokens, positions, labels), mask), engine.module, 0.1))
+    engine.step()
+    engine.save_checkpoint(folder, tag="global_step1", client_state={"model_config": config.to_dict(),
+                                                                     "iteration": 1})
+    model.eval()
+    batch = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(11))  # the same on both ranks
+    with torch.no_grad():
+        logits = model(batch, torch.arange(8).expand(2, 8))
+    greedy = generate(model, [5, 9, 2], 6, SamplingConfig(greedy=True), eod=63, vocab_size=64)
+    if rank == 0:
+        torch.save({"batch": batch, "logits": logits, "greedy": greedy.tokens}, f"{folder}/expected.pt")
+
+
+@pytest.mark.slow
+def test_a_saved_moe_checkpoint_generates_what_the_trained_model_computes(tmp_path):
+    """megatron/saved_model merges the experts' files of an EP=2 run into one EP=1 model on one process, no process
+    group: its logits and greedy tokens are the trained model's."""
+    from megatron.inference.generation import SamplingConfig, generate
+    from megatron.saved_model.reader import build_model, load_checkpoint_weights
+
+    run_ranks(partial(_save_and_compute_at_ep2, folder=str(tmp_path)))
+    expected = torch.load(tmp_path / "expected.pt")
+    loaded = load_checkpoint_weights(str(tmp_path))
+    assert loaded.iteration == 1 and loaded.config.num_experts == [4] and loaded.config.moe_expert_parallel_size == 1
+    assert loaded.config.moe_eval_capacity_factor == 4.0  # the run's, which the loaded gates use in eval mode
+    assert loaded.weights_from == "the module's float32 weights and the 4 experts' files"
+    model = build_model(loaded.config, loaded.state_dict)
+    with torch.no_grad():
+        logits = model(expected["batch"], torch.arange(8).expand(2, 8))
+    torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-6)
+    greedy = generate(model, [5, 9, 2], 6, SamplingConfig(greedy=True), eod=63, vocab_size=64)
+    assert greedy.tokens == expected["greedy"] and len(greedy.tokens) >= 1
+
+
+@pytest.mark.slow
+def test_eval_and_generation_read_the_moe_runs_checkpoint(moe_runs, capsys):
+    """tools/eval_dolly.py on the EP=2, ZeRO-1 run's last checkpoint: the run's own validation loss on the same 8
+    samples (parallel_pretrain's --seed 7); tools/generate_text.py generates from it."""
+    checkpoint = moe_runs["ep2_z1_checkpoint"]
+    code, out, err = tool_in_process(capsys, "eval_dolly.py", "--load", checkpoint, "--num-records", "1",
+                                     "--max-new-tokens", "4", "--eval-samples", "8", "--seed", "7")
+    assert code == 0, err
+    validation = r" validation loss at iteration (\d+) \| lm loss value: (\S+) \|"
+    iteration, loss = re.search(validation, out).groups()
+    logged = re.search(validation, moe_runs["ep2_z1"]).groups()
+    assert iteration == logged[0] == "5" and math.isfinite(float(loss))
+    assert float(loss) == pytest.approx(float(logged[1]), rel=1e-5)
+    code, out, err = tool_in_process(capsys, "generate_text.py", "--load", checkpoint, "--prompt", "Hello",
+                                     "--greedy", "--max-new-tokens", "3")
+    assert code == 0 and out.startswith("Hello") and " sample 1 | generated tokens: 3 |" in err, err
+
+
+def test_finetuning_from_an_moe_checkpoint_is_refused_in_one_line(tmp_path):
+    from megatron.finetune import load_finetune_weights
+    from megatron.saved_model.reader import SavedModelError, save_checkpoint_weights
+
+    config = _gpt_config(num_experts=[4])
+    torch.manual_seed(SEED)
+    save_checkpoint_weights(str(tmp_path / "ckpt"), config, GPTModel(config).state_dict(), {}, "test")
+    with pytest.raises(SavedModelError) as error:
+        load_finetune_weights(None, str(tmp_path / "ckpt"))  # refused before the engine is touched
+    assert str(error.value) == (
+        f"--load {tmp_path / 'ckpt'} --finetune: a mixture-of-experts checkpoint (--num-experts 4): fine-tuning from "
+        "it is not supported; resume it with --load at its layout (docs/moe.md)")
+
+
+def test_an_moe_checkpoint_resumes_only_in_the_layout_it_was_saved_with():
+    from megatron.checkpointing.resume_check import moe_layout_refusal
+
+    saved = {"zero_stage": 1, "data_parallel_size": 2, "sequence_parallel_size": 1, "expert_parallel_size": 2}
+    assert moe_layout_refusal(saved, dict(saved)) is None
+    old = {key: value for key, value in saved.items() if key != "expert_parallel_size"}
+    assert moe_layout_refusal(old, {**saved, "expert_parallel_size": 1}) is None  # DeepSpeed's own errors apply
+    for change in ({"zero_stage": 2}, {"data_parallel_size": 4}, {"expert_parallel_size": 1}):
+        refusal = moe_layout_refusal(saved, {**saved, **change})
+        assert refusal.startswith("it was saved with data-parallel size 2 at ZeRO stage 1 and "
+                                  "--moe-expert-parallel-size 2, this run has ") and "\n" not in refusal
+        assert refusal.endswith("resume with --zero-stage 1 and --moe-expert-parallel-size 2 on data-parallel size 2")

@@ -4,7 +4,8 @@ The checkpoint the resume rule takes must be complete (protocol.check_resumable)
 can load: DeepSpeed's own loader takes the files only into the same ZeRO stage and (ZeRO 1-3)
 data-parallel size (the ZeRO partitions are over data x DeepSpeed-Ulysses sequence-parallel ranks: a checkpoint
 saved with --ds-sequence-parallel-size 2 x DP 1 has two, as one of DP 2); `--universal-checkpoint` converts across
-those (megatron/checkpointing/universal.py).
+those (megatron/checkpointing/universal.py). A mixture-of-experts checkpoint resumes only in the ZeRO stage,
+data-parallel and expert-parallel sizes it was saved with (moe_layout_refusal).
 A tensor- or pipeline-parallel size other than the checkpoint's is refused either way: the model declares
 none of the parameter patterns DeepSpeed's ds_to_universal needs to merge or split TP slices, and no such
 conversion is tested here. `--finetune` takes the weights of any layout (megatron/saved_model merges them).
@@ -31,7 +32,8 @@ def current_layout(args: Args) -> dict:
             "sequence_parallel_size": par.sequence_parallel_size,
             "tensor_model_parallel_size": par.tensor_model_parallel_size,
             "pipeline_model_parallel_size": par.pipeline_model_parallel_size,
-            "positions": "rotary" if args.model.use_rotary_position_embeddings else "learned"}
+            "positions": "rotary" if args.model.use_rotary_position_embeddings else "learned",
+            "expert_parallel_size": args.model.moe_expert_parallel_size}
 
 
 def positions_refusal(saved: str, current: str) -> str | None:
@@ -88,6 +90,28 @@ def universal_refusal(saved: dict, current: dict) -> str | None:
     return None
 
 
+def moe_layout_refusal(saved: dict, current: dict) -> str | None:
+    """Why a mixture-of-experts checkpoint cannot be resumed in `current` (None: the layout it was saved with).
+    DeepSpeed 0.19.8 partitions the experts' optimizer states over the expert-data-parallel ranks (DP / EP) and
+    loads them only into that partitioning (at another EP it stops on a parameter-alignment mismatch), and its
+    universal checkpoint converts none of deepspeed.moe's experts. Checkpoints from before the marker recorded
+    the expert-parallel size: DeepSpeed's own errors apply."""
+    if "expert_parallel_size" not in saved:
+        return None
+    keys = ("zero_stage", "data_parallel_size", "expert_parallel_size")
+    if all(saved[key] == current[key] for key in keys):
+        return None
+    return (f"it was saved with {_describe_moe(saved)}, this run has {_describe_moe(current)}; DeepSpeed 0.19.8 "
+            "resumes a mixture-of-experts checkpoint only in the layout it was saved with (no universal "
+            f"checkpoint of its experts): resume with --zero-stage {saved['zero_stage']} and "
+            f"--moe-expert-parallel-size {saved['expert_parallel_size']} on data-parallel size "
+            f"{saved['data_parallel_size']}")
+
+
+def _describe_moe(layout: dict) -> str:
+    return f"{_describe(layout)} and --moe-expert-parallel-size {layout['expert_parallel_size']}"
+
+
 def check_resume(args: Args) -> str:
     """The tag this run will resume (by the resume rule, files' sizes checked: the load reads their
     contents back); a CheckpointError (one line) when it cannot."""
@@ -107,6 +131,15 @@ def check_layout(args: Args, tag: str) -> None:
         model_parallel_refusal(saved, current)
     if refusal:
         raise CheckpointError(f"--load {load_dir}: cannot resume {tag}: {refusal}")
+    if args.model.is_moe:
+        refusal = moe_layout_refusal(saved, current)
+        if refusal:
+            raise CheckpointError(f"--load {load_dir}: cannot resume {tag}: {refusal}")
+        if args.checkpoint.universal_checkpoint:
+            raise CheckpointError(f"--load {load_dir} --universal-checkpoint: cannot resume {tag}: DeepSpeed 0.19.8's "
+                                  "universal checkpoint does not convert mixture-of-experts layers; resume without "
+                                  "--universal-checkpoint in the layout it was saved with")
+        return
     if args.checkpoint.universal_checkpoint:
         refusal = universal_refusal(saved, current)
         if refusal:

@@ -12,7 +12,8 @@ DeepSpeed 0.19.8 cannot do, and a run refuses at start-up with one line (resume_
 - a run at ZeRO stage 0 (the engine restores universal weights only through a ZeRO optimizer);
 - a ZeRO-3 checkpoint in a ZeRO-1/2 run (ds_to_universal writes a ZeRO-3 checkpoint's parameters as bare
   tensors, the ZeRO-1/2 loader reads dicts, and its optimizer_state.pt lacks what that loader asserts);
-- another tensor- or pipeline-parallel size (megatron/checkpointing/resume_check.py says why).
+- another tensor- or pipeline-parallel size (megatron/checkpointing/resume_check.py says why);
+- a mixture-of-experts checkpoint (ds_to_universal converts AutoEP's experts only, not deepspeed.moe's).
 
 Gaps of DeepSpeed 0.19.8 bridged here, each for a ZeRO-3 run resuming a ZeRO-1/2 checkpoint:
 - a ZeRO-3 engine reads zero_pp_rank_0_mp_rank_00_model_states.pt, ds_to_universal writes

@@ -46,6 +46,10 @@ def _hf_model(loaded: LoadedCheckpoint, vocab_size: int, bos: int | None, eod: i
     import transformers
 
     config = loaded.config
+    if config.is_moe:
+        raise SavedModelError(f"{loaded.path}: a mixture-of-experts checkpoint (--num-experts "
+                              f"{' '.join(map(str, config.num_experts))}): Hugging Face's GPT-2 and Llama have no "
+                              "experts to hold its expert weights: no Hugging Face export (docs/moe.md)")
     if config.is_gpt2_shaped:
         if config.use_rotary_position_embeddings:
             raise SavedModelError(f"{loaded.path}: the model has rotary positions (--use-rotary-position-embeddings), "

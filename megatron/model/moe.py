@@ -79,6 +79,7 @@ class MoEMLP(nn.Module):
             with torch.no_grad():
                 for mine, new in zip(slot.parameters(), fresh.parameters()):
                     mine.copy_(new)  # in place: DeepSpeed marked these parameters as expert ones
+        self.min_capacity = config.moe_min_capacity
         self.stats = RoutingStats(num_experts)
         self.moe.deepspeed_moe.gate.register_forward_hook(self._record)
         self.aux_loss: torch.Tensor | None = None
@@ -88,6 +89,10 @@ class MoEMLP(nn.Module):
             self.stats.add(output)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # DeepSpeed's top-1 gate refuses fewer tokens than --moe-min-capacity (a generation step with a KV cache
+        # has one): an expert's capacity of at least the token count drops none of them, as the minimum would not
+        tokens = x.numel() // x.shape[-1]
+        self.moe.deepspeed_moe.gate.min_capacity = min(self.min_capacity, tokens)
         out, self.aux_loss, _ = self.moe(x)
         return out
 

@@ -196,6 +196,27 @@ def _tp_shard(folder: str, tp_rank: int, tp_size: int, layer_files: dict, zero: 
                           f"TP rank {tp_rank} (mp_rank_{tp_rank:02d})")
 
 
+def _moe_weights(folder: str, states: dict) -> tuple[dict[str, torch.Tensor], str]:
+    """A mixture-of-experts checkpoint's weights: DeepSpeed keeps the experts out of the model-states file and
+    writes each in a file of its own, layer_<moe layer>_expert_<global index>_mp_rank_00_model_states.pt, under
+    the names of an EP=1 model (global indices) whatever EP the run used; the rest is the model-states file's
+    module, whole at ZeRO 0-2 (MoE runs refuse ZeRO-3 and tensor parallelism). The module's weights are taken
+    (in a 16-bit run, rounded: the fp32 masters of the expert optimizer groups are not merged here)."""
+    module = states["module"] or {}
+    if not module or any(tensor.numel() == 0 for tensor in module.values()):
+        raise SavedModelError(f"{folder}: the weights are not in the model-states file (mp_rank_00_model_states.pt)")
+    # none in a checkpoint save_checkpoint_weights wrote: its module holds the experts (check_state_dict checks)
+    files = sorted(glob.glob(os.path.join(folder, "layer_*_expert_*_mp_rank_00_model_states.pt")))
+    weights = {name: tensor.float() for name, tensor in module.items()}
+    for path in files:
+        experts = _torch_load(path)
+        if not isinstance(experts, dict):
+            raise SavedModelError(f"{path}: not an expert's state dict")
+        weights.update({name: tensor.float() for name, tensor in experts.items()})
+    dtype = str(next(iter(module.values())).dtype).removeprefix("torch.")
+    return weights, f"the module's {dtype} weights" + (f" and the {len(files)} experts' files" if files else "")
+
+
 def _config_from_metadata(states: dict, where: str) -> GPTConfig:
     """The model shape every zero-lab checkpoint stores (GPTConfig.to_dict(), written by pretrain_gpt.py
     and tools/hf_to_checkpoint.py alike)."""
@@ -249,16 +270,15 @@ def _load_weights(folder: str) -> LoadedCheckpoint:
     if not isinstance(states, dict) or "module" not in states:
         raise SavedModelError(f"{states_file}: not a DeepSpeed model-states file (no 'module')")
     config = _config_from_metadata(states, states_file)
-    if config.is_moe:  # DeepSpeed saves each expert in a file of its own, which this reader does not merge yet
-        raise SavedModelError(f"{folder}: a mixture-of-experts checkpoint (--num-experts "
-                              f"{' '.join(map(str, config.num_experts))}): reading its expert weights (Hugging Face "
-                              "export, generation, evaluation) is not supported yet (docs/moe.md)")
-    tp_size = int(states.get("tensor_model_parallel_size", 1))
-    layer_files = pipeline_layer_files(folder)
-    zero = bool(glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")))
-    shards = [_tp_shard(folder, rank, tp_size, layer_files, zero) for rank in range(tp_size)]
-    config = _config_from_metadata(states, states_file)
-    weights = merge_tensor_parallel([shard for shard, _ in shards], swiglu=config.swiglu)
+    if config.is_moe:
+        weights, weights_from = _moe_weights(folder, states)
+    else:
+        tp_size = int(states.get("tensor_model_parallel_size", 1))
+        layer_files = pipeline_layer_files(folder)
+        zero = bool(glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")))
+        shards = [_tp_shard(folder, rank, tp_size, layer_files, zero) for rank in range(tp_size)]
+        weights = merge_tensor_parallel([shard for shard, _ in shards], swiglu=config.swiglu)
+        weights_from = shards[0][1]
     if "word_embeddings.weight" not in weights:
         raise SavedModelError(f"{folder}: no word_embeddings.weight among the weights (not a GPT checkpoint)")
     check_state_dict(weights, config, folder)
@@ -266,7 +286,7 @@ def _load_weights(folder: str) -> LoadedCheckpoint:
     return LoadedCheckpoint(path=folder, iteration=int(states.get("iteration", 0)), config=config,
                             state_dict=weights, tokenizer=_tokenizer_from_metadata(states, os.path.dirname(folder)),
                             data_path=args.get("data", {}).get("data_path"), split=args.get("data", {}).get("split"),
-                            weights_from=shards[0][1])
+                            weights_from=weights_from)
 
 
 def build_model(config: GPTConfig, state_dict: dict[str, torch.Tensor], device: str = "cpu") -> GPTModel:
