@@ -59,6 +59,7 @@ class Variant:
     experts: int
     topk: int
     seed: int = SEEDS[0]
+    dropping: bool = True  # token dropping by capacity (Megatron-DeepSpeed's examples); off: every token routed
 
     @property
     def ffn(self) -> int:
@@ -67,6 +68,7 @@ class Variant:
     @property
     def name(self) -> str:
         model = "dense" if self.experts == 1 else f"{self.experts} experts top-{self.topk}"
+        model += "" if self.dropping else ", no token dropping"
         return model if self.seed == SEEDS[0] else f"{model}, seed {self.seed}"
 
     def flags(self) -> list[str]:
@@ -74,17 +76,20 @@ class Variant:
         if self.experts > 1:
             flags += ["--num-experts", str(self.experts), "--expert-interval", "1", "--topk", str(self.topk),
                       "--moe-expert-parallel-size", str(EP)]
-        return flags
+        return flags + ([] if self.dropping else ["--disable-moe-token-dropping"])
 
     def config(self) -> GPTConfig:
         return GPTConfig(**SHAPE, seq_length=SEQ, max_position_embeddings=SEQ, padded_vocab_size=PADDED_VOCAB,
                          ffn_hidden_size=self.ffn, hidden_dropout=0.0, attention_dropout=0.0,
                          use_rotary_position_embeddings=True, num_experts=[self.experts], expert_interval=1,
-                         topk=self.topk, moe_expert_parallel_size=EP if self.experts > 1 else 1)
+                         topk=self.topk, moe_expert_parallel_size=EP if self.experts > 1 else 1,
+                         moe_token_dropping=self.dropping)
 
 
 ROWS = {"dense": Variant(1, 1), "dense-seed2": Variant(1, 1, SEEDS[1]), "e4k1": Variant(4, 1),
-        "e4k2": Variant(4, 2), "e8k1": Variant(8, 1), "e8k2": Variant(8, 2)}
+        "e4k2": Variant(4, 2), "e8k1": Variant(8, 1), "e8k2": Variant(8, 2),
+        "e4k1-nodrop": Variant(4, 1, dropping=False), "e8k1-nodrop": Variant(8, 1, dropping=False)}
+DEFAULT_ROWS = ("dense", "dense-seed2", "e4k1", "e4k2", "e8k1", "e8k2")
 QUICK_ROWS = ("dense", "e4k2")
 
 
@@ -110,6 +115,7 @@ class Row:
     traffic_exact: bool  # every interval's comm line: measured == predicted
     tokens_dropped: float | None
     expert_load: float | None
+    dropping: bool = True  # without, the all-to-all's prediction before the run is a balanced gate's, its least
 
 
 def command(data: Path, variant: Variant, iters: int, log_interval: int) -> list[str]:
@@ -168,7 +174,7 @@ def summarize(path: Path, variant: Variant) -> Row:
                (estimate["total"] + estimate["activations"] + estimate["output_buffer"]) * GB / MiB,
                last.by_kind_mb.get("all_to_all", 0.0), predicted_all_to_all_mb(variant), last.total_mb,
                last.predicted_mb, all(c.total_mb == c.predicted_mb for c in comm), iterations[-1].tokens_dropped,
-               iterations[-1].expert_load)
+               iterations[-1].expert_load, variant.dropping)
 
 
 # ---- printing ----
@@ -186,10 +192,11 @@ def table(rows: list[Row], failures: list[str]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "| --- |" + " ---: |" * (len(COLUMNS) - 1)]
     for r in rows:
         traffic = f"{r.traffic_mb:.3f} / {r.predicted_traffic_mb:.3f}" + ("" if r.traffic_exact else " (differs)")
+        least = "" if r.dropping else " (least)"
         lines.append(f"| {r.name} | {r.total_params:,} / {r.active_params:,} | {r.flops_per_token / 1e6:.3f} M | "
                      f"{r.tokens:,} | {r.lm_loss:.4f} | {maybe(r.validation_loss, '.4f')} | {r.tokens_per_s:.0f} | "
                      f"{r.states_mb:.2f} / {r.predicted_states_mb:.2f} | {r.peak_mb:.1f} / {r.predicted_peak_mb:.1f} | "
-                     f"{r.all_to_all_mb:.3f} / {r.predicted_all_to_all_mb:.3f} | {traffic} | "
+                     f"{r.all_to_all_mb:.3f} / {r.predicted_all_to_all_mb:.3f}{least} | {traffic} | "
                      f"{maybe(r.tokens_dropped, '.3f')} | {maybe(r.expert_load, '.3f')} |")
     lines += [f"| failed: {why} |" + " |" * (len(COLUMNS) - 1) for why in failures]
     return "\n".join(lines)
@@ -224,7 +231,8 @@ def verdict(rows: list[Row]) -> str:
 
 def options(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", nargs="+", default=list(ROWS), help=f"which rows, of {' '.join(ROWS)} (default all)")
+    parser.add_argument("--rows", nargs="+", default=list(DEFAULT_ROWS),
+                        help=f"which rows, of {' '.join(ROWS)} (default {' '.join(DEFAULT_ROWS)})")
     parser.add_argument("--iters", type=int, default=500, help="iterations per run (default 500)")
     parser.add_argument("--log-interval", type=int, default=50, help="iterations per logging interval (default 50)")
     parser.add_argument("--quick", action="store_true",

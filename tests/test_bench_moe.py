@@ -31,7 +31,8 @@ def test_every_row_runs_the_dense_models_flops_per_token_but_the_gates():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--rows", "dense", "e3k1"], "error: --rows e3k1: expected one of dense, dense-seed2, e4k1, e4k2, e8k1, e8k2"),
+    (["--rows", "dense", "e3k1"], "error: --rows e3k1: expected one of dense, dense-seed2, e4k1, e4k2, e8k1, e8k2, "
+                                    "e4k1-nodrop, e8k1-nodrop"),
     (["--iters", "30", "--log-interval", "20"], "error: --iters 30: expected at least 2 logging intervals of "
                                                  "--log-interval 20 (the first is warm-up)"),
 ])
