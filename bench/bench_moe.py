@@ -7,16 +7,16 @@ hidden 128, 4 heads) with rotary positions, dropout off, sequences of 256, micro
 no accumulation), the same learning-rate schedule and iterations, on the committed dolly sample as UTF-8 bytes
 (NullTokenizer --vocab-size 256, padded to 384; bench_long_sequences.prepare_data). Bytes, not GPT-2's 50k
 vocabulary: with GPT-2's the tiny model's output layer holds 6.4M of its 7M parameters and most of its FLOPs, so
-the MLPs that MoE changes would hardly show in the loss. Split 90/10: the validation loss is the end-of-training
-evaluation on the held-out 10% (EVAL_ITERS batches).
+the MLPs that MoE changes would hardly show in the loss. Split 90/10: the validation loss is the evaluation at the
+last iteration on the held-out 10% (EVAL_ITERS batches of 8 sequences).
 
-MoE rows put experts in both layers (--expert-interval 1) at --moe-expert-parallel-size 2, with
-Megatron-DeepSpeed's example settings (capacity factor 1, minimum capacity 4, token dropping on, loss coefficient
-0.1). What is held equal is the active FLOPs per token: a top-1 row's experts are the dense MLP at its full width
-(512), a top-2 row's at half (256), so each token goes through 512 MLP columns per layer in every row; the gate
-(h -> experts) adds 2 h E FLOPs per token and layer (0.4-0.8% here), which the FLOPs column shows. The closing
-line compares the validation losses, and a repeat of the dense row with another seed (which changes the weights
-and the data order) gives the run-to-run spread the difference is judged against.
+MoE rows put experts in both layers (--expert-interval 1) at --moe-expert-parallel-size 2, with the MoE flags'
+defaults (capacity factor 1, minimum capacity 4, token dropping on, --moe-loss-coeff 0.1); the -nodrop rows turn
+token dropping off. What is held equal is the active FLOPs per token: a top-1 row's experts are the dense MLP at
+its full width (512), a top-2 row's at half (256), so each token goes through 512 MLP columns per layer in every
+row; the gate (h -> experts) adds 2 h E FLOPs per token and layer forward (0.2-0.4% of the step here), which the
+FLOPs column shows. The closing line compares the validation losses, and a repeat of the dense row with another
+seed (which changes the weights and the data order) gives the run-to-run spread the difference is judged against.
 
     python bench/bench_moe.py --json moe_cpu.json     # 6 runs, about 10 minutes on 2 loaded cores
     python bench/bench_moe.py --quick                 # dense and 4 experts top-2, 10 iterations: a smoke test
@@ -51,6 +51,9 @@ RANKS, EP, SEQ, MICRO, GLOBAL = 2, 2, 256, 4, 8
 DENSE_FFN = 4 * SHAPE["hidden_size"]
 EVAL_ITERS = 8
 SEEDS = (1234, 4321)
+# The comm line prints MB per iteration to 3 decimals: without token dropping its predicted side averages the
+# interval's capacities, and the two sides may round apart by the last digit (seen once in 10 intervals).
+TRAFFIC_DIGIT = 0.0011
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ class Row:
     predicted_all_to_all_mb: float
     traffic_mb: float  # per step and rank, every collective
     predicted_traffic_mb: float
-    traffic_exact: bool  # every interval's comm line: measured == predicted
+    traffic_exact: bool  # every interval's comm line: measured == predicted, to the line's last digit (1 kB)
     tokens_dropped: float | None
     expert_load: float | None
     dropping: bool = True  # without, the all-to-all's prediction before the run is a balanced gate's, its least
@@ -173,7 +176,7 @@ def summarize(path: Path, variant: Variant) -> Row:
                states * GB / MiB, estimate["total"] * GB / MiB, peak * GB / MiB,
                (estimate["total"] + estimate["activations"] + estimate["output_buffer"]) * GB / MiB,
                last.by_kind_mb.get("all_to_all", 0.0), predicted_all_to_all_mb(variant), last.total_mb,
-               last.predicted_mb, all(c.total_mb == c.predicted_mb for c in comm), iterations[-1].tokens_dropped,
+               last.predicted_mb, all(abs(c.total_mb - c.predicted_mb) <= TRAFFIC_DIGIT for c in comm), iterations[-1].tokens_dropped,
                iterations[-1].expert_load, variant.dropping)
 
 
