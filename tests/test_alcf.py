@@ -417,8 +417,10 @@ LLAMA_KEYS = [key for key, preset in ALCF_KEYS.items() if preset in LLAMA_PUBLIS
 
 
 @functools.cache
+@functools.cache
 def models_sh_shapes() -> dict[str, tuple[str, int, int, int]]:
-    """Every key's (preset, layers, hidden, heads) as `bash ALCF/models.sh` prints them."""
+    """Every key's (preset, layers, hidden, heads) as `bash ALCF/models.sh` prints them (once per session: a
+    process per key)."""
     shapes = {}
     for key in ALCF_KEYS:
         result = subprocess.run(["bash", str(REPO_ROOT / "ALCF" / "models.sh")], capture_output=True, text=True,
@@ -453,9 +455,10 @@ def test_models_sh_small_keys_build_models_of_the_published_size():
 
     def parameters(key, vocab, positions):
         _, layers, hidden, heads = models_sh_shapes()[key]
-        torch.manual_seed(0)
-        model = GPTModel(GPTConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                                   seq_length=positions, max_position_embeddings=positions, padded_vocab_size=vocab))
+        with torch.device("meta"):  # shapes only: no 125M weights drawn
+            model = GPTModel(GPTConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                                       seq_length=positions, max_position_embeddings=positions,
+                                       padded_vocab_size=vocab))
         return sum(p.numel() for p in model.parameters())
 
     assert parameters("GPT125M", 50257, 1024) == 124_439_808

@@ -74,6 +74,7 @@ def _fastest_of_stretched_runs(rank, world):
     assert next(runs, None) is None, "not every run was timed"
 
 
+@pytest.mark.slow  # two spawned ranks: about 6 s
 def test_a_point_is_its_fastest_run():
     run_ranks(_fastest_of_stretched_runs)
 

@@ -57,6 +57,7 @@ def test_rates_of_a_real_layer_on_this_cpu():
     assert rates.nvme_bytes_per_s is None
 
 
+@pytest.mark.slow  # six probes: about 4 s
 def test_the_probe_times_the_layer():
     # a 4x wider layer does 16x the matmul work: each pass (its FLOPs over the measured rate) takes longer. The
     # best of three probes: on a loaded 2-core machine one probe of the small layer once read 0.3 s a pass
@@ -67,6 +68,7 @@ def test_the_probe_times_the_layer():
     assert seconds_per_pass(256) > seconds_per_pass(64)
 
 
+@pytest.mark.slow  # a bf16 probe on a CPU without AMX: about 2-3 s
 def test_recomputation_and_bf16_layers_probe():
     # recomputed (4 passes' FLOPs) and bf16 layers probe too; bf16 on a CPU without AMX tiles runs a tiny layer
     # at ~1e8 FLOP/s on this box, so the floor is lower for both
