@@ -4,7 +4,8 @@ megatron/model/accounting/ predicts.
 
 Every run: pretrain_gpt.py on 2 CPU ranks (torchrun, gloo), ZeRO-1, fp32, the tiny preset's shape (2 layers,
 hidden 128, 4 heads) with rotary positions, dropout off, sequences of 256, micro-batch 4, global batch 8 (DP=2,
-no accumulation), the same learning-rate schedule and iterations, on the committed dolly sample as UTF-8 bytes
+no accumulation), the same learning-rate schedule (2e-3, warmed up over the first 20% of the iterations, then
+cosine decay) and iterations, on the committed dolly sample as UTF-8 bytes
 (NullTokenizer --vocab-size 256, padded to 384; bench_long_sequences.prepare_data). Bytes, not GPT-2's 50k
 vocabulary: with GPT-2's the tiny model's output layer holds 6.4M of its 7M parameters and most of its FLOPs, so
 the MLPs that MoE changes would hardly show in the loss. Split 90/10: the validation loss is the evaluation at the
@@ -51,6 +52,12 @@ RANKS, EP, SEQ, MICRO, GLOBAL = 2, 2, 256, 4, 8
 DENSE_FFN = 4 * SHAPE["hidden_size"]
 EVAL_ITERS = 8
 SEEDS = (1234, 4321)
+# Warm-up: at the full rate from step 1, Adam's first steps fill the residual stream with one vector every token
+# shares (the post-attention LayerNorm's outputs 0.99 cosine to their mean by iteration 3, dense or MoE), so each
+# gate sends every token to one expert, capacity drops 70% of them, and the MoE rows sat at the unigram loss (3.2)
+# for 150-250 iterations. A warm-up over the first 20% keeps the routing spread (10% still let the 8-expert top-1
+# row collapse for its first 150 iterations; docs/moe.md).
+LR, WARMUP_FRACTION = 2e-3, 0.2
 # The comm line prints MB per iteration to 3 decimals: without token dropping its predicted side averages the
 # interval's capacities, and the two sides may round apart by the last digit (seen once in 10 intervals).
 TRAFFIC_DIGIT = 0.0011
@@ -129,7 +136,7 @@ def command(data: Path, variant: Variant, iters: int, log_interval: int) -> list
             "--seq-length", str(SEQ), "--micro-batch-size", str(MICRO), "--global-batch-size", str(GLOBAL),
             "--zero-stage", "1", "--train-iters", str(iters), "--log-interval", str(log_interval),
             "--eval-interval", str(iters), "--eval-iters", str(EVAL_ITERS), "--split", "90,10,0",
-            "--lr", "2e-3", "--hidden-dropout", "0", "--attention-dropout", "0", "--data-path", str(data),
+            "--lr", str(LR), "--lr-warmup-fraction", str(WARMUP_FRACTION), "--hidden-dropout", "0", "--attention-dropout", "0", "--data-path", str(data),
             "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB), *variant.flags()]
 
 
