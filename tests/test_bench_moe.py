@@ -43,6 +43,7 @@ def _dolly_bytes() -> torch.Tensor:
     return torch.tensor(list(text.encode()), dtype=torch.long)
 
 
+@pytest.mark.slow  # 60 training steps in one process: about 5 s
 def test_the_benchs_schedule_keeps_a_top1_gate_from_sending_every_token_to_one_expert():
     """The 4 experts top-1 row's model, flags and optimizer in one process (EP=1, the bench's micro-batches of 4
     on each of its 2 ranks as one batch of 8): over iterations 41-60 the gates drop under 35% of the routes to
