@@ -44,6 +44,7 @@ _RECORD_START_RE = re.compile(
     r"|(?P<epoch>\bepoch\s+(?P<ep>\d+) done\s*\|)"
     r"|(?P<model_state>model state memory per rank \(GB\)\s*\|)"
     r"|(?P<run_info>> run info\s*\|)"
+    r"|(?P<parameters>> parameters\s*\|)"
     r"|(?P<end>\[after training is done\])"  # Megatron's last line
     # megatron/training.py's TrainingError when too many iterations in a row were NaN/Inf
     r"|(?P<diverged>stopping at iteration\s+(?P<sit>\d+):)"
@@ -187,6 +188,7 @@ class ParsedLog:
     epochs: list[EpochRecord] = field(default_factory=list)
     model_state: ModelStateRecord | None = None
     run_info: dict[str, str] = field(default_factory=dict)
+    parameters: dict[str, str] = field(default_factory=dict)  # the parameters line's: total, active per token, ...
     arguments: dict[str, str] = field(default_factory=dict)
     ended_mid_line: bool = False
     saw_end_marker: bool = False
@@ -326,6 +328,7 @@ def _parse_progress(seg: str) -> ProgressRecord | None:
 
 
 def _parse_run_info(seg: str) -> dict[str, str]:
+    """The `key: value` fields of the run info or parameters line."""
     info = {}
     for part in seg.split("|")[1:]:
         key, sep, value = part.partition(":")
@@ -404,6 +407,8 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
         log.model_state = _parse_model_state(seg)
     elif kind == "run_info":
         log.run_info.update(_parse_run_info(seg))
+    elif kind == "parameters":
+        log.parameters.update(_parse_run_info(seg))
     elif kind == "end":
         log.saw_end_marker = True
     elif kind == "diverged":

@@ -87,6 +87,34 @@ MARKDOWN_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
 ]
 
 
+def _mean_last(mean: float | None, last: float | None, digits: int) -> str:
+    return "" if last is None else f"{_num(digits)(mean)}/{_num(digits)(last)}"
+
+
+def has_experts(s: RunSummary) -> bool:
+    """An MoE run: its run info line names experts, or its iteration lines carry the MoE fields."""
+    return s.num_experts is not None or s.moe_loss_last is not None
+
+
+# The full table's MoE columns, after the others, when any run has experts (a dense sweep's table is as before):
+# the layout, the parameters line's counts, and the iteration line's MoE fields over the run. A dense run's
+# cells are empty but for its parameters, the same count twice, which compares it with MoE runs of its
+# active size.
+MOE_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
+    ("experts", lambda s: ", ".join(map(str, s.num_experts or []))),
+    ("EP", lambda s: "" if s.expert_parallel is None else str(s.expert_parallel)),
+    ("top-k", lambda s: "" if s.topk is None else str(s.topk)),
+    ("params total/active", lambda s: "" if s.params_total is None else f"{s.params_total:,}/{s.params_active:,}"),
+    ("moe loss mean/last", lambda s: _mean_last(s.moe_loss_mean, s.moe_loss_last, 4)),
+    ("expert load (max/mean) mean/last", lambda s: _mean_last(s.expert_load_mean, s.expert_load_last, 3)),
+    ("tokens dropped mean/last", lambda s: _mean_last(s.tokens_dropped_mean, s.tokens_dropped_last, 4)),
+]
+
+
+def markdown_columns(summaries: list[RunSummary]) -> list[tuple[str, Callable[[RunSummary], str]]]:
+    return MARKDOWN_COLUMNS + (MOE_COLUMNS if any(map(has_experts, summaries)) else [])
+
+
 def _stage(s: RunSummary) -> str:
     if s.zero_stage is None:
         return ""
@@ -137,8 +165,9 @@ def markdown_table(summaries: list[RunSummary]) -> str:
     def row(cells):
         return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
-    lines = [row(h for h, _ in MARKDOWN_COLUMNS), row("---" for _ in MARKDOWN_COLUMNS)]
-    lines += [row(cell(s) for _, cell in MARKDOWN_COLUMNS) for s in summaries]
+    columns = markdown_columns(summaries)
+    lines = [row(h for h, _ in columns), row("---" for _ in columns)]
+    lines += [row(cell(s) for _, cell in columns) for s in summaries]
     return "\n".join(lines) + "\n"
 
 
@@ -154,6 +183,10 @@ def notes(summaries: list[RunSummary], skipped: list[str], skip_first: int) -> s
         "memory and loss use every logged step. Memory is per rank, GB = 2**30 bytes. "
         "`~` marks an epoch time estimated from iteration time (the run did not finish an epoch).",
     ]
+    if any(map(has_experts, summaries)):
+        lines[0] += (" The MoE columns' mean is over the same intervals (weighted by iterations), beside the last "
+                     "logged value; expert load is the busiest expert's tokens over the mean expert's, tokens dropped "
+                     "the fraction of routes over capacity (docs/log-lines.md).")
     lines += [f"- {s.label}: {s.status} ({s.incomplete_reason}), summarized as far as the log goes{_progress(s)}"
               for s in summaries if not s.complete]
     lines += [f"- {s.label}: {_epochs(s.partial_epochs)} partial (logged only by an attempt that resumed inside "

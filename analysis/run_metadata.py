@@ -1,4 +1,4 @@
-"""What a run was: ZeRO stage, offload, model, world size, batch sizes, sequence length.
+"""What a run was: ZeRO stage, offload, model, world size, batch sizes, sequence length, MoE layout.
 
 Sources, weakest first: the folder name, env.json, command.txt, ds_config.json, the
 arguments Megatron echoes into the log, and the run info line the training prints. A
@@ -28,6 +28,11 @@ class RunMetadata:
     global_batch: int | None = None
     seq_length: int | None = None
     train_samples_per_epoch: int | None = None
+    # mixture of experts (docs/moe.md): each MoE layer's experts (one value when all alike), the expert-parallel
+    # size and the experts per token; None for a dense model
+    num_experts: list[int] | None = None
+    expert_parallel: int | None = None
+    topk: int | None = None
 
     def overridden_by(self, stronger: "RunMetadata") -> "RunMetadata":
         updates = {f.name: getattr(stronger, f.name) for f in fields(self)
@@ -92,9 +97,18 @@ def from_folder_name(name: str) -> RunMetadata:
     return meta
 
 
+def _experts(value: str | None) -> list[int] | None:
+    """"4", "4 8" (the run info line) or "[4, 8]" (Megatron's argument dump); None for a dense model ([1])."""
+    counts = [int(n) for n in re.findall(r"\d+", value or "")]
+    return counts if any(n > 1 for n in counts) else None
+
+
 def from_run_info(info: dict[str, str]) -> RunMetadata:
     offload = info.get("offload")
     return RunMetadata(
+        num_experts=_experts(info.get("experts")),
+        expert_parallel=_to_int(info.get("EP")),
+        topk=_to_int(info.get("top-k")),
         zero_stage=_to_int(info.get("zero stage")),
         offload=offload if offload in OFFLOAD_KINDS else None,
         model=info.get("model") or None,
@@ -115,6 +129,10 @@ def from_arguments(args: dict[str, str]) -> RunMetadata:
         global_batch=_to_int(args.get("global_batch_size")),
         seq_length=_to_int(args.get("seq_length")),
     )
+    if _experts(args.get("num_experts")):  # a dense run's dump names the MoE flags too
+        meta.num_experts = _experts(args["num_experts"])
+        meta.expert_parallel = _to_int(args.get("moe_expert_parallel_size"))
+        meta.topk = _to_int(args.get("topk"))
     if "cpu_optimizer" in args:
         meta.offload = _offload(args["cpu_optimizer"] == "True", False)
     if "num_layers" in args and "hidden_size" in args:

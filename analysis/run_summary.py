@@ -90,6 +90,21 @@ class RunSummary:
     progress_pct: float | None = None
     progress_elapsed_s: int | None = None
     eta_s: int | None = None
+    # mixture of experts (docs/moe.md): the layout (experts of each MoE layer, one value when all alike; EP;
+    # top-k), the parameters line's total and active per token (any run that printed it, dense too), and the
+    # iteration line's MoE fields over the run: the mean over the steady-state intervals, weighted by iterations
+    # like ms/iter, and the last logged. None for a dense run, and for a log without the line.
+    num_experts: list[int] | None = None
+    expert_parallel: int | None = None
+    topk: int | None = None
+    params_total: int | None = None
+    params_active: int | None = None
+    moe_loss_mean: float | None = None
+    moe_loss_last: float | None = None
+    expert_load_mean: float | None = None
+    expert_load_last: float | None = None
+    tokens_dropped_mean: float | None = None
+    tokens_dropped_last: float | None = None
 
 
 def _mean(values) -> float | None:
@@ -302,6 +317,26 @@ def _progress(log: ParsedLog, status: str) -> dict:
                 eta_s=last.eta_s)
 
 
+def _count(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() else None
+
+
+def _moe(log: ParsedLog, meta: RunMetadata, records: list[IterationRecord], kept: list[IterationRecord],
+         weights: dict) -> dict:
+    """The MoE layout, the parameters line's counts, and each MoE field of the iteration line as the mean over
+    the kept intervals (each value is its interval's mean, so weighted by iterations) and the last logged."""
+    values = dict(num_experts=meta.num_experts, expert_parallel=meta.expert_parallel, topk=meta.topk)
+    total, active = (_count(log.parameters.get(key)) for key in ("total", "active per token"))
+    if None not in (total, active):  # both or neither: a log cut inside the line keeps only its first fields
+        values |= dict(params_total=total, params_active=active)
+    for name in ("moe_loss", "expert_load", "tokens_dropped"):
+        logged = [getattr(r, name) for r in records if getattr(r, name) is not None]
+        if logged:
+            values[f"{name}_mean"] = _weighted_mean((getattr(r, name), weights[r.iteration][0]) for r in kept)
+            values[f"{name}_last"] = logged[-1]
+    return values
+
+
 def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) -> RunSummary:
     records = unique_iterations(log)
     kept = steady_state(records, skip_first)
@@ -377,4 +412,5 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         **_traffic(log, kept_intervals),
         **_step_time(log, kept_intervals),
         **_progress(log, status),
+        **_moe(log, meta, records, kept, weights),
     )

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analysis.collect import SummarizeError, collect  # noqa: E402
 from analysis.compare import compare_markdown  # noqa: E402
 from analysis.plots import make_plots, tradeoff_plot  # noqa: E402
-from analysis.report import (MARKDOWN_COLUMNS, csv_text, json_text, markdown_table, notes,  # noqa: E402
+from analysis.report import (csv_text, json_text, markdown_columns, markdown_table, notes,  # noqa: E402
                              report_markdown, terminal_notes, terminal_table, tradeoff_section, write_atomic)
 from analysis.reference import read_reference  # noqa: E402
 
@@ -49,8 +49,9 @@ summary.json (one row per run: status, attempts and NaN iterations, ZeRO stage, 
 batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
 ms/iteration, time per epoch, mean/max MemAllocated and peak MaxMemAllocated per rank in GB
 (2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, HFU, first/last lm loss, the mean lm
-loss per epoch, last validation loss, MB sent and ms per iteration measured and predicted, and a running run's
-progress and ETA), PNG plots
+loss per epoch, last validation loss, MB sent and ms per iteration measured and predicted, a running run's
+progress and ETA, and for runs with experts the MoE layout (experts, EP, top-k), parameters total/active and the
+moe loss, expert load max/mean and tokens dropped, each mean/last), PNG plots
 (throughput, epoch time, accelerator memory, host memory, loss vs consumed tokens, the ZeRO
 trade-off: model-state memory against traffic) and report.md showing the table, a "ZeRO trade-off"
 section (with each run's compute, communication and offload time, measured beside predicted) and
@@ -109,8 +110,8 @@ def run(args: argparse.Namespace) -> int:
     pngs = [name for name, _ in plots] + ([tradeoff_png] if tradeoff_png else [])  # the count is of what was written
     print(terminal_table(found.runs))
     print(terminal_notes(note_text))
-    print(f"wrote summary.md (the full table, {len(MARKDOWN_COLUMNS)} columns), summary.csv, summary.json, "
-          f"report.md and {len(pngs)} plots to {out}")
+    print(f"wrote summary.md (the full table, {len(markdown_columns(found.runs))} columns), summary.csv, "
+          f"summary.json, report.md and {len(pngs)} plots to {out}")
     if reference is not None:
         comparison = compare_markdown(reference, str(args.compare), found.runs, args.skip_first)
         write_atomic(out / "compare.md", comparison)

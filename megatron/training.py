@@ -593,7 +593,9 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
         num_params=accounting.count_parameters(model_config))
     reporter.print_line(run_info_line(ds.zero_stage, ds.offload, args.model_name, dist_info.world_size,
                                   args.training.micro_batch_size, args.training.global_batch_size,
-                                  args.model.seq_length, schedule.samples_per_epoch))
+                                  args.model.seq_length, schedule.samples_per_epoch,
+                                  [n for n in model_config.layer_experts if n > 1],
+                                  model_config.moe_expert_parallel_size, model_config.topk))
     if dist_info.rank == log_rank:
         reporter.writers = open_writers(args, schedule, ds_config, reporter.print_line)
     reporter.print_line(parameters_line(*predicted_parameters(model_config, par, last_stage),

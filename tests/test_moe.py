@@ -309,7 +309,7 @@ def test_the_z1_driver_trains_with_num_experts_4_and_ep_size_2(dolly_data_dir, t
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "--num-experts 4 --moe-expert-parallel-size 2" in (tmp_path / "gpt_tiny_Z1" / "command.txt").read_text()
     log = (tmp_path / "gpt_tiny_Z1" / "train.log").read_text()
-    assert "| zero stage: 1 |" in log and "| world size: 2 |" in log
+    assert "| zero stage: 1 |" in log and "| world size: 2 |" in log and "| experts: 4 | EP: 2 | top-k: 1 |" in log
     assert len(re.findall(r"\| lm loss: \S+ \| moe loss: \S+ \| expert load max/mean: \S+ \| tokens dropped: \S+ \|",
                           log)) == 3
     # the step-time model prices the all-to-alls: the probes run and every interval has its time line

@@ -807,13 +807,14 @@ def test_summarizing_a_reference_sweep_points_to_compare():
                                      f"runs/ --compare {reference}")
 
 
-def _moe_iteration(iteration: int, load: float, dropped: float) -> str:
+def _moe_iteration(iteration: int, load: float, dropped: float, routed: bool = True) -> str:
     from megatron.training_log import IterationStats, MoEStats, iteration_line
     return iteration_line(IterationStats(
         iteration=iteration, train_iters=6, consumed_samples=8 * iteration, consumed_tokens=512 * iteration,
         elapsed_ms=500.0, learning_rate=1e-4, global_batch_size=8, lm_loss=10.0 - iteration / 10, loss_scale=1.0,
         grad_norm=1.0, skipped_iterations=0, nan_iterations=0, samples_per_second=16.0,
-        tokens_per_gpu_per_second=512.0, tflops=0.1, moe=MoEStats(0.1 + iteration / 100, load, dropped)))
+        tokens_per_gpu_per_second=512.0, tflops=0.1,
+        moe=MoEStats(0.1 + iteration / 100, load, dropped) if routed else None))
 
 
 def test_an_moe_runs_routing_is_read_and_plotted_over_iterations(tmp_path):
@@ -837,3 +838,78 @@ def test_a_dense_run_has_no_moe_plot(summary):
     out, _, _ = summary
     assert not (out / "moe.png").exists()
     assert all(run["moe_curve"] == [] for run in json.loads((out / "summary.json").read_text())["runs"])
+
+
+MOE_COLUMNS = ["experts", "EP", "top-k", "params total/active", "moe loss mean/last",
+               "expert load (max/mean) mean/last", "tokens dropped mean/last"]
+
+
+def _write_log(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_an_moe_runs_summary_has_the_moe_columns_and_a_dense_runs_are_empty(tmp_path):
+    from analysis.run_metadata import from_run_info
+    from megatron.training_log import parameters_line, run_info_line
+    moe_info = run_info_line(1, "none", "tiny-moe4", 2, 4, 8, 64, 32, [4], 2, 2)
+    assert moe_info.endswith("| train samples per epoch: 32 | experts: 4 | EP: 2 | top-k: 2 |")
+    pyramid = run_info_line(1, "none", "tiny", 2, 4, 8, 64, 32, [4, 8], 1, 1)
+    assert pyramid.endswith("| experts: 4 8 | EP: 1 | top-k: 1 |")
+    assert from_run_info(parsed(pyramid).run_info).num_experts == [4, 8]
+    assert run_info_line(1, "none", "tiny", 2, 4, 8, 64, 32) == RUN_INFO  # a dense run's line is as before
+    moe = [moe_info, parameters_line(1_204_224, 807_936, 1_006_080, 1_006_080)]
+    moe += [_moe_iteration(i, 1.0 + i / 10, i / 100) for i in range(1, 7)]
+    dense = [RUN_INFO, parameters_line(807_936, 807_936, 807_936, 807_936)]
+    dense += [_moe_iteration(i, 0, 0, routed=False) for i in range(1, 7)]
+    _write_log(tmp_path / "runs" / "moe" / "train.log", moe)
+    _write_log(tmp_path / "runs" / "dense" / "train.log", dense)
+    out = tmp_path / "out"
+    result = run_cli(tmp_path / "runs", "--out", out, "--skip-first", "2", "--no-plots")
+    assert result.returncode == 0, result.stderr
+    assert "(the full table, 34 columns)" in result.stdout
+    # iterations 3-6 kept, one iteration an interval: moe loss 0.13-0.16, load 1.3-1.6, dropped 0.03-0.06
+    expected = {"moe": ["4", "2", "2", "1,204,224/807,936", "0.1450/0.1600", "1.450/1.600", "0.0450/0.0600"],
+                "dense": ["", "", "", "807,936/807,936", "", "", ""]}
+    for page in ("summary.md", "report.md"):
+        table = [line for line in (out / page).read_text().splitlines() if line.startswith("| ")]
+        header = [cell.strip() for cell in table[0].strip("|").split("|")]
+        assert header[-7:] == MOE_COLUMNS
+        rows = {cells[0]: cells[-7:] for line in table[2:]
+                if (cells := [cell.strip() for cell in line.strip("|").split("|")])}
+        assert rows == {"Z1 tiny-moe4": expected["moe"], "Z1 tiny": expected["dense"]}
+    with open(out / "summary.csv", newline="") as f:
+        csv_rows = {row["label"]: row for row in csv.DictReader(f)}
+    moe_row, dense_row = csv_rows["Z1 tiny-moe4"], csv_rows["Z1 tiny"]
+    assert (moe_row["num_experts"], moe_row["expert_parallel"], moe_row["topk"]) == ("4", "2", "2")
+    assert (moe_row["params_total"], moe_row["params_active"]) == ("1204224", "807936")
+    assert float(moe_row["moe_loss_mean"]) == pytest.approx(0.145) and float(moe_row["moe_loss_last"]) == 0.16
+    assert float(moe_row["expert_load_mean"]) == pytest.approx(1.45) and float(moe_row["expert_load_last"]) == 1.6
+    assert float(moe_row["tokens_dropped_mean"]) == pytest.approx(0.045)
+    assert float(moe_row["tokens_dropped_last"]) == 0.06
+    moe_fields = [name for name in moe_row if name.startswith(("moe_loss", "expert_", "tokens_dropped", "num_experts",
+                                                               "topk"))]
+    assert len(moe_fields) == 9 and all(dense_row[name] == "" for name in moe_fields)
+    runs = {run["label"]: run for run in json.loads((out / "summary.json").read_text())["runs"]}
+    assert runs["Z1 tiny-moe4"]["num_experts"] == [4] and runs["Z1 tiny-moe4"]["expert_load_last"] == 1.6
+    assert runs["Z1 tiny-moe4"]["moe_loss_mean"] == pytest.approx(0.145)
+    assert all(runs["Z1 tiny"][name] is None for name in moe_fields)
+    assert runs["Z1 tiny"]["params_active"] == 807936
+
+
+def test_the_moe_layout_is_read_from_upstreams_argument_dump():
+    from analysis.run_metadata import from_arguments
+    log = parsed("  num_experts ..................................... [8, 16]",
+                 "  moe_expert_parallel_size ........................ 2", "  topk ............................ 1")
+    meta = from_arguments(log.arguments)
+    assert (meta.num_experts, meta.expert_parallel, meta.topk) == ([8, 16], 2, 1)
+    dense = from_arguments(parsed("  num_experts ................. [1]", "  topk ....... 1").arguments)
+    assert (dense.num_experts, dense.expert_parallel, dense.topk) == (None, None, None)
+
+
+def test_a_dense_sweeps_table_has_no_moe_columns(summary):
+    from analysis.report import MARKDOWN_COLUMNS
+    out, _, rows = summary
+    header = [cell.strip() for cell in (out / "summary.md").read_text().splitlines()[0].strip("|").split("|")]
+    assert header == [name for name, _ in MARKDOWN_COLUMNS]
+    assert all(row["moe_loss_mean"] == row["num_experts"] == "" for row in rows.values())
