@@ -42,7 +42,7 @@ setup(
     # wandb: --wandb-project (megatron/wandb_writer.py); without it a run that asks says so and trains on. The
     # test extra has it too, so that CI runs the offline wandb test (tests/test_wandb.py) instead of skipping it.
     extras_require={"wandb": ["wandb>=0.19,<1"],
-                    "test": ["pytest>=8,<10", "pytest-timeout>=2.3", "wandb>=0.19,<1"]},
+                    "test": ["pytest>=8,<10", "pytest-timeout>=2.3", "pytest-xdist>=3.5,<4", "wandb>=0.19,<1"]},
     ext_modules=[helpers_extension],
     cmdclass={"build_ext": build_ext},
 )

@@ -12,4 +12,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 # a second): no test then stalls compiling one, and no test's timeout counts a build. They go to the
 # environment's own folder, which the rank entry and tests/conftest.py use too.
 .venv/bin/python -m megatron.deepspeed_ops build all
-exec .venv/bin/python -m pytest -q "$@"
+# Two workers (pytest-xdist): the multi-rank tests wait more than they compute (rendezvous, heartbeats,
+# restarts, saves), so two at a time keep both cores busy. Each test file runs in one worker, the network
+# namespace tests all in one (tests/conftest.py); TEST_WORKERS=0 runs the suite in this one process.
+workers=${TEST_WORKERS:-2}
+[[ "$workers" =~ ^[0-9]+$ ]] || { echo "TEST_WORKERS=$workers: expected a number of workers (0: none)" >&2; exit 2; }
+exec .venv/bin/python -m pytest -q -n "$workers" "$@"

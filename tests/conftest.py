@@ -2,6 +2,7 @@
 import contextlib
 import importlib.util
 import io
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from megatron.deepspeed_ops import use_environment_extensions
 
@@ -49,6 +51,80 @@ def test_env(**overrides):
 
 
 test_env.__test__ = False  # a helper, not a test, although its name starts with test_
+
+
+# scripts/test.sh runs the suite in two pytest-xdist workers, each a process of its own. Each test file runs in one
+# worker (its module fixtures run once), the files that make network namespaces (the virtual cluster's fixed
+# addresses, its /scratch, its Slurm) all in one, one after another; the longest start first, so that neither
+# worker is left with a long file at the end: FILE_SECONDS is each file's time in a serial run of the suite (setup
+# and teardown included; a file missing from it counts as 0 s). A run the suite shares (the session fixtures
+# below) is made once, by the first worker that asks, under a file lock (made_once). TEST_WORKERS=0 runs the suite
+# in one process: the same order, the same code.
+NAMESPACE_FILES = {"test_virtual_cluster.py", "test_multi_node.py", "test_slurm.py", "test_chaos_bench.py"}
+FILE_SECONDS = json.loads((Path(__file__).parent / "file_seconds.json").read_text())
+
+
+def _file_group(name: str) -> str:
+    return "namespaces" if name in NAMESPACE_FILES else name
+
+
+def _group_seconds() -> dict[str, int]:
+    seconds = {}
+    for name, spent in FILE_SECONDS.items():
+        seconds[_file_group(name)] = seconds.get(_file_group(name), 0) + spent
+    return seconds
+
+
+def pytest_collection_modifyitems(items):
+    """The files' groups longest first (a stable sort: each file's tests keep their order)."""
+    seconds = _group_seconds()
+    items.sort(key=lambda item: -seconds.get(_file_group(item.path.name), 0))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileGroups(LoadScopeScheduling):
+        """xdist's scheduling by scope, a scope being a file's group, in the collection's order."""
+
+        def __init__(self, config, log=None):
+            config.option.loadscopereorder = False  # the collection's order is already longest first
+            super().__init__(config, log)
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _file_group(Path(nodeid.split("::", 1)[0]).name)
+
+    return FileGroups(config, log)
+
+
+def shared_folder(tmp_path_factory) -> Path:
+    """The folder every worker of this session sees: the base temporary folder, or its parent under xdist (each
+    worker's own is popen-gwN inside it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def made_once(tmp_path_factory, name: str, make):
+    """make(folder) run once per session across the workers, in the shared folder `name`; its JSON result
+    (written after it returns, so a half-made folder is never read as made) is what every caller gets."""
+    root = shared_folder(tmp_path_factory)
+    folder, result = root / name, root / f"{name}.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if not result.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            result.write_text(json.dumps(make(folder)))
+        return json.loads(result.read_text())
+
+
+def process_result(run: subprocess.CompletedProcess) -> dict:
+    """A finished subprocess as JSON (made_once's results)."""
+    return {"args": [str(arg) for arg in run.args], "returncode": run.returncode, "stdout": run.stdout,
+            "stderr": run.stderr}
+
+
+def completed_process(saved: dict) -> subprocess.CompletedProcess:
+    return subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"], saved["stderr"])
 
 
 def _planner_argv(script: Path, args) -> list[str] | None:
@@ -98,23 +174,37 @@ def dolly_sample():
 def dolly_data_dir(tmp_path_factory, dolly_sample):
     """A data folder prepared by the real user command on the dolly sample:
     gpt2-vocab.json, gpt2-merges.txt and dolly_text_document.{bin,idx}."""
-    data_dir = tmp_path_factory.mktemp("dolly_data")
-    result = subprocess.run(
-        ["bash", str(REPO_ROOT / "tools" / "process_databricks_gpt2.sh")],
-        cwd=REPO_ROOT,
-        env=test_env(DATA_DIR=data_dir, DOLLY_JSONL=dolly_sample),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return data_dir
+    def make(data_dir):
+        result = subprocess.run(["bash", str(REPO_ROOT / "tools" / "process_databricks_gpt2.sh")], cwd=REPO_ROOT,
+                                env=test_env(DATA_DIR=data_dir, DOLLY_JSONL=dolly_sample), capture_output=True,
+                                text=True, timeout=600)
+        return process_result(result)
+
+    result = made_once(tmp_path_factory, "dolly_data", make)
+    assert result["returncode"] == 0, result["stdout"] + result["stderr"]
+    return shared_folder(tmp_path_factory) / "dolly_data"
+
+
+# Under xdist each worker hands out ports from a range of its own, below the kernel's ephemeral range (32768 up):
+# a port one worker picked and has not bound yet is then never the other's pick, nor a connection's local port.
+WORKER_PORTS = 3000
+_next_port = {}
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    first = 10000 + WORKER_PORTS * int(worker.removeprefix("gw"))
+    for _ in range(WORKER_PORTS):
+        port = _next_port.get(worker, first)
+        _next_port[worker] = first + (port + 1 - first) % WORKER_PORTS
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind(("127.0.0.1", port))
+            return port
+    raise RuntimeError(f"no free port in {first}-{first + WORKER_PORTS - 1}")
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -152,18 +242,20 @@ def six_driver_runs(dolly_data_dir, tmp_path_factory):
     ranks, 2 epochs of 2 iterations on a 2% train split of the dolly sample), then the analysis.
     Returns (runs folder, completed process). With the start-up probes: tests/test_drivers.py reads the prediction
     and time lines, and the summary's time columns come from them."""
-    runs_dir = tmp_path_factory.mktemp("runs")
-    env = driver_env(dolly_data_dir, runs_dir, ZERO_LAB_SKIP_PROBES=0)
-    result = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "run_all.sh")], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=1200)
-    return runs_dir, result
+    def make(runs_dir):
+        env = driver_env(dolly_data_dir, runs_dir, ZERO_LAB_SKIP_PROBES=0)
+        return process_result(subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "run_all.sh")],
+                                             cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200))
+
+    result = made_once(tmp_path_factory, "six_driver_runs", make)
+    return shared_folder(tmp_path_factory) / "six_driver_runs", completed_process(result)
 
 
 @pytest.fixture(scope="session")
 def shared_runs(dolly_data_dir, tmp_path_factory):
     """tests/runs.py's memoised runner: a run asked for twice (same flags) runs once per session."""
     from runs import SharedRuns
-    return SharedRuns(tmp_path_factory.mktemp("shared_runs"), dolly_data_dir)
+    return SharedRuns(tmp_path_factory, dolly_data_dir)
 
 
 @pytest.fixture(scope="session")
@@ -208,9 +300,12 @@ def parallel_pretrain(data_dir, ranks: int, *extra: str) -> subprocess.Completed
 def parallel_layout_runs(dolly_data_dir, tmp_path_factory):
     """Each of PARALLEL_LAYOUTS run once for the whole suite, saving its last iteration: name -> (stdout,
     checkpoint folder). The parallel-training, conversion and resume tests all read these."""
-    root = tmp_path_factory.mktemp("layouts")
-    return {name: (parallel_pretrain(dolly_data_dir, ranks, *flags, "--save", str(root / name)).stdout, root / name)
-            for name, (ranks, flags) in PARALLEL_LAYOUTS.items()}
+    def make(root):
+        return {name: parallel_pretrain(dolly_data_dir, ranks, *flags, "--save", str(root / name)).stdout
+                for name, (ranks, flags) in PARALLEL_LAYOUTS.items()}
+
+    root = shared_folder(tmp_path_factory) / "layouts"
+    return {name: (stdout, root / name) for name, stdout in made_once(tmp_path_factory, "layouts", make).items()}
 
 
 @pytest.fixture(scope="session")
@@ -262,20 +357,20 @@ BF16_LAUNCHERS = {"DP": "torchrun", "Z1": "deepspeed", "Z2": "torchrun", "Z3": "
 def bf16_driver_runs(dolly_data_dir, tmp_path_factory):
     """A function: driver name (BF16_LAUNCHERS) -> the folder of its bf16 run, which runs once per session for the
     first test that asks (mpiexec missing: torchrun). Tests must not change the folder."""
-    root, done = tmp_path_factory.mktemp("bf16_runs"), {}
-
     def run(name: str) -> Path:
-        if name not in done:
+        def make(root):
             launcher = BF16_LAUNCHERS[name]
             launcher = "torchrun" if launcher == "mpiexec" and shutil.which("mpiexec") is None else launcher
             # no start-up probes: their tests read the comm, loss and checkpoint files, not the time lines
             env = driver_env(dolly_data_dir, root, PRECISION="bf16", MICRO_BATCH=2, GLOBAL_BATCH=8,
                              SAVE_INTERVAL=1, LAUNCHER=launcher, ZERO_LAB_SKIP_PROBES=1)
-            done[name] = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / f"gpt_deepspeed_{name}.sh")],
-                                        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-        result = done[name]
-        assert result.returncode == 0, f"{name} in bf16:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        return root / f"gpt_tiny_{name}"
+            return process_result(subprocess.run(
+                ["bash", str(REPO_ROOT / "examples_zero" / f"gpt_deepspeed_{name}.sh")], cwd=REPO_ROOT, env=env,
+                capture_output=True, text=True, timeout=600))
+
+        result = made_once(tmp_path_factory, f"bf16_{name}", make)
+        assert result["returncode"] == 0, f"{name} in bf16:\n{result['stdout'][-3000:]}\n{result['stderr'][-3000:]}"
+        return shared_folder(tmp_path_factory) / f"bf16_{name}" / f"gpt_tiny_{name}"
     return run
 
 

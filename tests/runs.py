@@ -2,12 +2,14 @@
 tests that need the same run (the same flags and ranks) get the same run folder, and the run starts once per
 session, for the first test that asks. The flags of the saved-checkpoint run are here too, with the command its
 fault and manifest tests start their own runs from, so that those runs repeat its losses."""
+import hashlib
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import REPO_ROOT, free_port, test_env
+from conftest import REPO_ROOT, free_port, made_once, process_result, shared_folder, test_env
 
 # The saved-checkpoint run: 2 CPU ranks, ZeRO-1, dropout off, CHECKPOINT_ITERS iterations with a checkpoint every
 # 2 (global_step2, 4, 6, 8), one evaluation of 8 samples after the last iteration (tests/test_eval_dolly.py holds
@@ -49,20 +51,22 @@ class SharedRun:
 
 
 class SharedRuns:
-    """pretrain_cmd runs memoised by (ranks, flags), each saving into a folder of its own under `root`. Tests must
-    not change a shared folder: they copy what they damage or resume into."""
+    """pretrain_cmd runs memoised by (ranks, flags) across the session's workers (conftest.made_once), each saving
+    into a folder of its own in the workers' shared folder. Tests must not change a shared folder: they copy what
+    they damage or resume into."""
 
-    def __init__(self, root: Path, data_dir: Path):
-        self.root, self.data_dir = root, data_dir
-        self._runs: dict[tuple, subprocess.CompletedProcess | SharedRun] = {}
+    def __init__(self, tmp_path_factory, data_dir: Path):
+        self.tmp_path_factory, self.data_dir = tmp_path_factory, data_dir
 
     def get(self, *flags: str, ranks: int = 2) -> SharedRun:
         key = (ranks, *flags)
-        if key not in self._runs:
-            folder = self.root / f"run{len(self._runs)}"
+        name = "shared_run_" + hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
+        def make(folder):
             run = run_pretrain(self.data_dir, *flags, "--save", str(folder), ranks=ranks, expect=None)
-            # a failed run is remembered too: the next test that asks fails at once with its log
-            self._runs[key] = SharedRun(run.stdout, folder) if run.returncode == 0 else run
-        found = self._runs[key]
-        assert isinstance(found, SharedRun), f"{' '.join(flags)}:\n{found.stdout[-3000:]}\n{found.stderr[-3000:]}"
-        return found
+            return process_result(run)
+
+        # a failed run is remembered too: the next test that asks fails at once with its log
+        found = made_once(self.tmp_path_factory, name, make)
+        assert found["returncode"] == 0, f"{' '.join(flags)}:\n{found['stdout'][-3000:]}\n{found['stderr'][-3000:]}"
+        return SharedRun(found["stdout"], shared_folder(self.tmp_path_factory) / name)
