@@ -43,7 +43,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from analysis.log_parser import parse_log  # noqa: E402
-from bench.bench_step_time import BenchError, OtherWork, Stopped, free_port, machine, stop_on_sigterm  # noqa: E402
+from bench.bench_step_time import (BenchError, OtherWork, end_of_bench, exit_with, free_port, machine,  # noqa: E402
+                                   stop_on_sigterm)
 from megatron.model import accounting  # noqa: E402
 from megatron.model.config import GPTConfig  # noqa: E402
 from megatron.model.presets import MODEL_PRESETS  # noqa: E402
@@ -388,20 +389,13 @@ def main(argv) -> int:
         print(report(rows, failures, longest, opts))
         paper, paper_rows = paper_check()
         print(paper)
-        load_end = round(os.getloadavg()[0], 2)
-        print(f"load average at the end: {load_end}; bench wall time {time.monotonic() - started:.0f} s")
-        if opts.json:
-            record = dict(machine={**start, "load_average_end": load_end}, ranks=opts.ranks, cap_mb=opts.cap_mb,
-                          iters=opts.iters, step_tokens=STEP, failures=failures,
-                          rows=[{**asdict(r), "dp": r.dp, "peak_error_pct": r.peak_error_pct,
-                                 "time_error_pct": r.time_error_pct} for r in rows],
-                          longest=[{**asdict(x), "verdict": x.verdict} for x in longest], paper=paper_rows)
-            Path(opts.json).write_text(json.dumps(record, indent=2) + "\n")
+        end_of_bench(started, start, opts.json, ranks=opts.ranks, cap_mb=opts.cap_mb, iters=opts.iters,
+                     step_tokens=STEP, failures=failures,
+                     rows=[{**asdict(r), "dp": r.dp, "peak_error_pct": r.peak_error_pct,
+                            "time_error_pct": r.time_error_pct} for r in rows],
+                     longest=[{**asdict(x), "verdict": x.verdict} for x in longest], paper=paper_rows)
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except Stopped as stopped:
-        sys.exit(f"[bench] {stopped}: the running torchrun and its ranks were ended")
+    exit_with(main)

@@ -25,7 +25,6 @@ seed (which changes the weights and the data order) gives the run-to-run spread 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -40,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from analysis.log_parser import parse_log  # noqa: E402
 from bench.bench_long_sequences import PADDED_VOCAB, VOCAB, end, prepare_data  # noqa: E402
-from bench.bench_step_time import BenchError, Stopped, free_port, machine, stop_on_sigterm  # noqa: E402
+from bench.bench_step_time import BenchError, end_of_bench, exit_with, free_port, machine, stop_on_sigterm  # noqa: E402
 from megatron.model import accounting  # noqa: E402
 from megatron.model.config import GPTConfig  # noqa: E402
 from megatron.model.presets import MODEL_PRESETS  # noqa: E402
@@ -288,18 +287,11 @@ def main(argv) -> int:
         print(f"## {RANKS} CPU ranks, EP={EP}, ZeRO-1 fp32, tiny shape (2 layers, hidden 128) with rotary positions, "
               f"dolly bytes, sequences of {SEQ}, global batch {GLOBAL}, {opts.iters} iterations per run\n")
         print(table(rows, failures) + "\n")
-        print(verdict(rows))
-        load_end = round(os.getloadavg()[0], 2)
-        print(f"\nload average at the end: {load_end}; bench wall time {time.monotonic() - started:.0f} s")
-        if opts.json:
-            record = dict(machine={**start, "load_average_end": load_end}, iters=opts.iters, failures=failures,
-                          rows=[asdict(r) for r in rows], verdict=verdict(rows))
-            Path(opts.json).write_text(json.dumps(record, indent=2) + "\n")
+        print(verdict(rows) + "\n")
+        end_of_bench(started, start, opts.json, iters=opts.iters, failures=failures, rows=[asdict(r) for r in rows],
+                     verdict=verdict(rows))
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except Stopped as stopped:
-        sys.exit(f"[bench] {stopped}: the running torchrun and its ranks were ended")
+    exit_with(main)

@@ -285,6 +285,25 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def exit_with(main) -> None:
+    """sys.exit(main(sys.argv[1:])) for a bench that calls stop_on_sigterm(): a SIGTERM ends it in one line, once the
+    finally clauses on the way out have ended the running torchrun."""
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Stopped as stopped:
+        sys.exit(f"[bench] {stopped}: the running torchrun and its ranks were ended")
+
+
+def end_of_bench(started: float, start: dict, json_path: str | None, **record) -> None:
+    """A bench's last line (the load average at the end and its wall time) and, with --json, its record: the machine
+    at the start (machine()) and at the end, and `record`."""
+    load_end = round(os.getloadavg()[0], 2)
+    print(f"load average at the end: {load_end}; bench wall time {time.monotonic() - started:.0f} s")
+    if json_path:
+        record = dict(machine={**start, "load_average_end": load_end}, **record)
+        Path(json_path).write_text(json.dumps(record, indent=2) + "\n")
+
+
 # ---- running the drivers ----
 
 def driver_env(data_dir: Path, runs_dir: Path, iters: int, **overrides) -> dict:
