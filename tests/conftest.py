@@ -81,6 +81,7 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: -seconds.get(_file_group(item.path.name), 0))
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: unknown, and never called, where xdist is not installed
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
