@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, test_env
+from conftest import REPO_ROOT, free_port, test_env
 from megatron.arguments import ConfigError, parse_args
 from megatron.checkpointing.protocol import CheckpointError
 from megatron.errors import ZeroLabError
@@ -383,7 +383,7 @@ def test_lr_schedule_warmup_then_cosine_to_min(data_prefix):
 ])
 def test_pretrain_gpt_reports_one_line_and_exits_1(data_prefix, extra, message):
     result = subprocess.run([sys.executable, str(REPO_ROOT / "pretrain_gpt.py"), *base(data_prefix, *extra)],
-                            env=test_env(), capture_output=True, text=True, timeout=120)
+                            env=test_env(MASTER_PORT=free_port()), capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert message in result.stderr
     assert "Traceback" not in result.stderr

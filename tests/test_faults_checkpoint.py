@@ -359,7 +359,7 @@ def test_startup_check_stops_pretrain_before_any_work(dolly_data_dir, tmp_path):
     blocker.write_text("not a folder")
     run = subprocess.run([sys.executable, str(REPO_ROOT / "pretrain_gpt.py"),
                           *toy_flags(dolly_data_dir, "--save", str(blocker / "ckpt"))],
-                         env=test_env(), capture_output=True, text=True, timeout=300)
+                         env=test_env(MASTER_PORT=free_port()), capture_output=True, text=True, timeout=300)
     assert run.returncode == 1
     assert run.stderr.strip().splitlines()[-1] == f"error: --save {blocker / 'ckpt'}: {blocker} is not a folder"
     assert "Traceback" not in run.stderr and "building" not in run.stdout  # no tokenizer, data or model built
@@ -375,8 +375,8 @@ def test_save_on_a_read_only_filesystem_is_refused_at_start_up(dolly_data_dir, t
         pytest.skip("cannot mount a read-only tmpfs here (needs unshare and mount privileges)")
     command = " ".join(f"'{part}'" for part in [sys.executable, str(REPO_ROOT / "pretrain_gpt.py"),
                                                   *toy_flags(dolly_data_dir, "--save", str(folder / "ckpt"))])
-    run = subprocess.run(["unshare", "--mount", "sh", "-c", f"{mount} && exec {command}"], env=test_env(),
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(["unshare", "--mount", "sh", "-c", f"{mount} && exec {command}"],
+                         env=test_env(MASTER_PORT=free_port()), capture_output=True, text=True, timeout=300)
     assert run.returncode == 1
     assert run.stderr.strip().splitlines()[-1] == f"error: --save {folder / 'ckpt'}: {folder} is not writable"
 

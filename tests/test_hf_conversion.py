@@ -37,7 +37,7 @@ def pretrain(data_dir, *extra, nproc=2, iters=3):
            "--train-iters", str(iters), "--log-interval", "1", "--eval-iters", "0", "--seed", "7", "--split", "90,10,0",
            "--data-path", str(data_dir / "dolly_text_document"), "--vocab-file", str(data_dir / "gpt2-vocab.json"),
            "--merge-file", str(data_dir / "gpt2-merges.txt"), *map(str, extra)]
-    return subprocess.run(cmd, env=test_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, env=test_env(MASTER_PORT=free_port()), capture_output=True, text=True, timeout=300)
 
 
 def tool(name, *args):

@@ -201,7 +201,7 @@ def test_resume_on_another_tensor_or_pipeline_parallel_size_is_refused_in_one_li
                           "--data-path", str(dolly_data_dir / "dolly_text_document"),
                           "--vocab-file", str(dolly_data_dir / "gpt2-vocab.json"),
                           "--merge-file", str(dolly_data_dir / "gpt2-merges.txt")],
-                         env=test_env(), capture_output=True, text=True, timeout=300)
+                         env=test_env(MASTER_PORT=free_port()), capture_output=True, text=True, timeout=300)
     assert run.returncode == 1
     assert run.stderr.splitlines()[-1] == (
         f"error: --load {checkpoint}: cannot resume global_step{PARALLEL_ITERS}: it was saved with {saved}, this "

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, test_env
+from conftest import REPO_ROOT, free_port, test_env
 from megatron.arguments import parse_args
 from megatron.data.dataset_sidecar import check_data_against_model
 from megatron.startup import prepare_run
@@ -58,7 +58,7 @@ def test_training_pads_the_llama3_vocabulary_and_the_data_agrees(llama3_data, tp
 ])
 def test_pretrain_gpt_refuses_bad_tokenizer_flags_in_one_line(llama3_data, extra, message):
     result = subprocess.run([sys.executable, str(REPO_ROOT / "pretrain_gpt.py"), *flags(llama3_data[1], *extra)],
-                            env=test_env(), capture_output=True, text=True, timeout=120)
+                            env=test_env(MASTER_PORT=free_port()), capture_output=True, text=True, timeout=120)
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert result.returncode == 1 and errors == [errors[0]] and errors[0].startswith(message), result.stderr
     assert "Traceback" not in result.stderr
@@ -71,7 +71,9 @@ def test_a_one_rank_run_trains_on_llama3_tokenized_data(llama3_data, tmp_path):
            "--micro-batch-size", "2", "--global-batch-size", "2", "--train-iters", "3", "--log-interval", "1",
            "--eval-iters", "0", "--lr", "1e-3", "--data-path", prefix, "--tokenizer-type", "Llama3Tokenizer",
            "--tokenizer-model", model]
-    run = subprocess.run(cmd, env=test_env(OMP_NUM_THREADS="1", ZERO_LAB_SKIP_PROBES="1"), cwd=tmp_path,
+    # one process, no launcher: its rendezvous would be at 29500, which a test in the other worker may hold
+    run = subprocess.run(cmd, env=test_env(OMP_NUM_THREADS="1", ZERO_LAB_SKIP_PROBES="1", MASTER_PORT=free_port()),
+                         cwd=tmp_path,
                          capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "> padded vocab (size: 812) with 84 dummy tokens (new size: 896)" in run.stdout
