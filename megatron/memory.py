@@ -7,7 +7,7 @@ sum of the unique storages of all tensors the garbage collector can see, sampled
 """
 import contextlib
 import gc
-import warnings
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,17 +32,12 @@ def unique_storage_bytes(tensors) -> int:
 
 
 def live_tensor_bytes() -> int:
-    def tensors():
-        for obj in gc.get_objects():
-            try:
-                if isinstance(obj, torch.Tensor):
-                    yield obj
-            except ReferenceError:  # dead weak proxies raise on isinstance
-                continue
-    # isinstance on some lazily-deprecated module attributes emits FutureWarnings; they are not ours
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return unique_storage_bytes(tensors())
+    # The garbage collector's objects filtered by type at C speed (map, compress): a Python loop over them, a
+    # few hundred thousand in a rank, took 0.1 s a sample. type() also reads no attribute, so dead weak proxies
+    # and lazily deprecated module attributes neither raise nor warn.
+    objects = gc.get_objects()
+    tensor_types = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.Tensor)}
+    return unique_storage_bytes(itertools.compress(objects, map(tensor_types.__contains__, map(type, objects))))
 
 
 @dataclass

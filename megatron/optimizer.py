@@ -3,6 +3,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 
 import torch
 from deepspeed.moe.utils import is_moe_param
@@ -129,6 +130,28 @@ class NonFiniteSkippingAdamW(torch.optim.AdamW):
             torch.nn.utils.clip_grads_with_norm_(
                 [p for group in self.param_groups for p in group["params"]], self.clip_grad, norm)
         return super().step(closure)
+
+
+MUON_MODULE = "deepspeed.runtime.zero.muon.original_muon"
+
+
+def import_muon_uncompiled() -> None:
+    """DeepSpeed 0.19.8's ZeRO and bf16 optimizers import its Muon module as they are built, and that module's
+    decorators call torch.compile, which imports torch's inductor compiler: 0.7 s of CPU on each rank, for an
+    optimizer zero-lab never steps (it builds its own AdamW, and refuses a JSON "optimizer" section). Imported
+    here first, with torch.compile standing for the identity while it loads, Muon's functions stay uncompiled."""
+    if MUON_MODULE in sys.modules:
+        return
+    compile_ = torch.compile
+
+    def identity(model=None, **_):
+        return model if model is not None else (lambda fn: fn)
+
+    torch.compile = identity
+    try:
+        __import__(MUON_MODULE)
+    finally:
+        torch.compile = compile_
 
 
 def build_optimizer(model: torch.nn.Module, args: Args, state=None) -> torch.optim.Optimizer:

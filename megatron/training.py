@@ -546,7 +546,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     import deepspeed
 
     from megatron.deepspeed_config import deepspeed_config
-    from megatron.optimizer import LRSchedule, build_optimizer
+    from megatron.optimizer import LRSchedule, build_optimizer, import_muon_uncompiled
 
     config = deepspeed_config(args, num_params, args.model.hidden_size, dist_info.on_cuda)
     if args.deepspeed.zero_stage == 3:
@@ -562,6 +562,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
         model = model_builder().to(dist_info.device)
     optimizer = build_optimizer(model, args, state)
     schedule = LRSchedule(optimizer, args.optimizer, train_iters)
+    import_muon_uncompiled()
     engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
                                            lr_scheduler=schedule, config=config, mpu=mpu, dist_init_required=False)
     if args.training.compile:

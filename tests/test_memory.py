@@ -1,10 +1,14 @@
 """megatron/memory.py reads private DeepSpeed attributes: each must exist in the installed DeepSpeed (this
 test breaks when DeepSpeed renames one), and a missing one raises instead of measuring zero."""
 import inspect
+import os
 import re
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
+import torch
 
 from megatron import memory
 
@@ -197,3 +201,25 @@ def test_ulysses_ranks_keep_the_predicted_activations():
     with rotary positions (each rank's cos and sin for its s/2 positions only)."""
     from test_tensor_parallel import run_ranks
     run_ranks(_check_ulysses_activations)
+
+
+def test_live_tensor_bytes_counts_each_storage_once_and_sees_parameters():
+    before = memory.live_tensor_bytes()
+    flat = torch.zeros(1 << 20)  # 4 MiB, and two views of it
+    views = [flat[:10], flat.view(1024, 1024)]
+    weight = torch.nn.Parameter(torch.zeros(1 << 18))  # 1 MiB, a Tensor subclass
+    assert memory.live_tensor_bytes() - before == 5 << 20
+    del flat, views, weight
+    assert memory.live_tensor_bytes() == before
+
+
+def test_deepspeeds_muon_is_imported_without_compiling():
+    """megatron.optimizer.import_muon_uncompiled: Muon's functions stay plain, torch.compile is torch's own again,
+    and torch's inductor compiler was not imported (in a fresh process: this one may have imported it)."""
+    check = ("import sys, torch; compile_ = torch.compile; from megatron.optimizer import import_muon_uncompiled; "
+             "import_muon_uncompiled(); from deepspeed.runtime.zero.muon import original_muon as m; "
+             "assert torch.compile is compile_; assert m.muon_update.__code__.co_filename == m.__file__, m.muon_update.__code__; "
+             "assert 'torch._inductor.compile_fx' not in sys.modules; print('ok')")
+    run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    assert run.stdout.strip() == "ok", run.stderr[-2000:]

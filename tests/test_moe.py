@@ -108,7 +108,7 @@ def _train_one_step(rank, world, ep):
     model = GPTModel(config, expert_rank=expert_parallel_rank(rank, ep))
     engine, *_ = deepspeed.initialize(model=model, mpu=state, dist_init_required=False, config={
         "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 0},
-        "optimizer": {"type": "Adam", "params": {"lr": 0.0}}})
+        "optimizer": {"type": "Adam", "params": {"lr": 0.0, "torch_adam": True}}})
     text = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(7 + rank))
     tokens, labels, positions, mask = get_batch({"text": text}, torch.device("cpu"), -1, False)
     lm = masked_mean_loss(engine(tokens, positions, labels), mask)
@@ -405,7 +405,7 @@ def _save_and_compute_at_ep2(rank, world, folder):
     model = GPTModel(config, expert_rank=expert_parallel_rank(rank, 2))
     engine, *_ = deepspeed.initialize(model=model, mpu=state, dist_init_required=False, config={
         "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 1},
-        "optimizer": {"type": "Adam", "params": {"lr": 1e-2}}})
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}})
     text = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(7 + rank))
     tokens, labels, positions, mask = get_batch({"text": text}, torch.device("cpu"), -1, False)
     engine.backward(with_moe_loss(masked_mean_loss(engine(tokens, positions, labels), mask), engine.module, 0.1))
