@@ -218,7 +218,8 @@ def test_deepspeeds_muon_is_imported_without_compiling():
     and torch's inductor compiler was not imported (in a fresh process: this one may have imported it)."""
     check = ("import sys, torch; compile_ = torch.compile; from megatron.optimizer import import_muon_uncompiled; "
              "import_muon_uncompiled(); from deepspeed.runtime.zero.muon import original_muon as m; "
-             "assert torch.compile is compile_; assert m.muon_update.__code__.co_filename == m.__file__, m.muon_update.__code__; "
+             "assert torch.compile is compile_; "
+             "assert m.muon_update.__code__.co_filename == m.__file__, m.muon_update.__code__; "
              "assert 'torch._inductor.compile_fx' not in sys.modules; print('ok')")
     run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "DS_ACCELERATOR": "cpu"})
