@@ -8,7 +8,7 @@ export DS_ACCELERATOR=cpu
 # a second ninja (e.g. Debian's) records the build differently and rebuilds the ops each time.
 export PATH="$PWD/.venv/bin:$PATH"
 # The set-up builds only the op the main job loads; the suite loads every op (offload, NVMe, pinned memory),
-# so they are built here, before pytest starts, each announced in one line (about 5 min the first time, then
+# so they are built here, before pytest starts, each announced in one line (about 2 min the first time, then
 # a second): no test then stalls compiling one, and no test's timeout counts a build. They go to the
 # environment's own folder, which the rank entry and tests/conftest.py use too.
 .venv/bin/python -m megatron.deepspeed_ops build all

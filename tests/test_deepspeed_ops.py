@@ -127,3 +127,24 @@ def test_the_build_command_refuses_an_unknown_op_in_one_line():
     assert result.returncode == 2
     assert result.stderr == ("error: build cpu_adamw: usage: python -m megatron.deepspeed_ops folder | build OP... | "
                              "build all (OP: deepspeed_shm_comm, cpu_adam, async_io, pin_memory)\n")
+
+
+def test_ops_are_compiled_without_debug_information():
+    """DeepSpeed's own flags for the CPU Adam op carry -g; the build that zero-lab's loads run has every other flag
+    (the -O3, the vector ISA) and not -g, and the op in the environment's folder was built that way."""
+    from deepspeed.accelerator import get_accelerator
+
+    from megatron.deepspeed_ops import without_debug_info
+
+    builder = get_accelerator().create_op_builder("CPUAdamBuilder")
+    deepspeeds = builder.cxx_args()
+    assert "-g" in deepspeeds and "-O3" in deepspeeds
+    without_debug_info(builder)
+    without_debug_info(builder)  # a second load of the same builder
+    assert builder.cxx_args() == [flag for flag in deepspeeds if flag != "-g"]
+    if not (OWN_FOLDER / "cpu_adam" / "cpu_adam.so").exists():  # scripts/test.sh builds it before pytest starts
+        subprocess.run([sys.executable, "-m", "megatron.deepspeed_ops", "build", "cpu_adam"], check=True,
+                       env=test_env(), timeout=900)
+    ninja = (OWN_FOLDER / "cpu_adam" / "build.ninja").read_text()
+    cflags = next(line for line in ninja.splitlines() if line.startswith("cflags = "))
+    assert " -O3 " in cflags and " -g " not in cflags + " "
