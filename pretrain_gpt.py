@@ -1,6 +1,7 @@
 """Pretrain a GPT with DeepSpeed: `python pretrain_gpt.py <Megatron-DeepSpeed flags>` under a launcher
 (deepspeed, torchrun, mpiexec, srun). Parse the flags, check the run's files (megatron/startup.py: data,
 tokenizer, outputs, the checkpoint to resume), then datasets, model, train."""
+import gc
 import os
 import sys
 import time
@@ -132,6 +133,11 @@ def report_error(message: str, argv: list[str]) -> None:
 
 def main(argv: list[str]) -> int:
     silence_known_warnings()
+    # The modules imported so far (torch, DeepSpeed: a few hundred thousand objects) live as long as the process:
+    # frozen, the collector no longer walks them, at each full collection and at each CPU memory sample
+    # (megatron/memory.py's live_tensor_bytes reads gc.get_objects(), which leaves frozen objects out). The run's
+    # own tensors are all made after this point, so every one of them is still counted.
+    gc.freeze()
     peers, heartbeat, finished = None, None, False
     try:
         from deepspeed.accelerator import get_accelerator
