@@ -579,8 +579,6 @@ def _moe_problems(args: Args):
         (par.tensor_model_parallel_size > 1, f"{flag} cannot be combined with --tensor-model-parallel-size > 1 "
                                              "(the experts are not split over tensor-parallel ranks here)"),
         (par.sequence_parallel_size > 1, f"{flag} cannot be combined with --ds-sequence-parallel-size > 1"),
-        (m.recompute_activations, f"{flag} cannot be combined with --checkpoint-activations (the recomputed "
-                                  "forward would lose the gates' load-balancing loss)"),
         (dp % ep != 0, f"--moe-expert-parallel-size {ep} must divide the data-parallel size {dp}: the experts "
                        "are spread over groups of data-parallel ranks"),
     ]

@@ -68,7 +68,6 @@ def test_the_flags_fill_the_model_and_training_sections(data_prefix):
      "--num-experts 4 cannot be combined with --tensor-model-parallel-size > 1"),
     ([*MOE4, "--ds-sequence-parallel-size", "2"], 2,
      "--num-experts 4 cannot be combined with --ds-sequence-parallel-size > 1"),
-    ([*MOE4, "--checkpoint-activations"], 2, "--num-experts 4 cannot be combined with --checkpoint-activations"),
     ([*MOE4, "--moe-expert-parallel-size", "4"], 2,
      "--moe-expert-parallel-size 4 must divide the data-parallel size 2"),
     ([*MOE4, "--moe-expert-parallel-size", "3"], 3, "--moe-expert-parallel-size 3 must divide every layer's "

@@ -85,7 +85,9 @@ class MoEMLP(nn.Module):
         self.aux_loss: torch.Tensor | None = None
 
     def _record(self, gate, _inputs, output):
-        if gate.training:
+        # a forward that activation checkpointing (--checkpoint-activations) recomputes runs inside the backward:
+        # its routing is the first forward's again (the same inputs and random state), so it is not counted twice
+        if gate.training and torch._C._current_graph_task_id() == -1:
             self.stats.add(output)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
