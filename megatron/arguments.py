@@ -132,8 +132,9 @@ class TrainingArgs:
     eod_mask_loss: bool = flag(False)
     compile: bool = flag(False, "torch.compile the model")
     curriculum_learning_legacy: bool = flag(
-        False, "Megatron-DeepSpeed's sequence-length curriculum, as the --deepspeed_config JSON's curriculum_learning "
-               "section describes it (docs/curriculum.md)")
+        False, "zero-lab extra: insist on the sequence-length curriculum, which the --deepspeed_config JSON's "
+               "curriculum_learning section with \"enabled\": true turns on by itself, as in Megatron-DeepSpeed "
+               "(docs/curriculum.md)")
     # what the MoE layers' load-balancing losses are weighted by in the loss (Megatron-DeepSpeed's default)
     moe_loss_coeff: float = flag(0.1, "the MoE load-balancing loss's weight in the loss")
     create_moe_param_group: bool = flag(

@@ -82,8 +82,9 @@ def _check_lengths(config: CurriculumConfig, where: str, seq_length: int) -> Non
 
 def read_curriculum(user_config: dict | None, path: str | None, flag_given: bool,
                     seq_length: int) -> CurriculumConfig | None:
-    """The curriculum the flag and the --deepspeed_config JSON ask for, or None; as in Megatron-DeepSpeed the
-    flag turns it on and the JSON's section, enabled, describes it: one without the other is refused."""
+    """The curriculum the --deepspeed_config JSON asks for, or None. As in Megatron-DeepSpeed, which has no flag for
+    it, the JSON's curriculum_learning section with "enabled": true turns it on (its scripts pass only the JSON);
+    zero-lab's flag asks for it too, and is refused where the JSON does not enable it."""
     section = (user_config or {}).get(SECTION)
     enabled = isinstance(section, dict) and section.get("enabled") is True
     where = f"--deepspeed_config {path}"
@@ -96,9 +97,6 @@ def read_curriculum(user_config: dict | None, path: str | None, flag_given: bool
             got = f"its {SECTION}.enabled is {section.get('enabled')!r}"
         raise CurriculumError(f"{FLAG} needs a --deepspeed_config JSON whose {SECTION} section has \"enabled\": true "
                               f"({got}; docs/curriculum.md)")
-    if enabled and not flag_given:
-        raise CurriculumError(f"{where}: {SECTION} is enabled but {FLAG} is not given (Megatron-DeepSpeed's flag "
-                              "that runs it): give the flag, or set enabled to false")
     if not enabled:
         return None
     config = _checked_section(section, where)

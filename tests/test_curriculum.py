@@ -100,6 +100,12 @@ def test_section_and_flag_give_the_schedule_deepspeed_never_sees(data_prefix, tm
     assert parse(data_prefix, tmp_path, dict(SECTION, enabled=False)).curriculum is None
 
 
+def test_the_jsons_enabled_section_turns_the_curriculum_on_without_the_flag(data_prefix, tmp_path):
+    """Megatron-DeepSpeed has no flag for it: its scripts (ds_pretrain_gpt_1.3B_rope_slw.sh) pass only the JSON,
+    whose curriculum_learning.enabled sets args.curriculum_learning_legacy."""
+    assert parse(data_prefix, tmp_path, SECTION).curriculum == CurriculumConfig(16, 64, 6, 16)
+
+
 def changed(**keys):
     section = json.loads(json.dumps(SECTION))
     for key, value in keys.items():
@@ -116,8 +122,6 @@ REFUSALS = {
                              "section has \"enabled\": true (it has no curriculum_learning section"),
     "flag, section disabled": (changed(enabled=False), ("--curriculum-learning-legacy",),
                                "(its curriculum_learning.enabled is False"),
-    "section without flag": (SECTION, (), "curriculum_learning is enabled but --curriculum-learning-legacy is "
-                                          "not given"),
     "min > max": (changed(min_difficulty=64, max_difficulty=32), ("--curriculum-learning-legacy",),
                   "curriculum_learning.min_difficulty 64 is larger than max_difficulty 32"),
     "max > seq": (changed(max_difficulty=128), ("--curriculum-learning-legacy",),
