@@ -71,7 +71,7 @@ def pretrain(args: Args, tokenizer, dist_info: DistInfo, comm=None) -> LoopState
     set_seed(args.training.seed)
     # every dataset of the blend against the model's vocabulary, before any time is spent (docs/bad-input.md)
     for warning in check_data_against_model(args.data.data_path, args.data, tokenizer.vocab_size,
-                                            args.model.padded_vocab_size):
+                                            args.model.padded_vocab_size, args.data.allow_tokenizer_mismatch):
         if dist_info.rank == 0:
             print(f"warning: {warning}", flush=True)
     schedule = resolve_schedule(args, train_samples_per_epoch(args.data.data_path, args.data.split,

@@ -163,6 +163,9 @@ class DataArgs(TokenizerConfig):
                                              "read-only data folder: <--run-dir>/index-cache)")
     # None: 2 on CUDA, 0 on CPU ranks, where the workers compete with the ranks for the cores
     # (bench/results/cpu-2core.md, bench_host_work.py)
+    allow_tokenizer_mismatch: bool = flag(
+        False, "zero-lab extra: train on data whose sidecar says another tokenizer type or vocabulary size made it "
+               "(refused without it; docs/bad-input.md)")
     num_workers: int | None = flag(None, "data-loader worker processes per rank (0: load on the training thread); "
                                          "default 2 on CUDA, 0 on CPU ranks")
 

@@ -138,14 +138,22 @@ def staleness(prefix: str | os.PathLike, source: str | os.PathLike, tokenizer: d
     return source_change(record)
 
 
+def other_kind_of_tokenizer(a: dict, b: dict) -> bool:
+    """Another type or vocabulary size: the ids mean other pieces. (The same type and size with other file bytes
+    may be the same vocabulary written differently, e.g. GPT-2's from the hub or from tools/gpt2_vocab.py.)"""
+    return (a.get("type"), a.get("vocab_size")) != (b.get("type"), b.get("vocab_size"))
+
+
 def check_data_against_model(data_path: list[str], tokenizer_cfg, vocab_size: int,
-                             padded_vocab_size: int) -> list[str]:
+                             padded_vocab_size: int, allow_tokenizer_mismatch: bool = False) -> list[str]:
     """Check every dataset of Megatron's --data-path (one prefix or a weighted blend) before training.
 
     Raises DataVocabularyError when a dataset holds an id >= `padded_vocab_size` (the embedding has
-    no row for it: an IndexError with TP=1, silently zeroed embeddings with TP>1). Returns warnings
-    for the caller to print once: ids between the tokenizer's vocabulary and the padded one, data
-    built with another tokenizer than `tokenizer_cfg`, or data older than its source file.
+    no row for it: an IndexError with TP=1, silently zeroed embeddings with TP>1), and when its sidecar says it
+    was built with a tokenizer of another type or vocabulary size than `tokenizer_cfg`'s, unless
+    `allow_tokenizer_mismatch` (--allow-tokenizer-mismatch). Returns warnings for the caller to print once: ids
+    between the tokenizer's vocabulary and the padded one, data built with other tokenizer files of the same
+    type and size (or another tokenizer, allowed), or data older than its source file.
     """
     # Imported here: dataset_utils pulls in torch, which the data tools importing this module avoid.
     from megatron.data.dataset_utils import parse_data_path
@@ -167,6 +175,11 @@ def check_data_against_model(data_path: list[str], tokenizer_cfg, vocab_size: in
         if record is None:
             continue
         built_with = record.get("tokenizer") or {}
+        if other_kind_of_tokenizer(built_with, run_tokenizer) and not allow_tokenizer_mismatch:
+            raise DataVocabularyError(
+                f"{where} was built with {describe_tokenizer(built_with)} but this run uses "
+                f"{describe_tokenizer(run_tokenizer)}: rebuild the data with this run's tokenizer "
+                "(tools/preprocess_data.py), or pass --allow-tokenizer-mismatch to train on it anyway")
         if not same_tokenizer(built_with, run_tokenizer):
             warnings.append(f"{where} was built with {describe_tokenizer(built_with)} but this run uses "
                             f"{describe_tokenizer(run_tokenizer)}")
