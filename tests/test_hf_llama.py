@@ -87,6 +87,14 @@ ARGS = ["--seq-length", "64", "--micro-batch-size", "1", "--train-iters", "1", "
         "v", "--merge-file", "m"]
 
 
+def test_megatron_deepspeeds_names_of_the_epsilon_and_theta_flags():
+    """Megatron-DeepSpeed's Llama scripts pass --rotary-position-embeddings-theta and --layernorm-epsilon."""
+    model = parse_args(["--model-size", "llama-tiny", "--rotary-position-embeddings-theta", "500000",
+                        "--layernorm-epsilon", "1e-6", *ARGS]).model
+    assert (model.rope_theta, model.layernorm_epsilon) == (5e5, 1e-6)
+    assert (parse_args(["--model-size", "llama-tiny", *ARGS]).model.layernorm_epsilon) == 1e-5
+
+
 @pytest.mark.parametrize("written_by", ["transformers5", "transformers4"])
 def test_hf_llama_norm_epsilon_and_rope_theta_reach_the_printed_flags_and_our_logits(tmp_path, capsys, written_by):
     """A Llama trained with rms_norm_eps 1e-6 and rope theta 1e6 (config.json in transformers 5's form or 4's):
