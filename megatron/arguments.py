@@ -326,7 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--model-size", default=None, help=f"preset: {', '.join(MODEL_PRESETS)}")
     _add_flags(model, GPTConfig, "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                "seq_length", "max_position_embeddings", "hidden_dropout", "attention_dropout", "init_method_std",
-               "use_rotary_position_embeddings", "rotary_percent", "rope_theta", *LLAMA_FLAGS)
+               "layernorm_epsilon", "use_rotary_position_embeddings", "rotary_percent", *LLAMA_FLAGS)
+    # Megatron-DeepSpeed's Llama scripts name --rope-theta --rotary-position-embeddings-theta
+    model.add_argument("--rope-theta", "--rotary-position-embeddings-theta", dest="rope_theta", type=float,
+                       default=_default(GPTConfig, "rope_theta"), help="the rotary angles' base (Llama 3: 500000)")
     model.add_argument("--checkpoint-activations", action="store_true")  # GPTConfig's recompute_activations
     # Megatron's query-key layer scaling divides scores by the layer number in fp16 kernels; zero-lab's SDPA has none
     model.add_argument("--no-query-key-layer-scaling", action="store_true",
@@ -386,7 +389,8 @@ def _model_config(ns, params_dtype: torch.dtype) -> GPTConfig:
                      max_position_embeddings=ns.max_position_embeddings or ns.seq_length,
                      padded_vocab_size=None, ffn_hidden_size=ns.ffn_hidden_size,
                      hidden_dropout=ns.hidden_dropout, attention_dropout=ns.attention_dropout,
-                     init_method_std=ns.init_method_std, recompute_activations=ns.checkpoint_activations,
+                     layernorm_epsilon=ns.layernorm_epsilon, init_method_std=ns.init_method_std,
+                     recompute_activations=ns.checkpoint_activations,
                      params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel,
                      use_rotary_position_embeddings=ns.use_rotary_position_embeddings,
                      rotary_percent=ns.rotary_percent, rope_theta=ns.rope_theta,

@@ -16,6 +16,7 @@ from megatron.checkpointing.resume_check import positions_refusal
 from megatron.core.tensor_parallel import ColumnParallelLinear, VocabParallelEmbedding
 from megatron.core.tensor_parallel.layers import strided_shard
 from megatron.core.tensor_parallel.mappings import group_size
+from megatron.model.config import GPTConfig
 from megatron.saved_model.layouts import partition_dim
 from megatron.saved_model.reader import SavedModelError, load_checkpoint_weights
 
@@ -76,12 +77,29 @@ def _tp_group(module: torch.nn.Module):
                 None)
 
 
-def load_finetune_weights(engine, load_dir: str, trust: bool = False) -> str:
-    """Copy the checkpoint's weights into the engine's model; returns the checkpoint's tag folder.
-    trust: --trust-checkpoint (megatron/safe_load.py)."""
+def settings_check(saved: GPTConfig, current: GPTConfig, load_dir: str) -> list[str]:
+    """What the weights' shapes do not show: another --layernorm-epsilon is refused (the norms would scale every
+    activation otherwise than in training: 1.3e-2 on a tiny Llama's logits, 1e-6 against 1e-5); another
+    --rope-theta is a note, as raising it to fine-tune for longer sequences is a known recipe (Code Llama's)."""
+    where = f"--load {load_dir} --finetune"
+    if saved.layernorm_epsilon != current.layernorm_epsilon:
+        raise SavedModelError(f"{where}: the checkpoint was trained with --layernorm-epsilon "
+                              f"{saved.layernorm_epsilon!r}, this run has {current.layernorm_epsilon!r}: pass "
+                              f"--layernorm-epsilon {saved.layernorm_epsilon!r}")
+    if saved.use_rotary_position_embeddings and saved.rope_theta != current.rope_theta:
+        return [f"note: {where}: the checkpoint was trained with --rope-theta {saved.rope_theta!r}, this run "
+                f"rotates with {current.rope_theta!r} (pass --rope-theta {saved.rope_theta!r} to keep its angles)"]
+    return []
+
+
+def load_finetune_weights(engine, load_dir: str, trust: bool = False,
+                          config: GPTConfig | None = None) -> tuple[str, list[str]]:
+    """Copy the checkpoint's weights into the engine's model; returns the checkpoint's tag folder and notes for
+    the log. trust: --trust-checkpoint (megatron/safe_load.py); config: the run's model (--model-size and flags)."""
     import deepspeed
 
     loaded = load_checkpoint_weights(load_dir, trust=trust)
+    notes = settings_check(loaded.config, config, load_dir) if config is not None else []
     if loaded.config.is_moe:  # the experts' names are global, a rank's local at EP > 1: not mapped here
         raise SavedModelError(f"--load {load_dir} --finetune: a mixture-of-experts checkpoint (--num-experts "
                               f"{' '.join(map(str, loaded.config.num_experts))}): fine-tuning from it is not "
@@ -106,4 +124,4 @@ def load_finetune_weights(engine, load_dir: str, trust: bool = False) -> str:
             param.data.copy_(local[name].to(device=param.device, dtype=param.dtype))
     if hasattr(engine.optimizer, "refresh_fp32_params"):
         engine.optimizer.refresh_fp32_params()
-    return loaded.path
+    return loaded.path, notes

@@ -20,6 +20,7 @@ SECTIONS = (arguments.ParallelArgs, arguments.OptimizerArgs, arguments.TrainingA
             arguments.LoggingArgs, arguments.CheckpointArgs, arguments.DeepSpeedArgs)
 # flags whose default is a field of a class outside megatron/arguments.py, by argparse destination
 FOREIGN = {"hidden_dropout": GPTConfig, "attention_dropout": GPTConfig, "init_method_std": GPTConfig,
+           "layernorm_epsilon": GPTConfig,
            "use_rotary_position_embeddings": GPTConfig, "rotary_percent": GPTConfig, "rope_theta": GPTConfig,
            "normalization": GPTConfig, "swiglu": GPTConfig, "num_key_value_heads": GPTConfig,
            "untie_embeddings_and_output_weights": GPTConfig, "disable_bias_linear": GPTConfig,

@@ -1,6 +1,7 @@
 """The golden dry-run command lines (tests/golden/launch/): every case of tests/golden/launch_cases.py has its file,
 recorded from the case as it now reads, and each case's dry run, through its launch script as a user starts it,
-gives that file today (what `python tests/golden/record_launch.py --check` checks; about 0.1 s per case).
+gives that file today (what `python tests/golden/record_launch.py --check` checks; about 0.1 s per case, 4 s for
+INIT_HF's, in the slow tier).
 """
 import sys
 from pathlib import Path
@@ -39,7 +40,12 @@ def test_each_golden_file_parses_and_was_recorded_from_its_case(case):
         assert len(golden.notes) == 1 and golden.notes[0].startswith("[run] ")  # the resume rule's decision
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+# INIT_HF's dry runs read config.json in a Python that imports transformers (about 4 s each): slow tier
+TIMED = [pytest.param(case, marks=pytest.mark.slow) if "INIT_HF" in case.env and not case.error else case
+         for case in CASES]
+
+
+@pytest.mark.parametrize("case", TIMED, ids=lambda case: case.name)
 def test_each_cases_dry_run_gives_its_golden_file(case):
     golden, _ = run_case(case)
     assert render(case, golden) == (LAUNCH_DIR / f"{case.name}.txt").read_text()

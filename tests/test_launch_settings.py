@@ -64,13 +64,15 @@ def test_a_second_launch_of_a_running_run_is_refused_on_every_path(waiting_launc
     assert first.poll() is None  # the first launch goes on
 
 
+@pytest.mark.slow  # INIT_HF: the planner reads config.json through transformers (about 4 s a plan)
 def test_host_k_of_a_torchrun_run_follows_host_0s_resume_decision(tmp_path):
     """NNODES=2: host 1 asks the resume rule without acting on it, so with INIT_HF both hosts pass the same
     --load: the run's checkpoint when it has one, else the converted model with --finetune (converted by host 0
     only)."""
     hf = tmp_path / "hf"
     hf.mkdir()
-    (hf / "config.json").write_text(json.dumps(dict(n_layer=2, n_embd=128, n_head=4, n_positions=1024)))
+    (hf / "config.json").write_text(json.dumps(dict(model_type="gpt2", n_layer=2, n_embd=128, n_head=4,
+                                                    n_positions=1024)))
     runs = tmp_path / "runs"
     run_dir = runs / "gpt_tiny_Z1"
     (run_dir).mkdir(parents=True)
@@ -87,12 +89,14 @@ def test_host_k_of_a_torchrun_run_follows_host_0s_resume_decision(tmp_path):
     assert (run_dir / "checkpoints" / "latest").is_file() and (run_dir / "train.log").is_file()  # host 1 moved nothing
 
 
+@pytest.mark.slow  # INIT_HF: the planner reads config.json through transformers (about 4 s a plan)
 def test_host_k_does_not_convert_init_hf(tmp_path):
     """A real host 1 start with INIT_HF and no checkpoint: it passes host 0's --finetune flags, converts nothing
     (host 0 does, before its ranks meet host 1's) and waits for host 0 in the rendezvous."""
     hf = tmp_path / "hf"
     hf.mkdir()
-    (hf / "config.json").write_text(json.dumps(dict(n_layer=2, n_embd=128, n_head=4, n_positions=1024)))
+    (hf / "config.json").write_text(json.dumps(dict(model_type="gpt2", n_layer=2, n_embd=128, n_head=4,
+                                                    n_positions=1024)))
     runs = tmp_path / "runs"
     run_dir = runs / "gpt_tiny_Z1"
     env = subprocess_env(RUNS_DIR=runs, INIT_HF=hf, NNODES=2, NODE_RANK=1, MASTER_ADDR="127.0.0.1",

@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from megatron.errors import ZeroLabError
+from megatron.inference.hf_flags import model_flags
 from megatron.inference.hf_folder import load_hf_folder
 from megatron.saved_model.reader import save_checkpoint_weights
 
@@ -24,15 +25,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
                         help="pad the vocabulary as pretrain_gpt.py will (default 128)")
     return parser.parse_args(argv)
-
-
-def llama_flags(config) -> str:
-    if not config.swiglu:
-        return ""
-    untie = " --untie-embeddings-and-output-weights" if config.untie_embeddings_and_output_weights else ""
-    return (f"--num-key-value-heads {config.num_key_value_heads} --ffn-hidden-size {config.ffn_hidden_size} "
-            f"--rope-theta {config.rope_theta:g} --normalization rmsnorm --swiglu --use-rotary-position-embeddings "
-            f"--disable-bias-linear{untie} ")
 
 
 def main(argv: list[str]) -> int:
@@ -48,9 +40,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     c = loaded.config
-    print(f"wrote {args.save} from {args.hf}: --num-layers {c.num_layers} --hidden-size {c.hidden_size} "
-          f"--num-attention-heads {c.num_attention_heads} --max-position-embeddings {c.max_position_embeddings} "
-          f"{llama_flags(c)}(padded vocab {c.padded_vocab_size})")
+    print(f"wrote {args.save} from {args.hf}: {' '.join(model_flags(c))} --max-position-embeddings "
+          f"{c.max_position_embeddings} (padded vocab {c.padded_vocab_size})")
     return 0
 
 

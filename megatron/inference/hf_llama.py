@@ -50,14 +50,24 @@ def to_hf_config(config: GPTConfig, vocab_size: int, bos: int | None, eod: int |
     )
 
 
+def hf_rope(hf_config) -> tuple[str, float]:
+    """(rope type, rope theta) as transformers' config class read config.json: transformers 5 gathers a top-level
+    rope_theta and rope_scaling (transformers 4's form, most published Llama folders') into rope_parameters;
+    transformers 4 keeps them as attributes of those names."""
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    scaling = getattr(hf_config, "rope_scaling", None) or {}
+    kind = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    return kind, float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+
+
 def _hf_refusal(hf_config) -> str | None:
     """Why our model cannot express this HF Llama config, or None."""
-    rope = getattr(hf_config, "rope_parameters", None) or {"rope_type": "default"}
+    rope_type = hf_rope(hf_config)[0]
     heads = hf_config.num_attention_heads
     for wrong, what in (
             (hf_config.hidden_act != "silu", f"hidden_act {hf_config.hidden_act!r} (our SwiGLU gates with silu)"),
-            (rope.get("rope_type", "default") != "default",
-             f"rope_parameters of type {rope.get('rope_type')!r} (ours rotates with plain theta: rope_type 'default')"),
+            (rope_type != "default", f"rope_scaling/rope_parameters of type {rope_type!r} (ours rotates with plain "
+                                     "theta: rope_type 'default')"),
             (getattr(hf_config, "attention_bias", False), "attention_bias true (our Llama has no biases)"),
             (getattr(hf_config, "mlp_bias", False), "mlp_bias true (our Llama has no biases)"),
             (getattr(hf_config, "head_dim", None) not in (None, hf_config.hidden_size // heads),
@@ -73,7 +83,6 @@ def from_hf_config(hf_config, padded_vocab_size: int) -> GPTConfig:
     refusal = _hf_refusal(hf_config)
     if refusal:
         raise ValueError(refusal)
-    rope = getattr(hf_config, "rope_parameters", None) or {}
     return GPTConfig(
         num_layers=hf_config.num_hidden_layers, hidden_size=hf_config.hidden_size,
         num_attention_heads=hf_config.num_attention_heads, num_key_value_heads=hf_config.num_key_value_heads,
@@ -81,7 +90,7 @@ def from_hf_config(hf_config, padded_vocab_size: int) -> GPTConfig:
         padded_vocab_size=padded_vocab_size, ffn_hidden_size=hf_config.intermediate_size,
         hidden_dropout=0.0, attention_dropout=hf_config.attention_dropout, layernorm_epsilon=hf_config.rms_norm_eps,
         init_method_std=hf_config.initializer_range, use_rotary_position_embeddings=True,
-        rope_theta=float(rope.get("rope_theta", 10000.0)), normalization="rmsnorm", swiglu=True,
+        rope_theta=hf_rope(hf_config)[1], normalization="rmsnorm", swiglu=True,
         untie_embeddings_and_output_weights=not hf_config.tie_word_embeddings, disable_bias_linear=True,
     )
 

@@ -14,12 +14,13 @@ import os
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from megatron.launch import settings as training
 from megatron.launch.plan import (REPO, Launch, check_port, die, free_port, given, python_of, resume_rule,
                                   visible_gpus)
 from megatron.launch.settings import check
-from megatron.model.presets import LLAMA, MODEL_PRESETS
+from megatron.model.presets import MODEL_PRESETS
 
 # examples_zero/gpt_deepspeed_<experiment>.sh -> (its ZeRO stage, its OFFLOAD: 0 none, 1 optimizer states and
 # parameters in CPU memory, nvme in files under NVME_PATH, ZeRO-Infinity)
@@ -27,48 +28,32 @@ EXPERIMENTS = {"DP": (0, "0"), "Z1": (1, "0"), "Z2": (2, "0"), "Z3": (3, "0"), "
                "Z3_NVMe": (3, "nvme")}
 
 
-def _hf_shape(config: dict) -> tuple[dict, str | None]:
-    """A Hugging Face config.json's shape in MODEL_PRESETS' terms, and its positions (the GPT-2 table's length, or
-    a Llama's max_position_embeddings)."""
-    if config.get("model_type") != "llama":
-        return dict(num_layers=config.get("n_layer"), hidden_size=config.get("n_embd"),
-                    num_attention_heads=config.get("n_head")), config.get("n_positions")
-    rope = config.get("rope_parameters") or {}
-    shape = dict(num_layers=config.get("num_hidden_layers"), hidden_size=config.get("hidden_size"),
-                 num_attention_heads=config.get("num_attention_heads"), **LLAMA,
-                 num_key_value_heads=config.get("num_key_value_heads"), ffn_hidden_size=config.get("intermediate_size"),
-                 rope_theta=float(rope.get("rope_theta", 10000.0)))
-    if config.get("tie_word_embeddings"):
-        shape["untie_embeddings_and_output_weights"] = False
-    return shape, config.get("max_position_embeddings")
+@dataclass
+class HFInit:
+    """INIT_HF's model: the MODEL_SIZE preset of its architecture (None: none is; its flags give the shape), its
+    positions, and the flags of its shape, rope theta and norms' epsilon (megatron/inference/hf_flags.py)."""
+    preset: str | None
+    positions: str
+    flags: list[str]
 
 
-def _same_shape(preset: dict, shape: dict) -> bool:
-    """The preset's own values, with GPTConfig's defaults where it leaves them out (one K/V head per query head,
-    rope theta 10000)."""
-    defaults = dict(num_key_value_heads=preset["num_attention_heads"], rope_theta=10000.0)
-    return {**{key: value for key, value in defaults.items() if key in shape}, **preset} == shape
-
-
-def init_hf_shape(init_hf: str, model_size: str | None) -> tuple[str, str]:
-    """INIT_HF=<Hugging Face GPT-2 or Llama folder>: (its MODEL_SIZE preset, its positions)."""
-    config_file = os.path.join(init_hf, "config.json")
-    if not os.path.isfile(config_file):
+def read_init_hf(init_hf: str, model_size: str | None, python: str, env: dict[str, str]) -> HFInit:
+    """INIT_HF=<Hugging Face GPT-2 or Llama folder>, read through transformers' config class by the ranks' Python
+    (transformers imports torch, which this process does not: about 4 s of CPU, only with INIT_HF)."""
+    if not os.path.isfile(os.path.join(init_hf, "config.json")):
         die(f"INIT_HF={init_hf}: not a Hugging Face model folder (no config.json)")
-    try:
-        with open(config_file) as handle:
-            shape, positions = _hf_shape(json.load(handle))
-    except (OSError, ValueError, AttributeError):
-        die(f"INIT_HF={init_hf}: cannot read {config_file}")
-    preset = next((name for name, preset in MODEL_PRESETS.items() if _same_shape(preset, shape)), None)
-    if preset is None:
-        fields = "n_layer/n_embd/n_head" if "swiglu" not in shape else (
-            "num_hidden_layers/hidden_size/num_attention_heads/num_key_value_heads/intermediate_size/rope_theta/"
-            "tie_word_embeddings")
-        die(f"INIT_HF={init_hf}: its {fields} match no MODEL_SIZE preset")
-    if model_size and model_size != preset:
-        die(f"INIT_HF={init_hf} is a {preset} model but MODEL_SIZE={model_size}")
-    return preset, str(positions)
+    run = subprocess.run([python, "-m", "megatron.inference.hf_flags", init_hf, *filter(None, [model_size])],
+                         env=env, capture_output=True, text=True)
+    if run.returncode != 0:
+        lines = run.stderr.strip().splitlines() or [f"error: INIT_HF={init_hf}: cannot read its config.json"]
+        die(lines[-1].removeprefix("error: "))
+    read = json.loads(run.stdout.strip().splitlines()[-1])
+    if model_size and read["preset"] != model_size:
+        if read["preset"] or not read["differs"]:
+            die(f"INIT_HF={init_hf} is a {read['preset'] or 'custom-shaped'} model but MODEL_SIZE={model_size}")
+        die(f"INIT_HF={init_hf} is not a MODEL_SIZE={model_size} model: its {', '.join(read['differs'])}; leave "
+            "MODEL_SIZE out, INIT_HF's config.json gives the shape")
+    return HFInit(preset=read["preset"], positions=str(read["positions"]), flags=read["flags"])
 
 
 class DriverPlanner:
@@ -107,12 +92,13 @@ class DriverPlanner:
         # This Python's tools first: torch builds DeepSpeed's C++ ops with the first `ninja` on PATH, and two
         # different ninjas (a venv's and the system's) invalidate each other's builds on every start.
         launch_env["PATH"] = f"{os.path.dirname(python)}:{env.get('PATH', os.defpath)}"
-        hf_positions = None
-        if "INIT_HF" in v:
-            v["MODEL_SIZE"], hf_positions = init_hf_shape(v["INIT_HF"], v.get("MODEL_SIZE"))
+        hf = read_init_hf(v["INIT_HF"], v.get("MODEL_SIZE"), python, launch_env) if "INIT_HF" in v else None
+        if hf is not None and hf.preset is not None:
+            v["MODEL_SIZE"] = hf.preset
         accelerator, include = self._ranks(v, env, launch_env)
         launcher, ngpus, nnodes, node_rank = v["LAUNCHER"], int(v["NGPUS"]), int(v["NNODES"]), int(v["NODE_RANK"])
-        model_size = v["MODEL_SIZE"]
+        # INIT_HF of no preset's architecture: its flags give the shape, its folder names the run
+        model_size = None if hf is not None and hf.preset is None else v["MODEL_SIZE"]
         # srun's and mpiexec's NGPUS count every rank of the job; NNODES is 1 there
         settings = training.training_settings(v, accelerator=accelerator, world=ngpus * nnodes,
                                               model_size=model_size, model_variable="MODEL_SIZE")
@@ -130,7 +116,8 @@ class DriverPlanner:
 
         tag = "".join([f"_tp{s['TP']}" * (s["TP"] != "1"), f"_pp{s['PP']}" * (s["PP"] != "1"),
                        "_sp" * (s["SP"] == "1")])
-        run_name = v.get("RUN_NAME", f"gpt_{model_size}_{self.experiment}{tag}")
+        model_name = model_size or os.path.basename(v["INIT_HF"].rstrip("/"))
+        run_name = v.get("RUN_NAME", f"gpt_{model_name}_{self.experiment}{tag}")
         run_dir = os.path.realpath(os.path.join(v.get("RUNS_DIR", str(REPO / "runs")), run_name))
         prepare = []
         if not dry_run:
@@ -142,7 +129,7 @@ class DriverPlanner:
         if supervisor is not None:
             supervisor.take_lock(run_dir, lock_name)
         resume = resume_rule(run_dir, v.get("FRESH") == "1", dry_run or node_rank > 0, env)
-        load_flags = self._load_flags(v, run_dir, resume, hf_positions)
+        load_flags = self._load_flags(v, run_dir, resume, hf)
         init_dir = load_flags[load_flags.index("--load") + 1]
         if not dry_run and node_rank == 0 and "--finetune" in load_flags and not os.path.isfile(f"{init_dir}/latest"):
             prepare.append(lambda: self._convert_hf(python, v["INIT_HF"], init_dir, launch_env))
@@ -155,7 +142,8 @@ class DriverPlanner:
                    "--tensorboard-dir", f"{run_dir}/tensorboard", "--run-dir", run_dir,
                    "--exit-signal-handler", *args]  # SIGTERM (preemption): save this iteration, exit 0
         # an error about one of these flags names the variable it came from (megatron/launch/flag_sources.py)
-        launch_env["ZERO_LAB_FLAG_SOURCES"] = f"--zero-nvme-path=NVME_PATH {settings.sources_text()}"
+        hf_sources = "".join(f" {flag}=INIT_HF" for flag in (hf.flags if hf else []) if flag.startswith("--"))
+        launch_env["ZERO_LAB_FLAG_SOURCES"] = f"--zero-nvme-path=NVME_PATH {settings.sources_text()}{hf_sources}"
         note = f"resuming from {resume}" if resume else "fresh start"
         node = None
         log = f"{run_dir}/train.log"
@@ -203,16 +191,18 @@ class DriverPlanner:
         return accelerator, include
 
     @staticmethod
-    def _load_flags(v: dict[str, str], run_dir: str, resume: str | None, hf_positions: str | None) -> list[str]:
+    def _load_flags(v: dict[str, str], run_dir: str, resume: str | None, hf: HFInit | None) -> list[str]:
         """--load always, as Megatron's scripts pass it: pretrain_gpt.py resumes what <run>/checkpoints holds then.
         INIT_HF is converted once into the run folder, then loaded with --finetune (iteration and optimizer start
-        afresh); GPT-2's position table replaces --max-position-embeddings SEQ_LEN. A resumed run loads its own."""
+        afresh); its positions (GPT-2's table) replace --max-position-embeddings SEQ_LEN, and its shape, rope theta
+        and norms' epsilon are passed as flags, those of a resumed run too (which loads its own checkpoint)."""
         if "INIT_HF" not in v:
             return ["--load", f"{run_dir}/checkpoints"]
+        model = ["--max-position-embeddings", hf.positions, *hf.flags]
         if resume is not None:
-            return ["--max-position-embeddings", hf_positions, "--load", f"{run_dir}/checkpoints"]
+            return [*model, "--load", f"{run_dir}/checkpoints"]
         init_dir = f"{run_dir}/hf_init_{os.path.basename(v['INIT_HF'].rstrip('/'))}"
-        return ["--max-position-embeddings", hf_positions, "--load", init_dir, "--finetune"]
+        return [*model, "--load", init_dir, "--finetune"]
 
     @staticmethod
     def _deepspeed_include(v: dict[str, str], launcher: str, ngpus: int) -> str:

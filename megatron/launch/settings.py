@@ -201,12 +201,12 @@ def _batch_flags(v: dict[str, str], json_keys: set[str], world: int, names: dict
     return flags + ["--global-batch-size", v["GLOBAL_BATCH"]]
 
 
-def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, model_size: str,
+def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, model_size: str | None,
                       model_variable: str = "MODEL_SIZE", alcf_names: bool = False,
                       sp_variable: str = "SP") -> TrainingSettings:
     """The shared rules: `env` is the environment (empty values count as unset), `accelerator`
-    cuda or cpu (the defaults follow it), `world` every rank of the job, `model_size` the preset and
-    `model_variable` the variable it came from."""
+    cuda or cpu (the defaults follow it), `world` every rank of the job, `model_size` the preset (None: the
+    caller's flags give the shape, INIT_HF's) and `model_variable` the variable it came from."""
     _checked(env)
     v, names = _aliased(env, alcf_names)
     v.setdefault("TP", "1")
@@ -267,7 +267,8 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
     ulysses = ["--ds-sequence-parallel-size", v["SP_SIZE"]] if v.get("SP_SIZE", "1") != "1" else []
     wandb = ["--wandb-project", v["WANDB_PROJECT"]] if v.get("WANDB_PROJECT") else []
     moe = _moe_flags(v)
-    flags = ["--model-size", model_size, "--seq-length", v["SEQ_LEN"], "--max-position-embeddings", v["SEQ_LEN"],
+    preset = ["--model-size", model_size] if model_size else []
+    flags = [*preset, "--seq-length", v["SEQ_LEN"], "--max-position-embeddings", v["SEQ_LEN"],
              *positions, *batch_flags, *length, *precision, *parallel, *ulysses, *moe,
              "--data-path", *v["DATA_PATH"].split(), "--vocab-file", v["VOCAB_FILE"], "--merge-file", v["MERGE_FILE"],
              "--split", v["SPLIT"], "--lr", v["LR"], "--min-lr", v["MIN_LR"], "--lr-decay-style", v["LR_DECAY_STYLE"],

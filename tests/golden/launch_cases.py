@@ -71,6 +71,8 @@ DRIVER_CASES = [
          dict(DS_CONFIG="{fixtures}/ds_config.json", MICRO_BATCH="2", CLIP_GRAD="0.5", PRECISION="bf16")),
     Case("driver_Z1_init_hf", Z1, dict(INIT_HF="{fixtures}/hf_gpt2_tiny")),
     Case("driver_Z1_init_hf_resumes", Z1, dict(INIT_HF="{fixtures}/hf_gpt2_tiny"), checkpoint="runs/gpt_tiny_Z1"),
+    # a transformers 4 style Llama config.json (top-level rope_theta 1e6, rms_norm_eps 1e-6): llama-tiny's shape
+    Case("driver_Z1_init_hf_llama", Z1, dict(INIT_HF="{fixtures}/hf_llama_tiny")),
     Case("driver_Z1_launcher_deepspeed", Z1, dict(LAUNCHER="deepspeed")),
     Case("driver_Z1_launcher_mpiexec", Z1, dict(LAUNCHER="mpiexec", NGPUS="4")),
     # test_gpu_suite.py's Z3_OL line: CUDA_VISIBLE_DEVICES=4,5 gives the runner --include localhost:4,5, not
