@@ -101,15 +101,17 @@ def resolve_schedule(args: Args, samples_per_epoch: int) -> Schedule:
 
 
 def get_batch(batch: dict, device: torch.device, eod: int, eod_mask_loss: bool, sequence=None):
-    """Shift the (seq_length + 1)-token samples into inputs and labels; positions 0..s-1. With `sequence`, a
-    DeepSpeed-Ulysses group (its rank and size): this rank's slice of every sample, at its global positions
-    (the group's ranks read the same samples)."""
+    """Shift the (seq_length + 1)-token samples into inputs and labels; positions 0..s-1. With `eod_mask_loss`,
+    the loss leaves out each position whose input is the end-of-document id (the prediction across a document
+    boundary), as Megatron-DeepSpeed's get_ltor_masks_and_position_ids does; the prediction of the id is trained.
+    With `sequence`, a DeepSpeed-Ulysses group (its rank and size): this rank's slice of every sample, at its
+    global positions (the group's ranks read the same samples)."""
     text = batch["text"].to(device, non_blocking=True).long()
     tokens, labels = text[:, :-1].contiguous(), text[:, 1:].contiguous()
     position_ids = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
     loss_mask = torch.ones_like(labels, dtype=torch.float32)
     if eod_mask_loss:
-        loss_mask[labels == eod] = 0.0
+        loss_mask[tokens == eod] = 0.0
     if sequence is None or sequence.size == 1:
         return tokens, labels, position_ids, loss_mask
     part = tokens.shape[1] // sequence.size
