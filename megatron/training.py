@@ -549,6 +549,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
 
     from megatron.deepspeed_config import deepspeed_config
     from megatron.optimizer import LRSchedule, build_optimizer, import_muon_uncompiled
+    from megatron.stage0_optimizer import expert_norm_unfused_optimizer
 
     config = deepspeed_config(args, num_params, args.model.hidden_size, dist_info.on_cuda)
     if args.deepspeed.zero_stage == 3:
@@ -565,8 +566,10 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     optimizer = build_optimizer(model, args, state)
     schedule = LRSchedule(optimizer, args.optimizer, train_iters)
     import_muon_uncompiled()
-    engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
-                                           lr_scheduler=schedule, config=config, mpu=mpu, dist_init_required=False)
+    with expert_norm_unfused_optimizer(args.model.is_moe):  # stage 0 in 16-bit: a norm with the experts in it
+        engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
+                                               lr_scheduler=schedule, config=config, mpu=mpu,
+                                               dist_init_required=False)
     if args.training.compile:
         engine.compile()
     return engine, config
