@@ -68,7 +68,8 @@ class MemoryTracker:
 # The private DeepSpeed (0.19.8) attributes read below, by optimizer class: the fp32 master partitions and the
 # gradient buffers ZeRO keeps. Were DeepSpeed to rename one, a silent getattr default would drop it from the
 # measurement; instead a missing one raises (tests/test_training.py and the driver runs cover every class).
-# FP16_UnfusedOptimizer is stage 0 in bf16 (or fp16) without a pipeline: whole fp32 copies, one list per group.
+# FP16_UnfusedOptimizer is stage 0 in bf16 (or fp16) without a pipeline: whole fp32 copies, one list per group
+# (with experts, its subclass megatron/stage0_optimizer.py's: a class is known by the first of its bases named here).
 _FP32_MASTER = {"DeepSpeedZeroOptimizer": "single_partition_of_fp32_groups",
                 "DeepSpeedZeroOptimizer_Stage3": "fp32_partitioned_groups_flat",
                 "BF16_Optimizer": "fp32_groups_flat_partition",
@@ -99,10 +100,16 @@ def _private(optimizer, name: str):
             "megatron/memory.py reads it to measure model-state memory and needs updating") from None
 
 
+def deepspeed_class_name(optimizer) -> str:
+    """The name of the first class of `optimizer`'s bases (itself first) that this file knows, else its own."""
+    names = [cls.__name__ for cls in type(optimizer).__mro__]
+    return next((name for name in names if name in _FP32_MASTER), names[0])
+
+
 def _deepspeed_optimizer(engine):
     """The ZeRO or bf16 optimizer whose private buffers are measured; None for a plain torch optimizer."""
     optimizer = engine.optimizer
-    known = type(optimizer).__name__ in _FP32_MASTER
+    known = deepspeed_class_name(optimizer) in _FP32_MASTER
     if engine.zero_optimization() and not known:
         raise DeepSpeedInternalsError(f"ZeRO optimizer {type(optimizer).__name__} is not one megatron/memory.py "
                                       f"knows ({', '.join(_FP32_MASTER)})")
@@ -139,7 +146,7 @@ def host_gradient_bytes(engine) -> int:
 def _gradient_buffer_tensors(engine, where: str) -> list[torch.Tensor]:
     optimizer = _deepspeed_optimizer(engine)
     tensors = []
-    for name in gradient_buffers(type(optimizer).__name__, engine.zero_use_cpu_optimizer())[where]:
+    for name in gradient_buffers(deepspeed_class_name(optimizer), engine.zero_use_cpu_optimizer())[where]:
         buffers = _private(optimizer, name)
         if isinstance(buffers, dict):  # parameter group -> list of gradients (or None)
             tensors.extend(t for grads in buffers.values() for t in grads or [])
@@ -158,14 +165,14 @@ def optimizer_bytes(engine) -> int:
     inner = getattr(inner, "optimizer", inner)  # the fp16 wrapper at stage 0
     tensors = [value for state in inner.state.values() for value in state.values()]
     if optimizer is not None:
-        masters = _private(optimizer, _FP32_MASTER[type(optimizer).__name__]) or []
+        masters = _private(optimizer, _FP32_MASTER[deepspeed_class_name(optimizer)]) or []
         # FP16_UnfusedOptimizer keeps a list of fp32 copies per parameter group
         masters = [t for entry in masters for t in (entry if isinstance(entry, list) else [entry])
                    if isinstance(t, torch.Tensor)]
         tensors.extend(masters)
         # the master partitions' fp32 gradients: kept next to them when the optimizer is offloaded; the bf16
         # optimizer's are views of its gradient buffer, which grad_bytes counts
-        if type(optimizer).__name__ != "BF16_Optimizer":
+        if deepspeed_class_name(optimizer) != "BF16_Optimizer":
             tensors.extend(t.grad for t in masters if t.grad is not None)
     return unique_storage_bytes(tensors)
 

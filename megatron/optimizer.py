@@ -101,6 +101,17 @@ def expert_grad_square(params) -> torch.Tensor:
     return total
 
 
+def replica_grad_norm(params, tensor_rank: int = 0, norm_group=None) -> torch.Tensor:
+    """The L2 norm of the gradients of the whole model `params` belong to: the dense ones over the model-parallel
+    group (norm_group: the replica's TP x PP ranks), the experts' over their expert-parallel groups. Computed on
+    the parameters' device; nothing is read to the host."""
+    experts = [p for p in params if is_moe_param(p)]
+    norm = model_parallel_grad_norm([p for p in params if not is_moe_param(p)], tensor_rank, norm_group)
+    if experts:  # MoE runs have no tensor or pipeline parallelism (megatron/arguments.py)
+        norm = (norm.square() + expert_grad_square(experts)).sqrt()
+    return norm
+
+
 class NonFiniteSkippingAdamW(torch.optim.AdamW):
     """AdamW for ZeRO stage 0 in fp32, where DeepSpeed passes the step straight through:
     it clips by the global grad norm and skips the update when that norm is not finite,
@@ -118,10 +129,7 @@ class NonFiniteSkippingAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure=None):
         params = [p for group in self.param_groups for p in group["params"]]
-        experts = [p for p in params if is_moe_param(p)]
-        norm = model_parallel_grad_norm([p for p in params if not is_moe_param(p)], self.tensor_rank, self.norm_group)
-        if experts:  # MoE runs have no tensor or pipeline parallelism (megatron/arguments.py)
-            norm = (norm.square() + expert_grad_square(experts)).sqrt()
+        norm = replica_grad_norm(params, self.tensor_rank, self.norm_group)
         self._global_grad_norm = norm.item()
         self.overflow = not math.isfinite(self._global_grad_norm)
         if self.overflow:

@@ -101,15 +101,17 @@ def resolve_schedule(args: Args, samples_per_epoch: int) -> Schedule:
 
 
 def get_batch(batch: dict, device: torch.device, eod: int, eod_mask_loss: bool, sequence=None):
-    """Shift the (seq_length + 1)-token samples into inputs and labels; positions 0..s-1. With `sequence`, a
-    DeepSpeed-Ulysses group (its rank and size): this rank's slice of every sample, at its global positions
-    (the group's ranks read the same samples)."""
+    """Shift the (seq_length + 1)-token samples into inputs and labels; positions 0..s-1. With `eod_mask_loss`,
+    the loss leaves out each position whose input is the end-of-document id (the prediction across a document
+    boundary), as Megatron-DeepSpeed's get_ltor_masks_and_position_ids does; the prediction of the id is trained.
+    With `sequence`, a DeepSpeed-Ulysses group (its rank and size): this rank's slice of every sample, at its
+    global positions (the group's ranks read the same samples)."""
     text = batch["text"].to(device, non_blocking=True).long()
     tokens, labels = text[:, :-1].contiguous(), text[:, 1:].contiguous()
     position_ids = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
     loss_mask = torch.ones_like(labels, dtype=torch.float32)
     if eod_mask_loss:
-        loss_mask[labels == eod] = 0.0
+        loss_mask[tokens == eod] = 0.0
     if sequence is None or sequence.size == 1:
         return tokens, labels, position_ids, loss_mask
     part = tokens.shape[1] // sequence.size
@@ -547,6 +549,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
 
     from megatron.deepspeed_config import deepspeed_config
     from megatron.optimizer import LRSchedule, build_optimizer, import_muon_uncompiled
+    from megatron.stage0_optimizer import expert_norm_unfused_optimizer
 
     config = deepspeed_config(args, num_params, args.model.hidden_size, dist_info.on_cuda)
     if args.deepspeed.zero_stage == 3:
@@ -563,8 +566,10 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     optimizer = build_optimizer(model, args, state)
     schedule = LRSchedule(optimizer, args.optimizer, train_iters)
     import_muon_uncompiled()
-    engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
-                                           lr_scheduler=schedule, config=config, mpu=mpu, dist_init_required=False)
+    with expert_norm_unfused_optimizer(args.model.is_moe):  # stage 0 in 16-bit: a norm with the experts in it
+        engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
+                                               lr_scheduler=schedule, config=config, mpu=mpu,
+                                               dist_init_required=False)
     if args.training.compile:
         engine.compile()
     return engine, config
