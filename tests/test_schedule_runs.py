@@ -63,12 +63,16 @@ def test_train_tokens_and_the_token_schedule_count_a_curriculums_truncated_steps
     assert [line[3] for line in lines] == printed(rates[:6])
 
 
-def test_the_batch_ramp_sets_each_steps_global_batch_and_consumed_samples(dolly_data_dir):
-    """--train-samples 56, --rampup-batch-size 2 2 12 to --global-batch-size 8 at micro-batch 1 on 2 data-parallel
-    ranks (ZeRO-1): global batches 2, 2, 4, 6, then 8 (gradient accumulation 1, 1, 2, 3, 4), 9 iterations by
-    Megatron's update_train_iters; the warm-up by samples steps once per iteration by its batch."""
+@pytest.mark.parametrize("layout", [("--zero-stage", "1"), ("--pipeline-model-parallel-size", "2")],
+                         ids=["zero1-dp2", "pipeline-pp2"])
+def test_the_batch_ramp_sets_each_steps_global_batch_and_consumed_samples(dolly_data_dir, layout):
+    """--train-samples 56, --rampup-batch-size 2 2 12 to --global-batch-size 8 at micro-batch 1: global batches 2, 2,
+    4, 6, then 8, 9 iterations by Megatron's update_train_iters; the warm-up by samples steps once per iteration by
+    its batch. On 2 data-parallel ranks at ZeRO-1 (gradient accumulation 1, 1, 2, 3, 4: DeepSpeed's own boundary
+    would fall mid-step from the change to 3) and on DeepSpeed's pipeline engine over 2 stages (its train_batch
+    takes 2, 2, 4, 6, 8 micro-batches)."""
     command = pretrain_cmd(dolly_data_dir, 2, "--train-samples", "56", "--rampup-batch-size", "2", "2", "12",
-                           "--micro-batch-size", "1", "--zero-stage", "1", "--lr-warmup-iters", "0",
+                           "--micro-batch-size", "1", *layout, "--lr-warmup-iters", "0",
                            "--lr-warmup-samples", "16", "--lr", "1e-3", "--min-lr", "1e-4")
     at = command.index("--train-iters")
     del command[at:at + 2]  # sample-based instead
