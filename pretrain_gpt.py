@@ -91,7 +91,7 @@ def pretrain(args: Args, tokenizer, dist_info: DistInfo, comm=None) -> LoopState
                   **step_functions(args))
     if args.checkpoint.save:
         save(engine, args, state, dist_info, reporter)
-    if state.iteration >= schedule.train_iters:
+    if schedule.finished(state):
         reporter.print_line(training_done_line())
     reporter.close()
     return state

@@ -48,9 +48,10 @@ _RECORD_START_RE = re.compile(
     r"|(?P<end>\[after training is done\])"  # Megatron's last line
     # megatron/training.py's TrainingError when too many iterations in a row were NaN/Inf
     r"|(?P<diverged>stopping at iteration\s+(?P<sit>\d+):)"
-    # --exit-interval (ours and upstream) or upstream's signal handler
+    # --exit-interval (ours and upstream), upstream's signal handler, or --exit-duration-in-mins (ours and upstream)
     r"|(?P<exited>exiting program (?:at iteration\s+(?P<eit>\d+)"
-    r"|after receiving (?P<signal>SIG\w+)(?: at iteration\s+(?P<sigit>\d+))?))"
+    r"|after receiving (?P<signal>SIG\w+)(?: at iteration\s+(?P<sigit>\d+))?"
+    r"|after (?P<minutes>\d+(?:\.\d+)?(?:e-?\d+)?) minutes))"
     rf"|(?P<attempt>{_ATTEMPT_HEADER})"
 )
 # Megatron prints its parsed arguments as "  name ........ value" once at start-up.
@@ -193,7 +194,7 @@ class ParsedLog:
     ended_mid_line: bool = False
     saw_end_marker: bool = False
     diverged_at: int | None = None  # the iteration of the "stopping at iteration N:" line
-    exited_early: str | None = None  # why: "--exit-interval" or the signal's name
+    exited_early: str | None = None  # why: "--exit-interval", "--exit-duration-in-mins" or the signal's name
     exited_at: int | None = None  # the iteration the exit line names, when it names one
     attempts: list[AttemptRecord] = field(default_factory=list)
     # One entry per start of training, True when it resumed from a checkpoint: each attempt header
@@ -414,7 +415,7 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
     elif kind == "diverged":
         log.diverged_at = int(match["sit"])
     elif kind == "exited":
-        log.exited_early = match["signal"] or "--exit-interval"
+        log.exited_early = match["signal"] or ("--exit-duration-in-mins" if match["minutes"] else "--exit-interval")
         iteration = match["eit"] or match["sigit"]
         log.exited_at = int(iteration) if iteration else None
     elif kind == "attempt":

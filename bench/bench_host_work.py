@@ -137,7 +137,8 @@ def one_run(side: str, opts, prefix: str, dist_info) -> dict:
     set_seed(1234)
     engine, ds_config = training.setup_engine(lambda: GPTModel(args.model), accounting.count_parameters(args.model),
                                               args, dist_info, opts.iters)
-    schedule = training.Schedule(train_iters=opts.iters, iters_per_epoch=10**9, samples_per_epoch=10**9)
+    schedule = training.Schedule(train_iters=opts.iters, iters_per_epoch=10**9, samples_per_epoch=10**9,
+                                 global_batch_size=args.training.global_batch_size)
     counts = {"reads": 0, "polls": 0}
     with contextlib.redirect_stdout(io.StringIO()) as log:
         reporter = training.build_reporter(args, dist_info, schedule, ds_config)

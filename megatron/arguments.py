@@ -16,6 +16,7 @@ from dataclasses import Field, dataclass, field, fields
 import deepspeed
 import torch
 
+from megatron.batch_rampup import BatchRamp, BatchRampError
 from megatron.core.parallel_state import ParallelLayout
 from megatron.curriculum import FLAG as CURRICULUM_FLAG
 from megatron.curriculum import CurriculumConfig, CurriculumError, read_curriculum
@@ -99,6 +100,12 @@ class OptimizerArgs:
     lr_warmup_iters: int = flag(0)
     lr_warmup_fraction: float | None = flag(None)
     lr_decay_iters: int | None = flag(None)
+    # a --train-samples run's warm-up and decay (Megatron's sample-based schedule; megatron/optimizer.py LRSchedule)
+    lr_warmup_samples: int = flag(0, "with --train-samples: samples of linear warm-up")
+    lr_decay_samples: int | None = flag(None, "with --train-samples: samples to decay over (default: --train-samples)")
+    # by consumed tokens instead of steps, as Megatron-DeepSpeed counts them (a curriculum's steps are shorter)
+    lr_warmup_tokens: int | None = flag(None, "tokens of linear warm-up (overrides the warm-up by steps)")
+    lr_decay_tokens: int | None = flag(None, "tokens to decay over (overrides the decay by steps)")
     weight_decay: float = flag(0.01)
     clip_grad: float = flag(1.0, "default: the JSON's gradient_clipping, else {default}", from_json=True)
     adam_beta1: float = flag(0.9)
@@ -106,12 +113,22 @@ class OptimizerArgs:
     adam_eps: float = flag(1e-8)
 
     def __post_init__(self):
-        _require(self.lr_decay_style in ("cosine", "linear", "constant"),
-                 f"--lr-decay-style must be cosine, linear or constant, got {self.lr_decay_style!r}")
+        _require(self.lr_decay_style in ("cosine", "linear", "constant", "inverse-square-root"),
+                 "--lr-decay-style must be cosine, linear, constant or inverse-square-root, got "
+                 f"{self.lr_decay_style!r}")
         _require(self.lr >= 0 and self.min_lr >= 0, "--lr and --min-lr must be >= 0")
         _require(self.min_lr <= self.lr, f"--min-lr {self.min_lr} is larger than --lr {self.lr}")
         _require(not (self.lr_warmup_fraction is not None and self.lr_warmup_iters > 0),
                  "--lr-warmup-fraction and --lr-warmup-iters are exclusive; give one")
+        _require(not (self.lr_warmup_fraction is not None and self.lr_warmup_samples > 0),
+                 "--lr-warmup-fraction and --lr-warmup-samples are exclusive; give one")
+        for name, value, least in (("--lr-warmup-iters", self.lr_warmup_iters, 0),
+                                   ("--lr-warmup-samples", self.lr_warmup_samples, 0),
+                                   ("--lr-warmup-tokens", self.lr_warmup_tokens, 0),
+                                   ("--lr-decay-iters", self.lr_decay_iters, 1),
+                                   ("--lr-decay-samples", self.lr_decay_samples, 1),
+                                   ("--lr-decay-tokens", self.lr_decay_tokens, 1)):
+            _require(value is None or value >= least, f"{name} must be >= {least}, got {value}")
         _require(self.clip_grad >= 0, f"--clip-grad must be >= 0, got {self.clip_grad}")
 
 
@@ -120,13 +137,21 @@ class TrainingArgs:
     train_iters: int | None = flag(None)
     train_samples: int | None = flag(None)
     train_epochs: float | None = flag(None, "zero-lab extra: passes over the train split")
+    train_tokens: int | None = flag(None, "also stop once this many tokens are consumed (Megatron-DeepSpeed's count: "
+                                          "a curriculum's steps count their truncated length)")
     micro_batch_size: int = flag(help="required unless the JSON gives train_micro_batch_size_per_gpu")
     global_batch_size: int = flag(help="default: the JSON's train_batch_size, else micro batch x the JSON's "
                                        "gradient_accumulation_steps (else 1) x data-parallel size")
     gradient_accumulation_steps: int
+    # Megatron's batch-size ramp: <start> <increment> <ramp samples> (megatron/batch_rampup.py)
+    rampup_batch_size: list[int] | None = flag(
+        None, "with --train-samples: <start batch> <increment> <ramp-up samples>: the global batch grows from start "
+              "by increment, evenly over the ramp-up samples, to --global-batch-size")
     seed: int = flag(1234)
     max_nan_iterations: int = flag(10)
     exit_interval: int | None = flag(None, "stop (after saving with --save) when the iteration is a multiple of this")
+    exit_duration_in_mins: float | None = flag(
+        None, "after this many minutes since the ranks started, save (with --save) and exit 0, all ranks agreeing")
     exit_signal_handler: bool = flag(
         False, "on SIGTERM: save a checkpoint after the current step and exit 0 (docs/checkpoints.md)")
     eod_mask_loss: bool = flag(False)
@@ -149,6 +174,13 @@ class TrainingArgs:
                  + (f" (got {' and '.join(given)})" if given else ""))
         _require(self.max_nan_iterations > 0, "--max-nan-iterations must be >= 1")
         _require(self.exit_interval is None or self.exit_interval > 0, "--exit-interval must be >= 1")
+        _require(self.exit_duration_in_mins is None or self.exit_duration_in_mins > 0,
+                 f"--exit-duration-in-mins must be > 0, got {self.exit_duration_in_mins}")
+        _require(self.train_tokens is None or self.train_tokens > 0,
+                 f"--train-tokens must be >= 1, got {self.train_tokens}")
+        _require(self.rampup_batch_size is None or len(self.rampup_batch_size) == 3,
+                 "--rampup-batch-size takes three numbers: <start batch size> <batch size increment> <ramp-up "
+                 f"samples>, got {self.rampup_batch_size}")
         _require(self.moe_loss_coeff >= 0, f"--moe-loss-coeff must be >= 0, got {self.moe_loss_coeff}")
 
 
@@ -534,6 +566,7 @@ def _unsupported_combinations(args: Args, device_type: str):
         (ds.zero_stage >= 2 and par.pipeline_model_parallel_size > 1,
          f"--zero-stage {ds.zero_stage} cannot be combined with pipeline parallelism; "
          "use --zero-stage 0/1 or --no-pipeline-parallel"),
+        *_schedule_problems(args),
         *_moe_problems(args),
         *_ulysses_problems(args),  # before Megatron's --sequence-parallel's own rule: its message names both
         (args.curriculum is not None and pp > 1,
@@ -573,6 +606,31 @@ def _ulysses_problems(args: Args):
          f"{flag} at ZeRO stage 3 needs zero_optimization.reduce_scatter on (--deepspeed_config "
          f"{args.deepspeed.deepspeed_config} turns it off): DeepSpeed averages the gradients another way there"),
     ]
+
+
+def _schedule_problems(args: Args):
+    """Megatron's rules: a run counts by iterations or by samples, and its schedule flags with it; the batch-size ramp
+    is sample-based, and each of its batches splits into micro-batches on every data-parallel rank."""
+    t, opt = args.training, args.optimizer
+    by_samples = t.train_samples is not None
+    unit = "--train-iters" if t.train_iters is not None else "--train-epochs"
+    problems = [(by_samples and opt.lr_decay_iters is not None,
+                 "--lr-decay-iters is iteration-based; with --train-samples give --lr-decay-samples"),
+                (by_samples and opt.lr_warmup_iters > 0,
+                 "--lr-warmup-iters is iteration-based; with --train-samples give --lr-warmup-samples"),
+                (not by_samples and opt.lr_decay_samples is not None,
+                 f"--lr-decay-samples is sample-based; with {unit} give --lr-decay-iters"),
+                (not by_samples and opt.lr_warmup_samples > 0,
+                 f"--lr-warmup-samples is sample-based; with {unit} give --lr-warmup-iters"),
+                (not by_samples and t.rampup_batch_size is not None,
+                 f"--rampup-batch-size needs sample-based training: give --train-samples instead of {unit}")]
+    if t.rampup_batch_size is not None:
+        try:
+            BatchRamp.from_flag(t.rampup_batch_size, t.global_batch_size, t.micro_batch_size,
+                                args.parallel.data_parallel_size)
+        except BatchRampError as err:
+            problems.append((True, str(err)))
+    return problems
 
 
 def _moe_problems(args: Args):

@@ -6,8 +6,13 @@ training loop asks `stop_requested` every min(--log-interval, 10) steps (megatro
 EXIT_SIGNAL_POLL_STEPS: the question is a collective and a host sync, too costly after every step), and
 the ranks agree through an all-reduce (a scheduler may signal some ranks before others), so all of them
 save the same iteration and exit 0.
+
+`--exit-duration-in-mins` (Megatron's flag too) stops the run the same way once that many minutes have passed since
+the ranks started: `minutes_past` is asked after every step, as Megatron-DeepSpeed asks, and the ranks agree by the
+same all-reduce.
 """
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -31,3 +36,12 @@ class ExitSignalHandler:
         flag = torch.tensor([int(self.received)], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+
+def minutes_past(limit: float, started: float, device: torch.device) -> float | None:
+    """The minutes since `started` (this rank's process start, time.time()'s clock) once any rank is past `limit`,
+    else None (a collective: all ranks call it)."""
+    minutes = (time.time() - started) / 60.0
+    flag = torch.tensor([int(minutes > limit)], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return minutes if flag.item() else None

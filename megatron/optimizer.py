@@ -189,44 +189,91 @@ def build_optimizer(model: torch.nn.Module, args: Args, state=None) -> torch.opt
 
 
 class LRSchedule:
-    """Megatron's schedule: linear warmup to --lr, then cosine/linear/constant decay to --min-lr
-    at --lr-decay-iters (default: the whole run). DeepSpeed calls step() once per applied update."""
+    """Megatron-DeepSpeed's OptimizerParamScheduler (megatron/optimizer_param_scheduler.py), counted as it counts:
+    steps are samples (--lr-warmup-iters and --lr-decay-iters times the global batch; --train-samples runs use
+    --lr-warmup-samples and --lr-decay-samples), and --lr-warmup-tokens / --lr-decay-tokens count consumed tokens
+    instead. The rate is set at 0 when it is built (Megatron-DeepSpeed steps its scheduler by 0 then: the first
+    iteration of a warm-up trains at rate 0), and DeepSpeed calls step() after each applied update (not after a
+    skipped one), which moves it on by that update's global batch: an iteration trains at the rate the step before
+    it left, and the log line shows the rate after its own step, as Megatron-DeepSpeed's does (docs/log-lines.md).
+    The tokens the scheduler sees at a step are those consumed before that iteration: Megatron-DeepSpeed counts an
+    iteration's tokens after its train_step, where DeepSpeed has stepped the scheduler already."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, opt: OptimizerArgs, train_iters: int):
+    def __init__(self, optimizer: torch.optim.Optimizer, opt: OptimizerArgs, train_iters: int,
+                 global_batch_size: int = 1, train_samples: int | None = None):
+        """train_samples: a --train-samples run's (sample-based: warm-up and decay by samples); None: by
+        iterations (--train-iters, --train-epochs) of global_batch_size samples."""
         self.optimizer = optimizer
         self.max_lr, self.min_lr, self.style = opt.lr, opt.min_lr, opt.lr_decay_style
-        self.decay_iters = opt.lr_decay_iters or train_iters
-        fraction_warmup = int(opt.lr_warmup_fraction * self.decay_iters) if opt.lr_warmup_fraction else 0
-        self.warmup_iters = opt.lr_warmup_iters or fraction_warmup
-        self.num_steps = 0
+        if train_samples is None:
+            self.decay_steps = (opt.lr_decay_iters or train_iters) * global_batch_size
+            warmup = opt.lr_warmup_iters * global_batch_size
+        else:
+            self.decay_steps = opt.lr_decay_samples or train_samples
+            warmup = opt.lr_warmup_samples
+        self.warmup_steps = warmup if opt.lr_warmup_fraction is None else opt.lr_warmup_fraction * self.decay_steps
+        self.warmup_tokens, self.decay_tokens = opt.lr_warmup_tokens, opt.lr_decay_tokens
+        self.num_steps, self.num_tokens = 0, 0
+        # what the next step() adds and the tokens it sees, as the loop announces them (before_step)
+        self.increment, self.tokens_before = global_batch_size, 0
         self._apply()
 
-    def lr_at(self, step: int) -> float:
-        if self.warmup_iters > 0 and step < self.warmup_iters:
-            return self.max_lr * (step + 1) / self.warmup_iters
-        if self.style == "constant" or step >= self.decay_iters:
-            return self.max_lr if self.style == "constant" else self.min_lr
-        progress = (step - self.warmup_iters) / max(1, self.decay_iters - self.warmup_iters)
-        if self.style == "linear":
-            coeff = 1.0 - progress
-        else:
-            coeff = 0.5 * (math.cos(math.pi * progress) + 1.0)
+    def get_rate(self) -> float:
+        """Megatron-DeepSpeed's get_lr at (num_steps, num_tokens), its quirk included: a warm-up by steps before a
+        decay by tokens ends at the tokens consumed when the warm-up's last step is taken."""
+        if self.warmup_tokens is None:
+            if 0 < self.warmup_steps and self.num_steps <= self.warmup_steps:
+                if self.num_steps == self.warmup_steps and self.decay_tokens is not None:
+                    self.warmup_tokens = self.num_tokens
+                return self.max_lr * self.num_steps / self.warmup_steps
+        elif 0 < self.warmup_tokens and self.num_tokens <= self.warmup_tokens:
+            return self.max_lr * self.num_tokens / self.warmup_tokens
+        if self.style == "constant":
+            return self.max_lr
+        done, end = ((self.num_steps, self.decay_steps) if self.decay_tokens is None
+                     else (self.num_tokens, self.decay_tokens))
+        if done > end:
+            return self.min_lr
+        if self.style == "inverse-square-root":
+            warmup = self.warmup_steps if self.warmup_tokens is None else self.warmup_tokens
+            return max(self.min_lr, self.max_lr * max(warmup, 1) ** 0.5 / max(
+                self.num_steps if self.warmup_tokens is None else self.num_tokens, 1) ** 0.5)
+        # Megatron-DeepSpeed fails here on a fractional warm-up that no step lands on before a decay by tokens
+        # (no warm-up tokens yet): taken as 0
+        start = self.warmup_steps if self.decay_tokens is None else (self.warmup_tokens or 0)
+        ratio = (done - start) / (end - start)
+        coeff = 1.0 - ratio if self.style == "linear" else 0.5 * (math.cos(math.pi * ratio) + 1.0)
         return self.min_lr + coeff * (self.max_lr - self.min_lr)
 
     def _apply(self):
+        rate = self.get_rate()
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr_at(self.num_steps)
+            group["lr"] = rate
 
-    def step(self, *_unused, **_unused_kwargs):
-        self.num_steps += 1
+    def before_step(self, global_batch_size: int, consumed_tokens: int):
+        """The next update's global batch (what its step adds) and the tokens consumed before its iteration (what
+        Megatron-DeepSpeed's scheduler reads from args.consumed_train_tokens when DeepSpeed steps it)."""
+        self.increment, self.tokens_before = global_batch_size, consumed_tokens
+
+    def step(self, increment: int | None = None, token_num: int | None = None):
+        """DeepSpeed's engine calls it with no arguments (the pipeline engine's too): the loop's before_step."""
+        self.num_tokens = self.tokens_before if token_num is None else token_num
+        self.num_steps += self.increment if increment is None else increment
         self._apply()
 
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
 
     def state_dict(self) -> dict:
-        return {"num_steps": self.num_steps}
+        return {"num_steps": self.num_steps, "num_tokens": self.num_tokens, "warmup_tokens": self.warmup_tokens}
 
     def load_state_dict(self, state: dict):
-        self.num_steps = state["num_steps"]
+        """A checkpoint of zero-lab before the schedule counted samples has num_steps in iterations (and no
+        num_tokens): taken as iterations of the global batch."""
+        if "num_tokens" not in state:
+            state = {"num_steps": state["num_steps"] * self.increment, "num_tokens": 0, "warmup_tokens": None}
+        self.num_steps, self.num_tokens = state["num_steps"], state["num_tokens"]
+        self.tokens_before = self.num_tokens
+        if self.warmup_tokens is None and self.decay_tokens is not None:  # the warm-up's end, found by steps
+            self.warmup_tokens = state["warmup_tokens"]
         self._apply()

@@ -16,10 +16,11 @@ import torch.distributed as dist
 
 from megatron import comm_counter, memory
 from megatron.arguments import Args
+from megatron.batch_rampup import BatchRamp
 from megatron.checkpointing import interval
 from megatron.checkpointing.save_load import save_checkpoint
 from megatron.curriculum import SeqlenCurriculum
-from megatron.exit_signal import ExitSignalHandler
+from megatron.exit_signal import ExitSignalHandler, minutes_past
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
 from megatron.launch.dist_env import all_ranks_on_this_host
@@ -27,9 +28,9 @@ from megatron.length_predictions import LengthPredictions
 from megatron.model import moe
 from megatron.step_timing import PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup, probes_skipped
 from megatron.training_log import (IterationStats, MoEStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
-                                   iteration_line, iteration_scalars, memory_line, memory_scalars, model_state_line,
-                                   parameters_line, peak_line, probe_line, progress_line, run_info_line, time_line,
-                                   time_scalars, validation_line)
+                                   exit_duration_line, iteration_line, iteration_scalars, memory_line, memory_scalars,
+                                   model_state_line, parameters_line, peak_line, probe_line, progress_line,
+                                   run_info_line, time_line, time_scalars, validation_line)
 
 
 class TrainingError(ZeroLabError, RuntimeError):
@@ -41,6 +42,17 @@ class Schedule:
     train_iters: int
     iters_per_epoch: int
     samples_per_epoch: int
+    global_batch_size: int
+    train_tokens: int | None = None  # --train-tokens: also stop once this many are consumed
+    ramp: BatchRamp | None = None  # --rampup-batch-size; None: every step is --global-batch-size
+
+    def batch_at(self, consumed_samples: int) -> int:
+        return self.global_batch_size if self.ramp is None else self.ramp.batch_at(consumed_samples)
+
+    def finished(self, state: "LoopState") -> bool:
+        """Megatron-DeepSpeed's stop rule: the iterations, or the tokens, reached."""
+        return state.iteration >= self.train_iters or (self.train_tokens is not None and
+                                                       state.consumed_tokens >= self.train_tokens)
 
 
 # --exit-signal-handler: the ranks agree on the SIGTERM flag (a collective and a host sync) every
@@ -68,6 +80,7 @@ class LoopState:
     iteration: int = 0
     consumed_samples: int = 0
     consumed_tokens: int = 0  # a curriculum's steps are shorter than --seq-length
+    batch_size: int = 0  # the global batch of the last step (--rampup-batch-size changes it)
     skipped_iterations: int = 0
     nan_iterations: int = 0
     nan_in_a_row: int = 0
@@ -77,6 +90,8 @@ class LoopState:
     interval_seconds: float = 0.0
     interval_iterations: int = 0
     interval_seq_lengths: list = field(default_factory=list)  # each step's sequence length
+    interval_samples: int = 0
+    interval_tokens: int = 0
     # this launch's training steps and the seconds they took (the step clock's): seconds per iteration for
     # the checkpoint-interval advice
     launch_seconds: float = 0.0
@@ -87,17 +102,24 @@ class LoopState:
 
 
 def resolve_schedule(args: Args, samples_per_epoch: int) -> Schedule:
-    """Turn --train-iters / --train-samples / --train-epochs into iterations."""
-    batch = args.training.global_batch_size
-    iters_per_epoch = max(1, samples_per_epoch // batch)
+    """Turn --train-iters / --train-samples / --train-epochs into iterations (with --rampup-batch-size, Megatron's
+    count: the ramp's steps, then whole global batches)."""
     t = args.training
+    batch = t.global_batch_size
+    iters_per_epoch = max(1, samples_per_epoch // batch)
+    ramp = None
+    if t.rampup_batch_size is not None:
+        ramp = BatchRamp.from_flag(t.rampup_batch_size, batch, t.micro_batch_size, args.parallel.data_parallel_size)
     if t.train_iters is not None:
         iters = t.train_iters
+    elif ramp is not None:
+        iters = ramp.train_iters(t.train_samples)
     elif t.train_samples is not None:
         iters = math.ceil(t.train_samples / batch)
     else:
         iters = max(1, round(t.train_epochs * iters_per_epoch))
-    return Schedule(train_iters=iters, iters_per_epoch=iters_per_epoch, samples_per_epoch=samples_per_epoch)
+    return Schedule(train_iters=iters, iters_per_epoch=iters_per_epoch, samples_per_epoch=samples_per_epoch,
+                    train_tokens=t.train_tokens, ramp=ramp, global_batch_size=batch)
 
 
 def get_batch(batch: dict, device: torch.device, eod: int, eod_mask_loss: bool, sequence=None):
@@ -179,7 +201,12 @@ def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
     gradients held after each backward (their peak) and the first micro-batch's activations."""
     losses = []
     grad_bytes, activations = 0, None
-    for micro in range(args.training.gradient_accumulation_steps):
+    # the engine's count: --rampup-batch-size changes it between steps
+    accumulation = engine.gradient_accumulation_steps()
+    for micro in range(accumulation):
+        # DeepSpeed's own boundary counts micro-batches since the run began: after a change of the
+        # accumulation steps it would fall in the middle of a step
+        engine.set_gradient_accumulation_boundary(micro == accumulation - 1)
         tokens, labels, position_ids, loss_mask = get_batch(next(data_iterator), dist_info.device, eod,
                                                             args.training.eod_mask_loss, dist_info.parallel.sequence)
         measure = probe_memory and micro == 0
@@ -205,7 +232,7 @@ def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
 def evaluate(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int) -> float:
     engine.eval()
     losses = []
-    for _ in range(args.logging.eval_iters * args.training.gradient_accumulation_steps):
+    for _ in range(args.logging.eval_iters * engine.gradient_accumulation_steps()):  # a batch ramp's current
         tokens, labels, position_ids, loss_mask = get_batch(next(data_iterator), dist_info.device, eod,
                                                             args.training.eod_mask_loss, dist_info.parallel.sequence)
         losses.append(sequence_mean_loss(engine(tokens, position_ids, labels), loss_mask,
@@ -265,10 +292,13 @@ class Reporter:
     def iteration(self, state: LoopState, engine):
         args, world = self.args, self.dist_info.world_size
         seconds = state.interval_seconds / max(1, state.interval_iterations)
-        batch, lengths = args.training.global_batch_size, state.interval_seq_lengths or [args.model.seq_length]
+        batch, lengths = state.batch_size, state.interval_seq_lengths or [args.model.seq_length]
+        interval = max(1, state.interval_iterations)
         predicted = self.predictions.over(lengths)
         finite = [loss for loss in state.interval_losses if math.isfinite(loss)]
-        tflops = predicted.model_flops / seconds / world / 1e12
+        # the predictions are for --global-batch-size: a batch ramp's steps are smaller
+        tflops = (predicted.model_flops * state.interval_samples / interval / args.training.global_batch_size
+                  / seconds / world / 1e12)
         grad_norm = engine.get_global_grad_norm()
         stats = IterationStats(
             iteration=state.iteration, train_iters=self.schedule.train_iters,
@@ -278,8 +308,8 @@ class Reporter:
             loss_scale=float(getattr(engine.optimizer, "loss_scale", 1.0)),
             grad_norm=None if grad_norm is None else float(grad_norm),
             skipped_iterations=state.skipped_iterations, nan_iterations=state.nan_iterations,
-            samples_per_second=batch / seconds,
-            tokens_per_gpu_per_second=batch * sum(lengths) / len(lengths) / seconds / world, tflops=tflops,
+            samples_per_second=state.interval_samples / interval / seconds,
+            tokens_per_gpu_per_second=state.interval_tokens / interval / seconds / world, tflops=tflops,
             curriculum_seqlen=lengths[-1] if args.curriculum is not None else None, moe=self.moe_stats(engine))
         self.print_line(iteration_line(stats))
         mfu = hfu = None
@@ -415,12 +445,16 @@ class _StepClock:
         return time.time() - self.started
 
 
-def _record_step(state: LoopState, result: StepResult, args: Args, seq_length: int):
+def _record_step(state: LoopState, result: StepResult, batch: int, seq_length: int):
+    """Megatron-DeepSpeed's count: the step's samples, and its tokens at its length (a curriculum's truncated one)."""
     state.iteration += 1
     state.interval_iterations += 1
     state.interval_seq_lengths.append(seq_length)
-    state.consumed_samples += args.training.global_batch_size
-    state.consumed_tokens += args.training.global_batch_size * seq_length
+    state.batch_size = batch
+    state.consumed_samples += batch
+    state.consumed_tokens += batch * seq_length
+    state.interval_samples += batch
+    state.interval_tokens += batch * seq_length
     state.skipped_iterations += int(result.skipped)
     state.pending_losses.append((result.loss, result.nan))
 
@@ -458,24 +492,26 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
     if curriculum is not None:
         train_iterator = curriculum.truncating(train_iterator)
     clock, clock_from = _StepClock(dist_info).start(), state.iteration
-    if 0 < schedule.train_iters <= state.iteration:  # resumed past the end: else the run would end saying nothing
+    if state.iteration > 0 and schedule.finished(state):  # resumed past the end: else the run would end saying nothing
         reporter.print_line(f"nothing to train: the checkpoint resumed is at iteration {state.iteration}, already "
-                            f"at or past the {schedule.train_iters} iterations asked for; ask for more iterations, or "
+                            f"at or past the {_asked_for(schedule, state)}, or "
                             "start afresh with FRESH=1 or under another RUN_NAME (pretrain_gpt.py alone: another "
                             "--load folder)")
-    while state.iteration < schedule.train_iters:
+    while not schedule.finished(state):
         # the global step about to run, as Megatron-DeepSpeed asks its scheduler: a resume continues the schedule
         seq_length = curriculum.update(state.iteration + 1) if curriculum is not None else args.model.seq_length
+        batch = _announce_step(engine, schedule, state, args)
         with reporter.counting():
             result = step_fn(engine, train_iterator, args, dist_info, eod, probe_memory=first_step)
-        _record_step(state, result, args, seq_length)
+        _record_step(state, result, batch, seq_length)
         it = state.iteration
-        logging = it % log.log_interval == 0 or it == schedule.train_iters
+        logging = it % log.log_interval == 0 or schedule.finished(state)
         evaluating = valid_iterator is not None and log.eval_iters > 0 and it % log.eval_interval == 0
         epoch_end = it % schedule.iters_per_epoch == 0
         saving = bool(ckpt.save and ckpt.save_interval and it % ckpt.save_interval == 0)
         polling = exit_signal is not None and it % poll_every == 0
-        if not (first_step or logging or evaluating or epoch_end or saving or polling or
+        timed = args.training.exit_duration_in_mins is not None  # asked after every step, as Megatron does
+        if not (first_step or logging or evaluating or epoch_end or saving or polling or timed or
                 (exit_interval and it % exit_interval == 0)):
             continue  # nothing to read: the next step is queued without waiting for this one
         seconds = clock.stop()
@@ -489,7 +525,7 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
         if logging:
             reporter.iteration(state, engine)
             state.interval_losses, state.interval_seconds, state.interval_iterations = [], 0.0, 0
-            state.interval_seq_lengths = []
+            state.interval_seq_lengths, state.interval_samples, state.interval_tokens = [], 0, 0
         if evaluating:
             reporter.validation(it, evaluate_fn(engine, valid_iterator, args, dist_info, eod))
         if epoch_end:
@@ -511,8 +547,37 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
         if exit_interval and it % exit_interval == 0:
             reporter.print_line(f" exiting program at iteration {it} (--exit-interval {exit_interval})")
             break
+        if timed and (minutes := minutes_past(args.training.exit_duration_in_mins, reporter.progress.launch_started,
+                                              dist_info.device)) is not None:
+            if ckpt.save:
+                save(engine, args, state, dist_info, reporter)
+            reporter.print_line(exit_duration_line(minutes))
+            break
         clock, clock_from = clock.start(), it
     return state
+
+
+def _announce_step(engine, schedule: Schedule, state: LoopState, args: Args) -> int:
+    """The next step's global batch, handed to DeepSpeed's engine when --rampup-batch-size changes it (its gradient
+    accumulation steps follow), and to the learning-rate schedule with the tokens consumed so far."""
+    batch = schedule.batch_at(state.consumed_samples)
+    if batch != engine.train_batch_size():
+        engine.set_train_batch_size(batch)
+        # DeepSpeed divides by its own data-parallel size, which must be the layout's
+        unit = args.training.micro_batch_size * args.parallel.data_parallel_size
+        if engine.gradient_accumulation_steps() * unit != batch:
+            raise TrainingError(f"--rampup-batch-size: DeepSpeed split the global batch {batch} into "
+                                f"{engine.gradient_accumulation_steps()} micro-batches per rank, not {batch // unit}; "
+                                "this layout cannot ramp the batch: train at --global-batch-size")
+    engine.lr_scheduler.before_step(batch, state.consumed_tokens)
+    return batch
+
+
+def _asked_for(schedule: Schedule, state: LoopState) -> str:
+    if state.iteration >= schedule.train_iters:
+        return f"{schedule.train_iters} iterations asked for; ask for more iterations"
+    return (f"{schedule.train_tokens} tokens asked for by --train-tokens ({state.consumed_tokens} consumed); ask for "
+            "more tokens")
 
 
 def save(engine, args: Args, state: LoopState, dist_info: DistInfo, reporter: Reporter | None = None) -> None:
@@ -564,7 +629,8 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     else:
         model = model_builder().to(dist_info.device)
     optimizer = build_optimizer(model, args, state)
-    schedule = LRSchedule(optimizer, args.optimizer, train_iters)
+    schedule = LRSchedule(optimizer, args.optimizer, train_iters, args.training.global_batch_size,
+                          args.training.train_samples)
     import_muon_uncompiled()
     with expert_norm_unfused_optimizer(args.model.is_moe):  # stage 0 in 16-bit: a norm with the experts in it
         engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,

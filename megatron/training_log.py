@@ -184,6 +184,11 @@ def training_done_line() -> str:
     return f"[after training is done] datetime: {datetime.now():%Y-%m-%d %H:%M:%S} "
 
 
+def exit_duration_line(minutes: float) -> str:
+    """Megatron's line when --exit-duration-in-mins stops the run (its print_datetime)."""
+    return f"[exiting program after {minutes} minutes] datetime: {datetime.now():%Y-%m-%d %H:%M:%S} "
+
+
 def validation_line(iteration: int, loss: float) -> str:
     ppl = math.exp(min(20.0, loss)) if math.isfinite(loss) else float("nan")
     return f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} | "

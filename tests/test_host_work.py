@@ -78,6 +78,20 @@ class Engine(torch.nn.Module):
     def get_lr(self):
         return [0.1]
 
+    def train_batch_size(self):
+        return 4  # flags()'s --global-batch-size
+
+    def gradient_accumulation_steps(self):
+        return 2
+
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        """The loop's boundary; this engine steps on every micro-batch."""
+
+    class lr_scheduler:  # noqa: N801 (DeepSpeed's attribute)
+        @staticmethod
+        def before_step(batch, consumed_tokens):
+            """The loop announces each step's batch and tokens to the schedule."""
+
     def zero_optimization(self):
         return False
 
@@ -86,7 +100,7 @@ class Reporter:
     """The loop's reporter, recording what it was given."""
 
     def __init__(self, iters):
-        self.schedule = Schedule(train_iters=iters, iters_per_epoch=1000, samples_per_epoch=4000)
+        self.schedule = Schedule(train_iters=iters, iters_per_epoch=1000, samples_per_epoch=4000, global_batch_size=4)
         self.logged, self.lines = [], []
 
     def counting(self):

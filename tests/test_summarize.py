@@ -487,6 +487,10 @@ STATUS_LOGS = {
                           " exiting program after receiving SIGTERM at iteration 5 (checkpoint saved to runs/x/ckpt)"],
                          "stopped early at iteration 5", "0"),
     "gpt_tiny_cut_off": ([our_iteration(1, 10, 10.5, 0), our_iteration(2, 10, 10.1, 0)], "INCOMPLETE", "0"),
+    # --exit-duration-in-mins: Megatron's line, which names no iteration
+    "gpt_tiny_exit_duration": ([our_iteration(1, 10, 10.5, 0), our_iteration(2, 10, 10.1, 0),
+                                "[exiting program after 0.0234 minutes] datetime: 2026-12-06 10:00:00 "],
+                               "stopped early at iteration 2", "0"),
 }
 
 
