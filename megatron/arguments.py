@@ -369,7 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--checkpoint-activations", action="store_true",  # GPTConfig's recompute_activations
                        help="recompute each layer's activations in the backward pass")
     model.add_argument("--recompute-granularity", choices=("full", "selective"), default=None,
-                       help="full: as --checkpoint-activations; selective: accepted with a line (docs/megatron-flags.md)")
+                       help="full: as --checkpoint-activations; selective: accepted with a line "
+                            "(docs/megatron-flags.md)")
     model.add_argument("--recompute-method", choices=("uniform", "block"), default=None,
                        help="with --recompute-granularity full: uniform with --recompute-num-layers 1, or block "
                             "with all of a stage's layers (or 0); others are refused")
