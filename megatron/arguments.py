@@ -280,7 +280,7 @@ class DeepSpeedArgs:
                               "fp16.hysteresis, else {default}", from_json=True)
     # DeepSpeed's activation checkpointing keeps its checkpoints on the CPU (--deepspeed-activation-checkpointing)
     checkpoint_in_cpu: bool = flag(False, "with --deepspeed-activation-checkpointing: keep the checkpointed "
-                                          "activations in host memory")
+                                          "activations in host memory (on CUDA; on CPU ranks they are there)")
     # the --deepspeed_config JSON with the flags merged in (megatron/deepspeed_json.py); None: generated
     user_config: dict | None = None
 

@@ -561,7 +561,10 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     if args.model.recompute_with_deepspeed:  # before the model is built, as Megatron-DeepSpeed's initialize
         from megatron.core.tensor_parallel.random import configure_deepspeed_checkpointing
         stage_layers = args.model.num_layers // args.parallel.pipeline_model_parallel_size
-        configure_deepspeed_checkpointing(state, config, stage_layers, args.deepspeed.checkpoint_in_cpu)
+        # On CPU ranks the checkpoints are in host memory already; DeepSpeed 0.19.8's CPU checkpointing would empty
+        # them there (its copy to the CPU is the tensor itself), so --checkpoint-in-cpu applies on CUDA only
+        configure_deepspeed_checkpointing(state, config, stage_layers,
+                                          args.deepspeed.checkpoint_in_cpu and dist_info.on_cuda)
     if args.deepspeed.zero_stage == 3:
         # each rank materialises only its shard; the full model never sits on one rank
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device="cpu" if args.deepspeed.offload_params

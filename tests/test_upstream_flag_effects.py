@@ -288,3 +288,17 @@ def test_an_accepted_flag_prints_its_line_once(tensorboard_run):
     stdout, _, _ = tensorboard_run
     lines = [line for line in stdout.splitlines() if line.startswith("note: --use-flash-attn accepted: ")]
     assert len(lines) == 1, stdout[-2000:]
+
+
+LOSS = re.compile(r" iteration +(\d+)/ +\d+ \|.*?\| lm loss: (\S+) \|")
+
+
+@pytest.mark.slow
+def test_a_run_recomputing_through_deepspeed_repeats_the_runs_losses(dolly_data_dir, checkpoint_run):
+    """Megatron-DeepSpeed's recompute flags on a real 2-rank ZeRO-1 run (DeepSpeed's checkpointing, its checkpoints
+    in host memory) give the losses of the same run without recompute (tests/runs.py's saved-checkpoint run)."""
+    reference = dict(LOSS.findall(checkpoint_run.stdout))
+    run = run_pretrain(dolly_data_dir, "--zero-stage", "1", "--exit-interval", "3", "--recompute-granularity", "full",
+                       "--recompute-method", "uniform", "--deepspeed-activation-checkpointing", "--checkpoint-in-cpu")
+    got = dict(LOSS.findall(run.stdout))
+    assert got == {step: reference[step] for step in ("1", "2", "3")}
