@@ -1,7 +1,7 @@
 """What the Megatron-DeepSpeed flags zero-lab honours do (docs/megatron-flags.md): the fp16 JSON fields of
 --loss-scale and --hysteresis, --data-impl, --optimizer sgd stepping torch's SGD, --deepspeed-activation-checkpointing
-recomputing through deepspeed.checkpointing with the same gradients, --no-load-optim and --no-load-rng resuming
-without those states, and the TensorBoard flags writing the scalars they name in a real run."""
+recomputing through deepspeed.checkpointing with the same gradients (and a real run's losses), --no-load-optim and
+--no-load-rng resuming without those states, and the TensorBoard flags writing the scalars they name in a real run."""
 import json
 import math
 import re
