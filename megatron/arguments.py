@@ -32,11 +32,15 @@ from megatron.layout_check import BatchError, batch_split
 from megatron.model.config import GPTConfig, parallel_shape_problems
 from megatron.model.presets import MODEL_PRESETS
 from megatron.tokenizer import TokenizerConfig
+from megatron.upstream_flags import (RECOMPUTE_NUM_LAYERS, accepted_lines, add_upstream_flags, recompute_layers,
+                                     refused_message)
 
 # GPTConfig's Llama fields (docs/model.md), each the flag of its name; a --model-size preset may set them
 LLAMA_FLAGS = ("normalization", "swiglu", "num_key_value_heads", "untie_embeddings_and_output_weights",
                "disable_bias_linear")
 PARAMS_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Megatron-DeepSpeed's --data-impl values: zero-lab reads the mmap indexed format, the one both name
+DATA_IMPLS = ("mmap", "infer")
 
 
 class ConfigError(ZeroLabError, ValueError):
@@ -111,8 +115,13 @@ class OptimizerArgs:
     adam_beta1: float = flag(0.9)
     adam_beta2: float = flag(0.999)
     adam_eps: float = flag(1e-8)
+    optimizer: str = flag("adam", "adam (AdamW, with --adam-beta1/--adam-beta2/--adam-eps) or sgd (torch's SGD with "
+                                  "--sgd-momentum); both clip by --clip-grad and skip non-finite steps")
+    sgd_momentum: float = flag(0.9, "the momentum of --optimizer sgd")
 
     def __post_init__(self):
+        _require(self.optimizer in ("adam", "sgd"), f"--optimizer must be adam or sgd, got {self.optimizer!r}")
+        _require(self.sgd_momentum >= 0, f"--sgd-momentum must be >= 0, got {self.sgd_momentum}")
         _require(self.lr_decay_style in ("cosine", "linear", "constant", "inverse-square-root"),
                  "--lr-decay-style must be cosine, linear, constant or inverse-square-root, got "
                  f"{self.lr_decay_style!r}")
@@ -200,8 +209,14 @@ class DataArgs(TokenizerConfig):
                "(refused without it; docs/bad-input.md)")
     num_workers: int | None = flag(None, "data-loader worker processes per rank (0: load on the training thread); "
                                          "default 2 on CUDA, 0 on CPU ranks")
+    data_impl: str = flag("infer", "mmap or infer: the indexed .bin/.idx format tools/preprocess_data.py writes "
+                                   "(Megatron-DeepSpeed's mmap), the only one zero-lab reads")
 
     def __post_init__(self):
+        _require(self.data_impl not in ("lazy", "cached"),
+                 f"--data-impl {self.data_impl}: zero-lab reads only the mmap indexed format; give --data-impl mmap "
+                 "(or infer) and preprocess the data with tools/preprocess_data.py (docs/data-format.md)")
+        _require(self.data_impl in DATA_IMPLS, f"--data-impl must be mmap or infer, got {self.data_impl!r}")
         _require(bool(self.data_path), "--data-path is required (a dataset prefix, or weight prefix ...)")
         _require(self.num_workers is None or self.num_workers >= 0,
                  f"--num-workers must be >= 0, got {self.num_workers}")
@@ -231,8 +246,19 @@ class LoggingArgs:
         None, "the data-parallel link's bandwidth (Gbit/s) for the predicted step time; with --link-latency-us, "
               "instead of measuring both at start-up (docs/zero-tradeoff.md)")
     link_latency_us: float | None = flag(None, "the latency of one collective on that link, in microseconds")
+    # Megatron-DeepSpeed's optional TensorBoard scalars, under its names (megatron/training.py)
+    tensorboard_queue_size: int = flag(1000, "TensorBoard events held before a write to disk; Megatron's {default}")
+    log_timers_to_tensorboard: bool = flag(
+        False, "write the interval's step time split into compute, communication and offload (compute-time, "
+               "communication-time, offload-time: seconds per iteration)")
+    log_batch_size_to_tensorboard: bool = flag(False, "write the global batch size (batch-size/batch-size)")
+    log_validation_ppl_to_tensorboard: bool = flag(
+        False, "write the validation perplexity (lm-loss-validation/lm loss validation ppl)")
+    log_optimizer_states_to_tensorboard: bool = flag(
+        False, "write the norms and largest values of the Adam moments and weights (optimizer/...)")
 
     def __post_init__(self):
+        _require(self.tensorboard_queue_size > 0, "--tensorboard-queue-size must be >= 1")
         _require(self.log_interval > 0, "--log-interval must be >= 1")
         _require(self.eval_interval > 0, "--eval-interval must be >= 1")
         _require(self.eval_iters >= 0, "--eval-iters must be >= 0")
@@ -256,12 +282,18 @@ class CheckpointArgs:
     mtbf_hours: float | None = flag(
         None, "the cluster's mean time between failures: after the first save, print the checkpoint interval "
               "that loses the least time in expectation beside --save-interval (docs/faults.md)")
+    no_load_optim: bool = flag(False, "resume --load without its optimizer states and learning-rate schedule (the "
+                                      "schedule starts again from its first step)")
+    no_load_rng: bool = flag(False, "resume --load without its random generators (they start from --seed)")
 
     def __post_init__(self):
         _require(not self.universal_checkpoint or (self.load is not None and not self.finetune),
                  "--universal-checkpoint resumes the run in --load on another layout; it needs --load and "
                  "no --finetune (which takes only the weights, from any layout)")
         _require(self.save_interval is None or self.save_interval > 0, "--save-interval must be >= 1")
+        _require(not (self.universal_checkpoint and self.no_load_optim),
+                 "--no-load-optim cannot be combined with --universal-checkpoint (a universal checkpoint is resumed "
+                 "whole); drop one")
         _require(self.mtbf_hours is None or self.mtbf_hours > 0, f"--mtbf-hours must be > 0, got {self.mtbf_hours}")
 
 
@@ -278,11 +310,21 @@ class DeepSpeedArgs:
     # ZeRO-Infinity: optimizer states and parameters offloaded to files here
     nvme_path: str | None = flag(None, "ZeRO-3 optimizer states and parameters offloaded to files in this folder "
                                        "(async I/O)", names=("--zero-nvme-path",))
+    # fp16's loss scaling (the JSON's fp16 section): 0 is dynamic; hysteresis: overflows before the scale drops
+    loss_scale: float = flag(0.0, "fp16: a static loss scale (0: dynamic); default: the JSON's fp16.loss_scale, "
+                                  "else {default}", from_json=True)
+    hysteresis: int = flag(2, "fp16: overflows in a row before the dynamic loss scale drops; default: the JSON's "
+                              "fp16.hysteresis, else {default}", from_json=True)
+    # DeepSpeed's activation checkpointing keeps its checkpoints on the CPU (--deepspeed-activation-checkpointing)
+    checkpoint_in_cpu: bool = flag(False, "with --deepspeed-activation-checkpointing: keep the checkpointed "
+                                          "activations in host memory (on CUDA; on CPU ranks they are there)")
     # the --deepspeed_config JSON with the flags merged in (megatron/deepspeed_json.py); None: generated
     user_config: dict | None = None
 
     def __post_init__(self):
         _require(self.zero_stage in (0, 1, 2, 3), f"--zero-stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        _require(self.loss_scale >= 0, f"--loss-scale must be >= 0 (0: dynamic), got {self.loss_scale}")
+        _require(self.hysteresis >= 1, f"--hysteresis must be >= 1, got {self.hysteresis}")
 
     @property
     def precision(self) -> str:
@@ -311,6 +353,8 @@ class Args:
     argv: list[str] = field(default_factory=list)
     # --curriculum-learning-legacy's schedule, from the JSON (megatron/curriculum.py); None: every step is whole
     curriculum: CurriculumConfig | None = None
+    # one start-up line each for the Megatron-DeepSpeed flags accepted in place of what zero-lab does itself
+    notes: list[str] = field(default_factory=list)
 
 
 def _strip_none(annotation):
@@ -362,7 +406,19 @@ def build_parser() -> argparse.ArgumentParser:
     # Megatron-DeepSpeed's Llama scripts name --rope-theta --rotary-position-embeddings-theta
     model.add_argument("--rope-theta", "--rotary-position-embeddings-theta", dest="rope_theta", type=float,
                        default=_default(GPTConfig, "rope_theta"), help="the rotary angles' base (Llama 3: 500000)")
-    model.add_argument("--checkpoint-activations", action="store_true")  # GPTConfig's recompute_activations
+    model.add_argument("--checkpoint-activations", action="store_true",  # GPTConfig's recompute_activations
+                       help="recompute each layer's activations in the backward pass")
+    model.add_argument("--recompute-granularity", choices=("full", "selective"), default=None,
+                       help="full: as --checkpoint-activations; selective: accepted with a line "
+                            "(docs/megatron-flags.md)")
+    model.add_argument("--recompute-method", choices=("uniform", "block"), default=None,
+                       help="with --recompute-granularity full: uniform with --recompute-num-layers 1, or block "
+                            "with all of a stage's layers (or 0); others are refused")
+    model.add_argument("--recompute-num-layers", type=int, default=RECOMPUTE_NUM_LAYERS, help="see --recompute-method")
+    model.add_argument("--deepspeed-activation-checkpointing", action="store_true",
+                       help="the recompute runs through deepspeed.checkpointing, configured by the JSON's "
+                            "activation_checkpointing section and --checkpoint-in-cpu")
+    _add_flags(model, DeepSpeedArgs, "checkpoint_in_cpu")
     # Megatron's query-key layer scaling divides scores by the layer number in fp16 kernels; zero-lab's SDPA has none
     model.add_argument("--no-query-key-layer-scaling", action="store_true",
                        help="accepted and ignored: the attention has no query-key layer scaling (docs/model.md)")
@@ -385,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(train, TrainingArgs)
     # the deepspeed launcher passes --local_rank=N to every rank (LOCAL_RANK in the environment says the same)
     train.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    _add_flags(train, DeepSpeedArgs, "bf16", "fp16")
+    _add_flags(train, DeepSpeedArgs, "bf16", "fp16", "loss_scale", "hysteresis")
 
     data = parser.add_argument_group("data")
     _add_flags(data, DataArgs)
@@ -402,10 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
     # every Megatron-DeepSpeed script passes --deepspeed; every zero-lab run uses DeepSpeed, so it changes nothing
     next(action for action in parser._actions if "--deepspeed" in action.option_strings).help = (
         "accepted and ignored: every run uses DeepSpeed (Megatron-DeepSpeed's scripts pass it)")
+    add_upstream_flags(parser)
     return parser
 
 
-def _model_config(ns, params_dtype: torch.dtype) -> GPTConfig:
+def _model_config(ns, params_dtype: torch.dtype, recompute: bool) -> GPTConfig:
     """The shape the flags give; its padded vocabulary is filled in from the tokenizer by megatron/startup.py."""
     shape = dict(num_layers=ns.num_layers, hidden_size=ns.hidden_size, num_attention_heads=ns.num_attention_heads)
     if ns.model_size is not None:
@@ -422,7 +479,7 @@ def _model_config(ns, params_dtype: torch.dtype) -> GPTConfig:
                      padded_vocab_size=None, ffn_hidden_size=ns.ffn_hidden_size,
                      hidden_dropout=ns.hidden_dropout, attention_dropout=ns.attention_dropout,
                      layernorm_epsilon=ns.layernorm_epsilon, init_method_std=ns.init_method_std,
-                     recompute_activations=ns.checkpoint_activations,
+                     recompute_activations=recompute, recompute_with_deepspeed=_deepspeed_recompute(ns)[0],
                      params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel,
                      use_rotary_position_embeddings=ns.use_rotary_position_embeddings,
                      rotary_percent=ns.rotary_percent, rope_theta=ns.rope_theta,
@@ -537,6 +594,9 @@ def _deepspeed_args(ns, user_config: dict | None, shared: dict) -> DeepSpeedArgs
         offload_optimizer=_value(shared, "zero_offload_optimizer", False) or offload_params,
         offload_params=offload_params, nvme_path=nvme_path,
         bf16=_value(shared, "bf16", False), fp16=_value(shared, "fp16", False),
+        loss_scale=_value(shared, "loss_scale", _default(DeepSpeedArgs, "loss_scale")),
+        hysteresis=_value(shared, "hysteresis", _default(DeepSpeedArgs, "hysteresis")),
+        checkpoint_in_cpu=ns.checkpoint_in_cpu,
         deepspeed_config=ns.deepspeed_config, run_dir=ns.run_dir, user_config=user_config)
 
 
@@ -557,6 +617,9 @@ def _unsupported_combinations(args: Args, device_type: str):
         (ds.fp16 and ds.bf16, "--fp16 and --bf16 are exclusive; drop one"),
         (ds.fp16 and device_type == "cpu",
          "--fp16 is not supported on the CPU accelerator; drop --fp16 (or use --bf16)"),
+        (args.optimizer.optimizer == "sgd" and ds.offload_optimizer,
+         "--optimizer sgd cannot run with --zero-offload-optimizer (the offloaded step is DeepSpeed's CPU Adam); "
+         "use --optimizer adam, or no offload"),
         (ds.offload_optimizer and ds.zero_stage == 0,
          "--zero-offload-optimizer needs ZeRO; set --zero-stage 1, 2 or 3"),
         (ds.nvme_path is not None and ds.zero_stage != 3,
@@ -645,9 +708,39 @@ def _moe_problems(args: Args):
         (par.tensor_model_parallel_size > 1, f"{flag} cannot be combined with --tensor-model-parallel-size > 1 "
                                              "(the experts are not split over tensor-parallel ranks here)"),
         (par.sequence_parallel_size > 1, f"{flag} cannot be combined with --ds-sequence-parallel-size > 1"),
+        (args.logging.log_optimizer_states_to_tensorboard,
+         f"{flag} cannot be combined with --log-optimizer-states-to-tensorboard (the experts' states are "
+         "partitioned over other groups); drop it"),
         (dp % ep != 0, f"--moe-expert-parallel-size {ep} must divide the data-parallel size {dp}: the experts "
                        "are spread over groups of data-parallel ranks"),
     ]
+
+
+def _recompute(ns, pipeline: int) -> tuple[bool, list[str]]:
+    """(recompute every layer?, its start-up line if any) from --checkpoint-activations or Megatron's recompute
+    flags (megatron/upstream_flags.py), which it wins over as in Megatron-DeepSpeed."""
+    layers = ns.num_layers or MODEL_PRESETS.get(ns.model_size or "", {}).get("num_layers") or 1
+    recompute, problem, note = recompute_layers(ns.recompute_granularity, ns.recompute_method,
+                                                ns.recompute_num_layers, max(1, layers // pipeline))
+    _require(problem is None, problem)
+    _require(not ns.checkpoint_in_cpu or ns.deepspeed_activation_checkpointing,
+             "--checkpoint-in-cpu keeps DeepSpeed's activation checkpoints in host memory: add "
+             "--deepspeed-activation-checkpointing (and --checkpoint-activations), or drop it")
+    return ns.checkpoint_activations or recompute, [note] if note and not ns.checkpoint_activations else []
+
+
+def _deepspeed_recompute(ns) -> tuple[bool, list[str]]:
+    """(recompute through deepspeed.checkpointing?, its start-up line if any). Not for MoE layers: DeepSpeed's
+    reentrant checkpoint runs the forward without a graph, so the gates' load-balancing loss, which the layer keeps
+    aside, would reach the loss without its gradient; Megatron-DeepSpeed returns it through the checkpointed
+    function instead. Torch's non-reentrant checkpointing keeps it, with the same gradients."""
+    if not ns.deepspeed_activation_checkpointing:
+        return False, []
+    if max(_moe_shape(ns)["num_experts"]) == 1:
+        return True, []
+    return False, ["--deepspeed-activation-checkpointing: the MoE model recomputes through torch's non-reentrant "
+                   "checkpointing, which keeps the gates' load-balancing loss in the graph (DeepSpeed's would drop "
+                   "its gradient); the JSON's activation_checkpointing section does not apply"]
 
 
 def check_support(args: Args, device_type: str) -> None:
@@ -658,12 +751,15 @@ def check_support(args: Args, device_type: str) -> None:
 def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -> Args:
     """Parse and validate the values; raises ConfigError (argparse's own usage errors exit with code 2)."""
     ns = _parse_with_preset(argv)
+    refused = refused_message(ns)  # a Megatron-DeepSpeed flag zero-lab has no feature for
+    _require(refused is None, refused)
     pipeline = 1 if ns.no_pipeline_parallel else ns.pipeline_model_parallel_size
+    recompute, recompute_notes = _recompute(ns, pipeline)
     layout = ParallelLayout(world_size, ns.tensor_model_parallel_size, pipeline, ns.ds_sequence_parallel_size)
     user_config, shared = _shared_settings(ns)
     deepspeed_args = _deepspeed_args(ns, user_config, shared)
     args = Args(
-        model=_model_config(ns, PARAMS_DTYPES[deepspeed_args.precision]),
+        model=_model_config(ns, PARAMS_DTYPES[deepspeed_args.precision], recompute),
         model_name=ns.model_size or "custom",
         parallel=_section(ParallelArgs, ns, layout=layout),
         optimizer=_section(OptimizerArgs, ns,
@@ -683,6 +779,7 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
         deepspeed=deepspeed_args,
         argv=list(argv),
         curriculum=_curriculum(ns, user_config),
+        notes=accepted_lines(ns) + recompute_notes + _deepspeed_recompute(ns)[1],
     )
     check_support(args, device_type)
     return args

@@ -101,8 +101,8 @@ def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": ds.bf16},
-        "fp16": {"enabled": ds.fp16, "loss_scale": 0, "initial_scale_power": 16,
-                 "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
+        "fp16": {"enabled": ds.fp16, "loss_scale": ds.loss_scale, "initial_scale_power": 16,
+                 "loss_scale_window": 1000, "hysteresis": ds.hysteresis, "min_loss_scale": 1},
         "zero_optimization": _zero_section(args, num_params, hidden_size, on_cuda),
     }
     if ds.bf16 and ds.zero_stage >= 1:

@@ -1,7 +1,7 @@
 """A user's DeepSpeed JSON (`--deepspeed_config`) and the flags that say the same things: one rule for every key.
 
 For each setting both can give (the ZeRO stage, CPU offload of the optimizer and of the parameters, NVMe
-offload, bf16, fp16, the batch sizes, gradient clipping):
+offload, bf16, fp16 and its loss scale and hysteresis, the batch sizes, gradient clipping):
 - only the JSON gives it: the JSON's value is the run's;
 - only the flag gives it: the flag's value is written into the JSON the run uses;
 - both give it: they must agree, else the run is refused in one line naming the flag and the JSON key.
@@ -139,6 +139,8 @@ SHARED_SETTINGS = (
     _plain("--micro-batch-size", "micro_batch_size", "train_micro_batch_size_per_gpu"),
     _plain("--global-batch-size", "global_batch_size", "train_batch_size"),
     _plain("--clip-grad", "clip_grad", "gradient_clipping"),
+    _plain("--loss-scale", "loss_scale", "fp16", "loss_scale"),
+    _plain("--hysteresis", "hysteresis", "fp16", "hysteresis"),
 )
 
 

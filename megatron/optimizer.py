@@ -112,8 +112,8 @@ def replica_grad_norm(params, tensor_rank: int = 0, norm_group=None) -> torch.Te
     return norm
 
 
-class NonFiniteSkippingAdamW(torch.optim.AdamW):
-    """AdamW for ZeRO stage 0 in fp32, where DeepSpeed passes the step straight through:
+class NonFiniteSkipping:
+    """A torch optimizer for ZeRO stage 0 in fp32, where DeepSpeed passes the step straight through:
     it clips by the global grad norm and skips the update when that norm is not finite,
     which is what DeepSpeed's ZeRO and mixed-precision optimizers already do.
     With model parallelism the norm covers the whole replica (norm_group: its TP x PP ranks).
@@ -138,6 +138,14 @@ class NonFiniteSkippingAdamW(torch.optim.AdamW):
             torch.nn.utils.clip_grads_with_norm_(
                 [p for group in self.param_groups for p in group["params"]], self.clip_grad, norm)
         return super().step(closure)
+
+
+class NonFiniteSkippingAdamW(NonFiniteSkipping, torch.optim.AdamW):
+    pass
+
+
+class NonFiniteSkippingSGD(NonFiniteSkipping, torch.optim.SGD):
+    """--optimizer sgd at ZeRO stage 0 in fp32."""
 
 
 MUON_MODULE = "deepspeed.runtime.zero.muon.original_muon"
@@ -171,6 +179,8 @@ def build_optimizer(model: torch.nn.Module, args: Args, state=None) -> torch.opt
     if args.model.is_moe and (args.deepspeed.zero_stage > 0 or args.training.create_moe_param_group):
         groups = moe_param_groups(groups)
     kwargs = dict(lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps, weight_decay=opt.weight_decay)
+    if opt.optimizer == "sgd":  # Megatron's torch SGD; DeepSpeed's ZeRO and bf16/fp16 wrappers clip and skip for it
+        return _sgd(groups, args, state)
     if args.deepspeed.offload_optimizer:
         # the offloaded step runs on the CPU; DeepSpeed requires its own vectorised CPU Adam there
         from deepspeed.accelerator import get_accelerator
@@ -186,6 +196,17 @@ def build_optimizer(model: torch.nn.Module, args: Args, state=None) -> torch.opt
                                       norm_group=state.get_model_parallel_group() if split else None,
                                       tensor_rank=state.get_tensor_model_parallel_rank() if split else 0, **kwargs)
     return torch.optim.AdamW(groups, fused=True, **kwargs)
+
+
+def _sgd(groups: list[dict], args: Args, state) -> torch.optim.Optimizer:
+    opt = args.optimizer
+    kwargs = dict(lr=opt.lr, momentum=opt.sgd_momentum, weight_decay=opt.weight_decay)
+    if args.deepspeed.zero_stage == 0 and args.deepspeed.precision == "fp32":
+        split = state is not None and state.get_model_parallel_world_size() > 1
+        return NonFiniteSkippingSGD(groups, clip_grad=opt.clip_grad,
+                                    norm_group=state.get_model_parallel_group() if split else None,
+                                    tensor_rank=state.get_tensor_model_parallel_rank() if split else 0, **kwargs)
+    return torch.optim.SGD(groups, **kwargs)
 
 
 class LRSchedule:

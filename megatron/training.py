@@ -26,11 +26,13 @@ from megatron.initialize import DistInfo
 from megatron.launch.dist_env import all_ranks_on_this_host
 from megatron.length_predictions import LengthPredictions
 from megatron.model import moe
+from megatron.optimizer_states import optimizer_state_scalars
 from megatron.step_timing import PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup, probes_skipped
 from megatron.training_log import (IterationStats, MoEStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
                                    exit_duration_line, iteration_line, iteration_scalars, memory_line, memory_scalars,
                                    model_state_line, parameters_line, peak_line, probe_line, progress_line,
-                                   run_info_line, time_line, time_scalars, validation_line)
+                                   run_info_line, time_line, time_scalars, timer_scalars, validation_line,
+                                   validation_scalars)
 
 
 class TrainingError(ZeroLabError, RuntimeError):
@@ -326,10 +328,18 @@ class Reporter:
             traffic = self.moe_traffic(engine, predicted.traffic, lengths, state.interval_iterations)
             self.print_line(comm_line(self.dist_info.rank, state.iteration, sent, self.num_params, traffic))
             scalars |= comm_scalars(sent, self.num_params, traffic)
-        if predicted.time is not None:
+        log = args.logging
+        if predicted.time is not None or log.log_timers_to_tensorboard:
             measured = self.measured_time(seconds, state.interval_iterations)
-            self.print_line(time_line(self.dist_info.rank, state.iteration, measured, predicted.time))
-            scalars |= time_scalars(measured, predicted.time)
+            if predicted.time is not None:
+                self.print_line(time_line(self.dist_info.rank, state.iteration, measured, predicted.time))
+                scalars |= time_scalars(measured, predicted.time)
+            if log.log_timers_to_tensorboard:
+                scalars |= timer_scalars(measured)
+        if log.log_batch_size_to_tensorboard:
+            scalars["batch-size/batch-size"] = batch
+        if log.log_optimizer_states_to_tensorboard:  # collectives: every rank
+            scalars |= optimizer_state_scalars(engine, self.dist_info.parallel, self.dist_info.device)
         self.print_line(self.progress.line(self.dist_info.rank, state.iteration, self.schedule.train_iters))
         for writer in self.writers:
             writer.scalars(scalars, state.iteration)
@@ -413,7 +423,7 @@ class Reporter:
     def validation(self, iteration: int, loss: float):
         self.print_line(validation_line(iteration, loss))
         for writer in self.writers:
-            writer.scalars({"validation lm loss": loss}, iteration)
+            writer.scalars(validation_scalars(loss, self.args.logging.log_validation_ppl_to_tensorboard), iteration)
 
     def epoch(self, state: LoopState):
         finite = [loss for loss in state.epoch_losses if math.isfinite(loss)]
@@ -617,6 +627,13 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     from megatron.stage0_optimizer import expert_norm_unfused_optimizer
 
     config = deepspeed_config(args, num_params, args.model.hidden_size, dist_info.on_cuda)
+    if args.model.recompute_with_deepspeed:  # before the model is built, as Megatron-DeepSpeed's initialize
+        from megatron.core.tensor_parallel.random import configure_deepspeed_checkpointing
+        stage_layers = args.model.num_layers // args.parallel.pipeline_model_parallel_size
+        # On CPU ranks the checkpoints are in host memory already; DeepSpeed 0.19.8's CPU checkpointing would empty
+        # them there (its copy to the CPU is the tensor itself), so --checkpoint-in-cpu applies on CUDA only
+        configure_deepspeed_checkpointing(state, config, stage_layers,
+                                          args.deepspeed.checkpoint_in_cpu and dist_info.on_cuda)
     if args.deepspeed.zero_stage == 3:
         # each rank materialises only its shard; the full model never sits on one rank
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device="cpu" if args.deepspeed.offload_params
@@ -668,6 +685,8 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
                                   args.model.seq_length, schedule.samples_per_epoch,
                                   [n for n in model_config.layer_experts if n > 1],
                                   model_config.moe_expert_parallel_size, model_config.topk))
+    for line in args.notes:  # the Megatron-DeepSpeed flags accepted in place of what zero-lab does itself
+        reporter.print_line(line)
     if dist_info.rank == log_rank:
         reporter.writers = open_writers(args, schedule, ds_config, reporter.print_line)
     reporter.print_line(parameters_line(*predicted_parameters(model_config, par, last_stage),
@@ -704,7 +723,7 @@ def open_writers(args: Args, schedule: Schedule, ds_config: dict, print_line) ->
     """The scalar writers the flags ask for (--tensorboard-dir, --wandb-project), for the rank that prints. A wandb
     that cannot be imported or started is left out, in one line through print_line: the run trains on."""
     log = args.logging
-    writers = [TensorBoardWriter(log.tensorboard_dir)] if log.tensorboard_dir else []
+    writers = [TensorBoardWriter(log.tensorboard_dir, log.tensorboard_queue_size)] if log.tensorboard_dir else []
     if log.wandb_project:
         from megatron.wandb_writer import open_wandb, run_config
         writer, why_not = open_wandb(log.wandb_project, log.wandb_exp_name, log.wandb_save_dir,

@@ -259,13 +259,29 @@ def time_scalars(measured: dict, predicted) -> dict[str, float]:
                      for name, seconds in _predicted_parts(predicted).items()}
 
 
+def timer_scalars(measured: dict) -> dict[str, float]:
+    """--log-timers-to-tensorboard: the interval's step split into its parts, seconds per iteration, as Megatron's
+    <timer>-time scalars (the whole step is iteration-time)."""
+    return {f"{name}-time": seconds for name, seconds in measured.items() if name != "total"}
+
+
+def validation_scalars(loss: float, perplexity: bool) -> dict[str, float]:
+    """The validation loss; with --log-validation-ppl-to-tensorboard its perplexity too, under Megatron's name and
+    capped as Megatron caps it (exp of at most 20)."""
+    values = {"validation lm loss": loss}
+    if perplexity:
+        values["lm-loss-validation/lm loss validation ppl"] = math.exp(min(20.0, loss))
+    return values
+
+
 class TensorBoardWriter:
     """One of the Reporter's writers (megatron/wandb_writer.py's is the other): each interval's scalars, by name;
-    a no-op object is never created - leave it out instead."""
+    a no-op object is never created - leave it out instead. queue_size: --tensorboard-queue-size, the events held
+    before a write to disk."""
 
-    def __init__(self, log_dir: str):
+    def __init__(self, log_dir: str, queue_size: int = 1000):
         from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(log_dir=log_dir)
+        self.writer = SummaryWriter(log_dir=log_dir, max_queue=queue_size)
 
     def scalars(self, values: dict[str, float], iteration: int):
         for name, value in values.items():

@@ -124,7 +124,8 @@ def _choose(args: Args) -> str:
 
 def load_checkpoint(engine, args: Args) -> tuple[int, int, int, dict | None]:
     """Returns (iteration, consumed_samples, consumed_tokens, RNG states); with --finetune only the weights are
-    taken, and without a checkpoint in --load nothing (a fresh start).
+    taken, and without a checkpoint in --load nothing (a fresh start). --no-load-optim leaves the optimizer states
+    and the schedule, --no-load-rng the random generators (None), where the run started them.
     The caller restores the RNG states with set_rng_state as the last thing before training: creating
     a DataLoader iterator draws from torch's RNG, so restoring earlier would not continue the run exactly."""
     ckpt = args.checkpoint
@@ -147,13 +148,17 @@ def load_checkpoint(engine, args: Args) -> tuple[int, int, int, dict | None]:
         from megatron.checkpointing.universal import load_universal
         path, client_state = load_universal(engine, args, tag)
     else:
+        # --no-load-optim: Megatron's meaning, the optimizer states and the learning-rate schedule start afresh
         with restricted_unpickling(ckpt.trust_checkpoint, os.path.join(ckpt.load, tag)):
-            path, client_state = engine.load_checkpoint(ckpt.load, tag=tag)
+            path, client_state = engine.load_checkpoint(ckpt.load, tag=tag,
+                                                        load_optimizer_states=not ckpt.no_load_optim,
+                                                        load_lr_scheduler_states=not ckpt.no_load_optim)
     if path is None:
         raise CheckpointError(f"--load {ckpt.load}: DeepSpeed found no loadable checkpoint in {tag}")
     if dist.get_rank() == 0:
         print(f"  loaded checkpoint {path} at iteration {client_state['iteration']}", flush=True)
-    generators = own_rng_state(os.path.join(ckpt.load, tag), dist.get_rank(), client_state, ckpt.trust_checkpoint)
+    generators = None if ckpt.no_load_rng else own_rng_state(os.path.join(ckpt.load, tag), dist.get_rank(),
+                                                             client_state, ckpt.trust_checkpoint)
     samples = client_state["consumed_samples"]
     # a checkpoint saved before zero-lab counted tokens: every step of it was whole
     tokens = client_state.get("consumed_tokens", samples * args.model.seq_length)

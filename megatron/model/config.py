@@ -31,6 +31,9 @@ class GPTConfig:
     init_method_std: float = 0.02
     # Megatron's --checkpoint-activations: recompute each layer's activations in the backward pass
     recompute_activations: bool = False
+    # --deepspeed-activation-checkpointing: that recompute runs through deepspeed.checkpointing (a run's choice, not
+    # the model's: checkpoints do not store it)
+    recompute_with_deepspeed: bool = False
     params_dtype: torch.dtype = torch.float32
     # Megatron's --sequence-parallel: LayerNorm/dropout regions split along the sequence over the TP group.
     sequence_parallel: bool = False
@@ -196,7 +199,7 @@ class GPTConfig:
     def to_dict(self) -> dict:
         """The shape as plain values (what checkpoints store); the dtype is the run's, not the model's."""
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("params_dtype", "moe_expert_parallel_size")}
+                if f.name not in ("params_dtype", "moe_expert_parallel_size", "recompute_with_deepspeed")}
 
     @classmethod
     def from_dict(cls, values: dict, **overrides) -> "GPTConfig":

@@ -72,12 +72,12 @@ class TransformerLayerPipe(ParallelTransformerLayer):
     def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker, init_seed: int, index: int):
         with layer_init_seed(init_seed, index + 1):
             super().__init__(config, tp_group, rng_tracker)
-        self.recompute = config.recompute_activations
+        self.recompute, self.with_deepspeed = config.recompute_activations, config.recompute_with_deepspeed
         self.rng_tracker = rng_tracker
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute and self.training and torch.is_grad_enabled():
-            return checkpoint(super().forward, self.rng_tracker, x)
+            return checkpoint(super().forward, self.rng_tracker, x, with_deepspeed=self.with_deepspeed)
         return super().forward(x)
 
 

@@ -88,12 +88,15 @@ def model_parallel_tracker(seed: int, tensor_parallel_rank: int, sequence_parall
     return tracker
 
 
-def checkpoint(function, tracker: RNGStatesTracker, *args):
+def checkpoint(function, tracker: RNGStatesTracker, *args, with_deepspeed: bool = False):
     """Activation checkpointing: drop `function`'s activations, recompute them in backward.
 
     torch restores the default generators for the recompute; the context pair below also
     rewinds the tracker, so dropout inside forked regions draws the same masks again.
+    with_deepspeed: DeepSpeed's implementation instead (`deepspeed_checkpoint`).
     """
+    if with_deepspeed:
+        return deepspeed_checkpoint(function, tracker, *args)
 
     def contexts():
         saved = tracker.get_states()
@@ -110,3 +113,36 @@ def checkpoint(function, tracker: RNGStatesTracker, *args):
         return contextlib.nullcontext(), replay()
 
     return torch_checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts)
+
+
+def deepspeed_checkpoint(function, tracker: RNGStatesTracker, *args):
+    """Megatron-DeepSpeed's --deepspeed-activation-checkpointing: deepspeed.checkpointing's checkpoint, as
+    `configure_deepspeed_checkpointing` set it up (the JSON's activation_checkpointing section: partitioned,
+    contiguous or CPU checkpoints). DeepSpeed restores the default generators for the recompute, and its own
+    tracker, which zero-lab's layers do not draw from: the recompute rewinds ours here."""
+    from deepspeed.runtime.activation_checkpointing.checkpointing import checkpoint as ds_checkpoint
+
+    saved, calls = tracker.get_states(), []
+
+    def run(*inputs):
+        if not calls:  # the forward
+            calls.append(1)
+            return function(*inputs)
+        current = tracker.get_states()
+        tracker.set_states(saved)
+        try:
+            return function(*inputs)
+        finally:
+            tracker.set_states(current)
+
+    return ds_checkpoint(run, *args)
+
+
+def configure_deepspeed_checkpointing(mpu, ds_config: dict, num_layers: int, in_cpu: bool) -> None:
+    """deepspeed.checkpointing from the run's DeepSpeed config (its activation_checkpointing section) with
+    --checkpoint-in-cpu, as Megatron-DeepSpeed's initialize does; mpu: the tensor-parallel groups that partitioned
+    activations are split over."""
+    import deepspeed
+
+    deepspeed.checkpointing.configure(mpu, deepspeed_config=ds_config, num_checkpoints=num_layers,
+                                      checkpoint_in_cpu=in_cpu or None)
