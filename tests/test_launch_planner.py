@@ -141,6 +141,10 @@ def test_the_run_lock_is_held_by_one_process_and_names_it(tmp_path):
 def test_a_driver_refuses_a_stage_not_its_own_before_anything_else(tmp_path):
     with pytest.raises(LaunchError, match=r"^ZERO_STAGE=2: gpt_deepspeed_Z3_OL.sh runs ZeRO stage 3 "):
         driver_launch(tmp_path, "Z3_OL", ZERO_STAGE=2)
+    # a stage that does not exist is named as such, not answered with the driver's own stage
+    with pytest.raises(LaunchError, match=r"^ZERO_STAGE=4: ZeRO has stages 0 to 3 only; leave ZERO_STAGE unset "
+                                          r"\(gpt_deepspeed_Z1.sh runs stage 1\)"):
+        driver_launch(tmp_path, "Z1", ZERO_STAGE=4)
     assert not any(tmp_path.iterdir())
 
 

@@ -64,7 +64,11 @@ class DriverPlanner:
     def _fixed(self, v: dict[str, str]) -> None:
         """Each driver is one experiment: a ZERO_STAGE or OFFLOAD other than its own is refused."""
         script = f"gpt_deepspeed_{self.experiment}.sh"
-        if v.get("ZERO_STAGE", str(self.stage)) != str(self.stage):
+        given = v.get("ZERO_STAGE", str(self.stage))
+        if given not in ("0", "1", "2", "3"):
+            die(f"ZERO_STAGE={given}: ZeRO has stages 0 to 3 only; leave ZERO_STAGE unset ({script} runs stage "
+                f"{self.stage}), or run the driver of the stage you want (gpt_deepspeed_DP.sh, _Z1, _Z2, _Z3)")
+        if given != str(self.stage):
             die(f"ZERO_STAGE={v['ZERO_STAGE']}: {script} runs ZeRO stage {self.stage} (each driver is one experiment: "
                 "gpt_deepspeed_DP.sh, _Z1, _Z2 and _Z3 run stages 0 to 3): run that stage's driver, or leave "
                 "ZERO_STAGE unset")
