@@ -99,6 +99,9 @@ def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool
         "gradient_clipping": deepspeed_clipping(args),
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer (on by default) synchronizes the device at every forward and every step to
+        # time them; zero-lab times its steps itself (megatron/training.py, at its logging iterations only)
+        "timers": {"throughput": {"enabled": False}},
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": ds.bf16},
         "fp16": {"enabled": ds.fp16, "loss_scale": 0, "initial_scale_power": 16,
@@ -125,7 +128,7 @@ def _complete_user_config(user: dict, args: Args, tuned: dict) -> dict:
     keys it gives agree with the flags and with each other (checked when the flags were parsed, by DeepSpeed's
     rule), the others follow from them and the layout; its gradient_clipping is --clip-grad's default. Every key
     it sets is kept; `tuned`, the config zero-lab would generate, fills its tuned zero_optimization keys, the bf16
-    gradient accumulation's data_types and NVMe's aio where the JSON leaves them out (`tuned_keys_added`)."""
+    gradient accumulation's data_types, NVMe's aio and the timers where the JSON leaves them out (`tuned_keys_added`)."""
     train = args.training
     config = json.loads(json.dumps(user))  # a deep copy: the parsed flags keep the user's JSON as read
     config.update(train_batch_size=train.global_batch_size, train_micro_batch_size_per_gpu=train.micro_batch_size,
@@ -136,7 +139,7 @@ def _complete_user_config(user: dict, args: Args, tuned: dict) -> dict:
     for key, value in tuned["zero_optimization"].items():
         if key not in _TUNED_ZERO_SKIP:
             zero.setdefault(key, value)
-    for key in ("data_types", "aio"):
+    for key in ("data_types", "aio", "timers"):
         if key in tuned:
             config.setdefault(key, tuned[key])
     return config
@@ -146,7 +149,7 @@ def tuned_keys_added(user: dict, config: dict) -> list[str]:
     """The keys, dotted, that zero-lab's tuned settings added to a user's JSON (`_complete_user_config`)."""
     added = [f"zero_optimization.{key}" for key in config.get("zero_optimization", {})
              if key not in _TUNED_ZERO_SKIP and key not in user.get("zero_optimization", {})]
-    return added + [key for key in ("data_types", "aio") if key in config and key not in user]
+    return added + [key for key in ("data_types", "aio", "timers") if key in config and key not in user]
 
 
 def deepspeed_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool) -> dict:
