@@ -566,7 +566,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     optimizer = build_optimizer(model, args, state)
     schedule = LRSchedule(optimizer, args.optimizer, train_iters)
     import_muon_uncompiled()
-    with expert_norm_unfused_optimizer(args.model.is_moe):  # stage 0 in 16-bit: a norm with the experts in it
+    with expert_norm_unfused_optimizer():  # stage 0 in 16-bit: one host read a step, a norm with the experts
         engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
                                                lr_scheduler=schedule, config=config, mpu=mpu,
                                                dist_init_required=False)
