@@ -64,7 +64,12 @@ def _zero_section(args: Args, num_params: int, hidden_size: int, on_cuda: bool) 
     zero = {"stage": ds.zero_stage}
     if ds.zero_stage == 0:
         return zero
-    zero.update(contiguous_gradients=True, overlap_comm=on_cuda,
+    # ranks holding the same parameters (data- times DeepSpeed-Ulysses sequence-parallel): with one, ZeRO shares
+    # nothing and sends nothing, and what serves the sharing only costs host time (docs/gpu.md)
+    shared = args.parallel.data_parallel_size * args.parallel.sequence_parallel_size > 1
+    # overlap_comm reduces on a side stream, and DeepSpeed 0.19.8 synchronizes the device before each bucket's
+    # reduction to do so (allreduce_and_copy): worth it only where there is communication to hide
+    zero.update(contiguous_gradients=True, overlap_comm=on_cuda and shared,
                 reduce_bucket_size=sizes["reduce_bucket_size"])
     if ds.zero_stage in (1, 2):
         # reduce each gradient partition to its owner: DeepSpeed's default all-reduces buckets that span
@@ -72,6 +77,10 @@ def _zero_section(args: Args, num_params: int, hidden_size: int, on_cuda: bool) 
         zero.update(allgather_bucket_size=sizes["allgather_bucket_size"], **OWNER_REDUCTION)
     else:
         zero.update({key: value for key, value in sizes.items() if key.startswith("stage3_")})
+        if not shared and not ds.offload_params and ds.nvme_path is None:
+            # one rank's "partition" is the whole parameter: keep every one whole rather than release it after its
+            # forward and gather it again (through hooks) for its backward; offload still moves them off the GPU
+            zero["stage3_param_persistence_threshold"] = num_params
     if ds.nvme_path is not None:
         zero.update(_nvme_section(num_params, ds.nvme_path))
         return zero

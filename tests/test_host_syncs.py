@@ -75,6 +75,8 @@ def reads_per_step(layers: int, stage: int, precision: str, steps: int = 2) -> d
     with counting_host_reads(counts, (MEGATRON, os.path.dirname(deepspeed.__file__))):
         for _ in range(steps):
             assert not train_step(engine, data, args, dist_info, VOCAB - 1).skipped
+    if stage == 3:  # one rank: every parameter kept whole, none released and gathered again
+        assert all(p.ds_persist and p.numel() == p.ds_numel for p in engine.module.parameters())
     engine.destroy()
     return {(name, file.split("site-packages/")[-1].split("/megatron/")[-1], line): count / steps
             for (name, file, line), count in counts.items()}
