@@ -122,6 +122,11 @@ def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool
         # sums them in bf16). Stage 1 then runs DeepSpeed's bf16 optimizer, with an fp32 buffer of every gradient;
         # DeepSpeed 0.19.8 refuses fp32 accumulation at stage 0 ("unsupported mix"), which accumulates in bf16.
         config["data_types"] = {"grad_accum_dtype": "fp32"}
+        if args.parallel.data_parallel_size * args.parallel.sequence_parallel_size == 1:
+            # DeepSpeed's communication dtype defaults to the model's: the fp32 sums were cast to bf16 for a
+            # reduction over one rank and back. With several ranks the reductions stay bf16, the ZeRO paper's
+            # volumes (a JSON's "communication_data_type": "fp32" sends twice the gradients' bytes, as predicted)
+            config["communication_data_type"] = "fp32"
     if args.deepspeed.nvme_path is not None:
         config["aio"] = dict(AIO)
     return config
@@ -137,7 +142,7 @@ def _complete_user_config(user: dict, args: Args, tuned: dict) -> dict:
     keys it gives agree with the flags and with each other (checked when the flags were parsed, by DeepSpeed's
     rule), the others follow from them and the layout; its gradient_clipping is --clip-grad's default. Every key
     it sets is kept; `tuned`, the config zero-lab would generate, fills its tuned zero_optimization keys, the bf16
-    gradient accumulation's data_types, NVMe's aio and the timers where the JSON leaves them out (`tuned_keys_added`)."""
+    gradient accumulation's data_types and communication_data_type, NVMe's aio and the timers where the JSON leaves them out (`tuned_keys_added`)."""
     train = args.training
     config = json.loads(json.dumps(user))  # a deep copy: the parsed flags keep the user's JSON as read
     config.update(train_batch_size=train.global_batch_size, train_micro_batch_size_per_gpu=train.micro_batch_size,
@@ -148,7 +153,7 @@ def _complete_user_config(user: dict, args: Args, tuned: dict) -> dict:
     for key, value in tuned["zero_optimization"].items():
         if key not in _TUNED_ZERO_SKIP:
             zero.setdefault(key, value)
-    for key in ("data_types", "aio", "timers"):
+    for key in ("data_types", "communication_data_type", "aio", "timers"):
         if key in tuned:
             config.setdefault(key, tuned[key])
     return config
@@ -158,7 +163,8 @@ def tuned_keys_added(user: dict, config: dict) -> list[str]:
     """The keys, dotted, that zero-lab's tuned settings added to a user's JSON (`_complete_user_config`)."""
     added = [f"zero_optimization.{key}" for key in config.get("zero_optimization", {})
              if key not in _TUNED_ZERO_SKIP and key not in user.get("zero_optimization", {})]
-    return added + [key for key in ("data_types", "aio", "timers") if key in config and key not in user]
+    return added + [key for key in ("data_types", "communication_data_type", "aio", "timers")
+                    if key in config and key not in user]
 
 
 def deepspeed_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool) -> dict:

@@ -662,4 +662,10 @@ def training_setup(args: Args, dist_info: DistInfo):
         expert_parallel_size=args.model.moe_expert_parallel_size, precision=ds.precision, zero_stage=ds.zero_stage,
         offload_optimizer=ds.offload_optimizer, offload_params=ds.offload_params,
         offload_device="nvme" if ds.nvme_path else "cpu", activation_recompute=args.model.recompute_activations,
-        device="cuda" if dist_info.on_cuda else "cpu")
+        device="cuda" if dist_info.on_cuda else "cpu", reduce_precision=_user_reduce_precision(ds.user_config))
+
+
+def _user_reduce_precision(user_config: dict | None) -> str | None:
+    """A user's DeepSpeed JSON's communication_data_type (None where it leaves it to the generated config's)."""
+    value = (user_config or {}).get("communication_data_type")
+    return value.lower() if isinstance(value, str) else None

@@ -7,7 +7,7 @@ from functools import partial
 import pytest
 import torch
 
-from test_host_syncs import VOCAB, _engine, batches
+from test_host_syncs import MICRO, VOCAB, _engine, batches
 from test_tensor_parallel import run_ranks
 
 pytestmark = pytest.mark.slow
@@ -16,7 +16,10 @@ pytestmark = pytest.mark.slow
 def _losses(stage: int, iterations: int = 3) -> list[float]:
     from megatron.training import train_step
 
-    engine, args, dist_info = _engine(2, stage, "bf16", "--weight-decay", "0.1", "--clip-grad", "0")
+    # one micro-batch a step: ZeRO 0 sums micro-batches in bf16 (DeepSpeed refuses fp32 there), ZeRO 1 in fp32
+    engine, args, dist_info = _engine(2, stage, "bf16", "--weight-decay", "0.1", "--clip-grad", "0",
+                                      "--global-batch-size", str(MICRO))
+    assert args.training.gradient_accumulation_steps == 1
     data = batches()
     losses = [train_step(engine, data, args, dist_info, VOCAB - 1).loss.item() for _ in range(iterations)]
     engine.destroy()

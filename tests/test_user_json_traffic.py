@@ -58,3 +58,11 @@ def test_a_key_the_json_sets_is_kept_and_the_prediction_follows_it(dolly_data_di
     assert "zero_optimization.use_multi_rank_bucket_allreduce" not in re.search(r"added: (.*)", log).group(1)
     # DeepSpeed all-reduces every bucket: the gradients' share twice, then the all-gather
     assert per_param == 6.0 and total == pytest.approx(predicted, abs=2e-3)
+
+
+def test_the_jsons_communication_dtype_sets_the_gradients_bytes_in_the_prediction(dolly_data_dir, tmp_path):
+    user = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}, "communication_data_type": "bf16"}
+    log, used, total, per_param, predicted = run_z1(dolly_data_dir, tmp_path, user)
+    assert used["communication_data_type"] == "bf16"
+    # the gradients reduced to their owners in bf16 (2 bytes for half the model), the fp32 parameters gathered (4)
+    assert per_param == 3.0 and total == pytest.approx(predicted, abs=2e-3)
