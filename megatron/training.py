@@ -550,6 +550,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     from megatron.deepspeed_config import deepspeed_config
     from megatron.optimizer import LRSchedule, build_optimizer, import_muon_uncompiled
     from megatron.stage0_optimizer import expert_norm_unfused_optimizer
+    from megatron.zero_clipping import clip_without_host_reads
 
     config = deepspeed_config(args, num_params, args.model.hidden_size, dist_info.on_cuda)
     if args.deepspeed.zero_stage == 3:
@@ -570,6 +571,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
         engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
                                                lr_scheduler=schedule, config=config, mpu=mpu,
                                                dist_init_required=False)
+    clip_without_host_reads(engine.optimizer)  # ZeRO 1-2: no host read per optimizer group (docs/gpu.md)
     if args.training.compile:
         engine.compile()
     return engine, config

@@ -32,8 +32,9 @@ BOUNDS = {
     (0, "fp32"): 1,  # megatron/optimizer.py: the gradient norm, which decides a skip
     (0, "bf16"): 1,  # megatron/stage0_optimizer.py: the same norm (DeepSpeed's wrapper: 27 + 12 per layer)
     (1, "bf16"): 2,  # BF16_Optimizer.step: is_invalid_grad_norm, clip_tensors_by_global_norm's `clip_coef < 1`
-    # the overflow flag (has_overflow's .item()), the norm's is_invalid_grad_norm, unscale_and_clip_grads' per group
-    (2, "bf16"): 4,
+    # the overflow flag (has_overflow's .item()) and the norm's is_invalid_grad_norm, which decide a skip (the
+    # clipping's check per optimizer group: megatron/zero_clipping.py makes it on the device)
+    (2, "bf16"): 2,
     (3, "bf16"): 1,  # DeepSpeedZeroOptimizer_Stage3.step: is_invalid_grad_norm
 }
 
