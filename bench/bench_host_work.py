@@ -94,30 +94,56 @@ def before_step(engine, data_iterator, args, dist_info, eod, probe_memory=False)
     return result
 
 
+# The host reads a step can make: each waits for the device to finish the work queued before it
+HOST_READS = (("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"), ("synchronize",))
+
+
+@contextlib.contextmanager
+def counting_host_reads(counts: dict, roots: tuple[str, ...], names: tuple = HOST_READS):
+    """Count, in counts[(method, file, line)], the host reads made by code in files under `roots`: the torch.Tensor
+    methods names[0] (a .cpu()/.numpy() of a tensor already on the host is counted too: on CPU ranks every tensor
+    is) and the accelerator's methods names[1] (its synchronize). The methods are wrapped, not replaced: the
+    engine runs as it would."""
+    from deepspeed.accelerator import get_accelerator
+
+    owners = [(torch.Tensor, name) for name in names[0]] + [(type(get_accelerator()), name) for name in names[1]]
+    originals = [(owner, name, owner.__dict__[name] if name in owner.__dict__ else None) for owner, name in owners]
+
+    def wrap(name, original):
+        def read(*args, **kwargs):
+            caller = sys._getframe(1)
+            if caller.f_code.co_filename.startswith(roots):
+                key = (name, caller.f_code.co_filename, caller.f_lineno)
+                counts[key] = counts.get(key, 0) + 1
+            return original(*args, **kwargs)
+        return read
+    for owner, name in owners:
+        setattr(owner, name, wrap(name, getattr(owner, name)))
+    try:
+        yield
+    finally:
+        for owner, name, original in originals:
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+
+
 @contextlib.contextmanager
 def counting_reads(counts: dict):
     """Count .item()/.tolist() made by megatron/ code and the exit-flag polls."""
-    originals = {name: getattr(torch.Tensor, name) for name in ("item", "tolist")}
     poll = ExitSignalHandler.stop_requested
-
-    def wrap(original):
-        def read(tensor, *args, **kwargs):
-            if sys._getframe(1).f_code.co_filename.startswith(MEGATRON):
-                counts["reads"] += 1
-            return original(tensor, *args, **kwargs)
-        return read
+    reads = {}
 
     def counted_poll(handler, device):
         counts["polls"] += 1
         return poll(handler, device)
-    for name, original in originals.items():
-        setattr(torch.Tensor, name, wrap(original))
     ExitSignalHandler.stop_requested = counted_poll
     try:
-        yield
+        with counting_host_reads(reads, (MEGATRON,), (("item", "tolist"), ())):
+            yield
     finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
+        counts["reads"] += sum(reads.values())
         ExitSignalHandler.stop_requested = poll
 
 

@@ -64,7 +64,12 @@ def _zero_section(args: Args, num_params: int, hidden_size: int, on_cuda: bool) 
     zero = {"stage": ds.zero_stage}
     if ds.zero_stage == 0:
         return zero
-    zero.update(contiguous_gradients=True, overlap_comm=on_cuda,
+    # ranks holding the same parameters (data- times DeepSpeed-Ulysses sequence-parallel): with one, ZeRO shares
+    # nothing and sends nothing, and what serves the sharing only costs host time (docs/gpu.md)
+    shared = args.parallel.data_parallel_size * args.parallel.sequence_parallel_size > 1
+    # overlap_comm reduces on a side stream, and DeepSpeed 0.19.8 synchronizes the device before each bucket's
+    # reduction to do so (allreduce_and_copy): worth it only where there is communication to hide
+    zero.update(contiguous_gradients=True, overlap_comm=on_cuda and shared,
                 reduce_bucket_size=sizes["reduce_bucket_size"])
     if ds.zero_stage in (1, 2):
         # reduce each gradient partition to its owner: DeepSpeed's default all-reduces buckets that span
@@ -72,6 +77,10 @@ def _zero_section(args: Args, num_params: int, hidden_size: int, on_cuda: bool) 
         zero.update(allgather_bucket_size=sizes["allgather_bucket_size"], **OWNER_REDUCTION)
     else:
         zero.update({key: value for key, value in sizes.items() if key.startswith("stage3_")})
+        if not shared and not ds.offload_params and ds.nvme_path is None:
+            # one rank's "partition" is the whole parameter: keep every one whole rather than release it after its
+            # forward and gather it again (through hooks) for its backward; offload still moves them off the GPU
+            zero["stage3_param_persistence_threshold"] = num_params
     if ds.nvme_path is not None:
         zero.update(_nvme_section(num_params, ds.nvme_path))
         return zero
@@ -99,6 +108,9 @@ def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool
         "gradient_clipping": deepspeed_clipping(args),
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer (on by default) synchronizes the device at every forward and every step to
+        # time them; zero-lab times its steps itself (megatron/training.py, at its logging iterations only)
+        "timers": {"throughput": {"enabled": False}},
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": ds.bf16},
         "fp16": {"enabled": ds.fp16, "loss_scale": ds.loss_scale, "initial_scale_power": 16,
@@ -110,6 +122,11 @@ def generate_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool
         # sums them in bf16). Stage 1 then runs DeepSpeed's bf16 optimizer, with an fp32 buffer of every gradient;
         # DeepSpeed 0.19.8 refuses fp32 accumulation at stage 0 ("unsupported mix"), which accumulates in bf16.
         config["data_types"] = {"grad_accum_dtype": "fp32"}
+        if args.parallel.data_parallel_size * args.parallel.sequence_parallel_size == 1:
+            # DeepSpeed's communication dtype defaults to the model's: the fp32 sums were cast to bf16 for a
+            # reduction over one rank and back. With several ranks the reductions stay bf16, the ZeRO paper's
+            # volumes (a JSON's "communication_data_type": "fp32" sends twice the gradients' bytes, as predicted)
+            config["communication_data_type"] = "fp32"
     if args.deepspeed.nvme_path is not None:
         config["aio"] = dict(AIO)
     return config
@@ -125,7 +142,7 @@ def _complete_user_config(user: dict, args: Args, tuned: dict) -> dict:
     keys it gives agree with the flags and with each other (checked when the flags were parsed, by DeepSpeed's
     rule), the others follow from them and the layout; its gradient_clipping is --clip-grad's default. Every key
     it sets is kept; `tuned`, the config zero-lab would generate, fills its tuned zero_optimization keys, the bf16
-    gradient accumulation's data_types and NVMe's aio where the JSON leaves them out (`tuned_keys_added`)."""
+    gradient accumulation's data_types and communication_data_type, NVMe's aio and the timers where the JSON leaves them out (`tuned_keys_added`)."""
     train = args.training
     config = json.loads(json.dumps(user))  # a deep copy: the parsed flags keep the user's JSON as read
     config.update(train_batch_size=train.global_batch_size, train_micro_batch_size_per_gpu=train.micro_batch_size,
@@ -136,7 +153,7 @@ def _complete_user_config(user: dict, args: Args, tuned: dict) -> dict:
     for key, value in tuned["zero_optimization"].items():
         if key not in _TUNED_ZERO_SKIP:
             zero.setdefault(key, value)
-    for key in ("data_types", "aio"):
+    for key in ("data_types", "communication_data_type", "aio", "timers"):
         if key in tuned:
             config.setdefault(key, tuned[key])
     return config
@@ -146,7 +163,8 @@ def tuned_keys_added(user: dict, config: dict) -> list[str]:
     """The keys, dotted, that zero-lab's tuned settings added to a user's JSON (`_complete_user_config`)."""
     added = [f"zero_optimization.{key}" for key in config.get("zero_optimization", {})
              if key not in _TUNED_ZERO_SKIP and key not in user.get("zero_optimization", {})]
-    return added + [key for key in ("data_types", "aio") if key in config and key not in user]
+    return added + [key for key in ("data_types", "communication_data_type", "aio", "timers")
+                    if key in config and key not in user]
 
 
 def deepspeed_config(args: Args, num_params: int, hidden_size: int, on_cuda: bool) -> dict:

@@ -625,6 +625,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     from megatron.deepspeed_config import deepspeed_config
     from megatron.optimizer import LRSchedule, build_optimizer, import_muon_uncompiled
     from megatron.stage0_optimizer import expert_norm_unfused_optimizer
+    from megatron.zero_clipping import clip_without_host_reads
 
     config = deepspeed_config(args, num_params, args.model.hidden_size, dist_info.on_cuda)
     if args.model.recompute_with_deepspeed:  # before the model is built, as Megatron-DeepSpeed's initialize
@@ -649,10 +650,11 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     schedule = LRSchedule(optimizer, args.optimizer, train_iters, args.training.global_batch_size,
                           args.training.train_samples)
     import_muon_uncompiled()
-    with expert_norm_unfused_optimizer(args.model.is_moe):  # stage 0 in 16-bit: a norm with the experts in it
+    with expert_norm_unfused_optimizer():  # stage 0 in 16-bit: one host read a step, a norm with the experts
         engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
                                                lr_scheduler=schedule, config=config, mpu=mpu,
                                                dist_init_required=False)
+    clip_without_host_reads(engine.optimizer)  # ZeRO 1-2: no host read per optimizer group (docs/gpu.md)
     if args.training.compile:
         engine.compile()
     return engine, config
@@ -747,4 +749,10 @@ def training_setup(args: Args, dist_info: DistInfo):
         expert_parallel_size=args.model.moe_expert_parallel_size, precision=ds.precision, zero_stage=ds.zero_stage,
         offload_optimizer=ds.offload_optimizer, offload_params=ds.offload_params,
         offload_device="nvme" if ds.nvme_path else "cpu", activation_recompute=args.model.recompute_activations,
-        device="cuda" if dist_info.on_cuda else "cpu")
+        device="cuda" if dist_info.on_cuda else "cpu", reduce_precision=_user_reduce_precision(ds.user_config))
+
+
+def _user_reduce_precision(user_config: dict | None) -> str | None:
+    """A user's DeepSpeed JSON's communication_data_type (None where it leaves it to the generated config's)."""
+    value = (user_config or {}).get("communication_data_type")
+    return value.lower() if isinstance(value, str) else None

@@ -197,6 +197,17 @@ def test_bf16_stage_1_all_reduces_then_all_gathers():
     assert traffic(1, precision="fp16")[1] == traffic(2, precision="fp16")[1]
 
 
+def test_gradients_reduced_in_their_communication_dtype():
+    """A DeepSpeed JSON's communication_data_type (TrainingSetup.reduce_precision) sets the gradients' bytes; the
+    parameters' gathers stay in the parameters' dtype."""
+    c, bf16 = traffic(2, precision="bf16")
+    _, fp32_grads = traffic(2, precision="bf16", reduce_precision="fp32")
+    assert fp32_grads == dict(bf16, reduce_scatter=2 * bf16["reduce_scatter"])
+    assert traffic(3, reduce_precision="bf16")[1]["reduce_scatter"] == traffic(3)[1]["reduce_scatter"] / 2
+    with pytest.raises(AccountingError, match="reduce_precision must be one of"):
+        TrainingSetup(world_size=2, micro_batch_size=1, reduce_precision="fp8")
+
+
 def test_traffic_in_16_bit_halves():
     assert sum(traffic(3, precision="bf16")[1].values()) == pytest.approx(sum(traffic(3)[1].values()) / 2)
 

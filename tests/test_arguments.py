@@ -140,6 +140,19 @@ def test_generated_config_sends_the_zero_papers_volumes(data_prefix):
     assert z3["zero_optimization"]["stage3_max_reuse_distance"] == 0
 
 
+def test_one_rank_drops_what_only_serves_sharing(data_prefix):
+    """docs/zero-tradeoff.md: with one rank holding the parameters, no overlap_comm (a device synchronize per
+    bucket, nothing to hide) and stage 3 keeps every parameter whole; with two, the paper's settings."""
+    def zero(stage, world, *flags):
+        args = parse_args(base(data_prefix, "--global-batch-size", str(2 * world), "--zero-stage", str(stage),
+                               *flags), world_size=world)
+        return generate_config(args, 1_000_000, 64, on_cuda=True)["zero_optimization"]
+    assert zero(2, 1)["overlap_comm"] is False and zero(2, 2)["overlap_comm"] is True
+    assert zero(3, 1)["stage3_param_persistence_threshold"] == 1_000_000 and zero(3, 1)["overlap_comm"] is False
+    assert zero(3, 2)["stage3_param_persistence_threshold"] == 640
+    assert zero(3, 1, "--zero-offload-params")["stage3_param_persistence_threshold"] == 640  # offload moves them
+
+
 def test_generated_nvme_offload_config(data_prefix, tmp_path):
     nvme = tmp_path / "nvme"
     args = parse_args(base(data_prefix, "--zero-stage", "3", "--zero-nvme-path", str(nvme)), world_size=2)

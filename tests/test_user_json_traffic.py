@@ -43,8 +43,9 @@ def test_a_json_of_batch_sizes_and_stage_gets_the_tuned_keys_and_sends_what_is_p
                        r"(.*) \(set a key in the JSON to keep your own value\)$", log, re.M)
     assert len(added) == 1, log[:3000]
     count, keys = added[0]
-    assert sorted(keys.split(", ")) == [f"zero_optimization.{key}" for key in sorted(zero) if key != "stage"]
-    assert int(count) == len(zero) - 1 and "zero_optimization.reduce_bucket_size" in keys
+    assert sorted(keys.split(", ")) == ["timers"] + [f"zero_optimization.{key}" for key in sorted(zero) if key != "stage"]
+    assert int(count) == len(zero) and "zero_optimization.reduce_bucket_size" in keys
+    assert used["timers"] == {"throughput": {"enabled": False}}  # DeepSpeed's timer synchronizes at every step
     # ZeRO-1 in fp32 over 2 ranks: a reduce and an all-gather of half the 4-byte model each
     assert per_param == 4.0 and total == pytest.approx(predicted, abs=2e-3)
 
@@ -57,3 +58,11 @@ def test_a_key_the_json_sets_is_kept_and_the_prediction_follows_it(dolly_data_di
     assert "zero_optimization.use_multi_rank_bucket_allreduce" not in re.search(r"added: (.*)", log).group(1)
     # DeepSpeed all-reduces every bucket: the gradients' share twice, then the all-gather
     assert per_param == 6.0 and total == pytest.approx(predicted, abs=2e-3)
+
+
+def test_the_jsons_communication_dtype_sets_the_gradients_bytes_in_the_prediction(dolly_data_dir, tmp_path):
+    user = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}, "communication_data_type": "bf16"}
+    log, used, total, per_param, predicted = run_z1(dolly_data_dir, tmp_path, user)
+    assert used["communication_data_type"] == "bf16"
+    # the gradients reduced to their owners in bf16 (2 bytes for half the model), the fp32 parameters gathered (4)
+    assert per_param == 3.0 and total == pytest.approx(predicted, abs=2e-3)

@@ -425,7 +425,7 @@ def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, b
     overflow flag in bf16 and fp16; stage 3 gathers parameters (`_stage3_gathers`) and reduce-scatters gradient
     buckets at every micro-batch, all-reduces each group's norm and gathers each persistent parameter after the step.
     Model parallelism (TP x PP > 1) adds the optimizer's norm all-reduces over the model-parallel group (ours
-    at stage 0 in fp32, DeepSpeed's overflow flag and two weight norms at stage 0 in bf16/fp16), TP the
+    at stage 0: megatron/optimizer.py's in fp32, megatron/stage0_optimizer.py's in bf16/fp16), TP the
     per-micro-batch collectives of `_tensor_parallel_messages`, PP a send per micro-batch and boundary, the
     tied embedding's all-reduce on the first and last stage, the loss broadcast to every stage and, with data
     parallelism, its all-reduce on the last. Measured against megatron/comm_counter.py's calls on 2 CPU ranks
@@ -462,7 +462,7 @@ def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, b
             messages["all_reduce"] += 2 + (setup.precision == "fp16")
     if tp * pp > 1:
         if zero == 0:
-            messages["all_reduce"] += 3 if mixed else 1
+            messages["all_reduce"] += 1
         elif runs_bf16_optimizer(setup):
             messages["all_reduce"] += 1
         elif zero == 3:

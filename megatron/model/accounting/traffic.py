@@ -63,7 +63,9 @@ def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 
     gradient partition, so it reduces at every micro-batch (g P + P with g micro-batches per step; in
     bf16 its reductions stay bf16, measured, though it keeps an fp32 gradient partition); stage 3
     gathers each parameter for the forward and again for the backward and reduce-scatters the
-    gradients, at every micro-batch (3 g P). Tensor parallelism adds four
+    gradients, at every micro-batch (3 g P). The gradients' reductions are in setup.reduce_element_bytes (a
+    user's JSON may set communication_data_type: fp32 in bf16 doubles their bytes), the parameters' gathers in the
+    parameters' dtype. Tensor parallelism adds four
     all-reduces of a [micro batch, seq, hidden] activation per layer and micro-batch, and one each for
     the embedding's output and the output layer's input (reduce-scatters and all-gathers of the same
     volume under sequence parallelism); pipeline parallelism sends one such activation
@@ -105,20 +107,21 @@ def _add_data_parallel(traffic: dict[str, float], size: float, dp: int, setup: T
                        zero: dict | None) -> None:
     """zero_traffic_per_step's data-parallel volumes of `size` bytes of parameters held by dp ranks."""
     share, g = _ring_share(dp) * size, setup.gradient_accumulation_steps
+    grads = share * setup.reduce_element_bytes / setup.element_bytes  # the gradients in their reduction dtype
     if setup.zero_stage == 0:
-        traffic["all_reduce"] += 2 * share
+        traffic["all_reduce"] += 2 * grads
     elif runs_bf16_optimizer(setup):
-        traffic["all_reduce"] += 2 * share
+        traffic["all_reduce"] += 2 * grads
         traffic["all_gather"] += share
     elif setup.zero_stage in (1, 2):
         reductions = 1 if setup.zero_stage == 1 else g
         if reduces_to_owners(zero):
-            traffic["reduce_scatter"] += reductions * share
+            traffic["reduce_scatter"] += reductions * grads
         else:
-            traffic["all_reduce"] += reductions * 2 * share
+            traffic["all_reduce"] += reductions * 2 * grads
         traffic["all_gather"] += share
     else:
-        traffic["reduce_scatter"] += g * share
+        traffic["reduce_scatter"] += g * grads
         traffic["all_gather"] += 2 * g * share
 
 

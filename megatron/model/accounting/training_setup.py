@@ -40,6 +40,9 @@ class TrainingSetup:
     # math kernel with attention dropout (it keeps the attention probabilities), its flash kernel without,
     # masks in the activations' dtype
     device: str = "cuda"
+    # the dtype DeepSpeed reduces the gradients in (its communication_data_type, which a user's JSON may set); None:
+    # the precision, as the generated config reduces wherever ranks share the parameters (docs/zero-tradeoff.md)
+    reduce_precision: str | None = None
 
     def __post_init__(self):
         model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size * self.sequence_parallel_size
@@ -51,8 +54,9 @@ class TrainingSetup:
         if self.expert_parallel_size < 1 or self.data_parallel_size % self.expert_parallel_size:
             raise AccountingError(f"--moe-expert-parallel-size {self.expert_parallel_size} must divide the "
                                   f"data-parallel size {self.data_parallel_size}")
-        if self.precision not in _ELEMENT_BYTES:
-            raise AccountingError(f"precision must be one of {sorted(_ELEMENT_BYTES)}, got {self.precision!r}")
+        for name, value in (("precision", self.precision), ("reduce_precision", self.reduce_precision or "fp32")):
+            if value not in _ELEMENT_BYTES:
+                raise AccountingError(f"{name} must be one of {sorted(_ELEMENT_BYTES)}, got {value!r}")
         if self.device not in ("cuda", "cpu"):
             raise AccountingError(f"device must be cuda or cpu, got {self.device!r}")
         if self.offload_device not in ("cpu", "nvme"):
@@ -78,3 +82,8 @@ class TrainingSetup:
     @property
     def element_bytes(self) -> int:
         return _ELEMENT_BYTES[self.precision]
+
+    @property
+    def reduce_element_bytes(self) -> int:
+        """Bytes of one gradient element in the data-parallel reductions (reduce_precision)."""
+        return _ELEMENT_BYTES[self.reduce_precision or self.precision]
