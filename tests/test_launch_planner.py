@@ -245,3 +245,62 @@ def test_a_port_taken_after_the_check_is_named_with_its_variable(tmp_path, capsy
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"error: port {port} (MASTER_PORT) is in use on this host (EADDRINUSE; another run's?): set another "
         f"MASTER_PORT, or leave it unset on a single host for a free one (launcher's report: {tmp_path}/launcher.log)")
+
+
+@pytest.mark.parametrize("env, error", [
+    (dict(EP_SIZE="2"), "EP_SIZE=2: the model has no experts to spread (NUM_EXPERTS unset), so the run would train "
+                        "dense; set NUM_EXPERTS too (e.g. NUM_EXPERTS=4 EP_SIZE=2, docs/moe.md), or leave EP_SIZE unset"),
+    (dict(NUM_EXPERTS="1", EP_SIZE="2"), "EP_SIZE=2: the model has no experts to spread (NUM_EXPERTS=1), so"),
+    (dict(NUM_EXPERTS="3", EP_SIZE="2"), "NUM_EXPERTS=3 and EP_SIZE=2: each MoE layer's experts are split evenly over "
+                                         "EP_SIZE ranks, and 2 does not divide 3; use a multiple of 2 experts, or an "
+                                         "EP_SIZE that divides 3"),
+    (dict(NUM_EXPERTS="4 6", EP_SIZE="4", NGPUS="4"), "NUM_EXPERTS=4 6 and EP_SIZE=4: each MoE layer's experts are "
+                                                      "split evenly over EP_SIZE ranks, and 4 does not divide 6"),
+    (dict(MODEL_SIZE="tiny-moe4", EP_SIZE="3", NGPUS="3"), "the tiny-moe4 preset's 4 experts and EP_SIZE=3: "),
+    (dict(NUM_EXPERTS="4", EP_SIZE="4"), "EP_SIZE=4 does not divide the data-parallel size 2: the experts are spread "
+                                         "over groups of EP_SIZE data-parallel ranks; use an EP_SIZE that divides it"),
+])
+def test_an_expert_parallel_size_the_run_would_ignore_or_refuse_is_refused_before_the_run_folder(tmp_path, env,
+                                                                                                 error):
+    """Issue 56, item 4: EP_SIZE without experts trained dense with --moe-expert-parallel-size in its command, and
+    experts EP_SIZE does not divide were refused by DeepSpeed's MoE layer once the ranks had started; both are one
+    line now, before the run folder exists, as SP_SIZE=3 is."""
+    with pytest.raises(LaunchError) as refused:
+        driver_launch(tmp_path, **env)
+    assert str(refused.value).startswith(error), refused.value
+    assert list(tmp_path.iterdir()) == []
+    environment = subprocess_env(CUDA_VISIBLE_DEVICES="", OUTPUT_ROOT=tmp_path, DRY_RUN=1, **env)
+    with pytest.raises(LaunchError, match="EP_SIZE"):  # ALCF's path reads the same settings
+        AlcfPlanner().plan(environment, [], dry_run=True)
+
+
+def test_an_expert_parallel_size_that_fits_plans_its_flags(tmp_path):
+    for env in (dict(NUM_EXPERTS="4", EP_SIZE="2"), dict(MODEL_SIZE="tiny-moe4", EP_SIZE="2"),
+                dict(NUM_EXPERTS="4 8", EP_SIZE="4", NGPUS="4")):
+        command = driver_launch(tmp_path, **env).command
+        assert command[command.index("--moe-expert-parallel-size") + 1] == env["EP_SIZE"]
+
+
+def test_layout_flags_after_the_driver_count_as_their_variables(tmp_path):
+    """Issue 56, item 4: `bash gpt_deepspeed_Z1.sh --ds-sequence-parallel-size 2`, as Megatron-DeepSpeed's users
+    pass it, was planned as a data-parallel size of 2 the run would not have; the planner reads the flag as SP_SIZE
+    (and TP, PP, NUM_EXPERTS, EP_SIZE, SP by theirs), or refuses a variable that says otherwise."""
+    plan = DriverPlanner("Z1").plan
+    environment = subprocess_env(RUNS_DIR=tmp_path, CUDA_VISIBLE_DEVICES="", DRY_RUN=1, NGPUS="2", MICRO_BATCH="4",
+                                 GLOBAL_BATCH="4")
+    command = plan(environment, ["--ds-sequence-parallel-size", "2"], dry_run=True).command
+    assert command[command.index("--global-batch-size") + 1] == "4"
+    assert command[-2:] == ["--ds-sequence-parallel-size", "2"]  # as the user typed it
+    unset = dict(environment, MICRO_BATCH="", GLOBAL_BATCH="")
+    command = plan(unset, ["--tensor-model-parallel-size=2"], dry_run=True).command
+    assert command[command.index("--global-batch-size") + 1] == "4"  # 4 a rank x data-parallel size 1
+    with pytest.raises(LaunchError) as refused:
+        plan(dict(environment, SP_SIZE="1"), ["--ds-sequence-parallel-size", "2"], dry_run=True)
+    assert str(refused.value) == ("--ds-sequence-parallel-size 2 after the launch script and SP_SIZE=1 set the same "
+                                  "thing to different values: set one of them (SP_SIZE is the launch's own way)")
+    with pytest.raises(LaunchError, match=r"^EP_SIZE=2: the model has no experts to spread"):
+        plan(unset, ["--moe-expert-parallel-size", "2"], dry_run=True)
+    command = plan(unset, ["--num-experts", "4", "4", "--moe-expert-parallel-size", "2"], dry_run=True).command
+    assert command[command.index("--num-experts"):][:3] == ["--num-experts", "4", "4"]
+    with pytest.raises(LaunchError, match=r"^--tensor-model-parallel-size two after the launch script: expected a "):
+        plan(unset, ["--tensor-model-parallel-size", "two"], dry_run=True)

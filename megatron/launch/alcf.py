@@ -20,6 +20,7 @@ import subprocess
 import time
 
 from megatron.launch import settings as training
+from megatron.launch.given_flags import read_layout_flags
 from megatron.launch.plan import (REPO, Launch, check_port, die, free_port, given, python_of, resume_rule,
                                   visible_gpus)
 from megatron.launch.settings import check
@@ -116,7 +117,7 @@ class AlcfPlanner:
 
     def plan(self, env: dict[str, str], args: list[str], dry_run: bool, supervisor=None) -> Launch:
         python = python_of(env)
-        v = given(env)
+        v = read_layout_flags(given(env), args)  # a layout flag after the script counts as its variable
         launch_env = dict(env, PYTHON=python, PYTHONPATH=":".join([str(REPO), *filter(None, [env.get("PYTHONPATH")])]))
         hosts, hostfile, accelerator, per_host = self._setup(v, launch_env)
         world = len(hosts) * per_host

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 
 from megatron.launch import settings as training
+from megatron.launch.given_flags import read_layout_flags
 from megatron.launch.plan import (REPO, Launch, check_port, die, free_port, given, python_of, resume_rule,
                                   visible_gpus)
 from megatron.launch.settings import check
@@ -91,7 +92,7 @@ class DriverPlanner:
 
     def plan(self, env: dict[str, str], args: list[str], dry_run: bool, supervisor=None) -> Launch:
         python = python_of(env)
-        v = given(env)
+        v = read_layout_flags(given(env), args)  # a layout flag after the driver counts as its variable
         launch_env = dict(env, PYTHON=python, PYTHONPATH=":".join([str(REPO), *filter(None, [env.get("PYTHONPATH")])]))
         # This Python's tools first: torch builds DeepSpeed's C++ ops with the first `ninja` on PATH, and two
         # different ninjas (a venv's and the system's) invalidate each other's builds on every start.

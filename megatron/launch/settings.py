@@ -20,6 +20,7 @@ from megatron.deepspeed_json import DeepSpeedJSONError, refuse_unused_sections
 from megatron.errors import ZeroLabError
 from megatron.launch.flag_sources import name_sources
 from megatron.layout_check import batch_split
+from megatron.model.presets import MODEL_PRESETS
 from megatron.training_defaults import GPT3_PRESET
 
 REPO = Path(__file__).resolve().parents[2]
@@ -240,6 +241,7 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
                 raise LaunchError(f"{names['PRECISION']}=fp32 disagrees with {key} true in DS_CONFIG={ds_config}: "
                                   "drop one of them or make them agree")
     batch_flags = _batch_flags(v, json_keys, world, names, micro_default)
+    _experts_checked(v, model_size, world)
 
     size_lr = GPT3_LR.get(model_size, GPT3_LR["125M"])
     v.setdefault("LR", size_lr)
@@ -301,6 +303,33 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
 # the mixture-of-experts variables (docs/moe.md), by the flag each gives; only set ones give flags
 MOE_VARIABLES = {"--num-experts": "NUM_EXPERTS", "--moe-expert-parallel-size": "EP_SIZE", "--topk": "TOPK",
                  "--moe-loss-coeff": "MOE_LOSS_COEFF"}
+
+
+def _experts_checked(v: dict[str, str], model_size: str | None, world: int) -> None:
+    """EP_SIZE > 1 refused before any rank starts where the run would ignore it (no experts: it would train dense)
+    or where DeepSpeed's MoE layer (each layer's experts split evenly over EP_SIZE ranks) or the expert groups
+    (EP_SIZE data-parallel ranks each) would refuse it once the ranks had started."""
+    ep = int(v.get("EP_SIZE", "1"))
+    if ep == 1:
+        return
+    preset = MODEL_PRESETS.get(model_size or "", {}).get("num_experts", 1)
+    experts = v.get("NUM_EXPERTS", str(preset))
+    given = f"NUM_EXPERTS={experts}" if "NUM_EXPERTS" in v else f"the {model_size} preset's {experts} experts"
+    unset = "NUM_EXPERTS" not in v
+    moe_layers = [int(n) for n in experts.split() if int(n) > 1]
+    if not moe_layers:
+        raise LaunchError(f"EP_SIZE={ep}: the model has no experts to spread ({'NUM_EXPERTS unset' if unset else given}), so the run would train dense; "
+                          "set NUM_EXPERTS too (e.g. NUM_EXPERTS=4 EP_SIZE=2, docs/moe.md), or leave EP_SIZE unset")
+    for count in moe_layers:
+        if count % ep:
+            raise LaunchError(f"{given} and EP_SIZE={ep}: each MoE layer's experts are split evenly over EP_SIZE "
+                              f"ranks, and {ep} does not divide {count}; use a multiple of {ep} experts, or an EP_SIZE "
+                              f"that divides {count}")
+    split = int(v["TP"]) * int(v["PP"]) * int(v.get("SP_SIZE", "1"))
+    data_parallel = world // split
+    if world % split == 0 and data_parallel % ep:
+        raise LaunchError(f"EP_SIZE={ep} does not divide the data-parallel size {data_parallel}: the experts are "
+                          "spread over groups of EP_SIZE data-parallel ranks; use an EP_SIZE that divides it")
 
 
 def _moe_flags(v: dict[str, str]) -> list[str]:
