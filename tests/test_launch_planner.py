@@ -304,3 +304,30 @@ def test_layout_flags_after_the_driver_count_as_their_variables(tmp_path):
     assert command[command.index("--num-experts"):][:3] == ["--num-experts", "4", "4"]
     with pytest.raises(LaunchError, match=r"^--tensor-model-parallel-size two after the launch script: expected a "):
         plan(unset, ["--tensor-model-parallel-size", "two"], dry_run=True)
+
+
+@pytest.mark.parametrize("env, args, name", [
+    (dict(NUM_EXPERTS="4", EP_SIZE="2"), [], "gpt_tiny_Z1_moe4_ep2"),  # docs/moe.md's first command
+    (dict(SP_SIZE="2"), [], "gpt_tiny_Z1_ulysses2"),  # docs/long-sequences.md's
+    (dict(), ["--ds-sequence-parallel-size", "2"], "gpt_tiny_Z1_ulysses2"),
+    (dict(NUM_EXPERTS="4 8", EP_SIZE="4", NGPUS="4"), [], "gpt_tiny_Z1_moe4-8_ep4"),
+    (dict(NUM_EXPERTS="1"), [], "gpt_tiny_Z1"),  # dense, as the main run
+    (dict(MODEL_SIZE="tiny-moe4", EP_SIZE="2"), [], "gpt_tiny-moe4_Z1_ep2"),
+    (dict(POSITION_EMBEDDING_TYPE="rotary"), [], "gpt_tiny_Z1_rotary"),
+    (dict(MODEL_SIZE="llama-tiny", POSITION_EMBEDDING_TYPE="rotary"), [], "gpt_llama-tiny_Z1"),  # its own positions
+    (dict(MODEL_SIZE="llama-tiny", POSITION_EMBEDDING_TYPE="learned"), [], "gpt_llama-tiny_Z1_learned"),
+])
+def test_a_run_of_another_model_or_layout_gets_its_own_default_folder(tmp_path, env, args, name):
+    """Issue 56, item 1: after the dense main run, docs/moe.md's NUM_EXPERTS=4 EP_SIZE=2 resumed the main run's
+    folder (gpt_tiny_Z1) and docs/long-sequences.md's SP_SIZE=2 found it finished: the default name names the
+    experts, their spread, the Ulysses size and positions other than the preset's."""
+    environment = subprocess_env(RUNS_DIR=tmp_path, CUDA_VISIBLE_DEVICES="", DRY_RUN=1, **env)
+    launch = DriverPlanner("Z1").plan(environment, args, dry_run=True)
+    assert launch.run_dir == os.path.realpath(tmp_path / name)
+
+
+def test_alcfs_run_name_names_the_ulysses_size_and_the_experts(tmp_path):
+    environment = subprocess_env(CUDA_VISIBLE_DEVICES="", OUTPUT_ROOT=tmp_path, DRY_RUN=1, SP_SIZE="2")
+    assert AlcfPlanner().plan(environment, [], dry_run=True).run_dir.endswith("_seqlen128_mp1_pp1_sp2_nl2_hs128_gb4_mb4")
+    environment = subprocess_env(CUDA_VISIBLE_DEVICES="", OUTPUT_ROOT=tmp_path, DRY_RUN=1, NUM_EXPERTS="4", EP_SIZE="2")
+    assert "_sp1_moe4_ep2_nl2_" in AlcfPlanner().plan(environment, [], dry_run=True).run_dir

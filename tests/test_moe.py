@@ -306,8 +306,8 @@ def test_the_z1_driver_trains_with_num_experts_4_and_ep_size_2(dolly_data_dir, t
     run = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], cwd=REPO_ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "--num-experts 4 --moe-expert-parallel-size 2" in (tmp_path / "gpt_tiny_Z1" / "command.txt").read_text()
-    log = (tmp_path / "gpt_tiny_Z1" / "train.log").read_text()
+    assert "--num-experts 4 --moe-expert-parallel-size 2" in (tmp_path / "gpt_tiny_Z1_moe4_ep2" / "command.txt").read_text()
+    log = (tmp_path / "gpt_tiny_Z1_moe4_ep2" / "train.log").read_text()
     assert "| zero stage: 1 |" in log and "| world size: 2 |" in log and "| experts: 4 | EP: 2 | top-k: 1 |" in log
     assert len(re.findall(r"\| lm loss: \S+ \| moe loss: \S+ \| expert load max/mean: \S+ \| tokens dropped: \S+ \|",
                           log)) == 3
@@ -485,3 +485,42 @@ def test_an_moe_checkpoint_resumes_only_in_the_layout_it_was_saved_with():
         assert refusal.startswith("it was saved with data-parallel size 2 at ZeRO stage 1 and "
                                   "--moe-expert-parallel-size 2, this run has ") and "\n" not in refusal
         assert refusal.endswith("resume with --zero-stage 1 and --moe-expert-parallel-size 2 on data-parallel size 2")
+
+
+@pytest.mark.parametrize("saved_kind, resumed, error", [
+    ([], ["--num-experts", "4"], "this is a dense checkpoint (no experts) and this run has 4 experts a layer "
+                                 "(--num-experts): resume it without --num-experts, or give the run its own folder"),
+    (["--num-experts", "4"], [], "this is a mixture-of-experts checkpoint (4 experts a layer) and this run is dense: "
+                                 "resume it with its --num-experts, or give the run its own folder"),
+])
+@pytest.mark.parametrize("marker_has_experts", [True, False])
+def test_a_resume_of_a_checkpoint_of_the_other_kind_names_its_kind(tmp_path, saved_kind, resumed, error,
+                                                                   marker_has_experts):
+    """Issue 56, item 1: a dense checkpoint resumed with experts was refused with advice to resume at EP 1, which
+    ended in KeyError: 'num_experts'; the line names the checkpoint's kind. Checkpoints whose marker predates the
+    experts' record are told apart by DeepSpeed's expert files (layer_<i>_expert_<j>_...)."""
+    from megatron.arguments import parse_args
+    from megatron.checkpointing import protocol
+    from megatron.checkpointing.resume_check import check_layout, current_layout
+
+    def flags(*extra):
+        return ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+                "--micro-batch-size", "2", "--train-iters", "10", "--data-path", "x", "--tokenizer-type",
+                "NullTokenizer", "--vocab-size", "1000", "--load", str(tmp_path), *extra]
+
+    layout = current_layout(parse_args(flags(*saved_kind), world_size=2))
+    if not marker_has_experts:
+        del layout["num_experts"]
+    protocol.prepare_save(str(tmp_path), "global_step2")
+    staging = tmp_path / protocol.staging_tag("global_step2")
+    staging.mkdir()
+    (staging / "mp_rank_00_model_states.pt").write_bytes(b"")
+    if saved_kind:
+        for expert in range(4):  # EP 2: rank 0 wrote experts 0 and 1, rank 1 experts 2 and 3
+            (staging / f"layer_1_expert_{expert}_mp_rank_00_model_states.pt").write_bytes(b"")
+    protocol.commit(str(tmp_path), "global_step2", {"iteration": 2, "layout": layout}, exchange=False)
+    with pytest.raises(protocol.CheckpointError) as refused:
+        check_layout(parse_args(flags(*resumed, "--moe-expert-parallel-size", "2" if resumed else "1"),
+                                world_size=2), "global_step2")
+    assert str(refused.value).startswith(f"--load {tmp_path}: cannot resume global_step2: {error}"), refused.value
+    assert "\n" not in str(refused.value)

@@ -198,10 +198,10 @@ def test_the_z1_driver_trains_a_rotary_model_and_a_learned_run_refuses_its_check
     run = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], cwd=REPO_ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    log = (tmp_path / "gpt_tiny_Z1" / "train.log").read_text()
+    log = (tmp_path / "gpt_tiny_Z1_rotary" / "train.log").read_text()
     losses = {i: float(loss) for i, loss in iteration_losses(log).items()}
     assert sorted(losses) == list(range(1, 9)) and losses[8] < losses[1] - 0.3, losses  # 10.83 -> 10.33 seen
-    checkpoints = tmp_path / "gpt_tiny_Z1" / "checkpoints"
+    checkpoints = tmp_path / "gpt_tiny_Z1_rotary" / "checkpoints"
     loaded = load_checkpoint_weights(str(checkpoints))
     assert loaded.config.use_rotary_position_embeddings
     assert not any("position" in name for name in loaded.state_dict)

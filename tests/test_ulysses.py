@@ -266,8 +266,8 @@ def test_the_z1_driver_trains_with_sp_size_2(dolly_data_dir, tmp_path):
     run = subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], cwd=REPO_ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    log = (tmp_path / "gpt_tiny_Z1" / "train.log").read_text()
-    assert "--ds-sequence-parallel-size 2" in (tmp_path / "gpt_tiny_Z1" / "command.txt").read_text()
+    log = (tmp_path / "gpt_tiny_Z1_ulysses2" / "train.log").read_text()
+    assert "--ds-sequence-parallel-size 2" in (tmp_path / "gpt_tiny_Z1_ulysses2" / "command.txt").read_text()
     # 2 ranks, one replica: the global batch is MICRO_BATCH x 1, ZeRO partitions over both ranks
     assert "| world size: 2 | micro batch: 4 | global batch: 4 |" in log
     assert "ZeRO estimate (stage=1, dp=2," in log

@@ -14,6 +14,7 @@ Each refusal is one line naming the flags to change.
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING
 
 from megatron.checkpointing.protocol import CheckpointError, check_resumable, read_marker
@@ -33,7 +34,8 @@ def current_layout(args: Args) -> dict:
             "tensor_model_parallel_size": par.tensor_model_parallel_size,
             "pipeline_model_parallel_size": par.pipeline_model_parallel_size,
             "positions": "rotary" if args.model.use_rotary_position_embeddings else "learned",
-            "expert_parallel_size": args.model.moe_expert_parallel_size}
+            "expert_parallel_size": args.model.moe_expert_parallel_size,
+            "num_experts": list(args.model.layer_experts)}
 
 
 def positions_refusal(saved: str, current: str) -> str | None:
@@ -108,6 +110,39 @@ def moe_layout_refusal(saved: dict, current: dict) -> str | None:
             f"{saved['data_parallel_size']}")
 
 
+def saved_experts(saved: dict, tag_dir: str) -> list[int] | None:
+    """The experts of each MoE layer in the checkpoint ([1]: dense); checkpoints from before the marker recorded
+    them are read from the names of DeepSpeed's expert files (layer_<i>_expert_<j>_mp_rank_..., j over every
+    expert of layer i), None where the folder cannot be read."""
+    if "num_experts" in saved:
+        return saved["num_experts"]
+    try:
+        names = os.listdir(tag_dir)
+    except OSError:
+        return None
+    experts: dict[str, set[str]] = {}
+    for name in names:
+        found = re.match(r"layer_(\d+)_expert_(\d+)_", name)
+        if found:
+            experts.setdefault(found.group(1), set()).add(found.group(2))
+    return [len(ids) for ids in experts.values()] or [1]
+
+
+def kind_refusal(saved: list[int] | None, current: list[int]) -> str | None:
+    """Why a dense checkpoint cannot be resumed as a mixture of experts, or the other way (None: the same kind):
+    the experts' weights and optimizer states are in the one and not the other."""
+    if saved is None or (max(saved) > 1) == (max(current) > 1):
+        return None
+    experts = " ".join(str(count) for count in sorted(set(saved if max(saved) > 1 else current)) if count > 1)
+    other = "give the run its own folder (RUN_NAME, or leave RUN_NAME unset: the drivers' default name names the " \
+            "experts), or FRESH=1 to start this one afresh"
+    if max(saved) == 1:
+        return (f"this is a dense checkpoint (no experts) and this run has {experts} experts a layer "
+                f"(--num-experts): resume it without --num-experts, or {other}")
+    return (f"this is a mixture-of-experts checkpoint ({experts} experts a layer) and this run is dense: resume it "
+            f"with its --num-experts, or {other}")
+
+
 def _describe_moe(layout: dict) -> str:
     return f"{_describe(layout)} and --moe-expert-parallel-size {layout['expert_parallel_size']}"
 
@@ -128,6 +163,7 @@ def check_layout(args: Args, tag: str) -> None:
         return
     current = current_layout(args)
     refusal = positions_refusal(saved.get("positions", "learned"), current["positions"]) or \
+        kind_refusal(saved_experts(saved, os.path.join(load_dir, tag)), current["num_experts"]) or \
         model_parallel_refusal(saved, current)
     if refusal:
         raise CheckpointError(f"--load {load_dir}: cannot resume {tag}: {refusal}")

@@ -178,7 +178,8 @@ class AlcfPlanner:
         if run_name is None:
             preset = MODEL_PRESETS[MODELS[v["MODEL_SIZE_KEY"]]]
             run_name = (f"{v['MODEL_SIZE_KEY']}_z{zero_stage}_seqlen{s['SEQ_LEN']}_mp{s['TP']}_pp{s['PP']}"
-                        f"_sp{v.get('SPSIZE', '1')}_nl{preset['num_layers']}_hs{preset['hidden_size']}"
+                        f"_sp{s.get('SP_SIZE', '1')}{training.model_tags(s, MODELS[v['MODEL_SIZE_KEY']])}"
+                        f"_nl{preset['num_layers']}_hs{preset['hidden_size']}"
                         f"_gb{s.get('GLOBAL_BATCH', 'ds')}_mb{s.get('MICRO_BATCH', 'ds')}")
             run_name = "actCkpt_" * (s["USE_ACTIVATION_CHECKPOINTING"] == "1") + run_name
             run_name = "gpt_" + "SP_" * (s["SP"] == "1") + run_name  # Megatron's sequence parallelism is on

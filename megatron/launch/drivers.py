@@ -4,7 +4,8 @@ allocation; several hosts by NNODES, NODE_RANK and MASTER_ADDR with torchrun. do
 variables.
 
 Defaults: GPT-2 125M, seq 1024, bf16 on every visible GPU; without a GPU the tiny preset on 2 CPU ranks, fp32, a
-few minutes per driver. The run folder is RUNS_DIR/RUN_NAME (default runs/gpt_<model>_<experiment>[_tpN_ppN_sp]);
+few minutes per driver. The run folder is RUNS_DIR/RUN_NAME (default runs/gpt_<model>_<experiment>[_tpN_ppN_sp_ulyssesN_moeN_epN_rotary]: a run of
+another model or layout does not resume the preset's own folder);
 host 0 owns it (the resume rule, train.log, command.txt), host k writes train.nodek.log beside them.
 """
 from __future__ import annotations
@@ -120,7 +121,8 @@ class DriverPlanner:
             check_port(port)
 
         tag = "".join([f"_tp{s['TP']}" * (s["TP"] != "1"), f"_pp{s['PP']}" * (s["PP"] != "1"),
-                       "_sp" * (s["SP"] == "1")])
+                       "_sp" * (s["SP"] == "1"), f"_ulysses{s.get('SP_SIZE')}" * (s.get("SP_SIZE", "1") != "1"),
+                       training.model_tags(s, model_size)])
         model_name = model_size or os.path.basename(v["INIT_HF"].rstrip("/"))
         run_name = v.get("RUN_NAME", f"gpt_{model_name}_{self.experiment}{tag}")
         run_dir = os.path.realpath(os.path.join(v.get("RUNS_DIR", str(REPO / "runs")), run_name))

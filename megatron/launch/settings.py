@@ -332,6 +332,20 @@ def _experts_checked(v: dict[str, str], model_size: str | None, world: int) -> N
                           "spread over groups of EP_SIZE data-parallel ranks; use an EP_SIZE that divides it")
 
 
+def model_tags(s: dict[str, str], model_size: str | None) -> str:
+    """What the settings `s` change in the preset's model beyond its name, for a default run name
+    (e.g. "_moe4_ep2_rotary"): the experts (NUM_EXPERTS), their spread (EP_SIZE) and positions other than the
+    preset's, so that such a run does not resume the preset's own run folder (issue 56)."""
+    experts = s.get("NUM_EXPERTS", "1").split()
+    tags = "_moe" + "-".join(experts) if any(count != "1" for count in experts) else ""
+    tags += f"_ep{s['EP_SIZE']}" if s.get("EP_SIZE", "1") != "1" else ""
+    rotary = MODEL_PRESETS.get(model_size or "", {}).get("use_rotary_position_embeddings", False)
+    positions = s.get("POSITION_EMBEDDING_TYPE")
+    if positions and positions != ("rotary" if rotary else "learned"):
+        tags += f"_{positions}"
+    return tags
+
+
 def _moe_flags(v: dict[str, str]) -> list[str]:
     flags = []
     for flag, variable in MOE_VARIABLES.items():
