@@ -488,10 +488,10 @@ def test_an_moe_checkpoint_resumes_only_in_the_layout_it_was_saved_with():
 
 
 @pytest.mark.parametrize("saved_kind, resumed, error", [
-    ([], ["--num-experts", "4"], "this is a dense checkpoint (no experts) and this run has 4 experts a layer "
-                                 "(--num-experts): resume it without --num-experts, or give the run its own folder"),
-    (["--num-experts", "4"], [], "this is a mixture-of-experts checkpoint (4 experts a layer) and this run is dense: "
-                                 "resume it with its --num-experts, or give the run its own folder"),
+    ([], ["--num-experts", "4"], "this is a dense checkpoint (no experts) and this run has experts (--num-experts 4): "
+                                 "resume it without --num-experts, or give the run its own folder"),
+    (["--num-experts", "4"], [], "this is a mixture-of-experts checkpoint (--num-experts 4 when saved) and this run "
+                                 "is dense: resume it with --num-experts 4, or give the run its own folder"),
 ])
 @pytest.mark.parametrize("marker_has_experts", [True, False])
 def test_a_resume_of_a_checkpoint_of_the_other_kind_names_its_kind(tmp_path, saved_kind, resumed, error,

@@ -133,14 +133,15 @@ def kind_refusal(saved: list[int] | None, current: list[int]) -> str | None:
     the experts' weights and optimizer states are in the one and not the other."""
     if saved is None or (max(saved) > 1) == (max(current) > 1):
         return None
-    experts = " ".join(str(count) for count in sorted(set(saved if max(saved) > 1 else current)) if count > 1)
+    moe = [count for count in (saved if max(saved) > 1 else current) if count > 1]
+    experts = str(moe[0]) if len(set(moe)) == 1 else " ".join(map(str, moe))  # --num-experts's form
     other = "give the run its own folder (RUN_NAME, or leave RUN_NAME unset: the drivers' default name names the " \
             "experts), or FRESH=1 to start this one afresh"
     if max(saved) == 1:
-        return (f"this is a dense checkpoint (no experts) and this run has {experts} experts a layer "
-                f"(--num-experts): resume it without --num-experts, or {other}")
-    return (f"this is a mixture-of-experts checkpoint ({experts} experts a layer) and this run is dense: resume it "
-            f"with its --num-experts, or {other}")
+        return (f"this is a dense checkpoint (no experts) and this run has experts (--num-experts {experts}): resume "
+                f"it without --num-experts, or {other}")
+    return (f"this is a mixture-of-experts checkpoint (--num-experts {experts} when saved) and this run is dense: "
+            f"resume it with --num-experts {experts}, or {other}")
 
 
 def _describe_moe(layout: dict) -> str:
