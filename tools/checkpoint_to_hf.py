@@ -2,11 +2,12 @@
 
     python tools/checkpoint_to_hf.py --load runs/gpt_125M_Z3/checkpoints --output hf/gpt_125M
 
-The folder (config.json, model.safetensors and the tokenizer's files: vocab.json and merges.txt for GPT-2,
-tokenizer.json for a Llama2Tokenizer or Llama3Tokenizer run) loads offline with
+The folder (config.json, model.safetensors and the tokenizer's files: tokenizer.json and tokenizer_config.json
+written by transformers' tokenizer class, with the run's own vocab.json and merges.txt for GPT-2's tokenizer,
+tokenizer.model for Llama2Tokenizer, original/tokenizer.model for Llama3Tokenizer) loads offline with
 transformers.AutoModelForCausalLM.from_pretrained / AutoTokenizer.from_pretrained: GPT2LMHeadModel for a GPT-2
-shaped model, LlamaForCausalLM for a Llama-shaped one (docs/model.md). The padded vocabulary rows are dropped when
-the tokenizer is known.
+shaped model, LlamaForCausalLM for a Llama-shaped one (docs/model.md), and tools/generate_text.py --hf reads it
+with no tokenizer flag. The padded vocabulary rows are dropped when the tokenizer is known.
 """
 from __future__ import annotations
 
@@ -37,9 +38,9 @@ def main(argv: list[str]) -> int:
     transformers.utils.logging.disable_progress_bar()
     try:
         loaded = load_checkpoint_weights(args.load, args.tag, trust=args.trust_checkpoint)
-        tokenizer, files = resolve_tokenizer(loaded.tokenizer, args.vocab_file, args.merge_file)
+        tokenizer, tokenizer_config = resolve_tokenizer(loaded.tokenizer, args.vocab_file, args.merge_file)
         vocab_size = tokenizer.vocab_size if tokenizer else loaded.config.padded_vocab_size
-        save_hf_folder(loaded, args.output, vocab_size, tokenizer, files)
+        save_hf_folder(loaded, args.output, vocab_size, tokenizer, tokenizer_config)
     except ZeroLabError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -1,7 +1,7 @@
-"""Generate text from a zero-lab checkpoint (any ZeRO stage) or a Hugging Face GPT-2 folder.
+"""Generate text from a zero-lab checkpoint (any ZeRO stage) or a Hugging Face GPT-2 or Llama folder.
 
     python tools/generate_text.py --load runs/gpt_tiny_Z1/checkpoints --prompt "The capital of France" --greedy
-    python tools/generate_text.py --hf hf/gpt2 --prompt-file prompts.txt --top-p 0.9 --temperature 0.8
+    python tools/generate_text.py --hf hf/llama_tiny --prompt-file prompts.txt --top-p 0.9 --temperature 0.8
     echo "Once upon a time" | python tools/generate_text.py --load runs/gpt_tiny_Z1/checkpoints
 
 Prompts: --prompt (repeatable), --prompt-file (one prompt per non-empty line), else all of stdin

@@ -33,8 +33,9 @@ def main(argv: list[str]) -> int:
     transformers.utils.logging.disable_progress_bar()
     try:
         loaded = load_hf_folder(args.hf, args.make_vocab_size_divisible_by)
-        files = {} if loaded.tokenizer is None else {"vocab_file": loaded.tokenizer.vocab_file,
-                                                      "merge_file": loaded.tokenizer.merge_file}
+        gpt2_bpe = loaded.tokenizer is not None and loaded.tokenizer.tokenizer_type == "GPT2BPETokenizer"
+        files = {"vocab_file": loaded.tokenizer.vocab_file, "merge_file": loaded.tokenizer.merge_file} \
+            if gpt2_bpe else {}
         save_checkpoint_weights(args.save, loaded.config, loaded.state_dict, files, source=f"hf:{args.hf}")
     except ZeroLabError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -7,16 +7,14 @@ import shutil
 import torch
 
 from megatron.inference import hf_gpt2, hf_llama
-from megatron.inference.hf_tokenizer import LLAMA_TOKENIZERS, save_llama_tokenizer
+from megatron.inference.hf_tokenizer import save_hf_tokenizer, tokenizer_in_folder
 from megatron.saved_model.reader import LoadedCheckpoint, SavedModelError, check_state_dict
 from megatron.tokenizer import TokenizerConfig, padded_vocab_size
-
-HF_TOKENIZER_FILES = {"vocab_file": "vocab.json", "merge_file": "merges.txt"}
 
 
 def load_hf_folder(path: str, make_vocab_size_divisible_by: int = 128) -> LoadedCheckpoint:
     """An HF GPT2LMHeadModel or LlamaForCausalLM folder as our weights, the vocabulary padded as pretrain_gpt.py
-    pads it. A Llama folder's tokenizer is not taken: the fine-tuning run gives its own --tokenizer-model."""
+    pads it, with the tokenizer whose files the folder holds (tools/checkpoint_to_hf.py writes them; None if none)."""
     import transformers
 
     if not os.path.isfile(os.path.join(path, "config.json")):
@@ -34,9 +32,7 @@ def load_hf_folder(path: str, make_vocab_size_divisible_by: int = 128) -> Loaded
         raise SavedModelError(f"--hf {path}: cannot load a {kind} model ({str(err).splitlines()[0]})") from None
     state_dict = mapping.state_dict_from_hf(model.state_dict(), config)
     check_state_dict(state_dict, config, path)
-    files = {key: os.path.join(path, name) for key, name in HF_TOKENIZER_FILES.items()}
-    tokenizer = TokenizerConfig(make_vocab_size_divisible_by=make_vocab_size_divisible_by, **files) \
-        if not llama and all(os.path.isfile(f) for f in files.values()) else None
+    tokenizer = tokenizer_in_folder(path, make_vocab_size_divisible_by)
     return LoadedCheckpoint(path=path, iteration=0, config=config, state_dict=state_dict, tokenizer=tokenizer,
                             data_path=None, split=None)
 
@@ -70,9 +66,9 @@ def _hf_model(loaded: LoadedCheckpoint, vocab_size: int, bos: int | None, eod: i
 
 
 def save_hf_folder(loaded: LoadedCheckpoint, output: str, vocab_size: int, tokenizer,
-                   tokenizer_files: dict[str, str]) -> str:
+                   tokenizer_config: TokenizerConfig | None) -> str:
     """Write GPT2LMHeadModel's or LlamaForCausalLM's folder via save_pretrained (tmp name, renamed when complete),
-    with the tokenizer's files: GPT-2's vocab.json/merges.txt, or a Llama tokenizer's HF files."""
+    with the tokenizer's HF files and its own (hf_tokenizer.py), every file of the mode the umask gives."""
     if os.path.exists(output) and os.listdir(output):
         raise SavedModelError(f"--output {output}: folder exists and is not empty (refusing to overwrite)")
     bos, eod = getattr(tokenizer, "bos", None), getattr(tokenizer, "eod", None)
@@ -80,13 +76,22 @@ def save_hf_folder(loaded: LoadedCheckpoint, output: str, vocab_size: int, token
     tmp = f"{output.rstrip(os.sep)}.tmp-{os.getpid()}"
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        for key, src in tokenizer_files.items():
-            shutil.copyfile(src, os.path.join(tmp, HF_TOKENIZER_FILES[key]))
-        if loaded.tokenizer is not None and getattr(tokenizer, "name", None) in LLAMA_TOKENIZERS:
-            save_llama_tokenizer(loaded.tokenizer, tmp)
+        _umask_modes(tmp, ".safetensors")
+        if tokenizer_config is not None:
+            save_hf_tokenizer(tokenizer_config, tmp)
         if os.path.isdir(output):
             os.rmdir(output)
         os.rename(tmp, output)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return output
+
+
+def _umask_modes(folder: str, suffix: str) -> None:
+    """Give folder's files ending in suffix the mode a plain open() gives under the umask (0644 under 022), as the
+    folder's other files have: safetensors writes model*.safetensors through a private temporary file (0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in os.listdir(folder):
+        if name.endswith(suffix):
+            os.chmod(os.path.join(folder, name), 0o666 & ~umask)

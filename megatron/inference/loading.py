@@ -12,8 +12,8 @@ from megatron.saved_model.reader import LoadedCheckpoint, SavedModelError, build
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--load", help="zero-lab checkpoint folder (holding 'latest'), any ZeRO stage")
-    source.add_argument("--hf", help="Hugging Face GPT-2 folder (config.json, model.safetensors, vocab.json, "
-                                     "merges.txt)")
+    source.add_argument("--hf", help="Hugging Face GPT-2 or Llama folder (config.json, model.safetensors and the "
+                                     "tokenizer's files, as tools/checkpoint_to_hf.py writes it)")
     parser.add_argument("--tag", default=None, help="checkpoint tag, e.g. global_step100 (default: latest)")
     parser.add_argument("--vocab-file", default=None, help="GPT-2 vocab.json (default: the one the checkpoint names)")
     parser.add_argument("--merge-file", default=None, help="GPT-2 merges.txt (default: the one the checkpoint names)")
@@ -34,7 +34,8 @@ def load_model_and_tokenizer(args: argparse.Namespace):
         loaded = load_checkpoint_weights(args.load, args.tag, trust=args.trust_checkpoint)
     tokenizer, _ = resolve_tokenizer(loaded.tokenizer, args.vocab_file, args.merge_file)
     if tokenizer is None:
-        raise SavedModelError(f"{loaded.path}: no usable tokenizer recorded; give --vocab-file and --merge-file")
+        raise SavedModelError(f"{loaded.path}: no usable tokenizer recorded (a GPT-2 vocab.json and merges.txt, a "
+                              "Llama tokenizer.model); give --vocab-file and --merge-file")
     if tokenizer.vocab_size > loaded.config.padded_vocab_size:
         raise SavedModelError(f"{loaded.path}: the tokenizer has {tokenizer.vocab_size} ids but the model only "
                               f"{loaded.config.padded_vocab_size}; wrong --vocab-file?")

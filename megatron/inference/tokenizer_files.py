@@ -9,7 +9,7 @@ from megatron.tokenizer import TokenizerConfig, TokenizerError, build_tokenizer
 
 
 def resolve_tokenizer(recorded: TokenizerConfig | None, vocab_file: str | None, merge_file: str | None):
-    """(tokenizer or None, {"vocab_file": path, "merge_file": path} for a GPT-2 BPE tokenizer else {}).
+    """(tokenizer or None, the TokenizerConfig it was built from or None).
 
     Flags win over what the checkpoint recorded; a recorded GPT-2 vocabulary that no longer
     exists (the run's data folder moved) gives None with a note, so callers can ask for the flags."""
@@ -19,13 +19,11 @@ def resolve_tokenizer(recorded: TokenizerConfig | None, vocab_file: str | None, 
         recorded = replace(recorded or TokenizerConfig(), tokenizer_type="GPT2BPETokenizer",
                            vocab_file=vocab_file, merge_file=merge_file)
     if recorded is None:
-        return None, {}
-    files = {}
+        return None, None
     if recorded.tokenizer_type == "GPT2BPETokenizer":
-        files = {"vocab_file": recorded.vocab_file, "merge_file": recorded.merge_file}
-        missing = [path for path in files.values() if not path or not os.path.isfile(path)]
+        missing = [path for path in (recorded.vocab_file, recorded.merge_file) if not path or not os.path.isfile(path)]
         if missing and vocab_file is None:
             print(f"note: the checkpoint's tokenizer file {missing[0]} does not exist; "
                   "give --vocab-file and --merge-file", file=sys.stderr)
-            return None, {}
-    return build_tokenizer(recorded, verbose=False), files
+            return None, None
+    return build_tokenizer(recorded, verbose=False), recorded
