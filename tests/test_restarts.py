@@ -186,7 +186,7 @@ def test_a_failure_that_would_fail_again_is_not_restarted(dolly_data_dir, tmp_pa
     assert run.returncode == 1
     assert "[run] not restarting (MAX_RESTARTS): a rank's own error line: the next attempt would fail the same way" \
         in run.stdout
-    assert run.stderr.rstrip().splitlines()[-1].startswith("error: --lr-decay-style must be cosine, linear or constant")
+    assert run.stderr.rstrip().splitlines()[-1].startswith("error: --lr-decay-style must be cosine, linear, constant or inverse-square-root")
     assert (tmp_path / "runs" / "gpt_tiny_Z1" / "command.txt").read_text().count("# attempt ") == 1
 
 
