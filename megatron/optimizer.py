@@ -141,7 +141,7 @@ class NonFiniteSkipping:
 
 
 class NonFiniteSkippingAdamW(NonFiniteSkipping, torch.optim.AdamW):
-    pass
+    """--optimizer adam (the default) at ZeRO stage 0 in fp32."""
 
 
 class NonFiniteSkippingSGD(NonFiniteSkipping, torch.optim.SGD):
