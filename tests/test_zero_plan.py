@@ -461,7 +461,7 @@ def test_llama_preset_plans_with_its_own_vocabulary_and_exact_count(capsys):
     code, out, err = tool_in_process(capsys, "zero_plan.py", "--model-size", "llama3-8b", "--gpus", "8",
                                      "--gpu-memory", "80GB")
     assert code == 0 and err == ""
-    assert out.startswith("llama3-8b: 8.03B parameters, seq 2048, micro batch 1, 8 GPUs (TP=1, PP=1), bf16\n")
+    assert out.startswith("llama3-8b: 8.03B parameters, seq 8192, micro batch 1, 8 GPUs (TP=1, PP=1), bf16\n")
     code, out, _ = tool_in_process(capsys, "zero_plan.py", "--model-size", "llama3-8b", "--vocab-size", "32000",
                                    "--gpus", "8", "--gpu-memory", "80GB")
     assert code == 0 and out.startswith("llama3-8b: 7.24B parameters")  # 2 x 96256 x 4096 fewer
@@ -504,3 +504,37 @@ def test_an_moe_preset_plans_each_stage_and_expert_parallel_size(capsys):
 def test_moe_layouts_the_training_refuses_are_refused_in_one_line(capsys, flags, message):
     code, out, err = tool_in_process(capsys, "zero_plan.py", *flags, "--gpus", "8", "--gpu-memory", "80GB")
     assert code == 1 and out == "" and err == f"error: {message}\n"
+
+
+@pytest.mark.parametrize("preset, seq", [("llama3-8b", 8192), ("llama2-7b", 4096), ("1.3B", 2048)])
+def test_a_preset_plans_its_own_context_length_unless_seq_length_says_otherwise(capsys, preset, seq):
+    """Llama 3 8B was published with an 8192-token context, Llama 2 with 4096 (megatron/model/presets.py); GPT
+    shapes keep GPT-3's 2048; --seq-length still wins."""
+    data = plan_json(capsys, "--model-size", preset, "--gpus", "8", "--gpu-memory", "80GB")
+    code, out, _ = tool_in_process(capsys, "zero_plan.py", "--model-size", preset, "--gpus", "8", "--gpu-memory", "80GB")
+    assert code == 0 and f", seq {seq}, micro batch 1," in out.splitlines()[0]
+    shorter = plan_json(capsys, "--model-size", preset, "--seq-length", "1024", "--gpus", "8", "--gpu-memory", "80GB")
+    assert shorter["plans"][0]["activations_gb"] < data["plans"][0]["activations_gb"]
+
+
+def test_a_rotary_preset_says_rotary_positions_under_the_longest_sequence_table(capsys):
+    """llama3-8b has rotary positions of its own (no --use-rotary-position-embeddings): the table says so."""
+    code, out, _ = tool_in_process(capsys, "zero_plan.py", "--model-size", "llama3-8b", "--gpus", "8",
+                                   "--gpu-memory", "80GB")
+    assert code == 0 and "(micro batch 1, without recomputation, rotary positions, SP=1):" in out
+    code, out, _ = tool_in_process(capsys, "zero_plan.py", *EXAMPLE)
+    assert code == 0 and "(micro batch 1, without recomputation, learned positions, SP=1):" in out
+
+
+@pytest.mark.parametrize("extra, why", [
+    # micro-batch 1 already: lowering it is no remedy; the activations alone overflow, so more GPUs are none either
+    (["--micro-batch-size", "1"], "nothing fits: raise --tp or --pp, or add --recompute"),
+    (["--micro-batch-size", "2", "--recompute"], None),  # Z3 + full offload fits
+    (["--micro-batch-size", "4"], "nothing fits: raise --tp or --pp, lower --micro-batch-size, or add --recompute"),
+])
+def test_nothing_fits_names_only_the_remedies_left(capsys, extra, why):
+    """175B on 1,024 A100s at TP=PP=1 (the default layout): the advice leaves out what is already done and what
+    would not shrink what overflows."""
+    data = plan_json(capsys, "--model-size", "175B", "--gpus", "8", "--nodes", "128", "--gpu-memory", "80GB", *extra)
+    assert data["why"] == why if why else data["choice"] is not None
+

@@ -47,7 +47,7 @@ from megatron.model.accounting.step_time import (  # noqa: E402
     predict_step_time,
     ulysses_seconds,
 )
-from megatron.model.presets import MODEL_PRESETS, PRESET_VOCABULARY  # noqa: E402
+from megatron.model.presets import MODEL_PRESETS, PRESET_SEQ_LENGTH, PRESET_VOCABULARY  # noqa: E402
 
 GB = float(2**30)
 GPT2_VOCAB = 50257
@@ -507,9 +507,10 @@ def longest_sequence(busiest: GPTConfig, setup: accounting.TrainingSetup, ns: ar
     return low * sp
 
 
-def longest_table(plans: list[Plan], ns: argparse.Namespace) -> str:
-    """How long a sequence fits per GPU, option by option."""
-    positions = "rotary positions" if ns.rotary else "learned positions"
+def longest_table(plans: list[Plan], config: GPTConfig, ns: argparse.Namespace) -> str:
+    """How long a sequence fits per GPU, option by option; the positions are the model's (a Llama preset's rotary
+    ones without --use-rotary-position-embeddings)."""
+    positions = "rotary positions" if config.use_rotary_position_embeddings else "learned positions"
     lines = [f"longest sequence that fits {ns.usable_gb:.1f} GB per GPU (micro batch 1, "
              f"{'with' if ns.recompute else 'without'} recomputation, {positions}, SP={ns.sp}):"]
     width = max(len(p.option) for p in plans)
@@ -612,19 +613,34 @@ def fit_calibration(runs: list[dict]) -> Calibration:
                        link=float(1 / inverse_link))
 
 
-def choose(plans: list[Plan]) -> tuple[Plan | None, str]:
-    """With step times (--gpu), the fastest option that fits (`choose_by_time`); without, by data moved."""
+def remedies(plans: list[Plan], ns: argparse.Namespace) -> str:
+    """What would make an option fit, for the "nothing fits" line: only the changes that shrink what overflows
+    (a micro-batch already 1 cannot be lowered, recomputation already on cannot be added, and more GPUs shrink
+    only the model states ZeRO-3 partitions, not the activations)."""
+    steps = ["raise --tp or --pp"]
+    if ns.micro_batch_size > 1:
+        steps.append("lower --micro-batch-size")
+    if not ns.recompute:
+        steps.append("add --recompute")
+    if any(p.activations_gb + p.output_buffer_gb < ns.usable_gb for p in plans):
+        steps.append("use more GPUs")  # the model states are what overflows: more ranks partition them finer
+    return steps[0] if len(steps) == 1 else ", ".join(steps[:-1]) + ", or " + steps[-1]
+
+
+def choose(plans: list[Plan], remedy: str) -> tuple[Plan | None, str]:
+    """With step times (--gpu), the fastest option that fits (`choose_by_time`); without, by data moved.
+    `remedy`: what the "nothing fits" line suggests (`remedies`)."""
     if any(p.step_ms is not None for p in plans):
-        return choose_by_time(plans)
-    return choose_by_traffic(plans)
+        return choose_by_time(plans, remedy)
+    return choose_by_traffic(plans, remedy)
 
 
-def choose_by_time(plans: list[Plan]) -> tuple[Plan | None, str]:
+def choose_by_time(plans: list[Plan], remedy: str) -> tuple[Plan | None, str]:
     """The option that fits with the shortest predicted step; of options as fast (to 0.1%), the one that
     leaves the most memory free. The reason names the step's largest part and the runner-up."""
     timed = [p for p in plans if p.fits and p.step_ms is not None]
     if not timed:
-        return choose_by_traffic(plans)
+        return choose_by_traffic(plans, remedy)
     fastest = min(p.step_ms for p in timed)
     best = min((p for p in timed if p.step_ms <= fastest * 1.001), key=lambda p: p.total_gb)
     parts = {"compute": best.compute_ms, "communication": best.communication_ms, "offload": best.offload_ms,
@@ -644,7 +660,7 @@ def choose_by_time(plans: list[Plan]) -> tuple[Plan | None, str]:
     return best, why
 
 
-def choose_by_traffic(plans: list[Plan]) -> tuple[Plan | None, str]:
+def choose_by_traffic(plans: list[Plan], remedy: str) -> tuple[Plan | None, str]:
     """The option that fits with the least data moved per step (sent, plus PCIe and NVMe for offload);
     among those that move as little (DP, Z1 and Z2 without gradient accumulation; in bf16 DP and Z2, as
     stage 1's bf16 optimizer sends 1.5x), the one that leaves the most memory free, room for a larger
@@ -652,8 +668,7 @@ def choose_by_traffic(plans: list[Plan]) -> tuple[Plan | None, str]:
     stage 1 keeps the gradients stage 2 does)."""
     fitting = [p for p in plans if p.fits]
     if not fitting:
-        return None, ("nothing fits: raise --tp or --pp, lower --micro-batch-size, add --recompute, "
-                      "or use more GPUs")
+        return None, f"nothing fits: {remedy}"
     def moved(p: Plan) -> float:
         return round(p.traffic_gb + p.pcie_gb + p.nvme_gb, 6)
     least = min(moved(p) for p in fitting)
@@ -742,7 +757,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--vocab-size", type=int,
                         help="before padding (default: the preset's tokenizer's, llama3-8b's 128256, say; else "
                              "GPT-2's)")
-    parser.add_argument("--seq-length", type=int, default=2048, help="default: 2048 (GPT-3's)")
+    parser.add_argument("--seq-length", type=int,
+                        help="default: the preset's context (llama3-8b's 8192, say; else GPT-3's 2048)")
     parser.add_argument("--micro-batch-size", type=int, default=1, help="default: 1")
     parser.add_argument("--global-batch-size", type=int, help="default: one micro-batch per data-parallel rank")
     parser.add_argument("--gpus", type=int, required=True, help="GPUs per node")
@@ -801,6 +817,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("give --model-size or --num-layers/--hidden-size/--num-attention-heads")
     if ns.vocab_size is None:
         ns.vocab_size = PRESET_VOCABULARY.get(ns.model_size, GPT2_VOCAB)
+    if ns.seq_length is None:
+        ns.seq_length = PRESET_SEQ_LENGTH.get(ns.model_size, 2048)
     return ns
 
 
@@ -823,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
         ns.token_budget = parse_tokens(ns.tokens) if ns.tokens else None
         config = model_config(ns)
         plans = plan(config, ns)
-        best, why = choose(plans)
+        best, why = choose(plans, remedies(plans, ns))
         checkpointing = checkpoint_advice(config, ns, best)
     except ZeroLabError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -841,7 +859,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{name}: {accounting.count_parameters(config) / 1e9:.2f}B parameters, seq {ns.seq_length}, micro batch "
           f"{ns.micro_batch_size}, {ns.gpus * ns.nodes} GPUs ({layout}), {ns.precision}\n")
     print(table(plans, ns.usable_gb))
-    print("\n" + longest_table(plans, ns))
+    print("\n" + longest_table(plans, config, ns))
     if hw is not None:
         _, accumulation = batch_split(ParallelLayout(ns.gpus * ns.nodes, ns.tp, ns.pp, ns.sp), ns.micro_batch_size,
                                       ns.global_batch_size)

@@ -38,6 +38,9 @@ MODEL_PRESETS: dict[str, dict[str, int | str | bool | float]] = {
 }
 # the vocabulary (before padding) of the tokenizer a preset was published with, where it is not GPT-2's 50257
 PRESET_VOCABULARY = {"llama2-7b": 32000, "llama2-13b": 32000, "llama3-8b": 128256}
+# the context length a preset was published with, where it is not GPT-3's 2048 (Llama 2: 4096, Touvron et al. 2023;
+# Llama 3 8B: 8192, Meta's config.json max_position_embeddings): tools/zero_plan.py's --seq-length default
+PRESET_SEQ_LENGTH = {"llama2-7b": 4096, "llama2-13b": 4096, "llama3-8b": 8192}
 # Mixture of experts (docs/moe.md), named as Megatron-DeepSpeed's examples_deepspeed/MoE name theirs (a dense
 # shape + MoE-<experts>): the dense preset's shape with num_experts experts in every other layer (--num-experts).
 MODEL_PRESETS |= {
