@@ -511,7 +511,8 @@ def test_a_preset_plans_its_own_context_length_unless_seq_length_says_otherwise(
     """Llama 3 8B was published with an 8192-token context, Llama 2 with 4096 (megatron/model/presets.py); GPT
     shapes keep GPT-3's 2048; --seq-length still wins."""
     data = plan_json(capsys, "--model-size", preset, "--gpus", "8", "--gpu-memory", "80GB")
-    code, out, _ = tool_in_process(capsys, "zero_plan.py", "--model-size", preset, "--gpus", "8", "--gpu-memory", "80GB")
+    code, out, _ = tool_in_process(capsys, "zero_plan.py", "--model-size", preset, "--gpus", "8",
+                                   "--gpu-memory", "80GB")
     assert code == 0 and f", seq {seq}, micro batch 1," in out.splitlines()[0]
     shorter = plan_json(capsys, "--model-size", preset, "--seq-length", "1024", "--gpus", "8", "--gpu-memory", "80GB")
     assert shorter["plans"][0]["activations_gb"] < data["plans"][0]["activations_gb"]

@@ -363,7 +363,16 @@ class Calibration:
 
 PUBLISHED_RUNS = Path(__file__).resolve().with_name("published_runs.json")
 PUBLISHED = json.loads(PUBLISHED_RUNS.read_text())
-CALIBRATION = Calibration(**PUBLISHED["calibration"]["values"])
+CALIBRATION = Calibration(**PUBLISHED["calibration"]["values"])  # fitted on the A100 runs
+# fitted on the H100 runs: their matmul fraction alone (fit_matmul), the A100 fit's memory passes and link kept
+H100_CALIBRATION = replace(CALIBRATION, **PUBLISHED["h100_calibration"]["values"])
+H100_PARTS = ("H100 SXM", "H200 SXM")  # the GPU kinds H100_CALIBRATION times; the others take the A100 runs'
+
+
+def calibration(hw: Hardware) -> Calibration:
+    """The calibration that times `hw`: the H100 runs' on H100 and H200 (the same tensor cores), else the A100
+    runs' (on V100, A40 and MI250X unchecked)."""
+    return H100_CALIBRATION if hw.kind.part in H100_PARTS else CALIBRATION
 
 
 @dataclass(frozen=True)
@@ -519,8 +528,8 @@ def longest_table(plans: list[Plan], config: GPTConfig, ns: argparse.Namespace) 
 
 
 def timing(config: GPTConfig, busiest: GPTConfig, setup: accounting.TrainingSetup, ns: argparse.Namespace) -> dict:
-    """The Plan's time fields of one option: the expected step by part in ms (StepParts.expected with the
-    published runs' CALIBRATION), tokens/s, TFLOP/s per GPU, model FLOPs (the MFU numerator) and hardware FLOPs
+    """The Plan's time fields of one option: the expected step by part in ms (StepParts.expected with the GPU
+    kind's `calibration`), tokens/s, TFLOP/s per GPU, model FLOPs (the MFU numerator) and hardware FLOPs
     (recomputation counted, as the published runs count them), with --tokens the days to train; and `bound`,
     the same from the bound (`project`). `busiest`: the busiest pipeline stage's model (stage_config)."""
     projected = step_parts(busiest, setup, ns.hardware, ns.gpus, ns.nodes, ns.flash_attn) if ns.hardware else None
@@ -538,7 +547,7 @@ def timing(config: GPTConfig, busiest: GPTConfig, setup: accounting.TrainingSetu
                     communication_ms=(step.communication - step.overlap) * 1e3, offload_ms=step.offload * 1e3,
                     bubble_ms=step.bubble * 1e3, tokens_per_s=tokens_per_s, **flops,
                     days=ns.token_budget / tokens_per_s / 86400 if ns.token_budget else None)
-    return dict(**figures(parts.expected(CALIBRATION)), bound=figures(bound))
+    return dict(**figures(parts.expected(calibration(ns.hardware))), bound=figures(bound))
 
 
 # --- the calibration: published runs as the planner's command lines, and the fit --------------------------------
@@ -553,7 +562,8 @@ def published_run_args(run: dict) -> list[str]:
     flags.update({name: run[name] for name in LLAMA_FLAGS if name in run and not isinstance(run[name], bool)})
     switches = [name for name in (*LLAMA_FLAGS, "use_rotary_position_embeddings", "recompute") if run.get(name) is True]
     args = [item for name, value in flags.items() for item in (f"--{name.replace('_', '-')}", str(value))]
-    return args + [f"--{name.replace('_', '-')}" for name in switches]
+    return args + [f"--{name.replace('_', '-')}" for name in switches] + (
+        ["--use-flash-attn-v2"] if run.get("use_flash_attn") else [])
 
 
 def published_run_option(run: dict) -> str:
@@ -593,7 +603,7 @@ def published_run_parts(run: dict) -> StepParts:
                                   ns.global_batch_size)
     _, stage, offload_optimizer, offload_params, device = next(o for o in OPTIONS if o[0] == published_run_option(run))
     setup = training_setup(ns, accumulation, stage, offload_optimizer, offload_params, device)
-    return step_parts(stage_config(config, ns.pp), setup, ns.hardware, ns.gpus, ns.nodes)[1]
+    return step_parts(stage_config(config, ns.pp), setup, ns.hardware, ns.gpus, ns.nodes, ns.flash_attn)[1]
 
 
 def fit_calibration(runs: list[dict]) -> Calibration:
@@ -611,6 +621,28 @@ def fit_calibration(runs: list[dict]) -> Calibration:
                                                                      rcond=None)[0]
     return Calibration(matmul=float(1 / inverse_matmul), memory_passes=float(memory_passes),
                        link=float(1 / inverse_link))
+
+
+def fit_matmul(runs: list[dict], held: Calibration) -> Calibration:
+    """`held` with the matmul fraction that brings StepParts.expected closest to the runs' published steps (least
+    squares of the relative errors, linear in 1/matmul), its memory passes and link kept: the H100 runs are too
+    few to fit all three, and the fraction of the large-matmul rate a layer reaches is what differs between GPU
+    generations, where the memory-bound kernels' passes and NCCL's share of a link are the software's."""
+    rows, targets = [], []
+    for run in runs:
+        parts, seconds = published_run_parts(run), published_step_seconds(run)
+        rest = held.memory_passes * parts.stretch * parts.memory + (
+            parts.stretch * parts.model_parallel + parts.data_parallel) / held.link + parts.other + parts.offload
+        rows.append(parts.stretch * parts.matmul / seconds)
+        targets.append(1 - rest / seconds)
+    inverse_matmul = sum(r * t for r, t in zip(rows, targets)) / sum(r * r for r in rows)
+    return replace(held, matmul=1 / inverse_matmul)
+
+
+def leave_one_out_error(runs: list[dict], fit) -> float:
+    """The largest |published step / expected step - 1| of a run when `fit` (runs -> Calibration) leaves it out."""
+    return max(abs(published_step_seconds(run) / published_run_parts(run).expected(
+        fit([other for other in runs if other is not run])).total - 1) for run in runs)
 
 
 def remedies(plans: list[Plan], ns: argparse.Namespace) -> str:
@@ -722,15 +754,23 @@ def time_table(plans: list[Plan], tokens: bool, bubble: bool, recompute: bool) -
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
 
+def calibration_summary() -> str:
+    """Which published runs the calibration covers and how far each lands when left out of the fit (the README
+    quotes this phrase; tests/test_published_runs.py holds it to it)."""
+    a100, h100 = PUBLISHED["calibration"], PUBLISHED["h100_calibration"]
+    return (f"calibrated on {len(PUBLISHED['runs'])} published A100 runs: each within "
+            f"{100 * a100['leave_one_out_error']:.0f}%; on {len(PUBLISHED['h100_runs'])} published H100 runs: each "
+            f"within {100 * h100['leave_one_out_error']:.0f}%")
+
+
 def expected_line(hw: Hardware) -> str:
-    c = CALIBRATION
+    c = calibration(hw)
+    runs = "H100 runs' matmul fraction" if c is H100_CALIBRATION else "A100 runs'"
     return (f"step ms: the expected step, the bound (bound ms: every FLOP at {hw.efficiency:g} of the peak, every "
             f"link at its nominal bandwidth) with matmuls at {c.matmul:.3g} of that rate, memory-bound kernels "
             f"reading and writing each layer's activations {c.memory_passes:.3g} times, collectives at {c.link:.3g} "
-            f"of the bandwidth and recomputation's all-reduces, calibrated on {len(PUBLISHED['runs'])} published runs "
-            f"(tools/published_runs.json; each within {100 * PUBLISHED['calibration']['leave_one_out_error']:.0f}% of "
-            f"its "
-            f"published throughput when left out of the fit)")
+            f"of the bandwidth and recomputation's all-reduces; {calibration_summary()} of its published "
+            f"throughput when left out of the fit (tools/published_runs.json); {hw.gpu} takes the {runs}")
 
 
 def notes(config: GPTConfig, ns: argparse.Namespace, plans: list[Plan]) -> list[str]:
