@@ -539,3 +539,17 @@ def test_nothing_fits_names_only_the_remedies_left(capsys, extra, why):
     data = plan_json(capsys, "--model-size", "175B", "--gpus", "8", "--nodes", "128", "--gpu-memory", "80GB", *extra)
     assert data["why"] == why if why else data["choice"] is not None
 
+
+
+def test_a_pipeline_with_few_micro_batches_says_how_long_it_idles_and_the_batch_that_fixes_it(capsys):
+    """175B on 1,024 GPUs at TP 8 x PP 8 with the default batch (one micro-batch per data-parallel rank): 1F1B's
+    fill and drain idle (p-1)/m = 7x the compute; 4 (p-1) = 28 micro-batches over DP 16 is a batch of 448, with
+    which the note goes."""
+    args = ["--model-size", "175B", "--gpus", "8", "--nodes", "128", "--gpu", "H100-SXM", "--tp", "8", "--pp", "8",
+            "--recompute"]
+    data = plan_json(capsys, *args)
+    assert ("note: 1 micro-batch a step over 8 pipeline stages: the pipeline idles (p-1)/m = 7x each GPU's compute "
+            "while it fills and drains; --global-batch-size 448 (28 micro-batches) keeps that to 0.25x") in data["notes"]
+    dp = next(p for p in data["plans"] if p["option"] == "DP")
+    assert dp["bubble_ms"] == pytest.approx(7 * (dp["step_ms"] - dp["bubble_ms"] - dp["communication_ms"]), rel=0.2)
+    assert not any("idles" in note for note in plan_json(capsys, *args, "--global-batch-size", "448")["notes"])

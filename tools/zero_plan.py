@@ -785,7 +785,22 @@ def notes(config: GPTConfig, ns: argparse.Namespace, plans: list[Plan]) -> list[
         lines.append("note: Z1 in bf16 is DeepSpeed's BF16_Optimizer, not the ZeRO paper's stage 1: it accumulates "
                      "the gradients in fp32 (6 bytes per parameter, bf16 and fp32 copies of every gradient) and "
                      "all-reduces them before gathering the parameters, 1.5x stage 1's bytes (docs/zero-tradeoff.md)")
+    lines += bubble_note(ns)
     return lines
+
+
+def bubble_note(ns: argparse.Namespace) -> list[str]:
+    """A pipeline with few micro-batches a step idles most of it ((p-1)/m of its compute, 1F1B's fill and drain):
+    say so, and the --global-batch-size that keeps the bubble to a quarter, m >= 4 (p-1) micro-batches."""
+    dp = ns.gpus * ns.nodes // (ns.tp * ns.pp * ns.sp)
+    _, micro_batches = batch_split(ParallelLayout(ns.gpus * ns.nodes, ns.tp, ns.pp, ns.sp), ns.micro_batch_size,
+                                   ns.global_batch_size)
+    if ns.pp == 1 or (ns.pp - 1) / micro_batches <= 0.25:
+        return []
+    batch = 4 * (ns.pp - 1) * ns.micro_batch_size * dp
+    return [f"note: {micro_batches} micro-batch{'es' if micro_batches > 1 else ''} a step over {ns.pp} pipeline "
+            f"stages: the pipeline idles (p-1)/m = {(ns.pp - 1) / micro_batches:.2g}x each GPU's compute while it "
+            f"fills and drains; --global-batch-size {batch} ({4 * (ns.pp - 1)} micro-batches) keeps that to 0.25x"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
