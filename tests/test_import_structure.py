@@ -1,7 +1,8 @@
-"""The import structure STYLE.md asks for, read from the sources (every import, at module level or inside a
-function): no import circle anywhere in the repository; megatron/core imports nothing from training, tools
-or the tokenizer; training never imports megatron.inference; the checkpoint protocol and the launch
-scripts' helpers need only the standard library (and psutil), every import checked."""
+"""The import structure the project keeps (packages import downward only), read from the sources (every
+import, at module level or inside a function): no import circle anywhere in the repository; megatron/core
+imports nothing from training, tools or the tokenizer; training never imports megatron.inference; the
+checkpoint protocol and the launch scripts' helpers need only the standard library (and psutil), every import
+checked."""
 import ast
 import subprocess
 import sys
