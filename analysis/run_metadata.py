@@ -168,9 +168,24 @@ def _flag_values(argv: list[str]) -> dict[str, str]:
     return values
 
 
-def from_command(path: Path) -> RunMetadata:
-    """The latest attempt's command (command.txt keeps every attempt's, each after a `# attempt` line)."""
-    commands = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+def _commands(text: str) -> dict[int | None, str]:
+    """command.txt's commands by attempt number (each after its `# attempt N | ...` line; None before any)."""
+    commands: dict[int | None, str] = {}
+    attempt = None
+    for line in text.splitlines():
+        header = re.match(r"# attempt (\d+) \|", line)
+        if header:
+            attempt = int(header.group(1))
+        elif line.strip() and not line.startswith("#"):
+            commands[attempt] = line
+    return commands
+
+
+def from_command(path: Path, attempt: int | None = None) -> RunMetadata:
+    """The command of `attempt` (the last that trained), else the latest (command.txt keeps every attempt's, each
+    after a `# attempt` line, those refused at start-up too)."""
+    by_attempt = _commands(path.read_text())
+    commands = [by_attempt[attempt]] if attempt in by_attempt else list(by_attempt.values())
     flags = _flag_values(shlex.split(commands[-1]) if commands else [])
     nodes = _to_int(flags.get("nnodes")) or 1
     per_node = _to_int(flags.get("nproc-per-node")) or _to_int(flags.get("num-gpus"))
@@ -219,7 +234,9 @@ def collect_metadata(log: ParsedLog, root: Path) -> tuple[RunMetadata, Path, lis
     folder = _named_folder(log.path, root)
     meta = from_folder_name(folder.name).overridden_by(from_log_name(log.path.name))
     problems = []
-    readers = (("env.json", from_env_json), ("command.txt", from_command), ("ds_config.json", from_ds_config))
+    readers = (("env.json", from_env_json),
+               ("command.txt", lambda path: from_command(path, log.trained_attempt)),
+               ("ds_config.json", from_ds_config))
     for name, reader in readers:
         # beside the log (examples_zero runs) or in the run folder above it (ALCF's <run>/logs/)
         candidates = [log.path.parent / name, folder / name]
@@ -229,5 +246,5 @@ def collect_metadata(log: ParsedLog, root: Path) -> tuple[RunMetadata, Path, lis
                 meta = meta.overridden_by(reader(path))
             except (ValueError, AttributeError, TypeError) as exc:
                 problems.append(f"{path}: unreadable ({exc.__class__.__name__}: {exc}), ignored")
-    meta = meta.overridden_by(from_arguments(log.arguments)).overridden_by(from_run_info(log.run_info))
+    meta = meta.overridden_by(from_arguments(log.arguments)).overridden_by(from_run_info(log.trained_run_info))
     return meta, folder, problems

@@ -21,7 +21,9 @@ class RunSummary:
     complete: bool
     incomplete_reason: str
     status: str  # finished, diverged at iteration N, stopped early at iteration N, INCOMPLETE
-    attempts: int  # launches of the run joined here: attempt headers, else resumes seen as iterations going back
+    # launches of the run joined here that logged training: attempt headers, else resumes seen as iterations going
+    # back; a launch refused at start-up, or that found nothing to train, is not counted
+    attempts: int
     nan_iterations: int | None
     zero_stage: int | None
     offload: str | None
@@ -368,8 +370,7 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         complete=status == "finished",
         incomplete_reason=reason,
         status=status,
-        # starts[0] is the text before any header: a start of its own only in a log without headers
-        attempts=max(1, len(log.starts) - (1 if log.attempts else 0)),
+        attempts=max(1, len(log.trained_starts)),  # the refused and the empty are not attempts of its training
         nan_iterations=records[-1].nan_iterations if records else None,
         zero_stage=meta.zero_stage,
         offload=meta.offload,

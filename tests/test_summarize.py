@@ -653,6 +653,37 @@ def test_summary_of_a_resumed_run_counts_each_iteration_and_epoch_once():
     assert len(s.epoch_losses) == 4
 
 
+def test_refused_attempts_that_trained_nothing_give_the_row_neither_batch_sizes_nor_attempts(tmp_path):
+    """Issue 56, item 7: a run trained at 4/8 in 2 attempts, then was launched 6 more times and refused (at
+    start-up, with command.txt and the log appended; the last found nothing to train after printing its run info
+    line at 4/4): its row said attempts 8 and 4/4."""
+    from analysis.collect import collect
+    refused = [f"[zero-lab] attempt {n} started 2026-11-23 22:0{n}:00 UTC on node01: resuming from runs/r/checkpoints"
+               for n in range(3, 9)]
+    nothing = [RUN_INFO.replace("global batch: 8", "global batch: 4"),
+               "nothing to train: the checkpoint resumed is at iteration 16, already at or past the 16 iterations "
+               "asked for; ask for more iterations, or start afresh with FRESH=1 or under another RUN_NAME",
+               "[after training is done] datetime: 2026-11-23 22:09:00"]
+    lines = ATTEMPT_1 + ATTEMPT_2
+    for header in refused[:-1]:
+        lines += [header, "error: --global-batch-size 4 is not divisible by --micro-batch-size 4 x data-parallel "
+                          "size 2"]
+    lines += [refused[-1], *nothing]
+    run = tmp_path / "gpt_tiny_Z1"
+    run.mkdir()
+    (run / "train.log").write_text("\n".join(lines) + "\n")
+    commands = [f"# attempt {n} | 2026-11-23 2{n}:00:00 UTC | node01\ntorchrun --nproc-per-node 2 pretrain_gpt.py "
+                f"--micro-batch-size 4 --global-batch-size {8 if n < 3 else 4} --seq-length 64" for n in range(1, 9)]
+    (run / "command.txt").write_text("\n".join(commands) + "\n")
+    s, = collect(tmp_path, skip_first=1).runs
+    assert (s.attempts, s.micro_batch, s.global_batch, s.world_size) == (2, 4, 8, 2)
+    assert (s.status, s.last_iteration) == ("finished", 16)
+    # without the run info line the command of the last attempt that trained (attempt 2's) gives the batch sizes
+    (run / "train.log").write_text("\n".join(line for line in lines if "> run info" not in line) + "\n")
+    s, = collect(tmp_path, skip_first=1).runs
+    assert (s.attempts, s.micro_batch, s.global_batch) == (2, 4, 8)
+
+
 def test_an_epoch_only_a_resumed_attempt_logged_is_partial():
     from analysis.report import markdown_table, notes
     # attempt 1 died at 7 (before epoch 2's end), so epoch 2's only line times iterations 8 only
