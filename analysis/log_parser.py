@@ -99,6 +99,7 @@ class MemoryRecord:
     mfu_pct: float | None = None
     hfu_pct: float | None = None
     attempt: int = 0  # ParsedLog.starts' index
+    device: str | None = None  # zero-lab's line: the accelerator's kind (device=cpu, cuda); None in upstream lines
 
 
 @dataclass
@@ -286,6 +287,7 @@ def _parse_memory(seg: str, source: str, iteration: int | None, rank: int | None
         max_host_rss_gb=_float(r"MaxHostRSS=(\d+\.\d+)GB", seg),
         mfu_pct=_float(r"MFU=(\d+\.\d+)%", seg),
         hfu_pct=_float(r"HFU=(\d+\.\d+)%", seg),
+        device=(found.group(1) if (found := re.search(r"device=(\w+)", seg)) else None),
     )
 
 

@@ -1,4 +1,4 @@
-"""What a run was: ZeRO stage, offload, model, world size, batch sizes, sequence length, MoE layout.
+"""What a run was: ZeRO stage, offload, model, world size, batch sizes, sequence length, SP, MoE layout.
 
 Sources, weakest first: the folder name, env.json, command.txt, ds_config.json, the
 arguments Megatron echoes into the log, and the run info line the training prints. A
@@ -33,6 +33,8 @@ class RunMetadata:
     num_experts: list[int] | None = None
     expert_parallel: int | None = None
     topk: int | None = None
+    # DeepSpeed-Ulysses' sequence-parallel size (--ds-sequence-parallel-size; docs/long-sequences.md)
+    sequence_parallel: int | None = None
 
     def overridden_by(self, stronger: "RunMetadata") -> "RunMetadata":
         updates = {f.name: getattr(stronger, f.name) for f in fields(self)
@@ -65,6 +67,7 @@ _NAME_FIELDS = {
     "seq_length": re.compile(r"^seq(?:len)?(\d+)$", re.IGNORECASE),
     "global_batch": re.compile(r"^gb(\d+)$", re.IGNORECASE),
     "micro_batch": re.compile(r"^mb(\d+)$", re.IGNORECASE),
+    "sequence_parallel": re.compile(r"^sp(\d+)$"),  # ALCF's _sp1_: its SP is --ds-sequence-parallel-size
 }
 
 
@@ -106,6 +109,8 @@ def _experts(value: str | None) -> list[int] | None:
 def from_run_info(info: dict[str, str]) -> RunMetadata:
     offload = info.get("offload")
     return RunMetadata(
+        # the line names SP only above 1 (docs/log-lines.md): a zero-lab line without it is SP 1
+        sequence_parallel=_to_int(info.get("SP", "1" if info else None)),
         num_experts=_experts(info.get("experts")),
         expert_parallel=_to_int(info.get("EP")),
         topk=_to_int(info.get("top-k")),
@@ -128,6 +133,7 @@ def from_arguments(args: dict[str, str]) -> RunMetadata:
         micro_batch=_to_int(args.get("micro_batch_size")),
         global_batch=_to_int(args.get("global_batch_size")),
         seq_length=_to_int(args.get("seq_length")),
+        sequence_parallel=_to_int(args.get("ds_sequence_parallel_size")),
     )
     if _experts(args.get("num_experts")):  # a dense run's dump names the MoE flags too
         meta.num_experts = _experts(args["num_experts"])
@@ -195,6 +201,7 @@ def from_command(path: Path, attempt: int | None = None) -> RunMetadata:
         micro_batch=_to_int(flags.get("micro-batch-size")),
         global_batch=_to_int(flags.get("global-batch-size")),
         seq_length=_to_int(flags.get("seq-length")),
+        sequence_parallel=_to_int(flags.get("ds-sequence-parallel-size")),
     )
 
 

@@ -46,14 +46,14 @@ listed as skipped.
 
 Prints a compact table (a line per run: status, ZeRO stage, tokens/s, epoch time, memory peaks, last lm loss,
 ms and MB per iteration measured/predicted) and writes the full one to OUT: summary.md, summary.csv,
-summary.json (one row per run: status, attempts and NaN iterations, ZeRO stage, offload, model, ranks,
+summary.json (one row per run: status, attempts and NaN iterations, ZeRO stage, offload, model, ranks, SP (Ulysses),
 batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
 ms/iteration, time per epoch, mean/max MemAllocated and peak MaxMemAllocated per rank in GB
 (2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, HFU, first/last lm loss, the mean lm
 loss per epoch, last validation loss, MB sent and ms per iteration measured and predicted, a running run's
 progress and ETA, and for runs with experts the MoE layout (experts, EP, top-k), parameters total/active and the
 moe loss, expert load max/mean and tokens dropped, each mean/last), PNG plots
-(throughput, epoch time, accelerator memory, host memory, loss vs consumed tokens, the ZeRO
+(throughput, epoch time, accelerator (or CPU ranks' tensor) memory, host memory, loss vs consumed tokens, the ZeRO
 trade-off: model-state memory against traffic) and report.md showing the table, a "ZeRO trade-off"
 section (with each run's compute, communication and offload time, measured beside predicted) and
 the plots.

@@ -686,7 +686,8 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
                                   args.training.micro_batch_size, args.training.global_batch_size,
                                   args.model.seq_length, schedule.samples_per_epoch,
                                   [n for n in model_config.layer_experts if n > 1],
-                                  model_config.moe_expert_parallel_size, model_config.topk))
+                                  model_config.moe_expert_parallel_size, model_config.topk,
+                                  args.parallel.sequence_parallel_size))
     for line in args.notes:  # the Megatron-DeepSpeed flags accepted in place of what zero-lab does itself
         reporter.print_line(line)
     if dist_info.rank == log_rank:
