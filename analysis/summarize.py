@@ -29,7 +29,8 @@ Turn the logs of Megatron-DeepSpeed / zero-lab training runs into a side-by-side
 PATH is a runs folder (searched recursively: train.log in each run folder, else any *.log; the
 attempt logs of one folder, ALCF's <run>/logs/, are one run), one run folder, or one log file. A
 resumed run is one run of several attempts (the "[zero-lab] attempt N started" lines; those that logged
-no training, refused at start-up or with nothing to train, are not counted, nor are their settings). Per run it reads the iteration lines (consumed samples and
+no training, refused at start-up or with nothing to train, are not counted, nor are their settings).
+Per run it reads the iteration lines (consumed samples and
 tokens, elapsed time per iteration, lm loss, tgs, TFLOPs), memory lines (zero-lab's
 "memory at iteration" line, Megatron's report_memory, DeepSpeed's MemAllocated lines),
 epoch-end, validation, ZeRO-estimate, comm (MB sent), time (ms per iteration by part) and progress
