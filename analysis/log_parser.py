@@ -99,6 +99,7 @@ class MemoryRecord:
     mfu_pct: float | None = None
     hfu_pct: float | None = None
     attempt: int = 0  # ParsedLog.starts' index
+    device: str | None = None  # zero-lab's line: the accelerator's kind (device=cpu, cuda); None in upstream lines
 
 
 @dataclass
@@ -188,7 +189,9 @@ class ParsedLog:
     validations: list[ValidationRecord] = field(default_factory=list)
     epochs: list[EpochRecord] = field(default_factory=list)
     model_state: ModelStateRecord | None = None
-    run_info: dict[str, str] = field(default_factory=dict)
+    run_info: dict[str, str] = field(default_factory=dict)  # every start's run info line, the last winning
+    run_infos: dict[int, dict[str, str]] = field(default_factory=dict)  # each start's own (starts' index)
+    attempt_numbers: dict[int, int] = field(default_factory=dict)  # the attempt header's N, by the start it began
     parameters: dict[str, str] = field(default_factory=dict)  # the parameters line's: total, active per token, ...
     arguments: dict[str, str] = field(default_factory=dict)
     ended_mid_line: bool = False
@@ -212,6 +215,31 @@ class ParsedLog:
     @property
     def has_training_lines(self) -> bool:
         return bool(self.iterations or self.epochs)
+
+    @property
+    def trained_starts(self) -> list[int]:
+        """The starts that logged training (iteration or epoch lines), in order: not those refused at start-up
+        or that found nothing to train, which a run folder's log keeps too."""
+        return sorted({r.attempt for r in self.iterations} | {e.attempt for e in self.epochs})
+
+    @property
+    def trained_run_info(self) -> dict[str, str]:
+        """The run info line of the last start that trained: a later start refused after printing its own (at
+        another batch size, say) did not run with it. In a log without attempt headers a start found from an
+        iteration number going back printed its run info line before it was found: the latest start at or
+        before it that printed one."""
+        trained = self.trained_starts
+        if not trained:
+            return self.run_info
+        printed = [start for start in self.run_infos if start <= trained[-1]]
+        return self.run_infos[max(printed)] if printed else self.run_info
+
+    @property
+    def trained_attempt(self) -> int | None:
+        """The attempt header's number (command.txt's `# attempt N`) of the last start that trained."""
+        trained = self.trained_starts
+        headed = [start for start in self.attempt_numbers if trained and start <= trained[-1]]
+        return self.attempt_numbers[max(headed)] if headed else None
 
 
 def _float(pattern: re.Pattern | str, text: str) -> float | None:
@@ -259,6 +287,7 @@ def _parse_memory(seg: str, source: str, iteration: int | None, rank: int | None
         max_host_rss_gb=_float(r"MaxHostRSS=(\d+\.\d+)GB", seg),
         mfu_pct=_float(r"MFU=(\d+\.\d+)%", seg),
         hfu_pct=_float(r"HFU=(\d+\.\d+)%", seg),
+        device=(found.group(1) if (found := re.search(r"device=(\w+)", seg)) else None),
     )
 
 
@@ -408,6 +437,7 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
         log.model_state = _parse_model_state(seg)
     elif kind == "run_info":
         log.run_info.update(_parse_run_info(seg))
+        log.run_infos.setdefault(log.start, {}).update(_parse_run_info(seg))
     elif kind == "parameters":
         log.parameters.update(_parse_run_info(seg))
     elif kind == "end":
@@ -422,6 +452,7 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
         resumed = "resuming from" in seg
         log.attempts.append(AttemptRecord(int(match["anum"]), match["atime"], resumed))
         _new_start(log, resumed)
+        log.attempt_numbers[log.start] = int(match["anum"])
 
 
 def parse_line(log: ParsedLog, line: str) -> None:

@@ -96,13 +96,35 @@ def _legend_columns(entries: int) -> int:
     return 1 + (entries - 1) // 20  # at most 20 names a column: the legend stays within the figure's height
 
 
+# 20 colours that do not repeat: tab10's, then tab20's lighter partner of each. The lines of runs 11-20 are also
+# dashed (a light colour beside its dark partner stays told apart by more than its shade), 21-30 dash-dotted, ...
+RUN_COLOURS = [plt.get_cmap("tab20")(i) for i in range(0, 20, 2)] + [plt.get_cmap("tab20")(i) for i in range(1, 20, 2)]
+RUN_LINESTYLES = ["-", "--", "-.", ":"]
+RUN_MARKERS = ["o", "s", "^", "D", "v"]
+
+
+def run_style(index: int) -> dict:
+    """A run's colour, line style and marker for the line plots: no two of the first 100 runs alike."""
+    return dict(color=RUN_COLOURS[index % 20], linestyle=RUN_LINESTYLES[index // 10 % 4],
+                marker=RUN_MARKERS[index // 20 % 5])
+
+
+# One run this many times longer than the shortest (in tokens) would squeeze the short runs into the first few
+# per cent of a linear axis (60 iterations beside 400: the first 15%); the axis is then logarithmic.
+LOG_AXIS_SPAN = 4.0
+
+
 def _loss_plot(runs: list[RunSummary], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for run in runs:
+    for index, run in enumerate(runs):
         tokens, losses = zip(*run.loss_curve)
-        ax.plot(tokens, losses, marker="o", markersize=3, label=run.label)
+        ax.plot(tokens, losses, markersize=3, label=run.label, **run_style(index))
+    ends = [max(tokens for tokens, _ in run.loss_curve) for run in runs]
+    spread = min(ends) > 0 and max(ends) / min(ends) >= LOG_AXIS_SPAN
     ax.set_title("Training loss (lm loss) vs consumed tokens")
-    ax.set_xlabel("consumed tokens")
+    ax.set_xlabel("consumed tokens" + (" (log scale: the runs' lengths differ)" if spread else ""))
+    if spread:
+        ax.set_xscale("log")
     ax.xaxis.set_major_formatter(EngFormatter())  # 400k, 1.2M rather than an offset exponent
     ax.set_ylabel("lm loss (nats/token)")
     ax.grid(alpha=0.3)
@@ -179,7 +201,7 @@ def tradeoff_plot(runs: list[RunSummary], out_dir: Path) -> str | None:
     fig, ax = plt.subplots(figsize=(7.5, 5.0))
     xs, ys, markers = [], [], []
     for number, run in enumerate(shown, 1):
-        colour = f"C{(number - 1) % 10}"
+        colour = RUN_COLOURS[(number - 1) % 20]
         point = (run.traffic_mb, run.model_state_measured_gb)
         markers.append(ax.scatter(*point, color=colour, s=50, zorder=3, label=f"{number}: {run.label}"))
         xs.append(point[0])
@@ -210,9 +232,9 @@ MOE_PANELS = (("moe loss (coeff x load-balancing loss)", 1), ("expert load max/m
 def _moe_plot(runs: list[RunSummary], path: Path) -> None:
     fig, axes = plt.subplots(len(MOE_PANELS), 1, figsize=(7.5, 7.5), sharex=True)
     for ax, (label, column) in zip(axes, MOE_PANELS):
-        for run in runs:
-            ax.plot([row[0] for row in run.moe_curve], [row[column] for row in run.moe_curve], marker="o",
-                    markersize=3, label=run.label)
+        for index, run in enumerate(runs):
+            ax.plot([row[0] for row in run.moe_curve], [row[column] for row in run.moe_curve], markersize=3,
+                    label=run.label, **run_style(index))
         ax.set_ylabel(label, fontsize=8)
         ax.grid(alpha=0.3)
     axes[0].set_title("Mixture of experts: routing over iterations")
@@ -236,6 +258,19 @@ MEMORY_LEGEND = ("MemAllocated: every tensor (activations,\nbuffers too). Model 
                  "not with MemAllocated")
 
 
+def memory_kind(runs: list[RunSummary]) -> str:
+    """What MemAllocated measured, by the device the memory lines name: on CPU ranks the live tensors in host
+    memory, not an accelerator's. Upstream logs name no device (their lines are the GPU allocator's)."""
+    devices = {r.memory_device for r in runs if r.memory_device}
+    if devices == {"cpu"}:
+        return "Tensor memory per CPU rank"
+    if devices == {"cuda"}:
+        return "GPU memory per rank"
+    if len(devices) == 1:
+        return f"{devices.pop().upper()} memory per rank"
+    return "Accelerator memory per rank" if not devices else f"Memory per rank ({' and '.join(sorted(devices))})"
+
+
 def make_plots(runs: list[RunSummary], out_dir: Path) -> list[tuple[str, str]]:
     """Write the plots that have data; return (file name, caption) for each written."""
     written = []
@@ -250,7 +285,7 @@ def make_plots(runs: list[RunSummary], out_dir: Path) -> list[tuple[str, str]]:
          [("tokens/s", "tokens_per_s")])
     bars("epoch_time.png", "Average training time per epoch", "seconds per epoch",
          [("time per epoch", "epoch_time_s")])
-    bars("accelerator_memory.png", "Accelerator memory per rank: all allocated, and the model states in it",
+    bars("accelerator_memory.png", f"{memory_kind(runs)}: all allocated, and the model states in it",
          "GB (2^30 bytes) per rank", MEMORY_SERIES, MEMORY_LEGEND)
     bars("host_memory.png", "Host memory (RSS) per rank during training", "GB (2^30 bytes) per rank",
          [("HostRSS mean", "host_rss_mean_gb"), ("HostRSS peak", "host_rss_peak_gb")])

@@ -59,6 +59,7 @@ MARKDOWN_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
     ("offload", lambda s: s.offload or ""),
     ("model", lambda s: s.model or ""),
     ("ranks", lambda s: "" if s.world_size is None else str(s.world_size)),
+    ("SP", lambda s: "" if s.sequence_parallel is None else str(s.sequence_parallel)),  # Ulysses
     ("micro/global batch", _batch),
     ("seq", lambda s: "" if s.seq_length is None else str(s.seq_length)),
     ("iters", _iterations),

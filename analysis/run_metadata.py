@@ -1,4 +1,4 @@
-"""What a run was: ZeRO stage, offload, model, world size, batch sizes, sequence length, MoE layout.
+"""What a run was: ZeRO stage, offload, model, world size, batch sizes, sequence length, SP, MoE layout.
 
 Sources, weakest first: the folder name, env.json, command.txt, ds_config.json, the
 arguments Megatron echoes into the log, and the run info line the training prints. A
@@ -33,6 +33,8 @@ class RunMetadata:
     num_experts: list[int] | None = None
     expert_parallel: int | None = None
     topk: int | None = None
+    # DeepSpeed-Ulysses' sequence-parallel size (--ds-sequence-parallel-size; docs/long-sequences.md)
+    sequence_parallel: int | None = None
 
     def overridden_by(self, stronger: "RunMetadata") -> "RunMetadata":
         updates = {f.name: getattr(stronger, f.name) for f in fields(self)
@@ -65,6 +67,7 @@ _NAME_FIELDS = {
     "seq_length": re.compile(r"^seq(?:len)?(\d+)$", re.IGNORECASE),
     "global_batch": re.compile(r"^gb(\d+)$", re.IGNORECASE),
     "micro_batch": re.compile(r"^mb(\d+)$", re.IGNORECASE),
+    "sequence_parallel": re.compile(r"^sp(\d+)$"),  # ALCF's _sp1_: its SP is --ds-sequence-parallel-size
 }
 
 
@@ -106,6 +109,8 @@ def _experts(value: str | None) -> list[int] | None:
 def from_run_info(info: dict[str, str]) -> RunMetadata:
     offload = info.get("offload")
     return RunMetadata(
+        # the line names SP only above 1 (docs/log-lines.md): a zero-lab line without it is SP 1
+        sequence_parallel=_to_int(info.get("SP", "1" if info else None)),
         num_experts=_experts(info.get("experts")),
         expert_parallel=_to_int(info.get("EP")),
         topk=_to_int(info.get("top-k")),
@@ -128,6 +133,7 @@ def from_arguments(args: dict[str, str]) -> RunMetadata:
         micro_batch=_to_int(args.get("micro_batch_size")),
         global_batch=_to_int(args.get("global_batch_size")),
         seq_length=_to_int(args.get("seq_length")),
+        sequence_parallel=_to_int(args.get("ds_sequence_parallel_size")),
     )
     if _experts(args.get("num_experts")):  # a dense run's dump names the MoE flags too
         meta.num_experts = _experts(args["num_experts"])
@@ -168,9 +174,24 @@ def _flag_values(argv: list[str]) -> dict[str, str]:
     return values
 
 
-def from_command(path: Path) -> RunMetadata:
-    """The latest attempt's command (command.txt keeps every attempt's, each after a `# attempt` line)."""
-    commands = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+def _commands(text: str) -> dict[int | None, str]:
+    """command.txt's commands by attempt number (each after its `# attempt N | ...` line; None before any)."""
+    commands: dict[int | None, str] = {}
+    attempt = None
+    for line in text.splitlines():
+        header = re.match(r"# attempt (\d+) \|", line)
+        if header:
+            attempt = int(header.group(1))
+        elif line.strip() and not line.startswith("#"):
+            commands[attempt] = line
+    return commands
+
+
+def from_command(path: Path, attempt: int | None = None) -> RunMetadata:
+    """The command of `attempt` (the last that trained), else the latest (command.txt keeps every attempt's, each
+    after a `# attempt` line, those refused at start-up too)."""
+    by_attempt = _commands(path.read_text())
+    commands = [by_attempt[attempt]] if attempt in by_attempt else list(by_attempt.values())
     flags = _flag_values(shlex.split(commands[-1]) if commands else [])
     nodes = _to_int(flags.get("nnodes")) or 1
     per_node = _to_int(flags.get("nproc-per-node")) or _to_int(flags.get("num-gpus"))
@@ -180,6 +201,7 @@ def from_command(path: Path) -> RunMetadata:
         micro_batch=_to_int(flags.get("micro-batch-size")),
         global_batch=_to_int(flags.get("global-batch-size")),
         seq_length=_to_int(flags.get("seq-length")),
+        sequence_parallel=_to_int(flags.get("ds-sequence-parallel-size")),
     )
 
 
@@ -219,7 +241,9 @@ def collect_metadata(log: ParsedLog, root: Path) -> tuple[RunMetadata, Path, lis
     folder = _named_folder(log.path, root)
     meta = from_folder_name(folder.name).overridden_by(from_log_name(log.path.name))
     problems = []
-    readers = (("env.json", from_env_json), ("command.txt", from_command), ("ds_config.json", from_ds_config))
+    readers = (("env.json", from_env_json),
+               ("command.txt", lambda path: from_command(path, log.trained_attempt)),
+               ("ds_config.json", from_ds_config))
     for name, reader in readers:
         # beside the log (examples_zero runs) or in the run folder above it (ALCF's <run>/logs/)
         candidates = [log.path.parent / name, folder / name]
@@ -229,5 +253,5 @@ def collect_metadata(log: ParsedLog, root: Path) -> tuple[RunMetadata, Path, lis
                 meta = meta.overridden_by(reader(path))
             except (ValueError, AttributeError, TypeError) as exc:
                 problems.append(f"{path}: unreadable ({exc.__class__.__name__}: {exc}), ignored")
-    meta = meta.overridden_by(from_arguments(log.arguments)).overridden_by(from_run_info(log.run_info))
+    meta = meta.overridden_by(from_arguments(log.arguments)).overridden_by(from_run_info(log.trained_run_info))
     return meta, folder, problems

@@ -21,7 +21,9 @@ class RunSummary:
     complete: bool
     incomplete_reason: str
     status: str  # finished, diverged at iteration N, stopped early at iteration N, INCOMPLETE
-    attempts: int  # launches of the run joined here: attempt headers, else resumes seen as iterations going back
+    # launches of the run joined here that logged training: attempt headers, else resumes seen as iterations going
+    # back; a launch refused at start-up, or that found nothing to train, is not counted
+    attempts: int
     nan_iterations: int | None
     zero_stage: int | None
     offload: str | None
@@ -105,6 +107,11 @@ class RunSummary:
     expert_load_last: float | None = None
     tokens_dropped_mean: float | None = None
     tokens_dropped_last: float | None = None
+    # DeepSpeed-Ulysses' sequence-parallel size (--ds-sequence-parallel-size): the run info line's SP (a zero-lab
+    # line without it: 1), Megatron's argument dump, command.txt; None when no source names it
+    sequence_parallel: int | None = None
+    # the kind of device the memory lines name ("cpu", "cuda"; several joined by "+"); None: not named (upstream's)
+    memory_device: str | None = None
 
 
 def _mean(values) -> float | None:
@@ -368,13 +375,13 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         complete=status == "finished",
         incomplete_reason=reason,
         status=status,
-        # starts[0] is the text before any header: a start of its own only in a log without headers
-        attempts=max(1, len(log.starts) - (1 if log.attempts else 0)),
+        attempts=max(1, len(log.trained_starts)),  # the refused and the empty are not attempts of its training
         nan_iterations=records[-1].nan_iterations if records else None,
         zero_stage=meta.zero_stage,
         offload=meta.offload,
         model=meta.model,
         world_size=meta.world_size,
+        sequence_parallel=meta.sequence_parallel,
         micro_batch=meta.micro_batch,
         global_batch=meta.global_batch,
         seq_length=meta.seq_length,
@@ -396,6 +403,7 @@ def summarize_run(log: ParsedLog, meta: RunMetadata, run: str, skip_first: int) 
         mem_alloc_max_gb=_max(m.allocated_gb for m in memory),
         max_mem_alloc_peak_gb=_max(m.max_allocated_gb for m in memory),
         memory_source=source,
+        memory_device="+".join(sorted({m.device for m in memory if m.device})) or None,
         host_rss_mean_gb=_mean(m.host_rss_gb for m in memory),
         host_rss_peak_gb=_max([m.max_host_rss_gb for m in memory] + [m.host_rss_gb for m in memory]),
         model_state_measured_gb=measured_state,

@@ -28,7 +28,9 @@ Turn the logs of Megatron-DeepSpeed / zero-lab training runs into a side-by-side
 
 PATH is a runs folder (searched recursively: train.log in each run folder, else any *.log; the
 attempt logs of one folder, ALCF's <run>/logs/, are one run), one run folder, or one log file. A
-resumed run is one run of several attempts (the "[zero-lab] attempt N started" lines). Per run it reads the iteration lines (consumed samples and
+resumed run is one run of several attempts (the "[zero-lab] attempt N started" lines; those that logged
+no training, refused at start-up or with nothing to train, are not counted, nor are their settings).
+Per run it reads the iteration lines (consumed samples and
 tokens, elapsed time per iteration, lm loss, tgs, TFLOPs), memory lines (zero-lab's
 "memory at iteration" line, Megatron's report_memory, DeepSpeed's MemAllocated lines),
 epoch-end, validation, ZeRO-estimate, comm (MB sent), time (ms per iteration by part) and progress
@@ -45,14 +47,14 @@ listed as skipped.
 
 Prints a compact table (a line per run: status, ZeRO stage, tokens/s, epoch time, memory peaks, last lm loss,
 ms and MB per iteration measured/predicted) and writes the full one to OUT: summary.md, summary.csv,
-summary.json (one row per run: status, attempts and NaN iterations, ZeRO stage, offload, model, ranks,
+summary.json (one row per run: status, attempts and NaN iterations, ZeRO stage, offload, model, ranks, SP (Ulysses),
 batch sizes, sequence length, mean tokens/s per rank (tgs) and for all ranks,
 ms/iteration, time per epoch, mean/max MemAllocated and peak MaxMemAllocated per rank in GB
 (2**30 bytes), the ZeRO model-state estimate, host RSS, TFLOPs, MFU, HFU, first/last lm loss, the mean lm
 loss per epoch, last validation loss, MB sent and ms per iteration measured and predicted, a running run's
 progress and ETA, and for runs with experts the MoE layout (experts, EP, top-k), parameters total/active and the
 moe loss, expert load max/mean and tokens dropped, each mean/last), PNG plots
-(throughput, epoch time, accelerator memory, host memory, loss vs consumed tokens, the ZeRO
+(throughput, epoch time, accelerator (or CPU ranks' tensor) memory, host memory, loss vs consumed tokens, the ZeRO
 trade-off: model-state memory against traffic) and report.md showing the table, a "ZeRO trade-off"
 section (with each run's compute, communication and offload time, measured beside predicted) and
 the plots.

@@ -84,6 +84,7 @@ def initialize_distributed(timeout_minutes: float) -> DistInfo:
     from deepspeed.accelerator import get_accelerator
 
     from megatron import deepspeed_ops
+    from megatron.deepspeed_quiet import SHM_OP_LOADED, without_lines
     from megatron.launch import network
     from megatron.launch.dist_env import all_ranks_on_this_host, export_launcher_env
 
@@ -96,7 +97,8 @@ def initialize_distributed(timeout_minutes: float) -> DistInfo:
     device_name = get_accelerator().device_name()
     device = bind_device(device_name, local_rank)  # before the group: Megatron's order
     backend = "nccl" if device_name == "cuda" else "gloo"
-    deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timedelta(minutes=timeout_minutes))
+    with without_lines(SHM_OP_LOADED):  # each rank's, built or not: a build is announced above
+        deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timedelta(minutes=timeout_minutes))
     return DistInfo(rank=torch.distributed.get_rank(), local_rank=local_rank,
                     world_size=torch.distributed.get_world_size(), device=device, address=address)
 

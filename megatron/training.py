@@ -20,6 +20,7 @@ from megatron.batch_rampup import BatchRamp
 from megatron.checkpointing import interval
 from megatron.checkpointing.save_load import save_checkpoint
 from megatron.curriculum import SeqlenCurriculum
+from megatron.deepspeed_quiet import EXPERT_GROUP_CREATED, without_lines
 from megatron.exit_signal import ExitSignalHandler, minutes_past
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
@@ -650,7 +651,9 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     schedule = LRSchedule(optimizer, args.optimizer, train_iters, args.training.global_batch_size,
                           args.training.train_samples)
     import_muon_uncompiled()
-    with expert_norm_unfused_optimizer():  # stage 0 in 16-bit: one host read a step, a norm with the experts
+    # stage 0 in 16-bit: one host read a step, a norm with the experts; each rank's line for the expert groups
+    # the engine always creates is dropped
+    with expert_norm_unfused_optimizer(), without_lines(EXPERT_GROUP_CREATED):
         engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
                                                lr_scheduler=schedule, config=config, mpu=mpu,
                                                dist_init_required=False)
@@ -686,7 +689,8 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
                                   args.training.micro_batch_size, args.training.global_batch_size,
                                   args.model.seq_length, schedule.samples_per_epoch,
                                   [n for n in model_config.layer_experts if n > 1],
-                                  model_config.moe_expert_parallel_size, model_config.topk))
+                                  model_config.moe_expert_parallel_size, model_config.topk,
+                                  args.parallel.sequence_parallel_size))
     for line in args.notes:  # the Megatron-DeepSpeed flags accepted in place of what zero-lab does itself
         reporter.print_line(line)
     if dist_info.rank == log_rank:

@@ -209,14 +209,16 @@ def peak_line(device_name: str, part: str | None, matmul_precision: str, peak_tf
 
 def run_info_line(zero_stage: int, offload: str, model: str, world_size: int, micro_batch: int,
                   global_batch: int, seq_length: int, samples_per_epoch: int, experts: list[int] = (),
-                  ep: int = 1, topk: int = 1) -> str:
+                  ep: int = 1, topk: int = 1, sp: int = 1) -> str:
     """`experts`: each MoE layer's experts (printed once when they are all alike); a dense model has none and
-    its line no MoE fields."""
+    its line no MoE fields. `sp`: DeepSpeed-Ulysses' sequence-parallel size, named when above 1 (a line
+    without it is SP 1)."""
     shown = experts[:1] if len(set(experts)) == 1 else experts
+    ulysses = f" SP: {sp} |" if sp > 1 else ""
     moe = f" experts: {' '.join(map(str, shown))} | EP: {ep} | top-k: {topk} |" if experts else ""
     return (f" > run info | zero stage: {zero_stage} | offload: {offload} | model: {model} | "
             f"world size: {world_size} | micro batch: {micro_batch} | global batch: {global_batch} | "
-            f"seq length: {seq_length} | train samples per epoch: {samples_per_epoch} |{moe}")
+            f"seq length: {seq_length} | train samples per epoch: {samples_per_epoch} |{ulysses}{moe}")
 
 
 # The scalars of one logging interval, for the writers (TensorBoard, wandb: megatron/wandb_writer.py): the

@@ -373,8 +373,8 @@ def test_real_run_through_mpiexec(tmp_path, dolly_data_dir):
 
     # the same run again resumes from its checkpoint (the one resume rule); FRESH=1 would start afresh
     fresh = run_script(tmp_path, gpus=False, DRY_RUN=1, FRESH=1, **settings)
-    assert f"[run] starting afresh (FRESH=1): would move the old files of {run_dir} to {run_dir}.old-<time>" \
-        in fresh.stderr and (run_dir / "checkpoints" / "latest").is_file()
+    assert (f"[run] DRY_RUN=1, the run would be starting afresh (FRESH=1): would move the old files of {run_dir} to "
+            f"{run_dir}.old-<time>") in fresh.stderr and (run_dir / "checkpoints" / "latest").is_file()
     again = run_script(tmp_path, gpus=False, **{**settings, "TRAIN_ITERS": 5})
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert flag_value(launch_line(again), "--load") == str(run_dir / "checkpoints")

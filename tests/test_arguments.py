@@ -367,6 +367,24 @@ def test_errors_name_the_variable_a_launch_script_set():
     assert name_sources("--global-batch-size 12 bad", argv, {}) == "--global-batch-size 12 bad"
 
 
+def test_the_variable_is_named_beside_the_given_value_not_the_checkpoints():
+    """Issue 56, item 11: the refusal of a resume at another expert-parallel size named the checkpoint's value
+    first, and "(from EP_SIZE)" went on it; it belongs to the value this run was given."""
+    from megatron.checkpointing.resume_check import moe_layout_refusal
+
+    saved = {"zero_stage": 1, "data_parallel_size": 2, "sequence_parallel_size": 1, "expert_parallel_size": 1}
+    refusal = moe_layout_refusal(saved, {**saved, "expert_parallel_size": 2})
+    named = name_sources(refusal, ["--moe-expert-parallel-size", "2", "--zero-stage", "1"],
+                         {"ZERO_LAB_FLAG_SOURCES": "--moe-expert-parallel-size=EP_SIZE"})
+    assert named.count("(from EP_SIZE)") == 1
+    assert "--moe-expert-parallel-size 1 (from" not in named
+    assert "this run has data-parallel size 2 at ZeRO stage 1 and --moe-expert-parallel-size 2 (from EP_SIZE);" in named
+    # a message that gives the flag only another value (the saved one) names no variable
+    assert name_sources("resume with --moe-expert-parallel-size 1", ["--moe-expert-parallel-size", "2"],
+                        {"ZERO_LAB_FLAG_SOURCES": "--moe-expert-parallel-size=EP_SIZE"}) == \
+        "resume with --moe-expert-parallel-size 1"
+
+
 def test_lr_schedule_warmup_then_cosine_to_min(data_prefix):
     import torch
     args = parse_args(base(data_prefix, "--lr", "1e-3", "--min-lr", "1e-4", "--lr-warmup-iters", "4",

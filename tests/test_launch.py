@@ -106,6 +106,15 @@ def dry_run_line(script, **env) -> subprocess.CompletedProcess:
     return launch_script(REPO_ROOT / script, (), environment)
 
 
+def test_a_dry_run_says_what_the_run_would_do_not_that_it_starts(tmp_path):
+    """Issue 56, item 10: DRY_RUN=1 printed "not starting" and "[run] starting ... afresh" together."""
+    result = dry_run_line("examples_zero/gpt_deepspeed_Z1.sh", RUNS_DIR=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "gpt_tiny_Z1"
+    assert result.stderr.splitlines() == [f"[run] DRY_RUN=1, the run would be starting {run} afresh"]
+    assert "DRY_RUN=1, not starting: " in result.stdout and not run.exists()
+
+
 def test_every_launch_script_finds_the_repositorys_venv_and_says_how_to_get_torch(tmp_path):
     """scripts/find_python.sh: PYTHON, else the repository's .venv, else python3 on PATH; without torch, one
     line saying how to set up and activate .venv (drivers, ALCF, the data script alike)."""

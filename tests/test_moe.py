@@ -160,6 +160,17 @@ def moe_runs(dolly_data_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_deepspeeds_lines_of_nothing_are_not_on_the_console(moe_runs):
+    """Issue 56, item 10: every rank printed DeepSpeed's `No existing process group found, creating a new group
+    named: ep_size_2` (the engine always creates the groups) and `deepspeed_shm_comm_op built successfully` (the
+    op was loaded built); megatron/deepspeed_quiet.py drops them."""
+    for name in ("ep1", "ep2_z1"):
+        assert "No existing process group found" not in moe_runs[name]
+        assert "built successfully" not in moe_runs[name]
+        assert " > run info" in moe_runs[name]  # the rest of the output is there
+
+
+@pytest.mark.slow
 def test_ep2_gives_ep1s_losses_without_token_dropping(moe_runs):
     reference = losses(moe_runs["ep1"])
     assert len(reference) >= 3 and reference[-2] < reference[0]

@@ -79,6 +79,28 @@ def test_offline_without_dolly_file_uses_the_committed_sample(tmp_path, dolly_da
     assert len(ds.doc_idx) - 1 == 382
 
 
+def test_a_hub_out_of_reach_is_one_line_naming_curls_reason(tmp_path, dolly_data_dir):
+    """Issue 56, item 10: curl printed `curl: (6) Could not resolve host` of its own before the line that says what
+    happens instead; its reason is now in that line, once. The curl here fails as curl does without DNS (the
+    machine running the test may have network)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "curl").write_text("#!/bin/sh\necho 'curl: (6) Could not resolve host: huggingface.co' >&2\nexit 6\n")
+    (bin_dir / "curl").chmod(0o755)
+    result = run_script(DATA_DIR=tmp_path / "data", HF_HUB_OFFLINE=0, DOLLY_JSONL="",
+                        PATH=f"{bin_dir}{os.pathsep}{subprocess_env()['PATH']}",
+                        VOCAB_FILE=dolly_data_dir / "gpt2-vocab.json", MERGE_FILE=dolly_data_dir / "gpt2-merges.txt")
+    assert result.returncode == 0, result.stderr
+    output = (result.stdout + result.stderr).splitlines()
+    assert not [line for line in output if line.startswith("curl:")], output
+    assert [line for line in output if "Could not resolve host" in line] == [
+        "[dolly] the Hugging Face hub is out of reach (curl: (6) Could not resolve host: huggingface.co): using the "
+        f"committed dolly sample {REPO_ROOT / 'data' / 'samples' / 'dolly-sample.jsonl'} (382 records; for the full "
+        f"corpus give DOLLY_JSONL=/path/to/databricks-dolly-15k.jsonl or put it at "
+        f"{tmp_path / 'data' / 'databricks-dolly-15k.jsonl'})"]
+    assert not list((tmp_path / "data").glob("*.tmp-*"))
+
+
 @pytest.mark.parametrize("bad_line, message", [
     ('{"instruction": "q", "response": "a"}', "missing key 'context'"),
     ('{"instruction": "q", "context": "", "response": 3}', "non-string value for key 'response'"),

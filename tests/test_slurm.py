@@ -112,7 +112,7 @@ def test_dry_run_prints_the_srun_line(tmp_path):
     # all 8 tasks are ranks: the global batch follows them (micro batch 4 x 8 ranks, one micro-batch per step)
     assert " --global-batch-size 32 " in line
     assert f" --load {tmp_path / 'gpt_tiny_Z3' / 'checkpoints'} " in line  # always: a folder without one starts afresh
-    assert f"[run] starting {tmp_path / 'gpt_tiny_Z3'} afresh" in result.stderr
+    assert f"[run] DRY_RUN=1, the run would be starting {tmp_path / 'gpt_tiny_Z3'} afresh" in result.stderr
     assert not any(tmp_path.iterdir())  # nothing written
 
 
@@ -151,13 +151,14 @@ def test_dry_run_of_a_job_whose_run_folder_has_a_checkpoint_resumes(tmp_path):
     protocol.commit(str(checkpoints), "global_step4", {"iteration": 4})
     for restarts in ("1", "0"):
         result = dry_run(two_node_allocation(tmp_path, SLURM_RESTART_COUNT=restarts))
-        assert f"[run] resuming from global_step4 in {checkpoints} (FRESH=1 starts" in result.stderr
+        assert f"[run] DRY_RUN=1, the run would be resuming from global_step4 in {checkpoints} (FRESH=1 starts" \
+            in result.stderr
     fresh = dry_run(two_node_allocation(tmp_path, FRESH="1"))
-    assert "[run] starting afresh (FRESH=1): would move the old files" in fresh.stderr
+    assert "[run] DRY_RUN=1, the run would be starting afresh (FRESH=1): would move the old files" in fresh.stderr
     # sbatch hands FRESH=1 to every requeue too: there it resumes what the job saved
     requeued = dry_run(two_node_allocation(tmp_path, FRESH="1", SLURM_RESTART_COUNT="1"))
-    assert (f"[run] resuming from global_step4 in {checkpoints}: FRESH=1 applies to the job's first start only, "
-            "and this is requeue 1 of Slurm job") in requeued.stderr
+    assert (f"[run] DRY_RUN=1, the run would be resuming from global_step4 in {checkpoints}: FRESH=1 applies to the "
+            "job's first start only, and this is requeue 1 of Slurm job") in requeued.stderr
     assert (checkpoints / "latest").is_file()  # a dry run moves nothing
 
 

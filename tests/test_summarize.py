@@ -653,6 +653,37 @@ def test_summary_of_a_resumed_run_counts_each_iteration_and_epoch_once():
     assert len(s.epoch_losses) == 4
 
 
+def test_refused_attempts_that_trained_nothing_give_the_row_neither_batch_sizes_nor_attempts(tmp_path):
+    """Issue 56, item 7: a run trained at 4/8 in 2 attempts, then was launched 6 more times and refused (at
+    start-up, with command.txt and the log appended; the last found nothing to train after printing its run info
+    line at 4/4): its row said attempts 8 and 4/4."""
+    from analysis.collect import collect
+    refused = [f"[zero-lab] attempt {n} started 2026-11-23 22:0{n}:00 UTC on node01: resuming from runs/r/checkpoints"
+               for n in range(3, 9)]
+    nothing = [RUN_INFO.replace("global batch: 8", "global batch: 4"),
+               "nothing to train: the checkpoint resumed is at iteration 16, already at or past the 16 iterations "
+               "asked for; ask for more iterations, or start afresh with FRESH=1 or under another RUN_NAME",
+               "[after training is done] datetime: 2026-11-23 22:09:00"]
+    lines = ATTEMPT_1 + ATTEMPT_2
+    for header in refused[:-1]:
+        lines += [header, "error: --global-batch-size 4 is not divisible by --micro-batch-size 4 x data-parallel "
+                          "size 2"]
+    lines += [refused[-1], *nothing]
+    run = tmp_path / "gpt_tiny_Z1"
+    run.mkdir()
+    (run / "train.log").write_text("\n".join(lines) + "\n")
+    commands = [f"# attempt {n} | 2026-11-23 2{n}:00:00 UTC | node01\ntorchrun --nproc-per-node 2 pretrain_gpt.py "
+                f"--micro-batch-size 4 --global-batch-size {8 if n < 3 else 4} --seq-length 64" for n in range(1, 9)]
+    (run / "command.txt").write_text("\n".join(commands) + "\n")
+    s, = collect(tmp_path, skip_first=1).runs
+    assert (s.attempts, s.micro_batch, s.global_batch, s.world_size) == (2, 4, 8, 2)
+    assert (s.status, s.last_iteration) == ("finished", 16)
+    # without the run info line the command of the last attempt that trained (attempt 2's) gives the batch sizes
+    (run / "train.log").write_text("\n".join(line for line in lines if "> run info" not in line) + "\n")
+    s, = collect(tmp_path, skip_first=1).runs
+    assert (s.attempts, s.micro_batch, s.global_batch) == (2, 4, 8)
+
+
 def test_an_epoch_only_a_resumed_attempt_logged_is_partial():
     from analysis.report import markdown_table, notes
     # attempt 1 died at 7 (before epoch 2's end), so epoch 2's only line times iterations 8 only
@@ -838,6 +869,35 @@ def test_an_moe_runs_routing_is_read_and_plotted_over_iterations(tmp_path):
     assert "moe_curve" not in (tmp_path / "out" / "summary.csv").read_text()
 
 
+def test_a_ulysses_runs_sp_size_is_in_its_log_and_in_the_summary(tmp_path):
+    """Issue 56, item 7: a Ulysses run's log never named its SP size, and the summary had no SP column. The run info
+    line names SP above 1 (a zero-lab line without it is SP 1); upstream logs give it by Megatron's argument dump,
+    command.txt or ALCF's folder name (_sp2_)."""
+    from analysis.run_metadata import from_arguments, from_folder_name
+    from megatron.training_log import run_info_line
+    ulysses = run_info_line(1, "none", "tiny", 2, 4, 4, 64, 32, sp=2)
+    assert ulysses.endswith("| train samples per epoch: 32 | SP: 2 |")
+    assert run_info_line(1, "none", "tiny", 2, 4, 8, 64, 32, sp=1) == RUN_INFO  # SP 1 is not named
+    body = [_moe_iteration(i, 1.0, 0.0, routed=False) for i in range(1, 5)]
+    for name, info in (("gpt_tiny_Z1_ulysses", ulysses), ("gpt_tiny_Z1", RUN_INFO)):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "train.log").write_text("\n".join([info, *body]) + "\n")
+    result = run_cli(tmp_path / "runs", "--out", tmp_path / "out", "--no-plots")
+    assert result.returncode == 0, result.stderr
+    table = [line for line in (tmp_path / "out" / "summary.md").read_text().splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in table[0].strip("|").split("|")]
+    column = header.index("SP")
+    assert header[column - 1: column + 2] == ["ranks", "SP", "micro/global batch"]
+    rows = {cells[-1]: cells[column] for line in table[2:]
+            if (cells := [cell.strip() for cell in line.strip("|").split("|")] + [line])}
+    assert sorted(rows.values()) == ["1", "2"]
+    with open(tmp_path / "out" / "summary.csv", newline="") as f:
+        assert {row["run"]: row["sequence_parallel"] for row in csv.DictReader(f)} == {
+            "gpt_tiny_Z1_ulysses": "2", "gpt_tiny_Z1": "1"}
+    assert from_arguments({"ds_sequence_parallel_size": "4"}).sequence_parallel == 4
+    assert from_folder_name(ALCF_RUN.split("/")[-1]).sequence_parallel == 1
+
+
 def test_a_dense_run_has_no_moe_plot(summary):
     out, _, _ = summary
     assert not (out / "moe.png").exists()
@@ -871,7 +931,7 @@ def test_an_moe_runs_summary_has_the_moe_columns_and_a_dense_runs_are_empty(tmp_
     out = tmp_path / "out"
     result = run_cli(tmp_path / "runs", "--out", out, "--skip-first", "2", "--no-plots")
     assert result.returncode == 0, result.stderr
-    assert "(the full table, 34 columns)" in result.stdout
+    assert "(the full table, 35 columns)" in result.stdout
     # iterations 3-6 kept, one iteration an interval: moe loss 0.13-0.16, load 1.3-1.6, dropped 0.03-0.06
     expected = {"moe": ["4", "2", "2", "1,204,224/807,936", "0.1450/0.1600", "1.450/1.600", "0.0450/0.0600"],
                 "dense": ["", "", "", "807,936/807,936", "", "", ""]}

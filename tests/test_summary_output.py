@@ -100,11 +100,12 @@ def layout_problems(fig) -> list[str]:
 
 
 def test_every_plot_stays_readable_with_12_runs_of_30_character_names(twelve_long_names, tmp_path, monkeypatch):
-    found, legends = {}, {}
+    found, legends, titles = {}, {}, {}
     save = plots._save
 
     def check_then_save(fig, path):
         found[path.name] = layout_problems(fig)
+        titles[path.name] = fig.axes[0].get_title()
         legends[path.name] = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
         save(fig, path)
 
@@ -117,6 +118,9 @@ def test_every_plot_stays_readable_with_12_runs_of_30_character_names(twelve_lon
     memory = legends["accelerator_memory.png"]
     assert memory[0].startswith("MemAllocated mean") and memory[2].startswith("model states measured")
     assert memory[3] == "model states: ZeRO estimate"
+    # issue 56, item 7: the plot is named by the devices the memory lines name (the Z3 log's cuda, the others' cpu)
+    assert titles["accelerator_memory.png"] == ("Memory per rank (cpu and cuda): all allocated, and the model states "
+                                                "in it")
     assert legends["zero_tradeoff.png"][:2] == ["1: Z3 tiny gpt_tiny_Z3_run01_lr3e-4_warmu",
                                                 "2: Z3 tiny gpt_tiny_Z3_run04_lr3e-4_warmu"]
 
@@ -138,9 +142,9 @@ def test_the_terminal_shows_a_compact_table_and_the_files_every_column(tmp_path)
                           "78.30/78.32"]
     assert rows["Z3+offload"][1:3] == ["INCOMPLETE", "3+offload"]
     assert rows["Z1 tiny"][-1] == "442.5/-"  # a log without time lines: no prediction to show
-    assert "| HFU (%) |" not in result.stdout and "wrote summary.md (the full table, 27 columns)" in result.stdout
+    assert "| HFU (%) |" not in result.stdout and "wrote summary.md (the full table, 28 columns)" in result.stdout
     header = (tmp_path / "summary.md").read_text().splitlines()[0]
-    assert header.count(" | ") == 26 and "| mean lm loss per epoch |" in header and "epoch ends" not in header
+    assert header.count(" | ") == 27 and "| mean lm loss per epoch |" in header and "epoch ends" not in header
 
 
 @pytest.mark.parametrize("flags, plots_written", [([], 6), (["--no-plots"], 0)])
@@ -152,3 +156,56 @@ def test_the_plots_counted_are_the_plots_written(tmp_path, flags, plots_written)
     assert said, result.stdout
     written = sorted(p.name for p in tmp_path.glob("*.png"))
     assert int(said.group(1)) == len(written) == plots_written, written
+
+
+def _loss_runs(iterations: list[int]) -> list:
+    """Summaries with only a label and a loss curve (8 x 128 tokens an iteration), one per length."""
+    from dataclasses import MISSING, fields
+
+    from analysis.run_summary import RunSummary
+    required = {f.name: None for f in fields(RunSummary) if f.default is MISSING and f.default_factory is MISSING}
+    return [RunSummary(**{**required, "label": f"run {i:02d}", "status": "finished", "complete": True,
+                          "loss_curve": [(1024 * it, 10.0 - it / n) for it in range(1, n + 1)]})
+            for i, n in enumerate(iterations)]
+
+
+def _drawn(monkeypatch, draw, *args):
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    draw(*args)
+    return figures[0]
+
+
+def test_fifteen_loss_curves_keep_their_own_colours_and_a_long_run_leaves_the_short_ones_readable(monkeypatch,
+                                                                                                  tmp_path):
+    """Issue 56, item 7: loss.png repeated a 10-colour cycle over 15 runs, and one 400-iteration run squeezed the
+    60-iteration ones into the first 15% of the axis."""
+    fig = _drawn(monkeypatch, plots._loss_plot, _loss_runs([60] * 14 + [400]), tmp_path / "loss.png")
+    ax = fig.axes[0]
+    styles = [(matplotlib.colors.to_hex(line.get_color()), line.get_linestyle(), line.get_marker())
+              for line in ax.get_lines()]
+    assert len(styles) == 15 and len({colour for colour, _, _ in styles}) == 15
+    assert all(plots.run_style(i) != plots.run_style(j) for i, j in combinations(range(100), 2))
+    assert len({matplotlib.colors.to_hex(plots.run_style(i)["color"]) for i in range(20)}) == 20
+    # the last point of a 60-iteration run beside a 400-iteration one: past the middle of the axis
+    assert ax.get_xscale() == "log" and "log scale" in ax.get_xlabel()
+    frame = ax.get_window_extent(fig.canvas.get_renderer())
+    short_end = ax.transData.transform((1024 * 60, 5.0))[0]
+    assert (short_end - frame.x0) / frame.width > 0.6
+    assert not layout_problems(fig)
+    # runs of like lengths keep the linear axis
+    fig = _drawn(monkeypatch, plots._loss_plot, _loss_runs([60, 30, 45]), tmp_path / "loss.png")
+    assert fig.axes[0].get_xscale() == "linear" and fig.axes[0].get_xlabel() == "consumed tokens"
+
+
+@pytest.mark.parametrize("devices, title", [
+    (["cpu", "cpu"], "Tensor memory per CPU rank"), (["cuda"], "GPU memory per rank"),
+    (["cpu", "cuda"], "Memory per rank (cpu and cuda)"), ([None], "Accelerator memory per rank")])
+def test_the_memory_plot_is_named_by_the_device_the_runs_used(monkeypatch, tmp_path, devices, title):
+    """Issue 56, item 7: accelerator_memory.png was titled "Accelerator memory" for runs on CPU ranks, whose
+    MemAllocated is the live tensors in host memory. Upstream logs name no device: their lines are a GPU's."""
+    runs = _loss_runs([4] * len(devices))
+    for run, device in zip(runs, devices):
+        run.memory_device, run.mem_alloc_mean_gb, run.max_mem_alloc_peak_gb = device, 0.1, 0.2
+    written = plots.make_plots(runs, tmp_path)
+    assert dict(written)["accelerator_memory.png"] == f"{title}: all allocated, and the model states in it"

@@ -65,12 +65,25 @@ newer_than() {
     return 1
 }
 
-# fetch URL DEST: download to a temporary name and rename, so a failed download leaves nothing.
+# fetch URL DEST: download to a temporary name and rename, so a failed download leaves nothing. curl's own
+# error line is not printed: it goes into fetch_error, which the line saying what happens instead names once.
+fetch_error=
 fetch() {
+    fetch_error="HF_HUB_OFFLINE=1"
     [[ "${HF_HUB_OFFLINE:-0}" == 1 ]] && return 1
+    fetch_error="no curl on PATH"
     command -v curl >/dev/null 2>&1 || return 1
-    run_child curl --fail --silent --show-error --location --connect-timeout 10 --max-time "${DOWNLOAD_TIMEOUT:-120}" \
-        -o "$2.tmp-$$" "$1" && mv "$2.tmp-$$" "$2" || { rm -f "$2.tmp-$$"; return 1; }
+    local errors=$DATA_DIR/fetch-errors.tmp-$$  # a name the signal handler removes
+    if run_child curl --fail --silent --show-error --location --connect-timeout 10 \
+            --max-time "${DOWNLOAD_TIMEOUT:-120}" -o "$2.tmp-$$" "$1" 2>"$errors"; then
+        rm -f "$errors"
+        mv "$2.tmp-$$" "$2"
+        return 0
+    fi
+    fetch_error=$(tr '\n' ' ' <"$errors" | sed 's/ *$//')
+    rm -f "$2.tmp-$$" "$errors"
+    fetch_error=${fetch_error:-curl failed}
+    return 1
 }
 
 # The output folder must take files before anything is downloaded or tokenized (a probe file, not
@@ -91,7 +104,7 @@ else
     else
         # Offline: the real 382-record sample committed with the repository (data/samples/README.md).
         DOLLY_JSONL=$REPO/data/samples/dolly-sample.jsonl
-        say "the Hugging Face hub is out of reach: using the committed dolly sample $DOLLY_JSONL" \
+        say "the Hugging Face hub is out of reach ($fetch_error): using the committed dolly sample $DOLLY_JSONL" \
             "(382 records; for the full corpus give DOLLY_JSONL=/path/to/databricks-dolly-15k.jsonl" \
             "or put it at $default_dolly)"
     fi
@@ -109,7 +122,7 @@ else
             say "downloaded the GPT-2 vocabulary from the hub"
         else
             rm -f "$VOCAB_FILE" "$MERGE_FILE"
-            say "GPT-2 vocabulary not on the hub from here: converting it from PyPI (tools/gpt2_vocab.py)"
+            say "GPT-2 vocabulary not on the hub from here ($fetch_error): converting it from PyPI (tools/gpt2_vocab.py)"
             run_child "$PYTHON" "$REPO/tools/gpt2_vocab.py" --output-dir "$DATA_DIR" --verify-text "$DOLLY_JSONL"
         fi
     fi

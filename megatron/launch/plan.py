@@ -140,6 +140,8 @@ def resume_rule(run_dir: str, fresh: bool, dry_run: bool, env: Mapping[str, str]
         load, said = run_folder.decide(run_dir, fresh, dry_run, environ=env)
     except (ZeroLabError, OSError) as err:
         die(str(err))
+    if env.get("DRY_RUN") == "1":  # the dry run's own line says "not starting": this one must not say "starting"
+        said = f"DRY_RUN=1, the run would be {said}"
     print(f"[run] {said}", file=sys.stderr, flush=True)
     return load
 
