@@ -17,6 +17,7 @@ Batches are random tokens (data loading is not measured); no logging iteration i
               --gradient-accumulation 1 --json syncs.json     (bench/gpu_suite.sh --perf runs it so)
     CPU:  DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 1 bench/bench_syncs.py --bf16
 """
+import gc
 import json
 import os
 import statistics
@@ -94,6 +95,8 @@ def measure(side: str, args, opts, dist_info) -> dict:
             seconds.append(time.perf_counter() - start)
     counts = count_step_syncs(engine, batches, args, dist_info, opts.count_steps)
     engine.destroy()
+    del engine
+    gc.collect()
     tokens = args.training.global_batch_size * opts.seq_length
     ms = 1000 * statistics.median(seconds)
     return {"side": side, "ms_per_step": ms, "tokens_per_s": tokens / (ms / 1000), **counts}

@@ -157,7 +157,13 @@ step() {
                               failed+=("skipped, PERF_BUDGET spent: $*"); return; }
         limit=(timeout --kill-after=15 "$left")
     fi
-    "${limit[@]}" "$@" || { echo "[gpu_suite] FAILED: $*" >&2; failed+=("$*"); }
+    local rc=0
+    "${limit[@]}" "$@" || rc=$?
+    if (( rc )); then
+        local what="$*"
+        (( ! ${#limit[@]} || (rc != 124 && rc != 137) )) || what="$* (stopped: PERF_BUDGET spent)"
+        echo "[gpu_suite] FAILED: $what" >&2; failed+=("$what")
+    fi
     [[ -z "$STEP_NAME" ]] || printf '%s\t%s\n' "$STEP_NAME" "$((SECONDS - started))" >> "$RUNS/steps.tsv"
 }
 
