@@ -4,7 +4,7 @@
 # analysis/summarize.py over those runs (MFU from the GPU's peak), then bench/bench_gpt_vs_hf.py
 # on CUDA in bf16 without and with --compile. About 15 minutes on one H100.
 #
-# Usage: bash bench/gpu_suite.sh [--dry-run] [--only PARTS | --quick]
+# Usage: bash bench/gpu_suite.sh [--dry-run] [--only PARTS | --quick | --perf]
 #   --dry-run     print every command, run none (works without a GPU)
 #   --quick       the quick profile, for a GPU machine without network that gives one command a few minutes:
 #                 installs zero-lab from GPU_CARRY (gpu_carry/, made by scripts/gpu_carry.sh) where PYTHON
@@ -12,6 +12,13 @@
 #                 125M only, SUITE_ITERS (25) iterations per driver logged every 5, the bench once without
 #                 --compile, and the report. It prints its plan first: each step's expected minutes (written
 #                 down from what the step does, not timed here) and their sum; the report adds what each took.
+#   --perf        issue 55's performance profile, for the same kind of machine: installs as --quick does, then
+#                 GPT-2 125M DP, Z1, Z2, Z3 (SUITE_ITERS (20) iterations logged every 5, micro-batch 8),
+#                 bench/bench_syncs.py (125M at stages 0-3 before and after: tokens/s and synchronizations
+#                 per step), bench_gpt_vs_hf.py once, GPT-2 355M Z1 with MICRO_BATCH unset (the drivers' choice)
+#                 without and with --compile, and bench/gpu_perf_report.py's page (each figure beside its
+#                 target). Its plan sums under 9 minutes; each step gets what is left of PERF_BUDGET (510 s)
+#                 and the report runs whatever happened, so the command ends in about 9 minutes at most.
 #   --only PARTS  comma-separated parts of the suite: a model (125M, 355M: its five drivers), bench,
 #                 report (the summary and the results page); for machines that run one command for
 #                 at most a few minutes. Without it all parts run, after emptying SUITE_RUNS.
@@ -31,22 +38,25 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
 source scripts/find_python.sh
 
-usage="usage: bench/gpu_suite.sh [--dry-run] [--only PARTS | --quick]"
-dry_run=0 only="" quick=0
+usage="usage: bench/gpu_suite.sh [--dry-run] [--only PARTS | --quick | --perf]"
+dry_run=0 only="" quick=0 perf=0
 while (( $# )); do
     case "$1" in
         --dry-run) dry_run=1; shift ;;
         --only) [[ $# -ge 2 ]] || zl_die "--only needs a list such as 125M,bench ($usage)"
                 only=$2; shift 2 ;;
         --quick) quick=1; shift ;;
+        --perf) perf=1; shift ;;
         *) zl_die "unknown argument $1 ($usage)" ;;
     esac
 done
-[[ -z "$only" ]] || (( ! quick )) || zl_die "--quick runs its own parts: leave out --only ($usage)"
+[[ -z "$only" ]] || (( ! quick && ! perf )) || zl_die "--quick and --perf run their own parts: leave out --only ($usage)"
+(( ! quick || ! perf )) || zl_die "--quick and --perf are two profiles: choose one ($usage)"
 RUNS=${SUITE_RUNS:-$REPO/runs/gpu_suite}
 MICRO_BATCH=${MICRO_BATCH:-8}
-if (( quick )); then
+if (( quick || perf )); then
     MODELS=125M ITERS=${SUITE_ITERS:-25} LOG_EVERY=5
+    (( ! perf )) || ITERS=${SUITE_ITERS:-20}
     CARRY=$(realpath -m "${GPU_CARRY:-$REPO/gpu_carry}")
     DATA_DIR=${DATA_DIR:-$CARRY/data} WHEELHOUSE=${WHEELHOUSE:-$CARRY/wheelhouse}
 else
@@ -80,7 +90,7 @@ missing=()
 install=0
 if "$PYTHON" -c 'import deepspeed, megatron.data.helpers' >/dev/null 2>&1; then
     :
-elif (( quick )); then  # installed below, from the carry folder
+elif (( quick || perf )); then  # installed below, from the carry folder
     install=1
     [[ -d "$WHEELHOUSE" ]] || missing+=("the wheelhouse $WHEELHOUSE to install zero-lab's packages from (build \
 the carry folder with bash scripts/gpu_carry.sh where there is network and bring $CARRY here, docs/gpu.md)")
@@ -106,7 +116,7 @@ if drivers_wanted; then
     if (( ${#absent[@]} )); then
         if [[ "$DATA_PATH" != "$DATA_DIR/dolly_text_document" ]]; then
             missing+=("the data ${absent[*]} (DATA_PATH=$DATA_PATH)")
-        elif (( quick )); then
+        elif (( quick || perf )); then
             missing+=("the data ${absent[*]} (build the carry folder with bash scripts/gpu_carry.sh where there \
 is network and bring $CARRY here)")
         elif online https://huggingface.co; then
@@ -134,12 +144,26 @@ RESULTS=$REPO/bench/results/$slug.md
 failed=()
 # Every command goes through `step`: printed, then run unless --dry-run; a failure is recorded. The quick
 # profile also records how long each took (STEP_NAME names it) beside the plan's minutes, for the report.
-STEP_NAME=""
+# Under --perf a step gets what is left of PERF_BUDGET seconds since the start (timeout, which stops the step's
+# process group) and is skipped with under 20 left; the report's steps (UNBOUNDED=1) run whatever is left.
+STEP_NAME="" UNBOUNDED=0 BUDGET=${PERF_BUDGET:-510}
 step() {
     printf '+'; printf ' %q' "$@"; echo
     (( dry_run )) && return
-    local started=$SECONDS
-    "$@" || { echo "[gpu_suite] FAILED: $*" >&2; failed+=("$*"); }
+    local started=$SECONDS limit=()
+    if (( perf && ! UNBOUNDED )); then
+        local left=$((BUDGET - SECONDS))
+        (( left >= 20 )) || { echo "[gpu_suite] SKIPPED (PERF_BUDGET=$BUDGET s spent): $*" >&2
+                              failed+=("skipped, PERF_BUDGET spent: $*"); return; }
+        limit=(timeout --kill-after=15 "$left")
+    fi
+    local rc=0
+    "${limit[@]}" "$@" || rc=$?
+    if (( rc )); then
+        local what="$*"
+        (( ! ${#limit[@]} || (rc != 124 && rc != 137) )) || what="$* (stopped: PERF_BUDGET spent)"
+        echo "[gpu_suite] FAILED: $what" >&2; failed+=("$what")
+    fi
     [[ -z "$STEP_NAME" ]] || printf '%s\t%s\n' "$STEP_NAME" "$((SECONDS - started))" >> "$RUNS/steps.tsv"
 }
 
@@ -159,14 +183,30 @@ if (( quick )); then
     planned Z3_OL 1.0 "Z3_OL driver: start-up 0.8 (pinned host buffers) + $ITERS iterations 0.2"
     planned bench 1.7 "bench_gpt_vs_hf.py, stages 0-3: 8 engines (ours and HF) of 10 steps, about 12 s each, and start-up"
     planned report 0.2 "summarize.py (tables and plots) and the results page"
-    total=0
-    echo "[gpu_suite] quick profile plan, expected minutes on one GPU (estimates from what each step does):"
+fi
+# The performance profile's plan, from the same first run: a 125M driver's start-up 0.6 min and 20 iterations of
+# under 0.1 now that Z2 and Z3 step near Z1's 42 ms; an engine of the in-process benches about 8 s with its steps.
+# 355M: an engine of 3x the parameters (about 10 s more), its iterations about 3x 125M's FLOPs at the planned
+# micro-batch; torch.compile of the model about 0.8 min (an estimate: no compile has been timed on a GPU here).
+if (( perf )); then
+    (( install )) && planned install 0.6 "install zero-lab from $WHEELHOUSE (a venv beside PYTHON's torch, about 15 wheels, the C++ helper compiled)"
+    for experiment in DP Z1 Z2 Z3; do planned "$experiment" 0.7 "$experiment driver, 125M: start-up 0.6 + $ITERS iterations 0.1"; done
+    planned syncs 1.2 "bench_syncs.py, 125M at stages 0-3 before and after: 8 engines of 15 steps (3 profiled), about 8 s each, and start-up 0.2"
+    planned bench 1.5 "bench_gpt_vs_hf.py, stages 0-3: 8 engines (ours and HF) of 10 steps, about 10 s each, and start-up"
+    planned 355M 0.9 "Z1 driver, 355M, MICRO_BATCH unset (the drivers' choice): start-up 0.7 + $ITERS iterations 0.2"
+    planned 355M_compile 1.7 "the same with --compile: start-up 0.7 + torch.compile about 0.8 + $ITERS iterations 0.2"
+    planned report 0.1 "summarize.py and the results page (bench/gpu_perf_report.py)"
+fi
+if (( quick || perf )); then
+    total=0 profile=quick most=7
+    (( ! perf )) || profile=performance most=9
+    echo "[gpu_suite] $profile profile plan, expected minutes on one GPU (estimates from what each step does):"
     for row in "${plan[@]}"; do
         IFS=$'\t' read -r name minutes what <<< "$row"
         printf '[gpu_suite]   %-6s %-8s %s\n' "$minutes" "$name" "$what"
         [[ "$minutes" == - ]] || total=$(awk -v a="$total" -v b="$minutes" 'BEGIN { print a + b }')
     done
-    printf '[gpu_suite]   %-6s %s\n' "$total" "in all (at most 7)"
+    printf '[gpu_suite]   %-6s %s\n' "$total" "in all (at most $most)"
 fi
 
 echo "[gpu_suite] $gpus x $gpu_name: models $MODELS, $ITERS iterations per driver, runs in $RUNS"
@@ -203,7 +243,9 @@ fi
 # reads an empty --save as no --save; it comes after the driver's own --save RUN/checkpoints, so it wins).
 for model in $MODELS; do
     wanted "$model" && (( ! skip_drivers )) || continue
-    for experiment in DP Z1 Z2 Z3 Z3_OL; do
+    experiments="DP Z1 Z2 Z3 Z3_OL"
+    (( ! perf )) || experiments="DP Z1 Z2 Z3"  # no offload: its targets are at stages 0-3
+    for experiment in $experiments; do
         if [[ "$experiment" == Z3_OL && -n "$op_build_pid" ]]; then
             echo "[gpu_suite] waiting for the CPU Adam build (log: $RUNS/op_build.out)"
             if wait "$op_build_pid"; then
@@ -225,12 +267,27 @@ done
 bench_shape=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024
              --micro-batch-size "$MICRO_BATCH" --gradient-accumulation 1 --bf16)
 launch=("$PYTHON" -m torch.distributed.run --nproc_per_node "$gpus" --master_port 29510)
+(( ! perf )) || STEP_NAME=syncs step "${launch[@]}" bench/bench_syncs.py "${bench_shape[@]}" --json "$RUNS/bench_syncs.json"
 if wanted bench; then
     STEP_NAME=bench step "${launch[@]}" bench/bench_gpt_vs_hf.py "${bench_shape[@]}" --json "$RUNS/bench_gpt_vs_hf.json"
-    (( quick )) || step "${launch[@]}" bench/bench_gpt_vs_hf.py "${bench_shape[@]}" --stages 1 --compile \
+    (( quick || perf )) || step "${launch[@]}" bench/bench_gpt_vs_hf.py "${bench_shape[@]}" --stages 1 --compile \
         --json "$RUNS/bench_gpt_vs_hf_compile.json"
 fi
-if wanted report; then
+if (( perf )) && (( ! skip_drivers )); then
+    # GPT-2 355M at ZeRO-1 with the micro-batch the drivers choose (MICRO_BATCH unset), without and with --compile
+    z1_355m=(env -u MICRO_BATCH RUNS_DIR="$RUNS" MODEL_SIZE=355M SEQ_LEN=1024 PRECISION=bf16 NGPUS="$gpus"
+             TRAIN_ITERS="$ITERS" LOG_INTERVAL="$LOG_EVERY" EVAL_INTERVAL="$ITERS" EVAL_ITERS=2 DATA_DIR="$DATA_DIR"
+             PYTHON="$PYTHON")
+    STEP_NAME=355M step "${z1_355m[@]}" bash examples_zero/gpt_deepspeed_Z1.sh --save ''
+    STEP_NAME=355M_compile step "${z1_355m[@]}" RUN_NAME=gpt_355M_Z1_compile \
+        bash examples_zero/gpt_deepspeed_Z1.sh --save '' --compile
+fi
+if (( perf )); then
+    UNBOUNDED=1 STEP_NAME=report step "$PYTHON" analysis/summarize.py "$RUNS"
+    UNBOUNDED=1 step "$PYTHON" bench/gpu_perf_report.py --runs "$RUNS" --out "$RESULTS" --iters "$ITERS" \
+        --log-interval "$LOG_EVERY" --micro-batch "$MICRO_BATCH" --baseline "$REPO/bench/results/nvidia-h100-80gb-hbm3-summary.json" \
+        --plan "${plan[@]}" --failed "${failed[@]}"
+elif wanted report; then
     profile=(); (( quick )) && profile=(--quick --plan "${plan[@]}")
     STEP_NAME=report step "$PYTHON" analysis/summarize.py "$RUNS"
     step "$PYTHON" bench/gpu_suite_report.py --runs "$RUNS" --out "$RESULTS" --iters "$ITERS" \

@@ -614,8 +614,10 @@ def engine_device_args(dist_info: DistInfo) -> SimpleNamespace | None:
     return SimpleNamespace(device_rank=dist_info.device.index) if dist_info.on_cuda else None
 
 
-def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int):
+def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int,
+                 deepspeed_defaults: bool = False):
     """Build the model (partitioned at creation under ZeRO-3), optimizer, schedule and DeepSpeed engine.
+    `deepspeed_defaults` (benchmarks' "before" only) restores what issue 55 changed: megatron/deepspeed_defaults.py.
     dist_info.parallel is DeepSpeed's mpu (ZeRO partitions over the ranks holding the same parameters: data- and
     DeepSpeed-Ulysses sequence-parallel ones) except for a PipelineModule, which brings its own grid. Returns
     (engine, the DeepSpeed config actually used)."""
@@ -629,6 +631,9 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     from megatron.zero_clipping import clip_without_host_reads
 
     config = deepspeed_config(args, num_params, args.model.hidden_size, dist_info.on_cuda)
+    if deepspeed_defaults:
+        from megatron.deepspeed_defaults import restore_deepspeed_defaults
+        config = restore_deepspeed_defaults(config, args.model.hidden_size, num_params, dist_info.on_cuda)
     if args.model.recompute_with_deepspeed:  # before the model is built, as Megatron-DeepSpeed's initialize
         from megatron.core.tensor_parallel.random import configure_deepspeed_checkpointing
         stage_layers = args.model.num_layers // args.parallel.pipeline_model_parallel_size
@@ -653,11 +658,12 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     import_muon_uncompiled()
     # stage 0 in 16-bit: one host read a step, a norm with the experts; each rank's line for the expert groups
     # the engine always creates is dropped
-    with expert_norm_unfused_optimizer(), without_lines(EXPERT_GROUP_CREATED):
+    with expert_norm_unfused_optimizer(enabled=not deepspeed_defaults), without_lines(EXPERT_GROUP_CREATED):
         engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
                                                lr_scheduler=schedule, config=config, mpu=mpu,
                                                dist_init_required=False)
-    clip_without_host_reads(engine.optimizer)  # ZeRO 1-2: no host read per optimizer group (docs/gpu.md)
+    if not deepspeed_defaults:
+        clip_without_host_reads(engine.optimizer)  # ZeRO 1-2: no host read per optimizer group (docs/gpu.md)
     if args.training.compile:
         engine.compile()
     return engine, config
