@@ -101,6 +101,15 @@ def test_at_zero_stage_0_no_conversion_is_offered(tmp_path):
         f"checkpoint's optimizer files by its precision: resume it in bf16 (--bf16), or {NEW_FOLDER}, {FINETUNE}")
 
 
+def test_fp16_is_not_offered_the_conversion():
+    """Measured both ways between fp32 and bf16 (tests below; the Z1 driver bf16 -> fp32 on 2 ranks); fp16 not."""
+    from megatron.checkpointing.resume_model import precision_refusal
+
+    assert "--universal-checkpoint" in precision_refusal("bf16", "fp32", convertible=True)
+    assert "--universal-checkpoint" not in precision_refusal("fp16", "bf16", convertible=True)
+    assert "--universal-checkpoint" not in precision_refusal("fp32", "bf16", convertible=False)
+
+
 def test_other_experts_per_layer_are_refused(tmp_path):
     saved_by(tmp_path, args_of(tmp_path, "--num-experts", "4", world_size=2))
     assert refusal(tmp_path, "--num-experts", "8", world_size=2) == (

@@ -27,6 +27,9 @@ NEW_FOLDER = "give the run its own folder (RUN_NAME) or FRESH=1 to start this on
 # --finetune reads the weights into a model of the same shape, in any precision (megatron/saved_model)
 FINETUNE = "or take its weights with --finetune (iteration and optimizer start afresh)"
 PRECISION_FLAGS = {"fp32": "no --bf16 or --fp16", "bf16": "--bf16", "fp16": "--fp16"}
+# what the universal checkpoint was measured to carry over, both ways (ZeRO-1 on CPU ranks); fp16, which CPU ranks
+# lack, is not offered it
+UNIVERSAL_PRECISIONS = {"fp32", "bf16"}
 
 
 def current_model(args: Args) -> dict:
@@ -101,8 +104,8 @@ def precision_refusal(saved: str | None, current: str, convertible: bool) -> str
     fp32 weights and optimizer states, which any precision's ZeRO optimizer loads)."""
     if saved is None or saved == current:
         return None
-    convert = "resume it with --universal-checkpoint, which converts it (docs/checkpoints.md), or " if convertible \
-        else ""
+    offered = convertible and {saved, current} <= UNIVERSAL_PRECISIONS
+    convert = "resume it with --universal-checkpoint, which converts it (docs/checkpoints.md), or " if offered else ""
     return (f"it was saved in {saved}, this run is {current} ({PRECISION_FLAGS[current]}); DeepSpeed names and "
             f"shapes a checkpoint's optimizer files by its precision: {convert}resume it in {saved} "
             f"({PRECISION_FLAGS[saved]}), or {NEW_FOLDER}, {FINETUNE}")
