@@ -118,6 +118,13 @@ class OptimizerArgs:
     optimizer: str = flag("adam", "adam (AdamW, with --adam-beta1/--adam-beta2/--adam-eps) or sgd (torch's SGD with "
                                   "--sgd-momentum); both clip by --clip-grad and skip non-finite steps")
     sgd_momentum: float = flag(0.9, "the momentum of --optimizer sgd")
+    # a resume whose flags give another schedule (a longer --train-iters) follows the flags, with a line saying so
+    use_checkpoint_opt_param_scheduler: bool = flag(
+        False, "on a resume, keep the learning-rate schedule saved in the checkpoint (--lr, --min-lr, warm-up, decay) "
+               "instead of the flags' (docs/schedule.md)", names=("--use-checkpoint-opt_param-scheduler",))
+    override_opt_param_scheduler: bool = flag(
+        False, "on a resume, follow the flags' learning-rate schedule where it differs from the checkpoint's (as a "
+               "resume does by default) without the line that says so", names=("--override-opt_param-scheduler",))
 
     def __post_init__(self):
         _require(self.optimizer in ("adam", "sgd"), f"--optimizer must be adam or sgd, got {self.optimizer!r}")
@@ -139,6 +146,9 @@ class OptimizerArgs:
                                    ("--lr-decay-tokens", self.lr_decay_tokens, 1)):
             _require(value is None or value >= least, f"{name} must be >= {least}, got {value}")
         _require(self.clip_grad >= 0, f"--clip-grad must be >= 0, got {self.clip_grad}")
+        _require(not (self.use_checkpoint_opt_param_scheduler and self.override_opt_param_scheduler),
+                 "--use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler are exclusive: keep the "
+                 "saved schedule or take the flags', not both")
 
 
 @dataclass(kw_only=True)  # keywords only: the fields keep the order of the flags in --help

@@ -1,4 +1,5 @@
 """Optimizer and learning-rate schedule handed to deepspeed.initialize."""
+import copy
 import math
 import os
 import re
@@ -15,6 +16,10 @@ from megatron.errors import ZeroLabError
 
 class OptimizerBuildError(ZeroLabError, RuntimeError):
     """The optimizer's compiled op cannot be built on this machine."""
+
+
+class ScheduleError(ZeroLabError, ValueError):
+    """A checkpoint's learning-rate schedule cannot be resumed as the flags ask; the message names the flag."""
 
 
 def nvcc_version_text(cuda_home: str | None) -> str | None:
@@ -234,6 +239,9 @@ class LRSchedule:
             warmup = opt.lr_warmup_samples
         self.warmup_steps = warmup if opt.lr_warmup_fraction is None else opt.lr_warmup_fraction * self.decay_steps
         self.warmup_tokens, self.decay_tokens = opt.lr_warmup_tokens, opt.lr_decay_tokens
+        self.given_warmup_tokens = opt.lr_warmup_tokens  # warmup_tokens may be found by steps later (get_rate)
+        self.keep_saved, self.quiet = opt.use_checkpoint_opt_param_scheduler, opt.override_opt_param_scheduler
+        self.resume_note: str | None = None  # set by a resume whose flags change the schedule; rank 0 prints it
         self.num_steps, self.num_tokens = 0, 0
         # what the next step() adds and the tokens it sees, as the loop announces them (before_step)
         self.increment, self.tokens_before = global_batch_size, 0
@@ -285,16 +293,63 @@ class LRSchedule:
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
 
+    def settings(self) -> dict:
+        """What the flags made of the schedule (Megatron-DeepSpeed's class values), saved to be compared on a resume."""
+        return {"max_lr": self.max_lr, "min_lr": self.min_lr, "style": self.style, "warmup_steps": self.warmup_steps,
+                "decay_steps": self.decay_steps, "warmup_tokens": self.given_warmup_tokens,
+                "decay_tokens": self.decay_tokens}
+
+    def _take(self, settings: dict):
+        self.max_lr, self.min_lr, self.style = settings["max_lr"], settings["min_lr"], settings["style"]
+        self.warmup_steps, self.decay_steps = settings["warmup_steps"], settings["decay_steps"]
+        self.given_warmup_tokens = self.warmup_tokens = settings["warmup_tokens"]
+        self.decay_tokens = settings["decay_tokens"]
+
     def state_dict(self) -> dict:
-        return {"num_steps": self.num_steps, "num_tokens": self.num_tokens, "warmup_tokens": self.warmup_tokens}
+        return {"num_steps": self.num_steps, "num_tokens": self.num_tokens, "warmup_tokens": self.warmup_tokens,
+                "settings": self.settings()}
 
     def load_state_dict(self, state: dict):
         """A checkpoint of zero-lab before the schedule counted samples has num_steps in iterations (and no
-        num_tokens): taken as iterations of the global batch."""
+        num_tokens): taken as iterations of the global batch. The schedule is the flags' (Megatron-DeepSpeed's
+        --override-opt_param-scheduler), with resume_note saying how it differs from the saved one, or with
+        --use-checkpoint-opt_param-scheduler the saved one."""
+        saved = state.get("settings")
+        if self.keep_saved:
+            if saved is None:
+                raise ScheduleError("--use-checkpoint-opt_param-scheduler: the checkpoint was saved before zero-lab "
+                                    "recorded its learning-rate schedule: give the schedule's flags as they were")
+            self._take(saved)
         if "num_tokens" not in state:
             state = {"num_steps": state["num_steps"] * self.increment, "num_tokens": 0, "warmup_tokens": None}
         self.num_steps, self.num_tokens = state["num_steps"], state["num_tokens"]
         self.tokens_before = self.num_tokens
         if self.warmup_tokens is None and self.decay_tokens is not None:  # the warm-up's end, found by steps
             self.warmup_tokens = state["warmup_tokens"]
+        if saved is not None and saved != self.settings() and not self.quiet:
+            before = copy.copy(self)
+            before._take(saved)
+            before.warmup_tokens = state["warmup_tokens"] if before.warmup_tokens is None else before.warmup_tokens
+            self.resume_note = schedule_change_line(saved, self.settings(), before.get_rate(), self.get_rate())
         self._apply()
+
+
+_SETTING_NAMES = {"max_lr": "--lr", "min_lr": "--min-lr", "style": "--lr-decay-style",
+                  "warmup_steps": "warm-up samples", "decay_steps": "decay samples (--lr-decay-iters, else "
+                  "--train-iters, x the global batch; or --lr-decay-samples)",
+                  "warmup_tokens": "--lr-warmup-tokens", "decay_tokens": "--lr-decay-tokens"}
+
+
+def schedule_change_line(saved: dict, flags: dict, saved_rate: float, rate: float) -> str:
+    """The one line a resume prints where the flags' schedule is not the checkpoint's: what changed, the rate the
+    run goes on at against the saved schedule's, and the flag that keeps the saved one."""
+    def value(number) -> str:
+        if not isinstance(number, (int, float)) or isinstance(number, bool):
+            return str(number)
+        return f"{number:.10g}"
+
+    changes = ", ".join(f"{_SETTING_NAMES[key]} {value(saved[key])} -> {value(flags[key])}"
+                        for key in _SETTING_NAMES if saved.get(key) != flags[key])
+    return (f"note: the flags change the learning-rate schedule the checkpoint was saved with ({changes}): the rate "
+            f"goes on at {rate:.2E} where the saved schedule gives {saved_rate:.2E}; "
+            "--use-checkpoint-opt_param-scheduler keeps the saved schedule")

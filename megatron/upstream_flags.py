@@ -41,8 +41,6 @@ ACCEPTED = {
     "--distributed-backend": UpstreamFlag(
         None, "the backend follows the accelerator: nccl on CUDA ranks, gloo on CPU ranks",
         choices=("nccl", "gloo", "ccl", "hccl")),
-    "--override-opt_param-scheduler": UpstreamFlag(
-        0, "the learning-rate schedule always comes from the flags; a checkpoint keeps only its step"),
     "--repeated-dataloader": UpstreamFlag(
         0, "the training data is built with as many epochs as the iterations need; it never runs out"),
 }

@@ -72,7 +72,7 @@ def test_resume_rule_resumes_an_intact_checkpoint_and_moves_everything_else_asid
     run = tmp_path / "gpt_tiny_Z1"
     assert decide(str(run), fresh=False, environ={}) == (None, f"starting {run} afresh")  # nothing there
     run.mkdir()
-    (run / "train.log").write_text("an attempt that saved nothing\n")
+    (run / "train.log").write_text(" iteration        1/      10 | lm loss: 1.082744E+01 |\n")  # trained, saved nothing
     (run / "slurm-77.out").write_text("the job that is running now\n")
     (run / "train.node1.log").write_text("host 1 of a torchrun run over two hosts, started before host 0\n")
     load, said = decide(str(run), fresh=False, environ={"SLURM_JOB_ID": "77"})
@@ -90,6 +90,31 @@ def test_resume_rule_resumes_an_intact_checkpoint_and_moves_everything_else_asid
     load, said = decide(str(run), fresh=True, environ={})
     assert load is None and "FRESH=1" in said and not (run / "checkpoints").exists()
     assert len(list(tmp_path.glob("gpt_tiny_Z1.old-*"))) == 2  # both earlier runs kept, apart
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_what_failed_starts_left_stays_in_the_run_folder(tmp_path, fresh):
+    """Issue 56, item 8: each start refused at start-up (a bad flag, a checkpoint of another model) left its log and
+    command behind, and the next start moved them to <run>.old-<UTC>, a folder of no training the summary then listed
+    as skipped. Files that trained nothing (no checkpoint, no iteration line in any log) stay; a log with an
+    iteration line, or anything in checkpoints/, is still moved aside."""
+    run = tmp_path / "gpt_tiny_Z1"
+    (run / "logs").mkdir(parents=True)
+    (run / "train.log").write_text("[zero-lab] attempt 1 started\nerror: --seq-length 0 must be a positive integer\n")
+    (run / "command.txt").write_text("# attempt 1 | 2026-12-06 10:00:00 UTC | host\ntorchrun ...\n")
+    (run / "logs" / "user-host-ngpu2.log").write_text("[zero-lab] attempt 1 started\n")
+    (run / "checkpoints").mkdir()  # empty: nothing was saved
+    load, said = decide(str(run), fresh=fresh, environ={})
+    why = "FRESH=1" if fresh else "no checkpoint to resume there"
+    assert load is None and said == (f"starting afresh ({why}): the files of {run} stay there, what failed starts "
+                                     "left (no checkpoint, no iteration trained); this attempt's log follows theirs")
+    assert not list(tmp_path.glob("gpt_tiny_Z1.old-*"))
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "command.txt", "logs", "train.log"]
+
+    (run / "logs" / "user-host-ngpu2.log").write_text(" iteration        1/      10 | lm loss: 1.082744E+01 |\n")
+    load, said = decide(str(run), fresh=fresh, environ={})
+    [archive] = tmp_path.glob("gpt_tiny_Z1.old-*")
+    assert said.endswith(f"are now in {archive}") and not list(run.iterdir())
 
 
 def test_fresh_applies_to_a_slurm_jobs_first_start_only(tmp_path):

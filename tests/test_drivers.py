@@ -158,6 +158,27 @@ def test_a_failed_run_ends_with_its_cause_under_every_launcher(tmp_path, launche
     assert (report.parent / "train.log").read_text().count(cause) >= 1  # the ranks' output is all in the log
 
 
+def test_a_start_refused_twice_leaves_no_old_folder(tmp_path):
+    """Issue 56, item 8: the second of two refused starts moved the first's files to <run>.old-<UTC>, a folder of
+    no training that analysis/summarize.py then listed as skipped. What failed starts leave stays in the run folder,
+    each attempt's log after the other's."""
+    env = test_env(DATA_PATH=tmp_path / "nothing_here", RUNS_DIR=tmp_path / "runs", MASTER_PORT=free_port())
+    runs = []
+    for _ in range(2):
+        runs.append(subprocess.run(["bash", str(REPO_ROOT / "examples_zero" / "gpt_deepspeed_Z1.sh")], env=env,
+                                   capture_output=True, text=True, timeout=300))
+        assert runs[-1].returncode == 1, runs[-1].stdout[-2000:] + runs[-1].stderr[-2000:]
+    run_dir = tmp_path / "runs" / "gpt_tiny_Z1"
+    assert f"[run] starting afresh (no checkpoint to resume there): the files of {run_dir} stay there, what failed " \
+           "starts left (no checkpoint, no iteration trained); this attempt's log follows theirs" \
+           in runs[1].stderr.splitlines()
+    assert [path.name for path in (tmp_path / "runs").iterdir()] == ["gpt_tiny_Z1"]
+    log = (run_dir / "train.log").read_text()
+    assert [line.split(" started ")[0] for line in log.splitlines() if line.startswith("[zero-lab] attempt ")] == [
+        "[zero-lab] attempt 1", "[zero-lab] attempt 2"]
+    assert log.count(f"error: --data-path (from DATA_PATH): {tmp_path / 'nothing_here'}.bin does not exist") >= 2
+
+
 def wait_for(path, pattern: str, timeout: float = 300) -> str:
     deadline = time.monotonic() + timeout
     while not (path.exists() and re.search(pattern, path.read_text(), re.M)):

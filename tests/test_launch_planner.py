@@ -170,10 +170,14 @@ def test_restarts_run_in_one_supervising_process(tmp_path):
     supervisors = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("supervisor ")]
     assert len(supervisors) == 3 and len(set(supervisors)) == 1, result.stdout + result.stderr
     assert result.stdout.count("[run] restarting the run from its newest intact checkpoint") == 2, result.stdout
-    # no checkpoint was saved: each restart starts afresh by the resume rule, the failed attempt's files moved aside
+    # no checkpoint was saved: each restart starts afresh by the resume rule; the failed attempts trained nothing, so
+    # their files stay (no <run>.old-<time> folder) and the log holds the three attempts in order
     assert result.stderr.count("[run] starting afresh (no checkpoint to resume there)") == 2, result.stderr
     log = (tmp_path / "runs" / "gpt_tiny_Z1" / "train.log").read_text()
-    assert ": restart 2 of 2, fresh start" in log.splitlines()[0]
+    headers = [line for line in log.splitlines() if line.startswith("[zero-lab] attempt ")]
+    assert [header.split(": ", 1)[1] for header in headers] == [
+        "fresh start", "restart 1 of 2, fresh start", "restart 2 of 2, fresh start"], log
+    assert not list((tmp_path / "runs").glob("gpt_tiny_Z1.old-*"))
 
 
 def test_a_users_json_asking_for_another_stage_is_refused_before_anything_is_written(tmp_path):

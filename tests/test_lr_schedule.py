@@ -4,13 +4,14 @@ log line shows, by iterations, fraction, samples and tokens, each decay style, a
 batch ramp is its RampupBatchsizeNumMicroBatches and update_train_iters'. The real runs are in
 tests/test_schedule_runs.py."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 from megatron.arguments import ConfigError, OptimizerArgs, parse_args
 from megatron.batch_rampup import BatchRamp, BatchRampError
-from megatron.optimizer import LRSchedule
+from megatron.optimizer import LRSchedule, ScheduleError
 
 
 class MegatronScheduler:
@@ -195,6 +196,51 @@ def test_a_checkpoint_counted_in_iterations_resumes_at_its_samples():
     schedule = LRSchedule(optimizer(), opt, 10, global_batch_size=8)
     schedule.load_state_dict({"num_steps": 2})
     assert schedule.num_steps == 16 and schedule.get_lr() == [0.5]
+
+
+def test_an_extended_run_says_its_schedule_changes_and_the_flag_keeps_the_saved_one():
+    """Issue 56, item 9: 60 iterations extended to 400 restarted the decay without a word (6.0e-5 to 5.7e-4). The
+    flags' schedule is Megatron-DeepSpeed's with --override-opt_param-scheduler (its class values win), and a line
+    says so; --use-checkpoint-opt_param-scheduler takes the checkpoint's values, as its _check_and_set does (the
+    oracle: its scheduler built with the saved run's values)."""
+    opt = OptimizerArgs(lr=6e-4, min_lr=6e-5, lr_warmup_iters=6)
+    first = LRSchedule(optimizer(), opt, 60, global_batch_size=8)
+    zero_lab_loop(first, [8] * 60, [64] * 60)
+    state = first.state_dict()
+
+    extended = LRSchedule(optimizer(), opt, 400, global_batch_size=8)
+    extended.load_state_dict(state)
+    used, logged = megatron_loop(opt, 400, [8] * 400, [64] * 400)
+    assert_rates(zero_lab_loop(extended, [8] * 5, [64] * 5), (used[60:65], logged[60:65]))
+    assert extended.resume_note == (
+        "note: the flags change the learning-rate schedule the checkpoint was saved with (decay samples (--lr-decay-"
+        "iters, else --train-iters, x the global batch; or --lr-decay-samples) 480 -> 3200): the rate goes on at "
+        "5.75E-04 where the saved schedule gives 6.00E-05; --use-checkpoint-opt_param-scheduler keeps the saved "
+        "schedule")
+
+    kept = LRSchedule(optimizer(), replace(opt, use_checkpoint_opt_param_scheduler=True), 400, global_batch_size=8)
+    kept.load_state_dict(state)
+    assert kept.resume_note is None
+    used, logged = megatron_loop(opt, 60, [8] * 65, [64] * 65)  # the saved schedule, past its end: --min-lr
+    assert_rates(zero_lab_loop(kept, [8] * 5, [64] * 5), (used[60:65], logged[60:65]))
+    assert logged[60:65] == [6e-5] * 5
+
+    same = LRSchedule(optimizer(), opt, 60, global_batch_size=8)
+    same.load_state_dict(state)
+    quiet = LRSchedule(optimizer(), replace(opt, override_opt_param_scheduler=True), 400, global_batch_size=8)
+    quiet.load_state_dict(state)
+    assert same.resume_note is None and quiet.resume_note is None
+
+
+def test_keeping_the_schedule_of_a_checkpoint_that_did_not_save_it_names_the_flag():
+    kept = LRSchedule(optimizer(), OptimizerArgs(use_checkpoint_opt_param_scheduler=True), 10, global_batch_size=8)
+    with pytest.raises(ScheduleError) as refused:
+        kept.load_state_dict({"num_steps": 16, "num_tokens": 1024, "warmup_tokens": None})
+    assert str(refused.value) == ("--use-checkpoint-opt_param-scheduler: the checkpoint was saved before zero-lab "
+                                  "recorded its learning-rate schedule: give the schedule's flags as they were")
+    with pytest.raises(ConfigError, match="^--use-checkpoint-opt_param-scheduler and --override-opt_param-scheduler "
+                                          "are exclusive"):
+        OptimizerArgs(use_checkpoint_opt_param_scheduler=True, override_opt_param_scheduler=True)
 
 
 class MegatronRamp:

@@ -6,9 +6,11 @@ data-parallel size (the ZeRO partitions are over data x DeepSpeed-Ulysses sequen
 saved with --ds-sequence-parallel-size 2 x DP 1 has two, as one of DP 2); `--universal-checkpoint` converts across
 those (megatron/checkpointing/universal.py). A mixture-of-experts checkpoint resumes only in the ZeRO stage,
 data-parallel and expert-parallel sizes it was saved with (moe_layout_refusal).
-A tensor- or pipeline-parallel size other than the checkpoint's is refused either way: the model declares
-none of the parameter patterns DeepSpeed's ds_to_universal needs to merge or split TP slices, and no such
-conversion is tested here. `--finetune` takes the weights of any layout (megatron/saved_model merges them).
+A model of another shape or precision is refused (megatron/checkpointing/resume_model.py; another precision is
+offered --universal-checkpoint where it converts). A tensor- or pipeline-parallel size other than the checkpoint's
+is refused either way: the model declares none of the parameter patterns DeepSpeed's ds_to_universal needs to
+merge or split TP slices, and no such conversion is tested here. `--finetune` takes the weights of any layout
+(megatron/saved_model merges them).
 Each refusal is one line naming the flags to change.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 from typing import TYPE_CHECKING
 
 from megatron.checkpointing.protocol import CheckpointError, check_resumable, read_marker
+from megatron.checkpointing.resume_model import current_model, experts_refusal, model_refusal, precision_refusal
 
 if TYPE_CHECKING:
     from megatron.arguments import Args
@@ -35,7 +38,8 @@ def current_layout(args: Args) -> dict:
             "pipeline_model_parallel_size": par.pipeline_model_parallel_size,
             "positions": "rotary" if args.model.use_rotary_position_embeddings else "learned",
             "expert_parallel_size": args.model.moe_expert_parallel_size,
-            "num_experts": list(args.model.layer_experts)}
+            "num_experts": list(args.model.layer_experts),
+            "model": current_model(args), "precision": args.deepspeed.precision}
 
 
 def positions_refusal(saved: str, current: str) -> str | None:
@@ -163,11 +167,18 @@ def check_layout(args: Args, tag: str) -> None:
     if saved is None:  # saved before markers recorded the layout: DeepSpeed's own errors apply
         return
     current = current_layout(args)
+    experts = saved_experts(saved, os.path.join(load_dir, tag))
     refusal = positions_refusal(saved.get("positions", "learned"), current["positions"]) or \
-        kind_refusal(saved_experts(saved, os.path.join(load_dir, tag)), current["num_experts"]) or \
-        model_parallel_refusal(saved, current)
+        kind_refusal(experts, current["num_experts"]) or model_parallel_refusal(saved, current) or \
+        model_refusal(saved.get("model"), current["model"], current["positions"] == "learned") or \
+        experts_refusal(experts, current["num_experts"])
     if refusal:
         raise CheckpointError(f"--load {load_dir}: cannot resume {tag}: {refusal}")
+    if not args.checkpoint.universal_checkpoint:
+        convertible = not args.model.is_moe and universal_refusal(saved, current) is None
+        refusal = precision_refusal(saved.get("precision"), current["precision"], convertible)
+        if refusal:
+            raise CheckpointError(f"--load {load_dir}: cannot resume {tag}: {refusal}")
     if args.model.is_moe:
         refusal = moe_layout_refusal(saved, current)
         if refusal:

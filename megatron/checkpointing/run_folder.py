@@ -8,7 +8,10 @@ the drivers examples_zero/slurm/train.sbatch) before it starts a run (docs/check
   moved, whole, to `<run>.old-<UTC time>/`, so the new run never mixes with them and nothing is lost.
   It applies to a Slurm job's first start only: sbatch hands the submitting environment, FRESH=1 included, to
   every requeue (SLURM_RESTART_COUNT > 0), which resumes the checkpoint the job itself saved;
-- a run folder with files but no checkpoint (an attempt that saved nothing) is moved aside the same way;
+- a run folder with files but no checkpoint (an attempt that saved nothing) is moved aside the same way, unless
+  nothing was trained there: the files of failed starts (no checkpoint, no iteration line in any log) stay where
+  they are, the new attempt's log following theirs after its `[zero-lab] attempt N` line, so that a start refused
+  at start-up leaves no `<run>.old-<time>` folder behind for the next start to make;
 - `latest` naming an incomplete checkpoint (edited by hand: saves never leave one) stops the launch with
   one line saying which checkpoint is intact.
 
@@ -52,6 +55,35 @@ def _run_files(run_dir: str, environ) -> list[str]:
     if not os.path.isdir(run_dir):
         return []
     return sorted(name for name in os.listdir(run_dir) if not _kept(name, environ))
+
+
+# zero-lab's iteration line (docs/log-lines.md), Megatron's too: a log holding one comes from an attempt that trained
+_ITERATION_LINE = re.compile(rb" iteration +\d+/ *\d+ \|")
+
+
+def _log_trained(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return any(_ITERATION_LINE.search(line) for line in handle)
+    except OSError:
+        return True  # unreadable: kept apart, as any run's files
+
+
+def trained_here(run_dir: str, names: list[str]) -> bool:
+    """Whether `names` of run_dir hold what an attempt trained: a checkpoints folder with anything in it, or a log
+    (*.log, ALCF's logs/ too) with an iteration line. Failed starts leave neither."""
+    checkpoints = os.path.join(run_dir, CHECKPOINTS)
+    if CHECKPOINTS in names and (not os.path.isdir(checkpoints) or os.listdir(checkpoints)):
+        return True
+    for name in names:
+        path = os.path.join(run_dir, name)
+        if os.path.isdir(path) and name != CHECKPOINTS:
+            logs = [os.path.join(folder, file) for folder, _, files in os.walk(path) for file in files]
+        else:
+            logs = [path]
+        if any(log.endswith(".log") and _log_trained(log) for log in logs):
+            return True
+    return False
 
 
 def _archive_name(run_dir: str) -> str:
@@ -100,6 +132,9 @@ def decide(run_dir: str, fresh: bool, dry_run: bool = False, environ=os.environ)
     if not names:
         return None, f"starting {run_dir} afresh"
     why = "FRESH=1" if fresh else "no checkpoint to resume there"
+    if not trained_here(run_dir, names):
+        return None, (f"starting afresh ({why}): the files of {run_dir} stay there, what failed starts left (no "
+                      "checkpoint, no iteration trained); this attempt's log follows theirs")
     if dry_run:
         return None, f"starting afresh ({why}): would move the old files of {run_dir} to {run_dir}.old-<time>"
     return None, f"starting afresh ({why}): the old files of {run_dir} are now in {move_aside(run_dir, names)}"

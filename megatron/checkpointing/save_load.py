@@ -157,6 +157,9 @@ def load_checkpoint(engine, args: Args) -> tuple[int, int, int, dict | None]:
         raise CheckpointError(f"--load {ckpt.load}: DeepSpeed found no loadable checkpoint in {tag}")
     if dist.get_rank() == 0:
         print(f"  loaded checkpoint {path} at iteration {client_state['iteration']}", flush=True)
+        note = getattr(engine.lr_scheduler, "resume_note", None)  # the flags change the saved schedule
+        if note:
+            print(note, flush=True)
     generators = None if ckpt.no_load_rng else own_rng_state(os.path.join(ckpt.load, tag), dist.get_rank(),
                                                              client_state, ckpt.trust_checkpoint)
     samples = client_state["consumed_samples"]
