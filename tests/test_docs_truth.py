@@ -55,3 +55,36 @@ def test_the_llama_commands_the_docs_show_are_ones_the_drivers_accept(page, tmp_
                              env=test_env(MODEL_SIZE=preset, DRY_RUN=1, RUNS_DIR=tmp_path, **variables))
         assert run.returncode == 0, run.stderr
         assert f"pretrain_gpt.py --model-size {preset} " in run.stdout
+
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+?\.md)(?:#([^)\s]+))?\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors for the page's headings: lower case, punctuation but hyphens dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(), re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[page.name if page.parent.name == "docs" else "README" for page in PAGES])
+def test_every_link_between_the_pages_reaches_a_page_and_its_heading(page):
+    broken = []
+    for target, anchor in LINK.findall(page.read_text()):
+        if "://" in target:
+            continue
+        linked = (page.parent / target).resolve()
+        if not linked.is_file() or (anchor and anchor not in anchors(linked)):
+            broken.append(f"{target}#{anchor}" if anchor else target)
+    assert broken == []
+
+
+def test_the_docs_index_lists_every_page():
+    index = (ROOT / "docs" / "README.md").read_text()
+    assert [page.name for page in PAGES[1:] if page.name != "README.md" and f"]({page.name})" not in index] == []
+
+
+# Task pages a user reads in minutes; their derivations live in the *-reference.md pages beside them
+@pytest.mark.parametrize("name", ["zero-tradeoff.md", "moe.md", "faults.md"])
+def test_task_pages_stay_short(name):
+    assert len((ROOT / "docs" / name).read_text().split()) <= 2500
