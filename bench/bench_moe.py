@@ -1,4 +1,4 @@
-"""The mixture-of-experts trade-off on dolly (docs/moe.md): a tiny dense GPT against MoE models of the same active
+"""The mixture-of-experts trade-off on dolly (docs/moe-reference.md): a tiny dense GPT against MoE models of the same active
 FLOPs per token, trained on the same tokens on 2 CPU ranks, each row's figures measured beside what
 megatron/model/accounting/ predicts.
 

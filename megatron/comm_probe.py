@@ -4,7 +4,7 @@
 1-2's gradient reduction: one reduce per partition of a bucket, to its owner) at two buffer sizes and fits
 seconds = latency + seconds_per_byte x bytes sent, bytes sent as megatron/comm_counter.py counts them (the
 ZeRO paper's volume), so the fitted seconds_per_byte already holds what the backend's wire costs per such
-byte (gloo's reduce-scatter sends about what its all-reduce sends; docs/zero-tradeoff.md). The step-time
+byte (gloo's reduce-scatter sends about what its all-reduce sends; docs/zero-tradeoff-reference.md). The step-time
 model (megatron/model/accounting/step_time.py) multiplies it by the bytes and messages a step sends.
 
 The bandwidth point is a buffer near the step's largest message (`probe_buffers`): gloo's cost per byte is not

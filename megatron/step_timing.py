@@ -1,4 +1,4 @@
-"""Step time, measured beside predicted (docs/zero-tradeoff.md, "Time per step"): the start-up probes and
+"""Step time, measured beside predicted (docs/zero-tradeoff-reference.md, "Time per step"): the start-up probes and
 prediction, and the clock on the offloaded optimizer's step.
 
 Communication is timed by megatron/comm_counter.py; the loop's own clock gives each step's total; what the

@@ -132,7 +132,7 @@ def test_generated_deepspeed_config(data_prefix, tmp_path):
 
 
 def test_generated_config_sends_the_zero_papers_volumes(data_prefix):
-    """docs/zero-tradeoff.md: stages 1/2 reduce each gradient partition to its owner; stage 3 gathers
+    """docs/zero-tradeoff-reference.md: stages 1/2 reduce each gradient partition to its owner; stage 3 gathers
     a parameter again for its backward."""
     z1 = generate_config(parse_args(base(data_prefix, "--zero-stage", "1"), world_size=2), 1000, 64, on_cuda=False)
     assert z1["zero_optimization"]["use_multi_rank_bucket_allreduce"] is False
@@ -141,7 +141,7 @@ def test_generated_config_sends_the_zero_papers_volumes(data_prefix):
 
 
 def test_one_rank_drops_what_only_serves_sharing(data_prefix):
-    """docs/zero-tradeoff.md: with one rank holding the parameters, no overlap_comm (a device synchronize per
+    """docs/zero-tradeoff-reference.md: with one rank holding the parameters, no overlap_comm (a device synchronize per
     bucket, nothing to hide) and stage 3 keeps every parameter whole; with two, the paper's settings."""
     def zero(stage, world, *flags):
         args = parse_args(base(data_prefix, "--global-batch-size", str(2 * world), "--zero-stage", str(stage),

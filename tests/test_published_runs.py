@@ -1,4 +1,4 @@
-"""tools/zero_plan.py against published large training runs (tools/published_runs.json; docs/zero-tradeoff.md,
+"""tools/zero_plan.py against published large training runs (tools/published_runs.json; docs/zero-tradeoff-reference.md,
 "Checked against published runs"): each run's printed hardware TFLOP/s per GPU, with the calibration fitted on the
 other runs, lands within 25% of what was published; the calibration the planner ships is the fit on all of them;
 the bound stays above every run; and the docs' table is what the planner prints for the commands the docs list."""
@@ -123,8 +123,8 @@ def test_the_bound_is_above_every_published_run(run):
 
 
 def docs_runs(section: str = "## Checked against published runs") -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """({run: its table row's cells}, {run: the command the docs give for it}) from a docs/zero-tradeoff.md section."""
-    text = (ROOT / "docs" / "zero-tradeoff.md").read_text().split(section)[1]
+    """({run: its table row's cells}, {run: the command the docs give for it}) from a docs/zero-tradeoff-reference.md section."""
+    text = (ROOT / "docs" / "zero-tradeoff-reference.md").read_text().split(section)[1]
     text = text.split("\n## ")[0]
     rows = {cells[0]: cells[1:] for cells in
             ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| "))

@@ -1,7 +1,8 @@
 """DeepSpeed-Ulysses (--ds-sequence-parallel-size, SP_SIZE): the layout's groups, the refusals (one line each),
 the model on 2 real gloo ranks against the serial model (losses and summed gradients, learned and rotary
-positions), and real pretrain_gpt.py runs: SP=2 gives the serial run's losses at ZeRO 1 and 3, a checkpoint
-saved at SP=2 resumes at SP=1, and the Z1 driver trains with SP_SIZE=2 (docs/long-sequences.md)."""
+positions, Llama's grouped-query attention), and real pretrain_gpt.py runs: SP=2 gives the serial run's losses at
+ZeRO 1 and 3 (llama-tiny's too), a checkpoint saved at SP=2 resumes at SP=1, and the Z1 driver trains with
+SP_SIZE=2 (docs/long-sequences.md, docs/model.md)."""
 import re
 import subprocess
 from functools import partial
@@ -113,12 +114,19 @@ def test_each_sequence_rank_gets_its_slice_at_its_positions():
     assert positions.tolist() == [[4, 5, 6, 7]] * 2 and mask.shape == (2, 4)
 
 
-def _check_model_matches_serial(rank, world, rotary):
+# llama-tiny's architecture at the tests' small width: grouped-query attention (4 query heads over 2 K/V heads),
+# RMSNorm, SwiGLU, untied output, no biases, rotary positions (docs/model.md)
+LLAMA_SHAPE = dict(use_rotary_position_embeddings=True, num_key_value_heads=2, normalization="rmsnorm", swiglu=True,
+                   ffn_hidden_size=64, untie_embeddings_and_output_weights=True, disable_bias_linear=True)
+SHAPES = {"learned": {}, "rotary": dict(use_rotary_position_embeddings=True), "llama-gqa": LLAMA_SHAPE}
+
+
+def _check_model_matches_serial(rank, world, shape):
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")  # DistributedAttention's all-to-alls go through deepspeed.comm
     state = ParallelState.build(ParallelLayout(world_size=world, sequence_parallel_size=2))
-    config = _gpt_config(use_rotary_position_embeddings=rotary)
+    config = _gpt_config(**SHAPES[shape])
     torch.manual_seed(SEED)
     serial = GPTModel(config)
     torch.manual_seed(SEED)
@@ -138,9 +146,9 @@ def _check_model_matches_serial(rank, world, rotary):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rotary", [False, True], ids=["learned", "rotary"])
-def test_two_sequence_ranks_give_the_serial_loss_and_gradients(rotary):
-    run_ranks(partial(_check_model_matches_serial, rotary=rotary))
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_two_sequence_ranks_give_the_serial_loss_and_gradients(shape):
+    run_ranks(partial(_check_model_matches_serial, shape=shape))
 
 
 def _check_dropout_masks_differ_per_sequence_rank(rank, world):
@@ -272,3 +280,15 @@ def test_the_z1_driver_trains_with_sp_size_2(dolly_data_dir, tmp_path):
     assert "| world size: 2 | micro batch: 4 | global batch: 4 |" in log
     assert "ZeRO estimate (stage=1, dp=2," in log
     assert len(re.findall(r"\| lm loss: (\S+) \|", log)) == 3
+
+
+@pytest.mark.slow
+def test_llama_tiny_at_sp2_gives_the_sp1_losses(dolly_data_dir):
+    """Grouped-query attention under Ulysses through pretrain_gpt.py: llama-tiny (4 query heads over 2 K/V heads,
+    each sequence rank attends with 2 query heads and their K/V repeated) at SP=2, ZeRO-1, against one rank."""
+    llama = ("--model-size", "llama-tiny", "--zero-stage", "1")
+    serial = parallel_pretrain(dolly_data_dir, 1, *llama).stdout
+    split = parallel_pretrain(dolly_data_dir, 2, *SP2, *llama).stdout
+    assert "| model: llama-tiny | world size: 2 |" in split and "| world size: 1 |" in serial
+    assert len(losses(serial)) == 6 and losses(split) == pytest.approx(losses(serial), rel=1e-5)
+    assert grad_norms(split) == pytest.approx(grad_norms(serial), rel=1e-3)

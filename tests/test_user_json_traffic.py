@@ -1,7 +1,7 @@
 """A user's own DeepSpeed JSON (DS_CONFIG) through the Z1 driver on 2 CPU ranks: every key it sets is kept,
 zero-lab's tuned communication keys fill what it leaves out (one line names them), and the comm line's prediction
 reads the config the run uses: fp32 ZeRO-1 sends 4 bytes per parameter with the owner reduction, 6 with
-DeepSpeed's multi-rank bucket all-reduce (docs/zero-tradeoff.md)."""
+DeepSpeed's multi-rank bucket all-reduce (docs/zero-tradeoff-reference.md)."""
 import json
 import re
 import subprocess

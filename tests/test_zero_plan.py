@@ -48,7 +48,7 @@ def test_model_states_are_the_zero_papers_table_1(capsys):
     mixed precision (2-byte gradients; bf16's, accumulated in fp32, below). Stage 1 equals the paper's
     P_os when it accumulates gradients over micro-batches (it then holds every gradient); with one micro-batch
     per step DeepSpeed 0.19.8 reduces stage 1's gradients at the step's only backward and keeps just the
-    partition's, as stage 2 does: both then need P_os+g (measured on the CPU runs, docs/zero-tradeoff.md).
+    partition's, as stage 2 does: both then need P_os+g (measured on the CPU runs, docs/zero-tradeoff-reference.md).
     Stages 1 and 2 keep the whole gradient of the parameter that straddles a partition boundary, hence a few
     tenths of a GB above the paper's 16.6."""
     shape = ["--num-layers", "36", "--hidden-size", "4096", "--num-attention-heads", "32", "--seq-length", "1024",

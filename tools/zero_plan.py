@@ -15,7 +15,7 @@ tools/published_runs.json), the bound beside it, tokens/s, TFLOP/s per GPU and, 
 train, and picks the fastest option that fits. With --storage-bandwidth and --mtbf-hours it prints
 the checkpoint's size, its save time and the interval between saves that loses the least time (docs/faults.md).
 The numbers come from megatron/model/accounting/, the same functions whose predictions the training runs print
-beside their measurements (docs/zero-tradeoff.md, "Time per step: the model" and "Projecting a step onto GPUs").
+beside their measurements (docs/zero-tradeoff-reference.md, "Time per step: the model" and "Projecting a step onto GPUs").
 """
 
 import argparse
@@ -63,7 +63,7 @@ class PlanError(ZeroLabError, ValueError):
 
 @dataclass(frozen=True)
 class GpuKind:
-    """What --gpu NAME stands for (docs/zero-tradeoff.md, "Projecting a step onto GPUs", gives the sources): its
+    """What --gpu NAME stands for (docs/zero-tradeoff-reference.md, "Projecting a step onto GPUs", gives the sources): its
     part in accounting.PEAK_TFLOPS, memory in GB (2**30 bytes, as --gpu-memory), the fraction of the dense peak
     large matmuls reach, HBM bytes/s (the optimizer step is bound by it), intra-node Gbit/s per GPU and
     direction, host <-> GPU bytes/s per direction (PCIe), and a reference node: GPUs and inter-node Gbit/s."""
@@ -77,7 +77,7 @@ class GpuKind:
     inter_node_gbps: float
 
 
-# Sources, per column (docs/zero-tradeoff.md, "Projecting a step onto GPUs", has the table with each figure's source):
+# Sources, per column (docs/zero-tradeoff-reference.md, "Projecting a step onto GPUs", has the table with each figure's source):
 # - efficiency: S. Bekman, ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison
 #   table" (github.com/stas00/ml-engineering; bf16): A100 SXM 271.2/312 = 86.9%, H100 SXM 794.5/989 = 80.3% ("H200
 #   is the same", that row's note), MI250X 147.0/191.5 = 76.7% (one GCD, ROCm 6.2; the table's older v1 run, taken

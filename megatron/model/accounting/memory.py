@@ -73,7 +73,7 @@ def _whole_parameters_of_first_partition(sizes: list[int], dp_size: int) -> int:
 
 def gradient_elements_held(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
     """Gradient elements the logging rank (data-parallel rank 0) holds at its peak in a step, as DeepSpeed
-    0.19.8 keeps them (measured by megatron/memory.py; docs/zero-tradeoff.md). Stage 0 keeps every gradient;
+    0.19.8 keeps them (measured by megatron/memory.py; docs/zero-tradeoff-reference.md). Stage 0 keeps every gradient;
     stages 1 and 2 reduce each bucket to its owner and drop the gradients of the parameters outside their
     partition, but keep the whole gradient of every parameter that starts inside it (each optimizer group is
     flattened and cut into dp equal partitions), so a partition that falls inside a large parameter (the

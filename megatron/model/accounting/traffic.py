@@ -139,7 +139,7 @@ def moe_capacity(config: GPTConfig, experts: int, tokens: int) -> int:
 
 def moe_all_to_all_per_step(config: GPTConfig, setup: TrainingSetup,
                             capacities: list[float] | None = None) -> dict[str, float]:
-    """Bytes one rank sends per step through the MoE layers (docs/moe.md), by kind: at EP > 1 each MoE layer's
+    """Bytes one rank sends per step through the MoE layers (docs/moe-reference.md), by kind: at EP > 1 each MoE layer's
     forward dispatches its [experts, capacity, hidden] buffer to the experts' ranks and combines their outputs
     back (two all-to-alls, (EP-1)/EP of the buffer leaving the rank), and the backward sends their gradients the
     same way (two more), every micro-batch; without token dropping each forward first all-reduces the

@@ -41,7 +41,7 @@ class TrainingSetup:
     # masks in the activations' dtype
     device: str = "cuda"
     # the dtype DeepSpeed reduces the gradients in (its communication_data_type, which a user's JSON may set); None:
-    # the precision, as the generated config reduces wherever ranks share the parameters (docs/zero-tradeoff.md)
+    # the precision, as the generated config reduces wherever ranks share the parameters (docs/zero-tradeoff-reference.md)
     reduce_precision: str | None = None
 
     def __post_init__(self):
