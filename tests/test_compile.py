@@ -6,6 +6,8 @@ import torch
 
 from megatron.memory import live_tensor_bytes
 from megatron.model import MODEL_PRESETS, GPTConfig, GPTModel
+from runs import run_pretrain
+from conftest import iteration_losses
 
 SEQ, VOCAB = 16, 512
 
@@ -40,3 +42,33 @@ def test_the_cpu_memory_reading_skips_tensors_without_memory():
     functional = torch._to_functional_tensor(torch.empty(2**20))
     assert live_tensor_bytes() - before <= 2**22  # at most the real tensor behind the functional one
     del fake, functional
+
+
+# ZeRO stage flags -> the runs compared; ranks 1 unless given
+STAGES = {"z0": ["--zero-stage", "0"], "z1": ["--zero-stage", "1"], "z2": ["--zero-stage", "2"],
+          "z3": ["--zero-stage", "3"],
+          "z3_offload": ["--zero-stage", "3", "--zero-offload-optimizer", "--zero-offload-params"]}
+SHORT = ["--train-iters", "3", "--global-batch-size", "4", "--lr-warmup-iters", "1"]
+# the compiled losses against the uncompiled ones, relative: the log prints 7 digits, and at every stage they
+# were all the same (docs/gpu.md)
+LOSS_TOLERANCE = 1e-6
+
+
+def assert_same_losses(dolly_data_dir, ranks, flags):
+    eager = iteration_losses(run_pretrain(dolly_data_dir, *SHORT, *flags, ranks=ranks).stdout)
+    compiled = iteration_losses(run_pretrain(dolly_data_dir, *SHORT, *flags, "--compile", ranks=ranks).stdout)
+    assert sorted(eager) == sorted(compiled) == [1, 2, 3]
+    for iteration, loss in eager.items():
+        assert float(compiled[iteration]) == pytest.approx(float(loss), rel=LOSS_TOLERANCE), (iteration, eager,
+                                                                                               compiled)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", list(STAGES))
+def test_a_compiled_run_trains_as_the_uncompiled_one(dolly_data_dir, stage):
+    assert_same_losses(dolly_data_dir, 1, STAGES[stage])
+
+
+@pytest.mark.slow
+def test_a_compiled_run_on_two_ranks_trains_as_the_uncompiled_one(dolly_data_dir):
+    assert_same_losses(dolly_data_dir, 2, STAGES["z3"])
