@@ -22,13 +22,28 @@ def _storage_key(tensor: torch.Tensor):
 
 
 def unique_storage_bytes(tensors) -> int:
-    """Bytes of the distinct storages behind `tensors` (views of one flat buffer count once)."""
+    """Bytes of the distinct storages behind `tensors` (views of one flat buffer count once). A tensor without
+    memory of its own is skipped: torch.compile's tracing (--compile) leaves tensors whose storage has no data
+    pointer (the plain tensors inside its functional wrappers), which it keeps alive in its caches."""
     seen = {}
     for tensor in tensors:
         if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta" and tensor.numel() > 0:
-            key = _storage_key(tensor)
+            try:
+                key = _storage_key(tensor)
+            except RuntimeError:  # "Cannot access data pointer of Tensor (e.g. FakeTensor, FunctionalTensor)"
+                continue
             seen[key[:2]] = max(seen.get(key[:2], 0), key[2])
     return sum(seen.values())
+
+
+def _tracing_tensor_types() -> tuple[type, ...]:
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    return FakeTensor, FunctionalTensor
+
+
+# torch.compile's stand-ins for tensors while it traces (--compile): no memory of their own
+_TRACING_TENSORS = _tracing_tensor_types()
 
 
 def live_tensor_bytes() -> int:
@@ -36,7 +51,8 @@ def live_tensor_bytes() -> int:
     # few hundred thousand in a rank, took 0.1 s a sample. type() also reads no attribute, so dead weak proxies
     # and lazily deprecated module attributes neither raise nor warn.
     objects = gc.get_objects()
-    tensor_types = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.Tensor)}
+    tensor_types = {kind for kind in set(map(type, objects))
+                    if issubclass(kind, torch.Tensor) and not issubclass(kind, _TRACING_TENSORS)}
     return unique_storage_bytes(itertools.compress(objects, map(tensor_types.__contains__, map(type, objects))))
 
 

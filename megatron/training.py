@@ -665,8 +665,20 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     if not deepspeed_defaults:
         clip_without_host_reads(engine.optimizer)  # ZeRO 1-2: no host read per optimizer group (docs/gpu.md)
     if args.training.compile:
-        engine.compile()
+        compile_engine(engine, args.deepspeed.zero_stage, pipeline=mpu is None)
     return engine, config
+
+
+def compile_engine(engine, zero_stage: int, pipeline: bool) -> None:
+    """--compile: DeepSpeed's engine.compile(), torch.compile of the model it wraps (docs/gpu.md, torch.compile).
+    ZeRO-3 gathers a parameter read outside its module's forward when the read goes through the module's parameter
+    dict; compiled code reads that dict's tensors directly, and would trace the output layer's weight as its empty
+    partition. Registered with the whole model, the model's own forward gathers it first."""
+    import deepspeed
+
+    if zero_stage == 3 and not pipeline:
+        deepspeed.zero.register_external_parameter(engine.module, engine.module.output_weight())
+    engine.compile()
 
 
 def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_config: dict,

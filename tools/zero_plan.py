@@ -21,7 +21,6 @@ beside their measurements (docs/zero-tradeoff-reference.md, "Time per step: the 
 import argparse
 import functools
 import json
-import math
 import re
 import sys
 from dataclasses import dataclass, replace
@@ -35,6 +34,7 @@ from megatron.layout_check import batch_split  # noqa: E402
 from megatron.model import accounting  # noqa: E402
 from megatron.model.config import GPTConfig, ModelConfigError, parallel_shape_problems  # noqa: E402
 from megatron.checkpointing import interval  # noqa: E402
+from megatron.model.accounting.fit import HEADROOM, peak_memory, stage_config  # noqa: E402
 from megatron.model.accounting.memory import checkpoint_bytes  # noqa: E402
 from megatron.model.accounting.traffic import OWNER_REDUCTION  # noqa: E402
 from megatron.model.accounting.step_time import (  # noqa: E402
@@ -263,15 +263,6 @@ def ulysses_problem(config: GPTConfig, ns: argparse.Namespace) -> None:
         raise PlanError(f"{flag} and --sequence-parallel (Megatron's, over the tensor-parallel group) are exclusive")
 
 
-def stage_config(config: GPTConfig, pp: int) -> GPTConfig:
-    """The model as its busiest pipeline stage sees it. Megatron-DeepSpeed's PipelineModule (partition method
-    type:transformer) balances the layers: with L layers over p stages, L mod p stages hold ceil(L/p) and the
-    rest floor(L/p) (BLOOM's 70 over 12: ten stages of 6, two of 5). The slowest stage sets the step, so memory,
-    traffic and time are those of a model with ceil(L/p) layers on every stage; FLOPs and parameters stay the
-    model's own."""
-    return replace(config, num_layers=math.ceil(config.num_layers / pp) * pp)
-
-
 @dataclass(frozen=True)
 class Hardware:
     """The GPUs and links a projection runs on: --gpu's kind with the flags that override its defaults."""
@@ -475,8 +466,7 @@ def plan(config: GPTConfig, ns: argparse.Namespace) -> list[Plan]:
         if stage >= 2 and ns.pp > 1:
             continue  # DeepSpeed's pipeline engine supports ZeRO 0 and 1 only
         setup = training_setup(ns, accumulation, stage, offload_optimizer, offload_params, device, ep)
-        # every pipeline stage; the busiest one decides
-        memory = max((accounting.memory_per_rank(busiest, setup, s) for s in range(ns.pp)), key=lambda m: m["total"])
+        memory = peak_memory(config, setup)  # every pipeline stage; the busiest one decides
         traffic = max(sum(accounting.zero_traffic_per_step(busiest, setup, s).values()) for s in range(ns.pp)) \
             + sum(accounting.moe_all_to_all_per_step(busiest, setup).values())
         moved = accounting.offload_transfer_per_step(busiest, setup, 0)
@@ -835,9 +825,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "--mtbf-hours, prints the checkpoint interval that fits")
     parser.add_argument("--mtbf-hours", type=float,
                         help="the cluster's mean time between failures for a job this size, in hours")
-    parser.add_argument("--headroom", type=float, default=0.1,
+    parser.add_argument("--headroom", type=float, default=HEADROOM,
                         help="fraction of GPU memory kept for the CUDA context, communication buckets and "
-                             "fragmentation (default: 0.1)")
+                             f"fragmentation (default: {HEADROOM:g})")
     parser.add_argument("--tp", "--tensor-model-parallel-size", dest="tp", type=int, default=1)
     parser.add_argument("--pp", "--pipeline-model-parallel-size", dest="pp", type=int, default=1)
     parser.add_argument("--sequence-parallel", action="store_true")

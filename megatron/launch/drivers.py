@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from megatron.launch import settings as training
 from megatron.launch.given_flags import read_layout_flags
-from megatron.launch.plan import (REPO, Launch, check_port, die, free_port, given, python_of, resume_rule,
-                                  visible_gpus)
+from megatron.launch.plan import (REPO, Launch, check_port, die, free_port, given, gpu_memory_bytes, python_of,
+                                  resume_rule, visible_gpus)
 from megatron.launch.settings import check
 from megatron.model.presets import MODEL_PRESETS
 
@@ -106,8 +106,7 @@ class DriverPlanner:
         # INIT_HF of no preset's architecture: its flags give the shape, its folder names the run
         model_size = None if hf is not None and hf.preset is None else v["MODEL_SIZE"]
         # srun's and mpiexec's NGPUS count every rank of the job; NNODES is 1 there
-        settings = training.training_settings(v, accelerator=accelerator, world=ngpus * nnodes,
-                                              model_size=model_size, model_variable="MODEL_SIZE")
+        settings = self._settings(v, args, accelerator, ngpus * nnodes, model_size, hf, python, launch_env)
         s = settings.values
         if "DS_CONFIG" in v:
             self._json_stage(v["DS_CONFIG"])
@@ -140,8 +139,7 @@ class DriverPlanner:
         init_dir = load_flags[load_flags.index("--load") + 1]
         if not dry_run and node_rank == 0 and "--finetune" in load_flags and not os.path.isfile(f"{init_dir}/latest"):
             prepare.append(lambda: self._convert_hf(python, v["INIT_HF"], init_dir, launch_env))
-        offload_flags = {"0": [], "1": ["--zero-offload-optimizer", "--zero-offload-params"],
-                         "nvme": ["--zero-nvme-path", v.get("NVME_PATH", f"{run_dir}/nvme")]}[self.offload]
+        offload_flags = self._offload_flags(v.get("NVME_PATH", f"{run_dir}/nvme"))
 
         command = [*self._launcher(v, launcher, ngpus, python, port, include, run_name, launch_env),
                    str(REPO / "pretrain_gpt.py"), *settings.flags, "--zero-stage", str(self.stage), *offload_flags,
@@ -163,6 +161,42 @@ class DriverPlanner:
         return Launch(run_dir=run_dir, command=command, launcher=launcher, log=log, env=launch_env,
                       dry_run_line=f"[examples_zero] DRY_RUN=1, not starting: {shlex.join(command)}", note=note,
                       node=node, alone=alone, prepare=prepare)
+
+    def _offload_flags(self, nvme_path: str) -> list[str]:
+        return {"0": [], "1": ["--zero-offload-optimizer", "--zero-offload-params"],
+                "nvme": ["--zero-nvme-path", nvme_path]}[self.offload]
+
+    def _settings(self, v: dict[str, str], args: list[str], accelerator: str, world: int, model_size: str | None,
+                  hf: HFInit | None, python: str, launch_env: dict[str, str]) -> training.TrainingSettings:
+        """The training settings. On GPUs, where neither MICRO_BATCH, a DS_CONFIG's micro-batch nor a
+        --micro-batch-size after the driver gives it, the micro-batch is the largest the memory model predicts
+        fits the GPU (megatron/launch/micro_batch.py, run in the ranks' Python), said in one line (docs/gpu.md)."""
+        def settings(micro_batch: str | None = None) -> training.TrainingSettings:
+            return training.training_settings(v, accelerator=accelerator, world=world, model_size=model_size,
+                                              model_variable="MODEL_SIZE", micro_batch=micro_batch)
+
+        given_after = any(arg.partition("=")[0] == "--micro-batch-size" for arg in args)
+        if accelerator != "cuda" or "MICRO_BATCH" in v or given_after:
+            return settings()
+        first = settings(micro_batch="1")  # every GLOBAL_BATCH the data-parallel size divides is taken at 1
+        if "--micro-batch-size" not in first.flags:  # DS_CONFIG gives it
+            return first
+        memory = gpu_memory_bytes(v)
+        if memory is None:
+            chosen = settings()
+            print(f"[examples_zero] micro-batch {chosen.values['MICRO_BATCH']}, the GPU default: nvidia-smi gave no "
+                  "GPU memory to plan it with; MICRO_BATCH sets it", flush=True)
+            return chosen
+        flags = [*first.flags, "--zero-stage", str(self.stage), *self._offload_flags("nvme"),
+                 *(hf.flags if hf else []), *args]
+        run = subprocess.run([python, "-m", "megatron.launch.micro_batch", str(world), str(memory),
+                              v.get("GLOBAL_BATCH", "-"), "--", *flags], env=launch_env, capture_output=True, text=True)
+        if run.returncode != 0:
+            lines = run.stderr.strip().splitlines() or ["the memory plan of the micro-batch failed"]
+            die(f"{lines[-1].removeprefix('error: ')} (planning the micro-batch: set MICRO_BATCH to skip it)")
+        planned = json.loads(run.stdout.strip().splitlines()[-1])
+        print(f"[examples_zero] {planned['line']}", flush=True)
+        return settings(micro_batch=str(planned["micro_batch"]))
 
     def _ranks(self, v: dict[str, str], env: dict[str, str], launch_env: dict[str, str]) -> tuple[str, str]:
         """The launcher, the ranks and hosts, the accelerator and the model, checked, with their defaults in `v`:

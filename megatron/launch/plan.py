@@ -88,6 +88,25 @@ def visible_gpus(env: Mapping[str, str]) -> int:
     return len([gpu for gpu in env["CUDA_VISIBLE_DEVICES"].split(",") if gpu.strip()])
 
 
+def gpu_memory_bytes(env: Mapping[str, str]) -> int | None:
+    """The memory of the smallest GPU this host's ranks would see (those CUDA_VISIBLE_DEVICES names by index, else
+    every one), from nvidia-smi without importing torch; None where nvidia-smi gives none."""
+    smi = shutil.which("nvidia-smi", path=env.get("PATH", os.defpath))
+    if smi is None:
+        return None
+    listed = subprocess.run([smi, "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"],
+                            capture_output=True, text=True).stdout
+    mib = {}
+    for line in listed.splitlines():
+        index, _, total = line.partition(",")
+        if index.strip().isdigit() and total.strip().isdigit():
+            mib[index.strip()] = int(total.strip())
+    visible = [gpu.strip() for gpu in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if gpu.strip()]
+    if visible and all(gpu in mib for gpu in visible):
+        mib = {gpu: mib[gpu] for gpu in visible}
+    return min(mib.values()) * 2**20 if mib else None
+
+
 def free_port() -> str:
     """A TCP port no process listens on now, from the kernel (bind to port 0), as `torchrun --standalone` takes
     one: a single-host run without MASTER_PORT does not meet another run at 29500."""

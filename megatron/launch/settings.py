@@ -125,7 +125,7 @@ def _checked(env: Mapping[str, str]) -> None:
     check(env, "count", "EVAL_ITERS", "SEED", "MAX_RESTARTS")
     check(env, "number", "LR", "MIN_LR", "WEIGHT_DECAY", "CLIP_GRAD", "TRAIN_EPOCHS", "DISTRIBUTED_TIMEOUT_MINUTES")
     check(env, "fraction", "LR_WARMUP_FRACTION", "LR_WARMUP_FRAC", "ADAM_BETA1", "ADAM_BETA2")
-    check(env, "flag", "SP", "USE_ACTIVATION_CHECKPOINTING", "FRESH", "DRY_RUN")
+    check(env, "flag", "SP", "USE_ACTIVATION_CHECKPOINTING", "FRESH", "DRY_RUN", "COMPILE")
     check(env, "fp32|bf16|fp16", "PRECISION", "DTYPE")
     check(env, "cosine|linear|constant", "LR_DECAY_STYLE")
     check(env, "learned|rotary", "POSITION_EMBEDDING_TYPE")
@@ -204,10 +204,11 @@ def _batch_flags(v: dict[str, str], json_keys: set[str], world: int, names: dict
 
 def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, model_size: str | None,
                       model_variable: str = "MODEL_SIZE", alcf_names: bool = False,
-                      sp_variable: str = "SP") -> TrainingSettings:
+                      sp_variable: str = "SP", micro_batch: str | None = None) -> TrainingSettings:
     """The shared rules: `env` is the environment (empty values count as unset), `accelerator`
     cuda or cpu (the defaults follow it), `world` every rank of the job, `model_size` the preset (None: the
-    caller's flags give the shape, INIT_HF's) and `model_variable` the variable it came from."""
+    caller's flags give the shape, INIT_HF's) and `model_variable` the variable it came from. `micro_batch`: the
+    micro-batch where MICRO_BATCH is unset (the drivers' memory plan on a GPU); None: the accelerator's default."""
     _checked(env)
     v, names = _aliased(env, alcf_names)
     v.setdefault("TP", "1")
@@ -240,7 +241,7 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
             if key in json_keys:
                 raise LaunchError(f"{names['PRECISION']}=fp32 disagrees with {key} true in DS_CONFIG={ds_config}: "
                                   "drop one of them or make them agree")
-    batch_flags = _batch_flags(v, json_keys, world, names, micro_default)
+    batch_flags = _batch_flags(v, json_keys, world, names, micro_batch or micro_default)
     _experts_checked(v, model_size, world)
 
     size_lr = GPT3_LR.get(model_size, GPT3_LR["125M"])
@@ -263,6 +264,7 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
     parallel += ["--no-pipeline-parallel"] if int(v["PP"]) == 1 else []
     parallel += ["--sequence-parallel"] if v["SP"] == "1" else []
     parallel += ["--checkpoint-activations"] if v["USE_ACTIVATION_CHECKPOINTING"] == "1" else []
+    parallel += ["--compile"] if v.get("COMPILE") == "1" else []  # torch.compile (docs/gpu.md)
     parallel += ["--deepspeed_config", ds_config] if ds_config else []
     positions = ["--use-rotary-position-embeddings"] if v.get("POSITION_EMBEDDING_TYPE") == "rotary" else []
     # DeepSpeed-Ulysses (docs/long-sequences.md); SP is Megatron's --sequence-parallel
@@ -296,6 +298,8 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
         sources["--use-rotary-position-embeddings"] = "POSITION_EMBEDDING_TYPE"
     if ulysses:  # the same
         sources["--ds-sequence-parallel-size"] = names["SP_SIZE"]
+    if v.get("COMPILE") == "1":  # the same
+        sources["--compile"] = "COMPILE"
     sources |= {flag: variable for flag, variable in MOE_VARIABLES.items() if flag in moe}
     return TrainingSettings(flags=flags, sources=sources, values=v)
 
@@ -361,7 +365,7 @@ VARIABLES = ("SEQ_LEN", "MICRO_BATCH", "GLOBAL_BATCH", "GAS", "DPSIZE", "TP", "P
              "VOCAB_FILE", "MERGE_FILE", "SPLIT", "DATA_SPLIT", "LR_DECAY_STYLE", "LR_WARMUP_FRACTION",
              "LR_WARMUP_FRAC", "ADAM_BETA1", "ADAM_BETA2", "WEIGHT_DECAY", "SEED", "DISTRIBUTED_TIMEOUT_MINUTES",
              "CLIP_GRAD", "WANDB_PROJECT", "POSITION_EMBEDDING_TYPE", "SP_SIZE", "SPSIZE", "NUM_EXPERTS", "EP_SIZE",
-             "TOPK", "MOE_LOSS_COEFF")
+             "TOPK", "MOE_LOSS_COEFF", "COMPILE")
 # every variable the settings read from the caller: docs/environment.md lists each (tests/test_environment_table.py)
 READ = tuple(name for name in VARIABLES if name != "DPSIZE") + ("OMP_NUM_THREADS", "MASTER_PORT", "MAX_RESTARTS",
                                                                  "FRESH", "DRY_RUN")

@@ -115,6 +115,11 @@ class GPTModel(nn.Module):
                 self.output_layer = OutputLayer(config, tp_group)
         self.lm_loss_scratch = ScratchBuffers()  # the [tokens, vocab] logits buffer, reused each step
 
+    def output_weight(self) -> nn.Parameter:
+        """The output layer's weight: the word embeddings' unless they are untied. The model reads it outside the
+        forward of the module that holds it (ZeRO-3 under --compile needs to know: megatron/training.py)."""
+        return (self.word_embeddings if self.output_layer is None else self.output_layer).weight
+
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 kv_cache: KVCache | None = None):
         """input_ids, position_ids, labels: [batch, seq] long. Returns the per-token fp32 loss
@@ -137,7 +142,7 @@ class GPTModel(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(input_ids.shape[1])
         x = self.final_layernorm(x)
-        weight = (self.word_embeddings if self.output_layer is None else self.output_layer).weight
+        weight = self.output_weight()
         if labels is None:
             local_logits = parallel_lm_logits(x, weight, self.tp_group, self.config.sequence_parallel)
             return gather_from_tensor_model_parallel_region(local_logits, self.tp_group)
