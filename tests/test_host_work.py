@@ -66,6 +66,12 @@ def test_the_time_line_prints_the_host_part_and_the_parser_reads_it():
     line = time_line(0, 10, dict(compute=0.12, communication=0.05, offload=0.0, total=0.17), predicted)
     assert "host=20.0ms overlap=10.0ms total=160.0ms" in line
     assert "host=20.0ms" in TIME_RE.search(line).group(3)
+    from analysis.log_parser import ParsedLog, parse_line
+    from analysis.run_summary import _step_time
+
+    log = ParsedLog(path=None)
+    parse_line(log, line)
+    assert _step_time(log, {})["time_host_predicted_ms"] == 20.0
 
 
 def _engine(layers: int, stage: int):

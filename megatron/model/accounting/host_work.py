@@ -55,14 +55,16 @@ class HostCoefficients:
                 + counts.flushes * self.per_flush_s + counts.syncs * self.per_sync_s)
 
 
-# Coefficients per device class for tools/zero_plan.py, which cannot probe the device it plans for: "cpu" from
-# megatron/host_probe.py on 2 gloo ranks of the 2-core dev box (bench/results/step_time_cpu.md); "cuda" from the
-# H100's gap between the step time measured and predicted without a host term (issue 55: 34/2/83/220 ms at ZeRO
-# 0/1/2/3 of the 125M example) over that run's counts, until a GPU's probe records its own
+# Coefficients per device class for tools/zero_plan.py, which cannot probe the device it plans for. "cpu": what
+# megatron/host_probe.py measured for the tiny preset's ZeRO-3 on 2 gloo ranks of the loaded 2-core dev box (DP's
+# probe: 109 us/tensor, 4 us/flush). "cuda": the first H100 run's gaps between measured and predicted step at ZeRO 2
+# and 3 (docs/gpu.md: 82 and 220 ms for GPT-2 125M, one GPU, bf16; 148 tensors, 126 hooked modules, 19 flushes),
+# put on the tensors (stage 2) and the module hooks (the rest at stage 3): fitted to the run it describes, until a
+# GPU's own probe records its coefficients.
 HOST_COEFFICIENTS: dict[str, HostCoefficients] = {
-    "cpu": HostCoefficients(per_tensor_s=20e-6, per_module_s=60e-6, per_flush_s=150e-6, per_sync_s=5e-6,
+    "cpu": HostCoefficients(per_tensor_s=1.30e-3, per_module_s=0.59e-3, per_flush_s=1.11e-3, per_sync_s=6.3e-6,
                             source="table (cpu)"),
-    "cuda": HostCoefficients(per_tensor_s=100e-6, per_module_s=300e-6, per_flush_s=500e-6, per_sync_s=1e-3,
+    "cuda": HostCoefficients(per_tensor_s=0.55e-3, per_module_s=1.1e-3, per_flush_s=0.0, per_sync_s=0.0,
                              source="table (cuda)"),
 }
 
