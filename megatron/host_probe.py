@@ -33,7 +33,7 @@ SYNC_REPEATS = 50
 
 def skeleton_args(args):
     """The run's flags at a tiny width: one micro-batch of one sample per data-parallel rank, a short
-    sequence, a vocabulary of 64 per TP rank, no compilation."""
+    sequence, a vocabulary of 64 per TP rank, no compilation, no NVMe."""
     model, par = args.model, args.parallel
     hidden = HEAD_DIM * model.num_attention_heads
     seq = SEQ_PER_RANK * par.sequence_parallel_size
@@ -43,7 +43,9 @@ def skeleton_args(args):
                                        * par.sequence_parallel_size)
     training = dataclasses.replace(args.training, micro_batch_size=1, global_batch_size=data_parallel,
                                    gradient_accumulation_steps=1, compile=False)
-    return dataclasses.replace(args, model=config, training=training)
+    # NVMe offload's swap files would sit beside the run's engine's: the skeleton offloads to host memory instead
+    deepspeed = dataclasses.replace(args.deepspeed, nvme_path=None)
+    return dataclasses.replace(args, model=config, training=training, deepspeed=deepspeed)
 
 
 def persistence_threshold(run_config, skeleton_config, setup: TrainingSetup, run_threshold: int) -> int:
