@@ -28,6 +28,7 @@ HEAD_DIM = 2  # the skeleton's width: two channels a head, the run's heads and K
 SEQ_PER_RANK = 8  # tokens a sequence holds on each DeepSpeed-Ulysses rank
 STEPS = 3  # timed steps of each variant, after one warm-up; the shortest is kept (comm_probe.fastest_seconds)
 WHOLE = 10**9  # bucket elements no skeleton reaches: one bucket a reduction, every gather at once
+TENSOR = 2  # bucket elements below every tensor's: a bucket per tensor (DeepSpeed wants a multiple of 2)
 SYNC_REPEATS = 50
 
 
@@ -161,8 +162,8 @@ def probe_host(args, dist_info, setup: TrainingSetup, zero: dict, comm: comm_cou
     buckets = dict(stage3_param_persistence_threshold=threshold, stage3_max_live_parameters=WHOLE)
     variants = [(skeleton, dict(buckets, reduce_bucket_size=WHOLE, allgather_bucket_size=WHOLE,
                                 stage3_prefetch_bucket_size=WHOLE)),
-                (skeleton, dict(buckets, reduce_bucket_size=1, allgather_bucket_size=1,
-                                stage3_prefetch_bucket_size=1))]
+                (skeleton, dict(buckets, reduce_bucket_size=TENSOR, allgather_bucket_size=TENSOR,
+                                stage3_prefetch_bucket_size=TENSOR))]
     if setup.zero_stage == 3:
         variants.append((dataclasses.replace(skeleton, model=dataclasses.replace(
             skeleton.model, disable_bias_linear=True)), variants[0][1]))

@@ -23,11 +23,11 @@ SEQ, VOCAB, MICRO = 16, 256, 2
 BUCKET = 20_000  # elements: the tiny preset's tensors fill several buckets
 
 
-def _args(layers: int, stage: int, *extra: str):
+def _args(layers: int, stage: int, *extra: str, world: int = 1):
     flags = ["--model-size", "tiny", "--num-layers", str(layers), "--data-path", "unused", "--train-iters", "8",
              "--micro-batch-size", str(MICRO), "--global-batch-size", str(2 * MICRO), "--seq-length", str(SEQ),
              "--eval-iters", "0", "--lr", "1e-3", "--zero-stage", str(stage), *extra]
-    args = parse_args(flags, 1)
+    args = parse_args(flags, world)
     return dataclasses.replace(args, model=dataclasses.replace(args.model, padded_vocab_size=VOCAB,
                                                                max_position_embeddings=SEQ))
 
@@ -125,3 +125,35 @@ def test_counts_match_a_real_engine(stage):
     """Stage 1 is left out: its engine flushed 12 and 20 buckets at 2 and 4 layers where the count says 14 and 26
     (its reduction at the boundary walks the optimizer's groups; not yet followed)."""
     run_ranks(partial(_check_engine_counts, stage=stage), world_size=1)
+
+
+def _check_probe(rank, world, stage):
+    import torch.distributed as dist
+
+    from megatron import comm_counter
+    from megatron.host_probe import probe_host
+    from megatron.training import training_setup
+
+    import deepspeed
+
+    os.environ["LOCAL_RANK"] = str(rank)
+    deepspeed.init_distributed(dist_backend="gloo")  # as megatron/initialize.py: ZeRO-3's Init asks its world size
+    args = _args(2, stage, "--bf16", world=2)
+    dist_info = DistInfo(rank=rank, local_rank=rank, world_size=2, device=torch.device("cpu"),
+                         parallel=ParallelState.build(args.parallel.layout))
+    run_counter = comm_counter.install()
+    host = probe_host(args, dist_info, training_setup(args, dist_info), {}, run_counter)
+    values = (host.per_tensor_s, host.per_module_s, host.per_flush_s, host.per_sync_s)
+    print(f"ZeRO {stage} rank {rank}: {host}")
+    assert all(0 <= v < 1 for v in values) and host.per_tensor_s + host.per_flush_s > 0, host
+    assert host.source == "probe" and host.seconds > 0
+    with run_counter.counting():  # the run's counter counts again, and the skeletons' collectives are not in it
+        dist.all_reduce(torch.ones(4))
+    assert run_counter.calls == {"all_reduce": 1}
+    comm_counter.uninstall()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 3])
+def test_the_probe_fits_coefficients_on_two_ranks_and_puts_the_runs_counter_back(stage):
+    run_ranks(partial(_check_probe, stage=stage), world_size=2)
