@@ -84,6 +84,7 @@ class RunSummary:
     time_communication_predicted_ms: float | None = None
     time_offload_predicted_ms: float | None = None
     time_overlap_predicted_ms: float | None = None
+    time_host_predicted_ms: float | None = None  # the engine's host work (logs before it: None)
     time_total_predicted_ms: float | None = None
     # a run still running (INCOMPLETE): its last attempt's last progress line (docs/log-lines.md): the iteration,
     # the percentage of the run done, the seconds since that launch started and the ETA (None: not yet known);
@@ -309,7 +310,7 @@ def _step_time(log: ParsedLog, kept: dict[tuple[int, int], int]) -> dict:
     measured = {f"time_{part}_ms": _weighted_mean((t.measured_ms.get(part), n) for t, n in times)
                 for part in ("compute", "communication", "offload", "total")}
     predicted = {f"time_{part}_predicted_ms": _weighted_mean((t.predicted_ms.get(part), n) for t, n in times)
-                 for part in ("compute", "communication", "offload", "overlap", "total")}
+                 for part in ("compute", "communication", "offload", "host", "overlap", "total")}
     return measured | predicted
 
 

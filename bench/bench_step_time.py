@@ -172,6 +172,14 @@ def table(results: list[Result], failures: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def host_line(r: Result) -> str:
+    """The predicted total's error with the host part (the time line's host=) and without it."""
+    host, measured = r.predicted["host"], r.measured["total"]
+    without = 100.0 * (r.predicted["total"] - host - measured) / measured
+    return (f"host {r.experiment}: predicted host={host:.1f} ms/iter; error {r.error_pct:+.1f}% with it, "
+            f"{without:+.1f}% without")
+
+
 def _cores(cores: float | None) -> str:
     return "n/a" if cores is None else f"{cores:.2f} cores"
 
@@ -230,6 +238,7 @@ def report(title: str, results: list[Result], failures: dict[str, str], targets:
         lines.append(f"settings (run info): {' | '.join(settings(results))}")
     lines += ["", table(results, failures), ""]
     lines += [f"probes {r.experiment}: {r.probes}" for r in results if r.probes]
+    lines += [host_line(r) for r in results if "host" in r.predicted]
     lines += [""] + [f"target: {t['target']}: {t['verdict']}" for t in targets]
     return "\n".join(lines) + "\n"
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields, replace
 from statistics import fmean
 
 from megatron.model import accounting
+from megatron.model.accounting.host_work import HostCoefficients, host_seconds
 from megatron.model.accounting.step_time import ComputeRates, LinkCosts, StepTime, predict_step_time
 from megatron.model.config import GPTConfig
 
@@ -29,6 +30,7 @@ class LengthPredictions:
     # the start-up probes' rates and link (megatron/step_timing.py); None: no time predicted
     rates: ComputeRates | None = None
     link: LinkCosts | None = None
+    host: HostCoefficients | None = None  # megatron/host_probe.py's; None: no host part
     _known: dict = field(default_factory=dict)
 
     def at(self, seq_length: int) -> Predicted:
@@ -42,7 +44,8 @@ class LengthPredictions:
         time = None
         if self.rates is not None:
             time = predict_step_time(config, setup, self.stage, self.rates, self.link, self.zero,
-                                     overlap_comm=bool(self.zero.get("overlap_comm", False)))
+                                     overlap_comm=bool(self.zero.get("overlap_comm", False)),
+                                     host=host_seconds(config, setup, self.stage, self.zero, self.host))
         return Predicted(
             model_flops=accounting.model_flops_per_iteration(config, batch),
             hardware_flops=accounting.hardware_flops_per_iteration(config, batch),

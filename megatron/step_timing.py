@@ -17,6 +17,7 @@ from megatron.comm_counter import CommCounter
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
 from megatron.model.accounting import TrainingSetup
+from megatron.model.accounting.host_work import HostCoefficients, host_seconds
 from megatron.model.accounting.step_time import ComputeRates, LinkCosts, StepTime
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -43,14 +44,18 @@ def _probe_optimizer(args: Args):
     return lambda params: build_optimizer(torch.nn.ParameterList(params), args)
 
 
-def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict,
-                       setup: TrainingSetup) -> tuple[StepTime, ComputeRates, LinkCosts]:
-    """Measure this rank's compute rates and the data-parallel link (unless --link-bandwidth-gbps and
-    --link-latency-us describe it), then predict one step. Every rank calls this at the same time: the
+def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict, setup: TrainingSetup,
+                       comm: CommCounter | None = None
+                       ) -> tuple[StepTime, ComputeRates, LinkCosts, HostCoefficients | None]:
+    """Measure this rank's compute rates, the data-parallel link (unless --link-bandwidth-gbps and
+    --link-latency-us describe it) and the engine's host work (megatron/host_probe.py's skeleton engine; None
+    under pipeline parallelism), then predict one step. `comm`: the run's comm counter, which the host probe
+    puts back after counting its skeletons' collectives with its own. Every rank calls this at the same time: the
     ranks share the host's cores and links in training, and so they do in the probes. The probes draw
     from forked generators, so the run's own random numbers are the ones it would draw without them."""
     from megatron.comm_probe import probe_buffers, probe_link
     from megatron.compute_probe import probe_compute
+    from megatron.host_probe import probe_host
     from megatron.model.accounting.step_time import link_costs_from_flags, predict_step_time
 
     backend = "nccl" if dist_info.on_cuda else "gloo"
@@ -72,9 +77,11 @@ def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict,
             # each kind timed as the run issues it, at a buffer near the step's largest message of it
             link = probe_link(data_group, dist_info.device, backend,
                               buffers=probe_buffers(args.model, setup, stage, zero))
+        host = probe_host(args, dist_info, setup, zero, comm)
     predicted = predict_step_time(args.model, setup, stage, rates, link, zero,
-                                  overlap_comm=bool(zero.get("overlap_comm", False)))
-    return predicted, rates, link
+                                  overlap_comm=bool(zero.get("overlap_comm", False)),
+                                  host=host_seconds(args.model, setup, stage, zero, host))
+    return predicted, rates, link, host
 
 
 class OffloadStepClock:

@@ -615,12 +615,13 @@ def engine_device_args(dist_info: DistInfo) -> SimpleNamespace | None:
 
 
 def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int,
-                 deepspeed_defaults: bool = False):
+                 deepspeed_defaults: bool = False, zero_overrides: dict | None = None):
     """Build the model (partitioned at creation under ZeRO-3), optimizer, schedule and DeepSpeed engine.
     `deepspeed_defaults` (benchmarks' "before" only) restores what issue 55 changed: megatron/deepspeed_defaults.py.
     dist_info.parallel is DeepSpeed's mpu (ZeRO partitions over the ranks holding the same parameters: data- and
-    DeepSpeed-Ulysses sequence-parallel ones) except for a PipelineModule, which brings its own grid. Returns
-    (engine, the DeepSpeed config actually used)."""
+    DeepSpeed-Ulysses sequence-parallel ones) except for a PipelineModule, which brings its own grid.
+    `zero_overrides`: keys set in the config's zero_optimization section (megatron/host_probe.py's skeletons'
+    bucket sizes). Returns (engine, the DeepSpeed config actually used)."""
     state = dist_info.parallel
     mpu = state if args.parallel.pipeline_model_parallel_size == 1 else None
     import deepspeed
@@ -634,6 +635,8 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     if deepspeed_defaults:
         from megatron.deepspeed_defaults import restore_deepspeed_defaults
         config = restore_deepspeed_defaults(config, args.model.hidden_size, num_params, dist_info.on_cuda)
+    if zero_overrides:
+        config["zero_optimization"] = {**config.get("zero_optimization", {}), **zero_overrides}
     if args.model.recompute_with_deepspeed:  # before the model is built, as Megatron-DeepSpeed's initialize
         from megatron.core.tensor_parallel.random import configure_deepspeed_checkpointing
         stage_layers = args.model.num_layers // args.parallel.pipeline_model_parallel_size
@@ -720,8 +723,9 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
     if probes_skipped():
         reporter.print_line(PROBES_SKIPPED_LINE)
     else:
-        predicted, predictions.rates, predictions.link = predict_at_startup(args, dist_info, ds_config, setup)
-        reporter.print_line(probe_line(predictions.rates, predictions.link, predicted))
+        predicted, predictions.rates, predictions.link, predictions.host = predict_at_startup(
+            args, dist_info, ds_config, setup, comm)
+        reporter.print_line(probe_line(predictions.rates, predictions.link, predicted, predictions.host))
     if engine is not None and ds.offload_optimizer and par.pipeline_model_parallel_size == 1:
         reporter.offload_clock = OffloadStepClock(comm, dist_info.on_cuda)
         reporter.offload_clock.install(engine)

@@ -121,7 +121,7 @@ def time_line(rank: int, iteration: int, measured: dict, predicted) -> str:
 
 def _predicted_parts(predicted) -> dict[str, float]:
     return dict(compute=predicted.compute, communication=predicted.communication, offload=predicted.offload,
-                overlap=predicted.overlap, total=predicted.total)
+                host=predicted.host, overlap=predicted.overlap, total=predicted.total)
 
 
 def progress_line(rank: int, iteration: int, train_iters: int, elapsed_s: float,
@@ -149,9 +149,9 @@ def duration(seconds: float) -> str:
     return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
-def probe_line(rates, link, predicted) -> str:
+def probe_line(rates, link, predicted, host=None) -> str:
     """What the start-up probes measured (megatron/compute_probe.py, megatron/comm_probe.py, or the link the
-    flags describe) and the step time predicted from it."""
+    flags describe, megatron/host_probe.py's host work; None: not probed) and the step time predicted from it."""
     costs = ", ".join(f"{kind} {cost.latency_s * 1e6:.0f}us + {_rate(cost.seconds_per_byte)}"
                       for kind, cost in link.costs.items())
     copies = "" if rates.device_copy_bytes_per_s in (None, rates.host_copy_bytes_per_s) else (
@@ -163,9 +163,20 @@ def probe_line(rates, link, predicted) -> str:
             f"{output / 1e9:.1f} GFLOP/s, optimizer {rates.optimizer_step_s * 1e6:.0f}us + "
             f"{rates.optimizer_s_per_element * 1e9:.2f} ns/element, host copies "
             f"{rates.host_copy_bytes_per_s / 1e9:.2f} GB/s{copies} | link ({link.source}): {costs} | "
+            f"{_host(host)} | "
             f"compute={predicted.compute * 1e3:.1f}ms communication={predicted.communication * 1e3:.1f}ms "
-            f"offload={predicted.offload * 1e3:.1f}ms overlap={predicted.overlap * 1e3:.1f}ms "
+            f"offload={predicted.offload * 1e3:.1f}ms host={predicted.host * 1e3:.1f}ms "
+            f"overlap={predicted.overlap * 1e3:.1f}ms "
             f"total={predicted.total * 1e3:.1f}ms")
+
+
+def _host(host) -> str:
+    """The host work's coefficients (HostCoefficients), in microseconds per counted item."""
+    if host is None:
+        return "host: not probed (pipeline parallelism)"
+    probed = "" if host.seconds is None else f" (probed in {host.seconds:.2f} s)"
+    return (f"host ({host.source}): {host.per_tensor_s * 1e6:.1f}us/tensor, {host.per_module_s * 1e6:.1f}us/module "
+            f"hook, {host.per_flush_s * 1e6:.1f}us/flush, {host.per_sync_s * 1e6:.1f}us/sync{probed}")
 
 
 def _rate(seconds_per_byte: float) -> str:

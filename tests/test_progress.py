@@ -77,7 +77,7 @@ def test_the_eta_uses_the_wall_clock_of_the_last_intervals(monkeypatch):
 
 RUN_INFO = (" > run info | zero stage: 1 | offload: none | model: tiny | world size: 2 | micro batch: 4 | "
             "global batch: 8 | seq length: 64 | train samples per epoch: 3200 |")
-PREDICTED = type("Predicted", (), dict(compute=0.3, communication=0.1, offload=0.0, overlap=0.0, total=0.4))()
+PREDICTED = type("Predicted", (), dict(compute=0.3, communication=0.1, offload=0.0, host=0.0, overlap=0.0, total=0.4))()
 
 
 def interval_lines(iteration: int, total: int, elapsed: float, rate) -> list[str]:

@@ -219,9 +219,10 @@ def test_issue_example_prints_step_time_and_days_per_option_and_picks_by_time(ca
     timed = out.split("step time on")[1]
     rows = [re.split(r"\s{2,}", line) for line in timed.splitlines() if line.startswith(("DP ", "Z"))]
     assert [row[0] for row in rows] == OPTIONS
-    assert all(len(row) == 11 for row in rows[:-1]) and rows[-1][2:] == ["-"] * 9  # NVMe: no --nvme-bandwidth
+    assert all(len(row) == 12 for row in rows[:-1]) and rows[-1][2:] == ["-"] * 10  # NVMe: no --nvme-bandwidth
     data = plan_json(capsys, *ISSUE_EXAMPLE)
     plans = {p["option"]: p for p in data["plans"]}
+    assert all(p["host_ms"] > 0 for p in data["plans"] if p["step_ms"] is not None)  # the table's, beside the step
     assert data["hardware"] == dict(gpu="A100-80GB", peak_tflops=312.0, efficiency=0.869, intra_node_gbps=2400,
                                     inter_node_gbps=200.0, latency_us=10.0, tokens=300e9)
     fitting = [p for p in data["plans"] if p["fits"] and p["step_ms"] is not None]

@@ -37,6 +37,7 @@ from megatron.checkpointing import interval  # noqa: E402
 from megatron.model.accounting.fit import HEADROOM, peak_memory, stage_config  # noqa: E402
 from megatron.model.accounting.memory import checkpoint_bytes  # noqa: E402
 from megatron.model.accounting.traffic import OWNER_REDUCTION  # noqa: E402
+from megatron.model.accounting.host_work import HOST_COEFFICIENTS, host_seconds  # noqa: E402
 from megatron.model.accounting.step_time import (  # noqa: E402
     ComputeRates,
     LinkCosts,
@@ -135,6 +136,7 @@ class Plan:
     communication_ms: float | None = None
     offload_ms: float | None = None
     bubble_ms: float | None = None
+    host_ms: float | None = None  # the engine's host work, HOST_COEFFICIENTS["cuda"]'s (not in step_ms)
     tokens_per_s: float | None = None
     tflops_per_gpu: float | None = None  # model FLOPs (the MFU numerator)
     hardware_tflops_per_gpu: float | None = None  # recomputation counted, as the published runs count
@@ -537,7 +539,10 @@ def timing(config: GPTConfig, busiest: GPTConfig, setup: accounting.TrainingSetu
                     communication_ms=(step.communication - step.overlap) * 1e3, offload_ms=step.offload * 1e3,
                     bubble_ms=step.bubble * 1e3, tokens_per_s=tokens_per_s, **flops,
                     days=ns.token_budget / tokens_per_s / 86400 if ns.token_budget else None)
-    return dict(**figures(parts.expected(calibration(ns.hardware))), bound=figures(bound))
+    # the host work from the table's GPU coefficients: this machine cannot probe the GPU it plans for
+    host = host_seconds(busiest, setup, setup.pipeline_parallel_size - 1, dict(OWNER_REDUCTION),
+                        HOST_COEFFICIENTS["cuda"])
+    return dict(**figures(parts.expected(calibration(ns.hardware))), host_ms=host * 1e3, bound=figures(bound))
 
 
 # --- the calibration: published runs as the planner's command lines, and the fit --------------------------------
@@ -727,7 +732,7 @@ def table(plans: list[Plan], usable_gb: float) -> str:
 
 
 def time_table(plans: list[Plan], tokens: bool, bubble: bool, recompute: bool) -> str:
-    header = ["option", "fits", "step ms", "bound ms", "compute ms", "communication ms", "offload ms"] + (
+    header = ["option", "fits", "step ms", "bound ms", "compute ms", "communication ms", "offload ms", "host ms"] + (
         ["bubble ms"] if bubble else []) + ["tokens/s", "TFLOP/s/GPU"] + (["hw TFLOP/s/GPU"] if recompute else []) + (
         ["days", "bound days"] if tokens else [])
     rows = [header]
@@ -736,7 +741,7 @@ def time_table(plans: list[Plan], tokens: bool, bubble: bool, recompute: bool) -
             rows.append([p.option, "yes" if p.fits else "no"] + ["-"] * (len(header) - 2))
             continue
         rows.append([p.option, "yes" if p.fits else "no", f"{p.step_ms:.0f}", f"{p.bound['step_ms']:.0f}",
-                     f"{p.compute_ms:.0f}", f"{p.communication_ms:.0f}", f"{p.offload_ms:.0f}"]
+                     f"{p.compute_ms:.0f}", f"{p.communication_ms:.0f}", f"{p.offload_ms:.0f}", f"{p.host_ms:.0f}"]
                     + ([f"{p.bubble_ms:.0f}"] if bubble else []) + [f"{p.tokens_per_s:,.0f}", f"{p.tflops_per_gpu:.0f}"]
                     + ([f"{p.hardware_tflops_per_gpu:.0f}"] if recompute else [])
                     + ([f"{p.days:.1f}", f"{p.bound['days']:.1f}"] if tokens else []))
@@ -760,7 +765,9 @@ def expected_line(hw: Hardware) -> str:
             f"link at its nominal bandwidth) with matmuls at {c.matmul:.3g} of that rate, memory-bound kernels "
             f"reading and writing each layer's activations {c.memory_passes:.3g} times, collectives at {c.link:.3g} "
             f"of the bandwidth and recomputation's all-reduces; {calibration_summary()} of its published "
-            f"throughput when left out of the fit (tools/published_runs.json); {hw.gpu} takes the {runs}")
+            f"throughput when left out of the fit (tools/published_runs.json); {hw.gpu} takes the {runs}; "
+            f"host ms: the engine's host work at {HOST_COEFFICIENTS['cuda'].source}'s coefficients "
+            f"(megatron/model/accounting/host_work.py; not probed, not in step ms)")
 
 
 def notes(config: GPTConfig, ns: argparse.Namespace, plans: list[Plan]) -> list[str]:

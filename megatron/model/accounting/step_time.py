@@ -3,7 +3,7 @@
 The inputs are rates measured at start-up by megatron/compute_probe.py and megatron/comm_probe.py (or a
 link the user describes with flags), never the run's own step time.
 
-    total = compute + communication + offload - overlap
+    total = compute + communication + offload + host - overlap
     compute = hardware FLOPs of the rank's share of the step / flops_per_s
               + the engine's passes over the rank's gradients: GRADIENT_PASSES x their bytes / device_copy_bytes_per_s
               (+ the optimizer step, optimizer_step_s + partition elements x optimizer_s_per_element, when it runs
@@ -12,6 +12,8 @@ link the user describes with flags), never the run's own step time.
                     (ZeRO 1-2's gradient reduction at the cost of `reduce`, the op DeepSpeed issues for it;
                     DeepSpeed-Ulysses' all-to-alls at the all-gather's)
     offload = host optimizer step + PCIe bytes / host_copy_bytes_per_s + NVMe bytes / nvme_bytes_per_s
+    host = the engine's own host work: per parameter tensor, stage-3 module hook, bucket flush and host
+           synchronisation (host_work.py's counts, megatron/host_probe.py's coefficients)
     overlap = ZeRO's gradient reductions hidden behind the backward, and stage 3's prefetched parameter
               gathers behind the pass they serve (CUDA with overlap_comm; 0 on gloo)
 
@@ -82,17 +84,19 @@ class ComputeRates:
 
 @dataclass(frozen=True)
 class StepTime:
-    """Seconds of one optimizer step, by part; `overlap` is the communication hidden behind compute, `bubble`
-    the pipeline's idle time (predicted only when asked: the runs' time line leaves it out)."""
+    """Seconds of one optimizer step, by part; `host` the engine's host work (host_work.py), `overlap` the
+    communication hidden behind compute, `bubble` the pipeline's idle time (predicted only when asked: the runs'
+    time line leaves it out)."""
     compute: float
     communication: float
     offload: float
     overlap: float = 0.0
     bubble: float = 0.0
+    host: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.compute + self.communication + self.offload - self.overlap + self.bubble
+        return self.compute + self.communication + self.offload + self.host - self.overlap + self.bubble
 
 
 # Wire seconds per paper byte, relative to bytes / bandwidth, per backend and kind. gloo: measured on two hosts
@@ -536,7 +540,7 @@ def moe_all_to_all_seconds(config: GPTConfig, setup: TrainingSetup, link: LinkCo
 
 def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates: ComputeRates, link: LinkCosts,
                       buckets: dict, overlap_comm: bool, model_parallel_link: LinkCosts | None = None,
-                      with_bubble: bool = False) -> StepTime:
+                      with_bubble: bool = False, host: float = 0.0) -> StepTime:
     """Seconds of one optimizer step of a rank of pipeline `stage` (the module docstring gives the formula).
 
     compute: the rank's hardware FLOPs, hardware_flops_per_iteration over the global batch (recomputed forwards
@@ -562,7 +566,8 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     `model_parallel_link`: where tensor and pipeline parallelism's collectives run on other links than the
     data-parallel group's (tools/zero_plan.py's projection), their traffic and messages (those of the same
     layout without data parallelism) are priced on it and only the rest on `link`; None prices all on `link`.
-    `with_bubble`: add the pipeline's bubble (`pipeline_bubble` of the forward and backward compute)."""
+    `with_bubble`: add the pipeline's bubble (`pipeline_bubble` of the forward and backward compute).
+    `host`: seconds of the engine's host work, host_work.host_seconds (0: no host part)."""
     global_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * setup.data_parallel_size
     hardware = hardware_flops_per_iteration(config, global_batch)
     output_layer = 3 * logit_forward_flops(config, global_batch * config.seq_length)
@@ -604,4 +609,5 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     compute = forward_backward + gradient_pass_seconds(config, setup, stage, rates)
     compute += 0.0 if setup.offload_optimizer else optimizer
     bubble = pipeline_bubble(forward_backward, setup) if with_bubble else 0.0
-    return StepTime(compute=compute, communication=communication, offload=offload, overlap=overlap, bubble=bubble)
+    return StepTime(compute=compute, communication=communication, offload=offload, overlap=overlap, bubble=bubble,
+                    host=host)
