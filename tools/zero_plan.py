@@ -765,8 +765,8 @@ def expected_line(hw: Hardware) -> str:
             f"link at its nominal bandwidth) with matmuls at {c.matmul:.3g} of that rate, memory-bound kernels "
             f"reading and writing each layer's activations {c.memory_passes:.3g} times, collectives at {c.link:.3g} "
             f"of the bandwidth and recomputation's all-reduces; {calibration_summary()} of its published "
-            f"throughput when left out of the fit (tools/published_runs.json); {hw.gpu} takes the {runs}; "
-            f"host ms: the engine's host work at {HOST_COEFFICIENTS['cuda'].source}'s coefficients "
+            f"throughput when left out of the fit (tools/published_runs.json); {hw.gpu} takes the {runs}\n"
+            f"host ms: the engine's host work at the {HOST_COEFFICIENTS['cuda'].source} coefficients "
             f"(megatron/model/accounting/host_work.py; not probed, not in step ms)")
 
 

@@ -63,9 +63,9 @@ class HostCoefficients:
 # GPU's own probe records its coefficients.
 HOST_COEFFICIENTS: dict[str, HostCoefficients] = {
     "cpu": HostCoefficients(per_tensor_s=1.30e-3, per_module_s=0.59e-3, per_flush_s=1.11e-3, per_sync_s=6.3e-6,
-                            source="table (cpu)"),
+                            source="table's cpu"),
     "cuda": HostCoefficients(per_tensor_s=0.55e-3, per_module_s=1.1e-3, per_flush_s=0.0, per_sync_s=0.0,
-                             source="table (cuda)"),
+                             source="table's cuda (the first H100 run before the host fixes: an upper bound)"),
 }
 
 
