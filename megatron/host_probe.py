@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -31,6 +32,15 @@ WHOLE = 10**9  # bucket elements no skeleton reaches: one bucket a reduction, ev
 TENSOR = 2  # bucket elements below every tensor's: a bucket per tensor (DeepSpeed wants a multiple of 2)
 SYNC_REPEATS = 50
 
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSteps:
+    """The trainer's own functions the skeletons run, passed down by megatron/training.py (which this module sits
+    below): its setup_engine, train_step and get_batch."""
+    setup_engine: Callable
+    train_step: Callable
+    get_batch: Callable
 
 def skeleton_args(args):
     """The run's flags at a tiny width: one micro-batch of one sample per data-parallel rank, a short
@@ -85,11 +95,9 @@ def _timed(step, device, group) -> float:
     return time.perf_counter() - start
 
 
-def bare_seconds(args, dist_info) -> float:
+def bare_seconds(args, dist_info, get_batch: Callable) -> float:
     """The skeleton model's forward and backward alone, no engine: the part of its step that is not host work
     of the engine's (the compute probe prices it at the run's width)."""
-    from megatron.training import get_batch
-
     model = _builder(args, dist_info)().to(dist_info.device).train()
     data = _batches(args, dist_info.device)
 
@@ -101,11 +109,10 @@ def bare_seconds(args, dist_info) -> float:
     return min(_timed(step, dist_info.device, None) for _ in range(STEPS))
 
 
-def variant_seconds(args, dist_info, zero: dict) -> tuple[float, dict]:
+def variant_seconds(args, dist_info, zero: dict, steps: TrainerSteps) -> tuple[float, dict]:
     """(seconds of a skeleton engine's step outside collectives, the zero_optimization section it ran with)."""
-    from megatron.training import setup_engine, train_step
-
-    engine, config = setup_engine(_builder(args, dist_info), count_parameters(args.model), args, dist_info,
+    train_step = steps.train_step
+    engine, config = steps.setup_engine(_builder(args, dist_info), count_parameters(args.model), args, dist_info,
                                   train_iters=STEPS + 1, zero_overrides=zero)
     data, eod = _batches(args, dist_info.device), args.model.padded_vocab_size - 1
     counter = comm_counter.CommCounter()
@@ -147,8 +154,8 @@ def fit(rows: list[tuple[float, float, float]], seconds: list[float]) -> tuple[f
     return 0.0, 0.0, 0.0
 
 
-def probe_host(args, dist_info, setup: TrainingSetup, zero: dict, comm: comm_counter.CommCounter | None
-               ) -> HostCoefficients | None:
+def probe_host(args, dist_info, setup: TrainingSetup, zero: dict, comm: comm_counter.CommCounter | None,
+               steps: TrainerSteps) -> HostCoefficients | None:
     """HostCoefficients of this rank from the skeleton variants, every rank agreeing on the largest; None under
     pipeline parallelism (the skeleton is the non-pipeline GPTModel). `comm`: the run's comm counter, put back
     after the probe (None: none installed)."""
@@ -170,8 +177,8 @@ def probe_host(args, dist_info, setup: TrainingSetup, zero: dict, comm: comm_cou
     try:
         rows, seconds = [], []
         for variant, overrides in variants:
-            bare = bare_seconds(variant, dist_info)
-            wall, section = variant_seconds(variant, dist_info, overrides)
+            bare = bare_seconds(variant, dist_info, steps.get_batch)
+            wall, section = variant_seconds(variant, dist_info, overrides, steps)
             counts = host_counts(variant.model, small, 0, section)
             rows.append((counts.tensors, counts.module_hooks, counts.flushes))
             seconds.append(max(0.0, wall - bare - counts.syncs * sync_seconds(dist_info.device)))

@@ -45,12 +45,13 @@ def _probe_optimizer(args: Args):
 
 
 def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict, setup: TrainingSetup,
-                       comm: CommCounter | None = None
+                       comm: CommCounter | None, steps
                        ) -> tuple[StepTime, ComputeRates, LinkCosts, HostCoefficients | None]:
     """Measure this rank's compute rates, the data-parallel link (unless --link-bandwidth-gbps and
     --link-latency-us describe it) and the engine's host work (megatron/host_probe.py's skeleton engine; None
     under pipeline parallelism), then predict one step. `comm`: the run's comm counter, which the host probe
-    puts back after counting its skeletons' collectives with its own. Every rank calls this at the same time: the
+    puts back after counting its skeletons' collectives with its own; `steps`: the trainer's functions its skeletons
+    run (megatron/host_probe.py's TrainerSteps). Every rank calls this at the same time: the
     ranks share the host's cores and links in training, and so they do in the probes. The probes draw
     from forked generators, so the run's own random numbers are the ones it would draw without them."""
     from megatron.comm_probe import probe_buffers, probe_link
@@ -77,7 +78,7 @@ def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict, setup: 
             # each kind timed as the run issues it, at a buffer near the step's largest message of it
             link = probe_link(data_group, dist_info.device, backend,
                               buffers=probe_buffers(args.model, setup, stage, zero))
-        host = probe_host(args, dist_info, setup, zero, comm)
+        host = probe_host(args, dist_info, setup, zero, comm, steps)
     predicted = predict_step_time(args.model, setup, stage, rates, link, zero,
                                   overlap_comm=bool(zero.get("overlap_comm", False)),
                                   host=host_seconds(args.model, setup, stage, zero, host))

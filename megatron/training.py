@@ -23,6 +23,7 @@ from megatron.curriculum import SeqlenCurriculum
 from megatron.deepspeed_quiet import EXPERT_GROUP_CREATED, without_lines
 from megatron.exit_signal import ExitSignalHandler, minutes_past
 from megatron.errors import ZeroLabError
+from megatron.host_probe import TrainerSteps
 from megatron.initialize import DistInfo
 from megatron.launch.dist_env import all_ranks_on_this_host
 from megatron.length_predictions import LengthPredictions
@@ -724,7 +725,7 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
         reporter.print_line(PROBES_SKIPPED_LINE)
     else:
         predicted, predictions.rates, predictions.link, predictions.host = predict_at_startup(
-            args, dist_info, ds_config, setup, comm)
+            args, dist_info, ds_config, setup, comm, TrainerSteps(setup_engine, train_step, get_batch))
         reporter.print_line(probe_line(predictions.rates, predictions.link, predicted, predictions.host))
     if engine is not None and ds.offload_optimizer and par.pipeline_model_parallel_size == 1:
         reporter.offload_clock = OffloadStepClock(comm, dist_info.on_cuda)

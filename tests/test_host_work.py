@@ -131,8 +131,8 @@ def _check_probe(rank, world, stage):
     import torch.distributed as dist
 
     from megatron import comm_counter
-    from megatron.host_probe import probe_host
-    from megatron.training import training_setup
+    from megatron.host_probe import TrainerSteps, probe_host
+    from megatron.training import get_batch, setup_engine, train_step, training_setup
 
     import deepspeed
 
@@ -142,7 +142,8 @@ def _check_probe(rank, world, stage):
     dist_info = DistInfo(rank=rank, local_rank=rank, world_size=2, device=torch.device("cpu"),
                          parallel=ParallelState.build(args.parallel.layout))
     run_counter = comm_counter.install()
-    host = probe_host(args, dist_info, training_setup(args, dist_info), {}, run_counter)
+    host = probe_host(args, dist_info, training_setup(args, dist_info), {}, run_counter,
+                      TrainerSteps(setup_engine, train_step, get_batch))
     values = (host.per_tensor_s, host.per_module_s, host.per_flush_s, host.per_sync_s)
     print(f"ZeRO {stage} rank {rank}: {host}")
     assert all(0 <= v < 1 for v in values) and host.per_tensor_s + host.per_flush_s > 0, host
