@@ -65,7 +65,7 @@ def _zero_section(args: Args, num_params: int, hidden_size: int, on_cuda: bool) 
     if ds.zero_stage == 0:
         return zero
     # ranks holding the same parameters (data- times DeepSpeed-Ulysses sequence-parallel): with one, ZeRO shares
-    # nothing and sends nothing, and what serves the sharing only costs host time (docs/gpu.md)
+    # nothing and sends nothing, and what serves the sharing only costs host time (docs/gpu-reference.md)
     shared = args.parallel.data_parallel_size * args.parallel.sequence_parallel_size > 1
     # overlap_comm reduces on a side stream, and DeepSpeed 0.19.8 synchronizes the device before each bucket's
     # reduction to do so (allreduce_and_copy): worth it only where there is communication to hide

@@ -1,5 +1,5 @@
-"""DeepSpeed 0.19.8's own behaviour where zero-lab changed it for speed on a GPU (issue 55, docs/gpu.md), for the
-"before" side of a benchmark only (bench/bench_syncs.py through `setup_engine(..., deepspeed_defaults=True)`); no
+"""DeepSpeed 0.19.8's own behaviour where zero-lab changed it for speed on a GPU (issue 55, docs/gpu-reference.md), for
+the "before" side of a benchmark only (bench/bench_syncs.py through `setup_engine(..., deepspeed_defaults=True)`); no
 flag or driver setting reaches it, since every run should train with zero-lab's settings.
 
 What it puts back: DeepSpeed's throughput timer (on by default; it synchronizes at every forward and step), stage 1-2's

@@ -5,9 +5,9 @@ _configure_fp16_optimizer): fp32 master copies of the 16-bit parameters (fp32_gr
 which are copied back; the loss scale in fp16 (bf16's is 1). Its step leaves every expert's gradient out of the
 norm it clips by and reports (split_params_grads_into_shared_and_expert_params), so an MoE run clipped by, and
 logged, the dense part alone; it reads the host once per parameter for its overflow check and per group for its
-norm (on a GPU each read waits for the device: issue 55, docs/gpu.md); and as it is built it steps AdamW once with
-zero gradients, so the first real update was Adam's second step (0.74 x the rate) and decayed weights shrank once by
-lr x wd. ExpertNormUnfusedOptimizer is that wrapper with the step taking the norm of the whole model, experts over
+norm (on a GPU each read waits for the device: issue 55, docs/gpu-reference.md); and as it is built it steps AdamW once
+with zero gradients, so the first real update was Adam's second step (0.74 x the rate) and decayed weights shrank once
+by lr x wd. ExpertNormUnfusedOptimizer is that wrapper with the step taking the norm of the whole model, experts over
 their expert-parallel groups, as the fp32 step and ZeRO 1-2 take it, read to the host once, and with AdamW's states
 made as Adam's first step finds them; the rest is DeepSpeed's. `expert_norm_unfused_optimizer` makes the engine
 build it, for every model at stage 0 in 16-bit.

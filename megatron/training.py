@@ -667,7 +667,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
                                                lr_scheduler=schedule, config=config, mpu=mpu,
                                                dist_init_required=False)
     if not deepspeed_defaults:
-        clip_without_host_reads(engine.optimizer)  # ZeRO 1-2: no host read per optimizer group (docs/gpu.md)
+        clip_without_host_reads(engine.optimizer)  # ZeRO 1-2: no host read per optimizer group (docs/gpu-reference.md)
     if args.training.compile:
         compile_engine(engine, args.deepspeed.zero_stage, pipeline=mpu is None)
     return engine, config

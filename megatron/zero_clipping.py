@@ -1,4 +1,4 @@
-"""ZeRO 1-2's gradient clipping without a host read per optimizer group (issue 55, docs/gpu.md).
+"""ZeRO 1-2's gradient clipping without a host read per optimizer group (issue 55, docs/gpu-reference.md).
 
 DeepSpeed 0.19.8's DeepSpeedZeroOptimizer.unscale_and_clip_grads, called once per optimizer group in its step, asks
 `is_invalid_grad_norm(norm)` of the norm tensor, a bool() that waits for the device, to replace a non-finite norm

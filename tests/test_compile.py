@@ -50,7 +50,7 @@ STAGES = {"z0": ["--zero-stage", "0"], "z1": ["--zero-stage", "1"], "z2": ["--ze
           "z3_offload": ["--zero-stage", "3", "--zero-offload-optimizer", "--zero-offload-params"]}
 SHORT = ["--train-iters", "3", "--global-batch-size", "4", "--lr-warmup-iters", "1"]
 # the compiled losses against the uncompiled ones, relative: the log prints 7 digits, and at every stage they
-# were all the same (docs/gpu.md)
+# were all the same (docs/gpu-reference.md)
 LOSS_TOLERANCE = 1e-6
 
 

@@ -85,6 +85,7 @@ def test_the_docs_index_lists_every_page():
 
 
 # Task pages a user reads in minutes; their derivations live in the *-reference.md pages beside them
-@pytest.mark.parametrize("name", ["zero-tradeoff.md", "moe.md", "faults.md"])
+@pytest.mark.parametrize("name", ["zero-tradeoff.md", "moe.md", "faults.md", "gpu.md", "checkpoints.md",
+                                  "bad-input.md"])
 def test_task_pages_stay_short(name):
     assert len((ROOT / "docs" / name).read_text().split()) <= 2500

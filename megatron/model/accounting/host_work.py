@@ -58,9 +58,9 @@ class HostCoefficients:
 # Coefficients per device class for tools/zero_plan.py, which cannot probe the device it plans for. "cpu": what
 # megatron/host_probe.py measured for the tiny preset's ZeRO-3 on 2 gloo ranks of the loaded 2-core dev box (DP's
 # probe: 109 us/tensor, 4 us/flush). "cuda": the first H100 run's gaps between measured and predicted step at ZeRO 2
-# and 3 (docs/gpu.md: 82 and 220 ms for GPT-2 125M, one GPU, bf16; 148 tensors, 126 hooked modules, 19 flushes),
-# put on the tensors (stage 2) and the module hooks (the rest at stage 3): fitted to the run it describes, until a
-# GPU's own probe records its coefficients.
+# and 3 (docs/gpu-reference.md: 82 and 220 ms for GPT-2 125M, one GPU, bf16; 148 tensors, 126 hooked modules, 19
+# flushes), put on the tensors (stage 2) and the module hooks (the rest at stage 3): fitted to the run it describes,
+# until a GPU's own probe records its coefficients.
 HOST_COEFFICIENTS: dict[str, HostCoefficients] = {
     "cpu": HostCoefficients(per_tensor_s=1.30e-3, per_module_s=0.59e-3, per_flush_s=1.11e-3, per_sync_s=6.3e-6,
                             source="table's cpu"),
