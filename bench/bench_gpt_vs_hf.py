@@ -112,7 +112,15 @@ def measure(builder_name, args, opts, dist_info: DistInfo, config) -> list[float
     builder = (lambda: GPTModel(config)) if builder_name == "ours" else (lambda: HFAdapter(config))
     engine, _ = setup_engine(builder, accounting.count_parameters(config), args, dist_info,
                              opts.warmup + opts.steps)
-    batches = random_batches(opts, 1000 + dist_info.rank)
+    seconds = timed_steps(engine, random_batches(opts, 1000 + dist_info.rank), args, opts, dist_info)
+    engine.destroy()
+    del engine
+    gc.collect()
+    return seconds
+
+
+def timed_steps(engine, batches, args, opts, dist_info: DistInfo) -> list[float]:
+    """Seconds of each of opts.steps training steps after opts.warmup, the device synchronized around each."""
     seconds = []
     for step in range(opts.warmup + opts.steps):
         synchronize(dist_info)
@@ -121,9 +129,6 @@ def measure(builder_name, args, opts, dist_info: DistInfo, config) -> list[float
         synchronize(dist_info)
         if step >= opts.warmup:
             seconds.append(time.perf_counter() - start)
-    engine.destroy()
-    del engine
-    gc.collect()
     return seconds
 
 

@@ -23,7 +23,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_gpt_vs_hf import VOCAB, flags, random_batches, synchronize, toy_dataset  # noqa: E402
-from bench.bench_gpt_vs_hf import training_bench_parser  # noqa: E402
+from bench.bench_gpt_vs_hf import timed_steps, training_bench_parser  # noqa: E402
 from bench.bench_host_work import counting_host_reads  # noqa: E402
 from megatron.arguments import parse_args  # noqa: E402
 from megatron.initialize import initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
@@ -85,14 +84,7 @@ def measure(side: str, args, opts, dist_info) -> dict:
     engine, _ = setup_engine(lambda: GPTModel(args.model), accounting.count_parameters(args.model), args, dist_info,
                              total, deepspeed_defaults=side == "before")
     batches = random_batches(opts, 1000 + dist_info.rank)
-    seconds = []
-    for step in range(opts.warmup + opts.steps):
-        synchronize(dist_info)
-        start = time.perf_counter()
-        train_step(engine, batches, args, dist_info, eod=VOCAB - 1)
-        synchronize(dist_info)
-        if step >= opts.warmup:
-            seconds.append(time.perf_counter() - start)
+    seconds = timed_steps(engine, batches, args, opts, dist_info)
     counts = count_step_syncs(engine, batches, args, dist_info, opts.count_steps)
     engine.destroy()
     del engine
