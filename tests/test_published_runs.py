@@ -133,6 +133,14 @@ def docs_runs(section: str = "## Checked against published runs") -> tuple[dict[
     return rows, {name: command.split() for name, command in commands.items()}
 
 
+def assert_run_columns(run: dict, args: list[str], layout: str, option: str, batch: str) -> None:
+    """The docs' command is the run's, and its layout, option and batch columns are the run's."""
+    assert args == zero_plan.published_run_args(run), run["name"]
+    dp = run["gpus_per_node"] * run["nodes"] // (run["tp"] * run["pp"])
+    assert layout == f"{run['tp']} x {run['pp']} x {dp}" and option == zero_plan.published_run_option(run)
+    assert batch == f"{run['global_batch_size']} ({run['micro_batch_size']})"
+
+
 def test_the_docs_table_is_what_the_planner_prints_for_the_docs_commands(capsys, monkeypatch):
     """Columns: run, TP x PP x DP, option, batch (micro), published, step ms, bound ms, hw TFLOP/s/GPU,
     / published, left out: hw TFLOP/s/GPU, left out / published."""
@@ -141,10 +149,7 @@ def test_the_docs_table_is_what_the_planner_prints_for_the_docs_commands(capsys,
     for run in RUNS:
         layout, option, batch, published, step, bound, tflops, ratio, left_out, left_out_ratio = rows[run["name"]]
         args = commands[run["name"]]
-        assert args == zero_plan.published_run_args(run), run["name"]
-        dp = run["gpus_per_node"] * run["nodes"] // (run["tp"] * run["pp"])
-        assert layout == f"{run['tp']} x {run['pp']} x {dp}" and option == zero_plan.published_run_option(run)
-        assert batch == f"{run['global_batch_size']} ({run['micro_batch_size']})"
+        assert_run_columns(run, args, layout, option, batch)
         assert float(published) == run["published_tflops_per_gpu"]
         row = printed_row(capsys, args, option)
         assert (step, bound, tflops) == (row["step ms"], row["bound ms"], row["hw TFLOP/s/GPU"]), run["name"]
@@ -163,10 +168,7 @@ def test_the_docs_h100_table_is_what_the_planner_prints_for_the_docs_commands(ca
     for run in H100_RUNS:
         layout, option, batch, published, step, bound, tflops, ratio, left_out, left_out_ratio = rows[run["name"]]
         args = commands[run["name"]]
-        assert args == zero_plan.published_run_args(run), run["name"]
-        dp = run["gpus_per_node"] * run["nodes"] // (run["tp"] * run["pp"])
-        assert layout == f"{run['tp']} x {run['pp']} x {dp}" and option == zero_plan.published_run_option(run)
-        assert batch == f"{run['global_batch_size']} ({run['micro_batch_size']})"
+        assert_run_columns(run, args, layout, option, batch)
         assert published == f"{zero_plan.published_tflops_per_gpu(run):.0f}"
         row = printed_row(capsys, args, option)
         assert (step, bound, tflops) == (row["step ms"], row["bound ms"], hw_tflops(row)), run["name"]
