@@ -253,10 +253,13 @@ def test_gpu_suite_runs_only_the_parts_asked_for_and_keeps_earlier_runs(tmp_path
     assert "summarize.py" in commands[5] and "gpu_suite_report.py" in commands[6]
 
 
+SUITE_USAGE = "usage: bench/gpu_suite.sh [--dry-run] [--only PARTS | --quick | --perf]"
+
+
 @pytest.mark.parametrize("args, message", [
-    (["--fast"], "error: unknown argument --fast (usage: bench/gpu_suite.sh [--dry-run] [--only PARTS | --quick])"),
+    (["--fast"], f"error: unknown argument --fast ({SUITE_USAGE})"),
     (["--quick", "--only", "bench"],
-     "error: --quick runs its own parts: leave out --only (usage: bench/gpu_suite.sh [--dry-run] [--only PARTS | --quick])"),
+     f"error: --quick and --perf run their own parts: leave out --only ({SUITE_USAGE})"),
     (["--only", "125M,1.3B"], "error: --only 125M,1.3B: unknown part 1.3B (expected: 125M, 355M, bench, report)"),
 ])
 def test_gpu_suite_rejects_bad_arguments_in_one_line(args, message):
