@@ -199,20 +199,32 @@ def loss_peak_mib(config, opts, device) -> dict | None:
                                                                    reduction="none"))}
 
 
-def main(argv) -> int:
-    from deepspeed.accelerator import get_accelerator
+def start_ranks() -> DistInfo:
+    """This process's rank of a data-parallel bench, started as pretrain_gpt.py starts one."""
     from megatron.core.parallel_state import ParallelLayout, ParallelState
 
-    opts = bench_options(argv)
     silence_known_warnings()  # as pretrain_gpt.py: torch 2.13 deprecates the collectives DeepSpeed calls
     dist_info = initialize_distributed(timeout_minutes=10.0)
-    dist_info = replace(dist_info, parallel=ParallelState.build(ParallelLayout(dist_info.world_size)))
+    return replace(dist_info, parallel=ParallelState.build(ParallelLayout(dist_info.world_size)))
+
+
+def stage_args(opts, stage: str, prefix: str, dist_info: DistInfo):
+    """The run's Args at one ZeRO stage, prepared as pretrain_gpt.py prepares them."""
+    from deepspeed.accelerator import get_accelerator
+
+    args, _ = prepare_run(parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size,
+                                     get_accelerator().device_name()), verbose=False)
+    return args
+
+
+def main(argv) -> int:
+    opts = bench_options(argv)
+    dist_info = start_ranks()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         prefix = toy_dataset(Path(tmp))
         for stage in opts.stages.split(","):
-            args, _ = prepare_run(parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size,
-                                             get_accelerator().device_name()), verbose=False)
+            args = stage_args(opts, stage, prefix, dist_info)
             config = args.model
             # ours, HF, HF, ours: a drift in machine load or a cold first run favours neither side;
             # the median step time resists the odd slow step (a page-cache miss, a busy neighbour)

@@ -23,20 +23,17 @@ import os
 import statistics
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_gpt_vs_hf import VOCAB, flags, random_batches, synchronize, toy_dataset  # noqa: E402
-from bench.bench_gpt_vs_hf import timed_steps, training_bench_parser  # noqa: E402
+from bench.bench_gpt_vs_hf import VOCAB, random_batches, stage_args, start_ranks, synchronize  # noqa: E402
+from bench.bench_gpt_vs_hf import timed_steps, toy_dataset, training_bench_parser  # noqa: E402
 from bench.bench_host_work import counting_host_reads  # noqa: E402
-from megatron.arguments import parse_args  # noqa: E402
-from megatron.initialize import initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
+from megatron.initialize import set_seed  # noqa: E402
 from megatron.model import GPTModel, accounting  # noqa: E402
-from megatron.startup import prepare_run  # noqa: E402
 from megatron.training import setup_engine, train_step  # noqa: E402
 
 MEGATRON = str(Path(__file__).resolve().parent.parent / "megatron")
@@ -49,7 +46,7 @@ def options(argv):
     parser = training_bench_parser(__doc__, "0,1,2,3", 10, "timed steps per engine")
     parser.add_argument("--count-steps", type=int, default=3, help="steps whose synchronizations are counted")
     opts = parser.parse_args(argv)
-    opts.compile = False  # flags() reads it: the counts are of the eager step
+    opts.compile = False  # stage_args' flags read it: the counts are of the eager step
     return opts
 
 
@@ -95,20 +92,13 @@ def measure(side: str, args, opts, dist_info) -> dict:
 
 
 def main(argv) -> int:
-    from deepspeed.accelerator import get_accelerator
-
-    from megatron.core.parallel_state import ParallelLayout, ParallelState
-
     opts = options(argv)
-    silence_known_warnings()
-    dist_info = initialize_distributed(timeout_minutes=10.0)
-    dist_info = replace(dist_info, parallel=ParallelState.build(ParallelLayout(dist_info.world_size)))
+    dist_info = start_ranks()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         prefix = toy_dataset(Path(tmp))
         for stage in opts.stages.split(","):
-            args, _ = prepare_run(parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size,
-                                             get_accelerator().device_name()), verbose=False)
+            args = stage_args(opts, stage, prefix, dist_info)
             for side in SIDES:
                 rows.append({"stage": int(stage), **measure(side, args, opts, dist_info)})
     if dist_info.rank == 0:
