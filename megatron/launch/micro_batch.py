@@ -30,7 +30,8 @@ def _vocabulary(data) -> int:
         try:
             return build_tokenizer(data, verbose=False).vocab_size
         except (ZeroLabError, OSError, ValueError):
-            pass
+            # a tokenizer file that does not load is the run's own one-line error at start-up: plan as for GPT-2
+            return GPT2_VOCABULARY
     return GPT2_VOCABULARY
 
 
