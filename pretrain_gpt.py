@@ -11,14 +11,14 @@ from functools import partial
 
 import torch
 
-from megatron import comm_counter
+from megatron.accounting.measure import comm_counter
 from megatron.arguments import Args, parse_args
 from megatron.core.parallel_state import ParallelState
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo, initialize_distributed, launcher_world_size, set_seed, silence_known_warnings
-from megatron.launch.flag_sources import name_sources
-from megatron.launch.heartbeat import Heartbeat, silent_seconds
-from megatron.launch.lost_peer import Peers
+from megatron.flag_sources import name_sources
+from megatron.runtime.heartbeat import Heartbeat, silent_seconds
+from megatron.runtime.lost_peer import Peers
 from megatron.startup import check_save_folder_is_shared, prepare_run
 from megatron.training import LoopState, resolve_schedule
 
@@ -100,7 +100,8 @@ def pretrain(args: Args, tokenizer, dist_info: DistInfo, comm=None) -> LoopState
 def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
     from megatron.deepspeed_config import tuned_keys_added, write_deepspeed_config
     from megatron.training_log import tuned_keys_line
-    from megatron.model import GPTModel, accounting
+    from megatron.model import GPTModel
+    from megatron import accounting
     from megatron.model.moe import expert_parallel_rank
     from megatron.run_record import write_environment_record
     from megatron.training import setup_engine
@@ -127,7 +128,7 @@ def report_error(message: str, argv: list[str]) -> None:
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if rank != 0 and rank == local_rank:  # ranks are placed host by host: rank == local rank on rank 0's host
         time.sleep(ERROR_GRACE_SECONDS)
-    # a launch script's flag is named with the variable it came from (megatron/launch/flag_sources.py)
+    # a launch script's flag is named with the variable it came from (megatron/flag_sources.py)
     print(f"error: {name_sources(message, argv)}", file=sys.stderr, flush=True)
 
 
@@ -135,7 +136,8 @@ def main(argv: list[str]) -> int:
     silence_known_warnings()
     # The modules imported so far (torch, DeepSpeed: a few hundred thousand objects) live as long as the process:
     # frozen, the collector no longer walks them, at each full collection and at each CPU memory sample
-    # (megatron/memory.py's live_tensor_bytes reads gc.get_objects(), which leaves frozen objects out). The run's
+    # (megatron/accounting/measure/memory.py's live_tensor_bytes reads gc.get_objects(), which leaves frozen objects
+    # out). The run's
     # own tensors are all made after this point, so every one of them is still counted.
     gc.freeze()
     peers, heartbeat, finished = None, None, False
@@ -150,7 +152,7 @@ def main(argv: list[str]) -> int:
             comm.time_on_cuda(torch.cuda.current_stream())
         peers = Peers.gather(dist_info.address)  # who runs where: a lost host is then named
         check_save_folder_is_shared(args.checkpoint.save)  # every host's ranks must write into the same folder
-        # a silent host ends the job in a minute (megatron/launch/heartbeat.py)
+        # a silent host ends the job in a minute (megatron/runtime/heartbeat.py)
         heartbeat = Heartbeat(peers, silent_seconds()).start()
         # the layout's process groups, built once; the data loader, the logging rank and DeepSpeed's mpu use them
         timeout = timedelta(minutes=args.parallel.distributed_timeout_minutes)

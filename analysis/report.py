@@ -249,7 +249,7 @@ def _memory_and_traffic(summaries: list[RunSummary], plot: str | None) -> list[s
         return []
     base = min(runs, key=lambda s: (s.zero_stage if s.zero_stage is not None else 9, s.offload != "none"))
     lines = ["What each rank holds in model states (params, grads, optimizer states) against what it sends per "
-             "iteration, measured by the run beside megatron/model/accounting/'s prediction "
+             "iteration, measured by the run beside megatron/accounting/predict/'s prediction "
              f"(docs/zero-tradeoff.md); ratios are to {base.label}'s measurements. Offloaded states (host memory, "
              "or this rank's NVMe files) are apart from the model states; on CPU ranks host memory is the "
              "accelerator's, so they are told apart by where DeepSpeed keeps them. Activations are what one "
@@ -280,7 +280,7 @@ def _time_split(summaries: list[RunSummary]) -> list[str]:
     lines = ["\n### Time per iteration: compute, communication, offload\n",
              "Milliseconds per iteration over the same steady-state intervals as ms/iter, measured by the run "
              "(`communication`: blocked in collectives; `offload`: the offloaded optimizer's step; `compute`: the "
-             "rest) beside megatron/model/accounting/step_time.py's prediction, whose `overlap` is the "
+             "rest) beside megatron/accounting/predict/step_time.py's prediction, whose `overlap` is the "
              "communication it expects hidden behind compute (total = compute + communication + offload - "
              "overlap; docs/log-lines.md, the time line).\n",
              "| run | compute measured/predicted (ms) | communication measured/predicted (ms) | "

@@ -30,7 +30,8 @@ from megatron.checkpointing.checksum import StreamCRC  # noqa: E402
 from megatron.checkpointing.save_load import save_checkpoint  # noqa: E402
 from megatron.checkpointing.writer import FlushingCheckpointEngine  # noqa: E402
 from megatron.initialize import DistInfo, initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
-from megatron.model import GPTModel, accounting  # noqa: E402
+from megatron.model import GPTModel# noqa: E402
+from megatron import accounting
 from megatron.startup import prepare_run  # noqa: E402
 from megatron.training import setup_engine, train_step  # noqa: E402
 

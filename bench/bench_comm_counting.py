@@ -1,4 +1,4 @@
-"""What counting the bytes of every collective costs: training tokens/s with megatron/comm_counter.py off,
+"""What counting the bytes of every collective costs: training tokens/s with megatron/accounting/measure/comm_counter.py off,
 on, and, for reference, DeepSpeed's own comms logger (which synchronises after every op to time it).
 
 The real DeepSpeed engine and train_step of bench_gpt_vs_hf.py, one ZeRO stage after another in the
@@ -33,11 +33,12 @@ from bench.bench_gpt_vs_hf import (  # noqa: E402
     toy_dataset,
     training_bench_parser,
 )
-from megatron import comm_counter  # noqa: E402
+from megatron.accounting.measure import comm_counter  # noqa: E402
 from megatron.arguments import parse_args  # noqa: E402
 from megatron.startup import prepare_run  # noqa: E402
 from megatron.initialize import DistInfo, initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
-from megatron.model import GPTModel, accounting  # noqa: E402
+from megatron.model import GPTModel# noqa: E402
+from megatron import accounting
 from megatron.training import setup_engine, train_step  # noqa: E402
 
 MODES = ("off", "counter", "deepspeed logger")

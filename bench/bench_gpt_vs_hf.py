@@ -39,7 +39,8 @@ from megatron.core.scratch import ScratchBuffers  # noqa: E402
 from megatron.core.tensor_parallel import vocab_parallel_lm_loss  # noqa: E402
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder  # noqa: E402
 from megatron.initialize import DistInfo, initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
-from megatron.model import GPTModel, accounting  # noqa: E402
+from megatron.model import GPTModel# noqa: E402
+from megatron import accounting
 from megatron.training import setup_engine, train_step  # noqa: E402
 
 VOCAB = 50257

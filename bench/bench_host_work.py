@@ -38,7 +38,8 @@ from megatron.arguments import parse_args  # noqa: E402
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder  # noqa: E402
 from megatron.exit_signal import ExitSignalHandler  # noqa: E402
 from megatron.initialize import initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
-from megatron.model import GPTModel, accounting  # noqa: E402
+from megatron.model import GPTModel# noqa: E402
+from megatron import accounting
 from megatron.startup import prepare_run  # noqa: E402
 from pretrain_gpt import build_data_iterators  # noqa: E402
 

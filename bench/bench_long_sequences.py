@@ -1,5 +1,5 @@
 """Long sequences under DeepSpeed-Ulysses on CPU ranks: the shape of ALCF's table (sequence length against
-throughput and memory, per sequence-parallel size), measured beside what megatron/model/accounting/ predicts.
+throughput and memory, per sequence-parallel size), measured beside what megatron/accounting/predict/ predicts.
 
 A small model, on 4 CPU ranks (torchrun, ZeRO-1, fp32): the tiny preset's shape (2 layers, hidden 128, 4 heads)
 with rotary positions, so that no position table grows with the sequence, and a byte-level vocabulary (the
@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 from analysis.log_parser import parse_log  # noqa: E402
 from bench.bench_step_time import (BenchError, OtherWork, end_of_bench, exit_with, free_port, machine,  # noqa: E402
                                    stop_on_sigterm)
-from megatron.model import accounting  # noqa: E402
+from megatron import accounting  # noqa: E402
 from megatron.model.config import GPTConfig  # noqa: E402
 from megatron.model.presets import MODEL_PRESETS  # noqa: E402
 

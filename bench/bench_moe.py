@@ -1,6 +1,6 @@
 """The mixture-of-experts trade-off on dolly (docs/moe-reference.md): a tiny dense GPT against MoE models of the same active
 FLOPs per token, trained on the same tokens on 2 CPU ranks, each row's figures measured beside what
-megatron/model/accounting/ predicts.
+megatron/accounting/predict/ predicts.
 
 Every run: pretrain_gpt.py on 2 CPU ranks (torchrun, gloo), ZeRO-1, fp32, the tiny preset's shape (2 layers,
 hidden 128, 4 heads) with rotary positions, dropout off, sequences of 256, micro-batch 4, global batch 8 (DP=2,
@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 from analysis.log_parser import parse_log  # noqa: E402
 from bench.bench_long_sequences import PADDED_VOCAB, VOCAB, end, prepare_data  # noqa: E402
 from bench.bench_step_time import BenchError, end_of_bench, exit_with, free_port, machine, stop_on_sigterm  # noqa: E402
-from megatron.model import accounting  # noqa: E402
+from megatron import accounting  # noqa: E402
 from megatron.model.config import GPTConfig  # noqa: E402
 from megatron.model.presets import MODEL_PRESETS  # noqa: E402
 

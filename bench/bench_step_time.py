@@ -1,6 +1,6 @@
 """Step time measured against predicted: the six examples_zero drivers trained as users run them, each run's
 time lines (docs/log-lines.md) read back, milliseconds per iteration measured beside what the start-up
-probes predicted (megatron/model/accounting/step_time.py).
+probes predicted (megatron/accounting/predict/step_time.py).
 
 Two parts, each one table:
 

@@ -33,7 +33,8 @@ from bench.bench_gpt_vs_hf import VOCAB, random_batches, stage_args, start_ranks
 from bench.bench_gpt_vs_hf import timed_steps, toy_dataset, training_bench_parser  # noqa: E402
 from bench.bench_host_work import counting_host_reads  # noqa: E402
 from megatron.initialize import set_seed  # noqa: E402
-from megatron.model import GPTModel, accounting  # noqa: E402
+from megatron.model import GPTModel# noqa: E402
+from megatron import accounting
 from megatron.training import setup_engine, train_step  # noqa: E402
 
 MEGATRON = str(Path(__file__).resolve().parent.parent / "megatron")

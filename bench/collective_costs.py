@@ -1,8 +1,9 @@
-"""Each collective's cost per byte sent (megatron/comm_counter.py's bytes: the ZeRO paper's volume), relative to
+"""Each collective's cost per byte sent (megatron/accounting/measure/comm_counter.py's bytes: the ZeRO paper's volume), relative to
 the all-reduce's and, given the link's bandwidth, to bytes / bandwidth: the cost factors of
-megatron/model/accounting/step_time.py's COST_FACTORS, measured on the ranks this runs on.
+megatron/accounting/predict/step_time.py's COST_FACTORS, measured on the ranks this runs on.
 
-megatron/comm_probe.py's probe_link fits latency and seconds per byte for each kind from two buffer sizes;
+megatron/accounting/measure/comm_probe.py's probe_link fits latency and seconds per byte for each kind from two buffer
+sizes;
 here the larger size is repeated more and the table printed on rank 0.
 
     DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 bench/collective_costs.py
@@ -19,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from megatron.comm_probe import probe_link  # noqa: E402
-from megatron.model.accounting.step_time import COST_FACTORS  # noqa: E402
+from megatron.accounting.measure.comm_probe import probe_link  # noqa: E402
+from megatron.accounting.predict.step_time import COST_FACTORS  # noqa: E402
 
 
 def main(argv) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from megatron.arguments import Args
 from megatron.curriculum import SECTION as CURRICULUM_SECTION
-from megatron.model.accounting.traffic import OWNER_REDUCTION
+from megatron.accounting.predict.traffic import OWNER_REDUCTION
 
 # DeepSpeed's defaults (5e8 elements per bucket) are larger than a whole GPT-2 125M model, so
 # the communication buffers would dominate and hide what ZeRO saves; size them from the model.
@@ -34,7 +34,7 @@ def bucket_sizes(num_params: int, hidden_size: int) -> dict:
         # about four transformer layers' worth of gathered parameters alive at a time
         "stage3_max_live_parameters": max(MIN_BUCKET, 48 * hidden_size * hidden_size),
         # a parameter is released after its forward and gathered again for its backward, the ZeRO paper's
-        # 3x traffic that megatron/model/accounting/ predicts; keeping it for reuse would trade the
+        # 3x traffic that megatron/accounting/predict/ predicts; keeping it for reuse would trade the
         # memory stage 3 saves back for traffic, by an amount that depends on the model's module order
         "stage3_max_reuse_distance": 0,
     }

@@ -19,7 +19,7 @@ class DistInfo:
     world_size: int
     device: torch.device
     parallel: ParallelState | None = None  # the process groups of the run's layout, once they are built
-    address: str = ""  # this host's address on the interface its ranks use (megatron/launch/network.py)
+    address: str = ""  # this host's address on the interface its ranks use (megatron/runtime/network.py)
 
     @property
     def on_cuda(self) -> bool:
@@ -38,7 +38,7 @@ def silence_known_warnings() -> None:
 
 def launcher_world_size() -> int:
     """World size as the launcher describes it, before torch.distributed exists (for parse_args)."""
-    from megatron.launch.dist_env import export_launcher_env
+    from megatron.runtime.dist_env import export_launcher_env
     export_launcher_env()
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -75,7 +75,7 @@ def bind_device(device_name: str, local_rank: int) -> torch.device:
 
 def initialize_distributed(timeout_minutes: float) -> DistInfo:
     """Fill RANK/WORLD_SIZE/... from whichever launcher ran us (torchrun, deepspeed, mpiexec, srun), pick the
-    network interface that reaches the master (megatron/launch/network.py), bind this rank's GPU
+    network interface that reaches the master (megatron/runtime/network.py), bind this rank's GPU
     (bind_device), then let DeepSpeed create the default group: nccl on CUDA, gloo on the CPU accelerator.
     A collective that waits longer than timeout_minutes (a lost host) raises instead of hanging.
     DeepSpeed's ops are built in the environment's own folder, each announced in one line by local rank 0
@@ -85,8 +85,8 @@ def initialize_distributed(timeout_minutes: float) -> DistInfo:
 
     from megatron import deepspeed_ops
     from megatron.deepspeed_quiet import SHM_OP_LOADED, without_lines
-    from megatron.launch import network
-    from megatron.launch.dist_env import all_ranks_on_this_host, export_launcher_env
+    from megatron.runtime import network
+    from megatron.runtime.dist_env import all_ranks_on_this_host, export_launcher_env
 
     local_rank = export_launcher_env().local_rank
     deepspeed_ops.use_environment_extensions()

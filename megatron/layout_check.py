@@ -11,7 +11,7 @@ import sys
 
 from megatron.core.layout import ParallelLayout
 from megatron.errors import ZeroLabError
-from megatron.launch.flag_sources import name_sources
+from megatron.flag_sources import name_sources
 
 
 class BatchError(ZeroLabError, ValueError):

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from megatron import memory
+from megatron.accounting.measure import memory
 from megatron.arguments import Args
 from megatron.initialize import DistInfo
 from megatron.training import StepResult, get_batch

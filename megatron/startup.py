@@ -113,7 +113,7 @@ def check_checkpoint_to_load(args: Args) -> None:
     load = args.checkpoint.load
     if load is None:
         return
-    if args.checkpoint.finetune:  # weights only, from any layout (megatron/finetune.py)
+    if args.checkpoint.finetune:  # weights only, from any layout (megatron/checkpointing/finetune.py)
         _require(os.path.isfile(os.path.join(load, LATEST)), f"--load {load} holds no checkpoint (no 'latest' file there)")
     elif read_latest(load) is not None:
         check_resume(args)

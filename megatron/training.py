@@ -14,7 +14,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from megatron import comm_counter, memory
+from megatron.accounting.measure import comm_counter, memory
 from megatron.arguments import Args
 from megatron.batch_rampup import BatchRamp
 from megatron.checkpointing import interval
@@ -23,13 +23,13 @@ from megatron.curriculum import SeqlenCurriculum
 from megatron.deepspeed_quiet import EXPERT_GROUP_CREATED, without_lines
 from megatron.exit_signal import ExitSignalHandler, minutes_past
 from megatron.errors import ZeroLabError
-from megatron.host_probe import TrainerSteps
+from megatron.accounting.measure.host_probe import TrainerSteps
 from megatron.initialize import DistInfo
-from megatron.launch.dist_env import all_ranks_on_this_host
-from megatron.length_predictions import LengthPredictions
+from megatron.runtime.dist_env import all_ranks_on_this_host
+from megatron.accounting.length_predictions import LengthPredictions
 from megatron.model import moe
 from megatron.optimizer_states import optimizer_state_scalars
-from megatron.step_timing import PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup, probes_skipped
+from megatron.accounting.measure.step_timing import PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup, probes_skipped
 from megatron.training_log import (IterationStats, MoEStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
                                    exit_duration_line, iteration_line, iteration_scalars, memory_line, memory_scalars,
                                    model_state_line, parameters_line, peak_line, probe_line, progress_line,
@@ -362,7 +362,7 @@ class Reporter:
         """The predicted traffic with, without token dropping, the MoE all-to-alls sized by the capacities this
         rank's gates chose in the interval (the most loaded expert's tokens, known only once routed), not by the
         balanced gate's that the prediction assumes (accounting.moe_capacity)."""
-        from megatron.model import accounting
+        from megatron import accounting
 
         config, setup = self.args.model, self.predictions.setup
         layers = moe.moe_layers(engine.module)
@@ -621,7 +621,8 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     `deepspeed_defaults` (benchmarks' "before" only) restores what issue 55 changed: megatron/deepspeed_defaults.py.
     dist_info.parallel is DeepSpeed's mpu (ZeRO partitions over the ranks holding the same parameters: data- and
     DeepSpeed-Ulysses sequence-parallel ones) except for a PipelineModule, which brings its own grid.
-    `zero_overrides`: keys set in the config's zero_optimization section (megatron/host_probe.py's skeletons'
+    `zero_overrides`: keys set in the config's zero_optimization section (megatron/accounting/measure/host_probe.py's
+    skeletons'
     bucket sizes). Returns (engine, the DeepSpeed config actually used)."""
     state = dist_info.parallel
     mpu = state if args.parallel.pipeline_model_parallel_size == 1 else None
@@ -692,7 +693,7 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
     offloaded optimizer's step is timed."""
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.model import accounting
+    from megatron import accounting
 
     ds, par, model_config = args.deepspeed, args.parallel, args.model
     last_stage = par.pipeline_model_parallel_size - 1
@@ -735,7 +736,7 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
 
 def predicted_parameters(config, par, stage: int) -> tuple[int, int, int]:
     """(the model's parameters, those active per token, those the printing rank of pipeline `stage` holds)."""
-    from megatron.model import accounting
+    from megatron import accounting
 
     on_rank = accounting.parameters_on_rank(config, par.tensor_model_parallel_size, par.pipeline_model_parallel_size,
                                             stage)
@@ -764,8 +765,8 @@ def open_writers(args: Args, schedule: Schedule, ds_config: dict, print_line) ->
 
 
 def training_setup(args: Args, dist_info: DistInfo):
-    """What megatron/model/accounting/'s traffic and memory estimates need from the parsed flags."""
-    from megatron.model import accounting
+    """What megatron/accounting/predict/'s traffic and memory estimates need from the parsed flags."""
+    from megatron import accounting
 
     ds, par, train = args.deepspeed, args.parallel, args.training
     return accounting.TrainingSetup(

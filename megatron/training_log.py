@@ -76,7 +76,7 @@ def memory_line(rank: int, device: str, iteration: int, mem: dict, mfu_percent: 
 
 def parameters_line(total: int, active: int, on_rank: int, measured: int | None) -> str:
     """The model's parameters (every expert included), those one token goes through (--topk experts per MoE
-    layer: megatron/model/accounting/parameters.py) and the printing rank's, predicted beside measured."""
+    layer: megatron/accounting/predict/parameters.py) and the printing rank's, predicted beside measured."""
     held = "" if measured is None else f", measured {measured}"
     return (f" > parameters | total: {total} | active per token: {active} | on this rank: predicted {on_rank}"
             f"{held} |")
@@ -86,7 +86,7 @@ def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: i
                      offload: str) -> str:
     """Measured: params, grads and optimizer states on the accelerator, offloaded states, the activations
     of one micro-batch (when measured) and everything else allocated; the estimate
-    (megatron/model/accounting.memory_per_rank): the same, total = the model states on the accelerator."""
+    (megatron/accounting.memory_per_rank): the same, total = the model states on the accelerator."""
     m = {key: value / GB for key, value in measured.items()}
     e = {key: value / GB for key, value in estimate.items()}
     activations = f" activations={m['activations']:.4f}" if "activations" in m else ""
@@ -99,8 +99,8 @@ def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: i
 
 
 def comm_line(rank: int, iteration: int, sent_per_iteration: dict, num_params: int, predicted: float) -> str:
-    """Bytes this rank sent per iteration through each kind of collective (megatron/comm_counter.py),
-    their total per model parameter, and the total megatron/model/accounting/ predicts
+    """Bytes this rank sent per iteration through each kind of collective (megatron/accounting/measure/comm_counter.py),
+    their total per model parameter, and the total megatron/accounting/predict/ predicts
     (docs/zero-tradeoff.md defines "sent")."""
     total = sum(sent_per_iteration.values())
     kinds = " | ".join(f"{kind}={sent / MB:.3f}MB" for kind, sent in sent_per_iteration.items())
@@ -110,8 +110,9 @@ def comm_line(rank: int, iteration: int, sent_per_iteration: dict, num_params: i
 
 def time_line(rank: int, iteration: int, measured: dict, predicted) -> str:
     """Milliseconds per iteration by part: measured (total: the interval's mean step time; communication: time
-    blocked in collectives, megatron/comm_counter.py; offload: the offloaded optimizer's step; compute: the
-    rest) beside megatron/model/accounting/step_time.py's prediction (a StepTime, in seconds)."""
+    blocked in collectives, megatron/accounting/measure/comm_counter.py; offload: the offloaded optimizer's step;
+    compute: the
+    rest) beside megatron/accounting/predict/step_time.py's prediction (a StepTime, in seconds)."""
     def parts(values: dict) -> str:
         return " ".join(f"{name}={seconds * 1000.0:.1f}ms" for name, seconds in values.items())
 
@@ -150,8 +151,8 @@ def duration(seconds: float) -> str:
 
 
 def probe_line(rates, link, predicted, host=None) -> str:
-    """What the start-up probes measured (megatron/compute_probe.py, megatron/comm_probe.py, or the link the
-    flags describe, megatron/host_probe.py's host work; None: not probed) and the step time predicted from it."""
+    """What the start-up probes measured (megatron/accounting/measure/compute_probe.py, megatron/accounting/measure/comm_probe.py, or the link the
+    flags describe, megatron/accounting/measure/host_probe.py's host work; None: not probed) and the step time predicted from it."""
     costs = ", ".join(f"{kind} {cost.latency_s * 1e6:.0f}us + {_rate(cost.seconds_per_byte)}"
                       for kind, cost in link.costs.items())
     copies = "" if rates.device_copy_bytes_per_s in (None, rates.host_copy_bytes_per_s) else (
@@ -214,7 +215,7 @@ def peak_line(device_name: str, part: str | None, matmul_precision: str, peak_tf
     """Once at start-up: the peak MFU and HFU are over, or why they are not printed."""
     if peak_tflops is None:
         what = "no part known" if part is None else f"{part}, no {matmul_precision} peak known"
-        return f" > MFU and HFU not reported: {device_name!r} ({what}; megatron/model/accounting/flops.py PEAK_TFLOPS)"
+        return f" > MFU and HFU not reported: {device_name!r} ({what}; megatron/accounting/predict/flops.py PEAK_TFLOPS)"
     return f" > MFU and HFU over the dense {matmul_precision} peak of {part} ({device_name}): {peak_tflops:g} TFLOPs"
 
 

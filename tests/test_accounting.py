@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from megatron.model import GPTConfig
-from megatron.model.accounting import (
+from megatron.accounting import (
     AccountingError,
     TrainingSetup,
     activation_bytes,
@@ -151,7 +151,8 @@ def test_zero_estimate_errors(kwargs, message):
     assert str(error.value) == message
 
 
-# ---- traffic per step (megatron/comm_counter.py's "bytes sent": (n-1)/n of the buffer per pass) ----------
+# ---- traffic per step (megatron/accounting/measure/comm_counter.py's "bytes sent": (n-1)/n of the buffer per pass)
+# ----------
 
 def traffic(stage, world=2, accumulation=1, precision="fp32", **setup):
     c = config(**setup.pop("model", {}))
@@ -264,7 +265,7 @@ def test_activations_per_layer_on_cuda():
 
 def test_activations_per_layer_on_cpu():
     """SDPA's math kernel on CPU: fp32 q, k, v copies and three fp32 a s^2 b tensors whatever the dtype;
-    dropout masks and LayerNorm statistics in the activations' dtype (megatron/memory.py measures it:
+    dropout masks and LayerNorm statistics in the activations' dtype (megatron/accounting/measure/memory.py measures it:
     tests/test_memory.py)."""
     c = config(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64, max_position_embeddings=64)
     s, b, h, a = 64, 4, 128, 4

@@ -1,4 +1,4 @@
-"""ALCF/train-gpt3.sh (PBS + mpiexec launch scripts) and megatron/launch/dist_env.py.
+"""ALCF/train-gpt3.sh (PBS + mpiexec launch scripts) and megatron/runtime/dist_env.py.
 
 The scripts run for real in a subprocess; only what a dev box lacks is faked on PATH: a PBS
 node file with two hosts, `nvidia-smi` listing four GPUs, `qsub`, and for the Open MPI test
@@ -19,7 +19,7 @@ import torch
 
 from conftest import REPO_ROOT, launch_script
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
-from megatron.launch.dist_env import DistEnvError, LauncherEnv, export_launcher_env, resolve_launcher_env
+from megatron.runtime.dist_env import DistEnvError, LauncherEnv, export_launcher_env, resolve_launcher_env
 from test_presets import LLAMA_PUBLISHED, PUBLISHED
 
 TRAIN = REPO_ROOT / "ALCF" / "train-gpt3.sh"
@@ -195,7 +195,7 @@ def test_open_mpi_spelling(cluster):
     (dict(MODEL_SIZE_KEY="GPT7B"), r"MODEL_SIZE_KEY=GPT7B is not a known model; valid keys: GPT_TINY, GPT125M, .*, "
                                    r"GPT13B, GPT25B, GPT175B, LLAMA_TINY, LLAMA2_7B, LLAMA2_13B, LLAMA3_8B$"),
     (dict(PBS_NODEFILE="/nonexistent/nodefile"), r"PBS_NODEFILE=/nonexistent/nodefile: hostfile does not exist"),
-    # a flag the script made from a variable is named with it (megatron/launch/flag_sources.py)
+    # a flag the script made from a variable is named with it (megatron/flag_sources.py)
     (dict(MPSIZE=3), r"world size 8 is not divisible by --tensor-model-parallel-size 3 \(from MPSIZE\) x "
                      r"--pipeline-model-parallel-size 1 \(from PPSIZE\)$"),
     (dict(SP_TYPE="deepspeed", SP=1), r"SP_TYPE=deepspeed and SP=1 disagree: set one of them$"),
@@ -253,7 +253,7 @@ def test_submit_inside_job_runs_train_script(cluster):
     assert f"error: {cluster}/ALCF/train-gpt3.sh not found: submit from the zero-lab repository root" in lost.stderr
 
 
-# ---- megatron/launch/dist_env.py ----
+# ---- megatron/runtime/dist_env.py ----
 
 def test_dist_env_pals_and_hydra():
     pals = {"PMI_RANK": "5", "PMI_SIZE": "8", "PMI_LOCAL_RANK": "1", "PALS_LOCAL_RANKID": "1",
@@ -300,7 +300,7 @@ def test_dist_env_bad_environment(environ, message):
 
 ALLREDUCE = """
 import torch, torch.distributed as dist
-from megatron.launch.dist_env import export_launcher_env
+from megatron.runtime.dist_env import export_launcher_env
 env = export_launcher_env()
 dist.init_process_group("gloo")  # env:// rendezvous from what export_launcher_env filled in
 total = torch.tensor([float(env.rank + 1)])

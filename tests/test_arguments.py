@@ -11,7 +11,7 @@ from megatron.arguments import ConfigError, parse_args
 from megatron.checkpointing.protocol import CheckpointError
 from megatron.errors import ZeroLabError
 from megatron.deepspeed_config import ALIGNMENT, deepspeed_config, generate_config, write_deepspeed_config
-from megatron.launch.flag_sources import name_sources
+from megatron.flag_sources import name_sources
 from megatron.optimizer import LRSchedule
 from megatron.startup import StartupError, prepare_run
 
@@ -351,7 +351,7 @@ def test_the_jsons_optimizer_and_scheduler_sections_are_refused(data_prefix, tmp
 
 
 def test_errors_name_the_variable_a_launch_script_set():
-    """megatron/launch/flag_sources.py: "(from VAR)" after each flag a launch script derived from VAR, unless the
+    """megatron/flag_sources.py: "(from VAR)" after each flag a launch script derived from VAR, unless the
     user's own extra argument gave the flag again."""
     environ = {"ZERO_LAB_FLAG_SOURCES": "--global-batch-size=GLOBAL_BATCH --micro-batch-size=MICRO_BATCH\n"
                                         "    --sequence-parallel=SP --tensor-model-parallel-size=TP"}

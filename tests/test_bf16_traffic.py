@@ -1,4 +1,4 @@
-"""What a real 2-rank bf16 run sends, op by op, against megatron/model/accounting/'s prediction. In bf16 the
+"""What a real 2-rank bf16 run sends, op by op, against megatron/accounting/predict/'s prediction. In bf16 the
 generated DeepSpeed config accumulates the gradients in fp32 at stages 1-3, and DeepSpeed 0.19.8 then runs
 stage 1 with its BF16_Optimizer: an all-reduce of every gradient (cast to bf16) and an all-gather of the
 updated bf16 parameters, not ZeRO-1's reduce and all-gather; stages 2 and 3 still send the ZeRO paper's bf16

@@ -12,7 +12,7 @@ from conftest import REPO_ROOT, free_port, test_env, tool_in_process
 from megatron.arguments import parse_args
 from megatron.checkpointing.interval import advise, expected_loss_fraction, optimal_interval_seconds
 from megatron.errors import ZeroLabError
-from megatron.model.accounting.memory import checkpoint_bytes
+from megatron.accounting.predict.memory import checkpoint_bytes
 
 SAVED = re.compile(r"successfully saved checkpoint at iteration +(\d+) to \S+ in ([\d.]+) s \(([\d.]+) MB\)")
 ADVICE = re.compile(r" > checkpoint interval: a save took ([\d.]+) s and an iteration ([\d.]+) s; with --mtbf-hours "

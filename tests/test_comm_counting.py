@@ -1,4 +1,4 @@
-"""megatron/comm_counter.py on real 2-rank gloo groups: every collective form counted once, with the
+"""megatron/accounting/measure/comm_counter.py on real 2-rank gloo groups: every collective form counted once, with the
 documented bytes-sent rule, also when issued through deepspeed.comm; nothing outside counting();
 uninstall puts torch's functions back. The comm log line's format."""
 import time
@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from analysis import log_parser
 from conftest import REPO_ROOT
-from megatron import comm_counter
+from megatron.accounting.measure import comm_counter
 from megatron.training_log import comm_line
 from test_tensor_parallel import run_ranks
 

@@ -1,4 +1,4 @@
-"""megatron/comm_probe.py: the two-point fit against hand-computed lines, the bandwidth point's buffer for a run,
+"""megatron/accounting/measure/comm_probe.py: the two-point fit against hand-computed lines, the bandwidth point's buffer for a run,
 and the probe on a real 2-rank gloo group: costs positive, finite and the same on both ranks, a third buffer
 size's all-reduce near what the fit predicts, the reduce probed where the run issues it, nothing counted as
 training traffic, nothing run on a group of one rank."""
@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron import comm_counter
-from megatron.comm_probe import LARGE, LARGEST, fastest_seconds, fit, probe_buffers, probe_link
+from megatron.accounting.measure import comm_counter
+from megatron.accounting.measure.comm_probe import LARGE, LARGEST, fastest_seconds, fit, probe_buffers, probe_link
 from megatron.deepspeed_config import bucket_sizes
-from megatron.model.accounting import TrainingSetup, count_parameters
-from megatron.model.accounting.step_time import CollectiveCost
-from megatron.model.accounting.traffic import OWNER_REDUCTION
+from megatron.accounting import TrainingSetup, count_parameters
+from megatron.accounting.predict.step_time import CollectiveCost
+from megatron.accounting.predict.traffic import OWNER_REDUCTION
 from megatron.model.config import GPTConfig
 from test_tensor_parallel import run_ranks
 

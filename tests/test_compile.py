@@ -4,7 +4,7 @@ one does, and the CPU memory reading skips the tensors compile's tracing leaves 
 import pytest
 import torch
 
-from megatron.memory import live_tensor_bytes
+from megatron.accounting.measure.memory import live_tensor_bytes
 from megatron.model import MODEL_PRESETS, GPTConfig, GPTModel
 from runs import run_pretrain
 from conftest import iteration_losses

@@ -1,4 +1,4 @@
-"""megatron/compute_probe.py on this CPU: a real transformer layer, optimizer, copies and swap file timed; the
+"""megatron/accounting/measure/compute_probe.py on this CPU: a real transformer layer, optimizer, copies and swap file timed; the
 rates positive, finite and in a CPU's range, a 4x wider layer taking longer per pass, the TP rank's layer
 holding exactly its share of the parameters, the NVMe probe leaving nothing behind."""
 import math
@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from megatron import compute_probe
-from megatron.compute_probe import (
+from megatron.accounting.measure import compute_probe
+from megatron.accounting.measure.compute_probe import (
     COPY_BYTES,
     NVME_BLOCK,
     OPTIMIZER_ELEMENTS,
@@ -22,8 +22,8 @@ from megatron.compute_probe import (
     probe_compute,
     probe_layer,
 )
-from megatron.model.accounting import TrainingSetup, parameter_groups_on_rank
-from megatron.model.accounting.flops import layer_forward_flops
+from megatron.accounting import TrainingSetup, parameter_groups_on_rank
+from megatron.accounting.predict.flops import layer_forward_flops
 from megatron.model.config import GPTConfig
 
 CPU = torch.device("cpu")

@@ -14,8 +14,8 @@ from analysis.log_parser import ParsedLog, parse_line
 from megatron.arguments import ConfigError, parse_args
 from megatron.curriculum import CurriculumConfig, SeqlenCurriculum
 from megatron.deepspeed_config import deepspeed_config
-from megatron.length_predictions import LengthPredictions
-from megatron.model import accounting
+from megatron.accounting.length_predictions import LengthPredictions
+from megatron import accounting
 from megatron.model.config import GPTConfig
 from megatron.training import get_batch
 from megatron.training_log import IterationStats, iteration_line

@@ -331,7 +331,7 @@ def model_state_gb(log: str) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_memory_measured_against_the_prediction(driver_runs, name):
-    """Each measured figure of the model-state line within 10% of megatron/model/accounting/'s: params, grads
+    """Each measured figure of the model-state line within 10% of megatron/accounting/predict/'s: params, grads
     (as DeepSpeed keeps them) and optimizer states on the rank, the states offloaded, the activations one
     micro-batch keeps; on CPU ranks what else is allocated is the output layer's kept buffer (NVMe offload
     adds DeepSpeed's swap buffers, not predicted)."""

@@ -5,7 +5,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from megatron.model import GPTConfig, GPTModel
-from megatron.model.accounting import (
+from megatron.accounting import (
     AccountingError,
     accelerator_part,
     hardware_flops_per_iteration,
@@ -134,6 +134,6 @@ def test_log_lines_carry_mfu_then_hfu_and_say_when_the_peak_is_unknown():
     assert memory_line(0, "cuda", 10, mem, 40.0, 53.33).endswith(", MFU=40.00%, HFU=53.33% |")
     assert "MFU" not in memory_line(0, "cpu", 10, mem, None, None)
     assert peak_line("cpu", None, "fp32", None) == (
-        " > MFU and HFU not reported: 'cpu' (no part known; megatron/model/accounting/flops.py PEAK_TFLOPS)")
+        " > MFU and HFU not reported: 'cpu' (no part known; megatron/accounting/predict/flops.py PEAK_TFLOPS)")
     assert "no bf16 peak known" in peak_line("Tesla V100-SXM2-32GB", "V100 SXM2", "bf16", None)
     assert "dense tf32 peak of A100" in peak_line("NVIDIA A100-SXM4-80GB", "A100", "tf32", 156.0)

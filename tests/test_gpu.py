@@ -50,7 +50,7 @@ def test_z1_driver_on_cuda_trains_in_bf16_with_allocator_memory_lines(data_dir, 
 
 
 def test_memory_tracker_reports_the_cuda_peak_of_each_interval():
-    from megatron.memory import MemoryTracker
+    from megatron.accounting.measure.memory import MemoryTracker
 
     tracker = MemoryTracker(on_cuda=True)
     tracker.sample()  # an interval starts

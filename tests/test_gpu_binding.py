@@ -2,8 +2,8 @@
 
 - megatron/initialize.py: local rank i takes visible device i % count (every rank sees index 0 when the site
   gives each rank its own GPU), made current before the process group exists;
-- megatron/launch/dist_env.py: a task srun started takes SLURM_LOCALID when its launcher gives no local rank;
-- megatron/launch/lost_peer.py: only a closed or reset connection and a timeout are a lost peer, and the line
+- megatron/runtime/dist_env.py: a task srun started takes SLURM_LOCALID when its launcher gives no local rank;
+- megatron/runtime/lost_peer.py: only a closed or reset connection and a timeout are a lost peer, and the line
   keeps the first line of what torch said. The messages are real ones: gloo's as torch 2.13 raised them here
   (a peer killed, a peer silent for 3 s), NCCL's as torch prints them for NCCL 2.19-2.21 in reported issues
   (the InfiniBand one is NCCL's own warning, "NET/IB : Unable to open device", put under "Last error:").
@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.initialize import DeviceError, DistInfo, cuda_device_index
-from megatron.launch.dist_env import DistEnvError, LauncherEnv, resolve_launcher_env
-from megatron.launch.lost_peer import Peer, Peers, first_line
+from megatron.runtime.dist_env import DistEnvError, LauncherEnv, resolve_launcher_env
+from megatron.runtime.lost_peer import Peer, Peers, first_line
 
 # ---- megatron/initialize.py: the device index ----
 
@@ -63,7 +63,7 @@ def test_initialize_sets_the_device_before_it_makes_the_group(monkeypatch, local
     import deepspeed.accelerator
 
     from megatron import initialize
-    from megatron.launch import network
+    from megatron.runtime import network
 
     calls = []
     for name, value in {"RANK": local_rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": "4",
@@ -88,7 +88,7 @@ def test_the_cpu_accelerator_binds_nothing(monkeypatch):
     assert bind_device("cpu", 5) == torch.device("cpu")
 
 
-# ---- megatron/launch/dist_env.py: the local rank of a task srun started ----
+# ---- megatron/runtime/dist_env.py: the local rank of a task srun started ----
 
 # What Slurm sets for task 5 of an 8-task step, 4 tasks per node: the second task on the second node.
 SRUN_TASK = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "8",
@@ -130,7 +130,7 @@ def test_outside_a_job_step_slurm_localid_is_not_read():
         resolve_launcher_env({**batch_shell, "PMI_RANK": "5", "PMI_SIZE": "8"})
 
 
-# ---- megatron/launch/lost_peer.py: only a closed connection or a timeout is a lost peer ----
+# ---- megatron/runtime/lost_peer.py: only a closed connection or a timeout is a lost peer ----
 
 GLOO_CLOSED = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
                "[10.250.0.2]:40879. This is typically caused by a remote worker crashing. Check the logs of the "

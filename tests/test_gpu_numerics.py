@@ -1,6 +1,6 @@
 """What a GPU run computes differently from the CPU ranks, checked where the CPU can reach the mechanism: ZeRO-3's
 initial weights under deepspeed.zero.Init, fp32 gradient accumulation in bf16, and the bf16 model-state memory
-(stage 0's fp32 master copies) measured on a real one-rank DeepSpeed engine against megatron/model/accounting/."""
+(stage 0's fp32 master copies) measured on a real one-rank DeepSpeed engine against megatron/accounting/predict/."""
 import dataclasses
 import json
 
@@ -9,13 +9,14 @@ import torch
 import torch.distributed as dist
 
 from conftest import free_port
-from megatron import memory
+from megatron.accounting.measure import memory
 from megatron.arguments import parse_args
 from megatron.core.parallel_state import ParallelLayout, ParallelState
 from megatron.deepspeed_config import deepspeed_config, tuned_keys_added
 from megatron.initialize import DistInfo
-from megatron.model import GPTModel, accounting
+from megatron.model import GPTModel
 
+from megatron import accounting
 SEQ, VOCAB = 32, 512
 
 

@@ -1,4 +1,4 @@
-"""The heartbeat's threads end before the rank's process does (megatron/launch/heartbeat.py).
+"""The heartbeat's threads end before the rank's process does (megatron/runtime/heartbeat.py).
 
 A daemon thread still inside a store call when Python shuts down is ended by pthread_exit, and its unwinding
 through torch's C++ frames aborted the rank: SIGABRT after "[after training is done]", seen once in CI on a
@@ -15,8 +15,8 @@ from conftest import REPO_ROOT, test_env
 RANK_1_THAT_EXITS = """
 import os, sys, time
 import torch.distributed as dist
-from megatron.launch.heartbeat import Heartbeat
-from megatron.launch.lost_peer import Peer, Peers
+from megatron.runtime.heartbeat import Heartbeat
+from megatron.runtime.lost_peer import Peer, Peers
 
 store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
@@ -47,7 +47,7 @@ def test_a_rank_that_failed_stops_beating_without_marking_itself_done():
 
 
 def test_the_silence_a_host_is_given_is_a_minute_unless_the_environment_says():
-    from megatron.launch.heartbeat import SILENT_SECONDS, silent_seconds
+    from megatron.runtime.heartbeat import SILENT_SECONDS, silent_seconds
     assert silent_seconds({}) == SILENT_SECONDS == 60.0
     assert silent_seconds({"ZERO_LAB_HEARTBEAT_SECONDS": "30"}) == 30.0
 
@@ -55,7 +55,7 @@ def test_the_silence_a_host_is_given_is_a_minute_unless_the_environment_says():
 @pytest.mark.parametrize("value", ["10", "thirty", "nan", "-30"])
 def test_a_silence_shorter_than_three_beats_or_not_a_number_is_one_line(value):
     from megatron.errors import ZeroLabError
-    from megatron.launch.heartbeat import silent_seconds
+    from megatron.runtime.heartbeat import silent_seconds
     with pytest.raises(ZeroLabError) as error:
         silent_seconds({"ZERO_LAB_HEARTBEAT_SECONDS": value})
     assert str(error.value) == (f"ZERO_LAB_HEARTBEAT_SECONDS={value}: expected seconds >= 15 (three beats of 5 s; "

@@ -15,7 +15,8 @@ from megatron.saved_model.reader import (build_model, check_state_dict, load_che
                                            save_checkpoint_weights)
 from megatron.inference.hf_folder import load_hf_folder
 from megatron.inference.hf_gpt2 import from_hf_config, state_dict_from_hf
-from megatron.model import MODEL_PRESETS, accounting
+from megatron.model import MODEL_PRESETS
+from megatron import accounting
 from megatron.safe_load import load_file
 
 transformers = pytest.importorskip("transformers")

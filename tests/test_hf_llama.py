@@ -135,7 +135,7 @@ def test_finetune_refuses_another_norm_epsilon_and_notes_another_rope_theta(tmp_
     before the engine is touched; another --rope-theta is a note (raising it to fine-tune longer is a recipe)."""
     from test_llama import build, llama_config
 
-    from megatron.finetune import load_finetune_weights, settings_check
+    from megatron.checkpointing.finetune import load_finetune_weights, settings_check
     from megatron.saved_model.reader import SavedModelError
 
     saved = llama_config(layernorm_epsilon=1e-6, rope_theta=1e6)

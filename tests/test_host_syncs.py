@@ -16,7 +16,8 @@ import torch
 from megatron.arguments import parse_args
 from megatron.core.parallel_state import ParallelState
 from megatron.initialize import DistInfo
-from megatron.model import GPTModel, accounting
+from megatron.model import GPTModel
+from megatron import accounting
 from test_tensor_parallel import run_ranks
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

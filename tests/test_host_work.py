@@ -1,6 +1,7 @@
-"""The step-time model's host part (megatron/model/accounting/host_work.py, issue 55): its counts of parameter
+"""The step-time model's host part (megatron/accounting/predict/host_work.py, issue 55): its counts of parameter
 tensors, stage-3 hooked modules and bucket flushes against a real DeepSpeed engine's objects and calls at 2 and 4
-layers, the start-up skeleton's probe (megatron/host_probe.py) on 2 gloo ranks, and the host= part of the time
+layers, the start-up skeleton's probe (megatron/accounting/measure/host_probe.py) on 2 gloo ranks, and the host= part
+of the time
 line. No timed assertion: the prediction against measured time is bench/bench_step_time.py's."""
 import dataclasses
 import os
@@ -12,10 +13,11 @@ import torch
 from megatron.arguments import parse_args
 from megatron.core.parallel_state import ParallelState
 from megatron.initialize import DistInfo
-from megatron.model import GPTModel, accounting
-from megatron.model.accounting.host_work import (HostCoefficients, HostCounts, host_counts, hooked_modules,
+from megatron.model import GPTModel
+from megatron import accounting
+from megatron.accounting.predict.host_work import (HostCoefficients, HostCounts, host_counts, hooked_modules,
                                                  parameter_tensors)
-from megatron.model.accounting.step_time import StepTime
+from megatron.accounting.predict.step_time import StepTime
 from megatron.training_log import time_line
 from test_tensor_parallel import run_ranks
 
@@ -130,8 +132,8 @@ def test_counts_match_a_real_engine(stage):
 def _check_probe(rank, world, stage):
     import torch.distributed as dist
 
-    from megatron import comm_counter
-    from megatron.host_probe import TrainerSteps, probe_host
+    from megatron.accounting.measure import comm_counter
+    from megatron.accounting.measure.host_probe import TrainerSteps, probe_host
     from megatron.training import get_batch, setup_engine, train_step, training_setup
 
     import deepspeed

@@ -24,7 +24,7 @@ def driver_launch(tmp_path, experiment="Z1", **env):
 
 def test_srun_ranks_take_their_port_from_the_job_unless_master_port_is_set(tmp_path):
     """Two jobs sharing a node must not meet at one port: srun's ranks derive theirs from the job id
-    (megatron/launch/dist_env.py), so the launch does not export a MASTER_PORT of its own default."""
+    (megatron/runtime/dist_env.py), so the launch does not export a MASTER_PORT of its own default."""
     environment = subprocess_env(RUNS_DIR=tmp_path, CUDA_VISIBLE_DEVICES="", LAUNCHER="srun", SLURM_JOB_ID="7",
                                  SLURM_NTASKS="2", SLURM_CPUS_PER_TASK="3")
     environment.pop("MASTER_PORT", None)

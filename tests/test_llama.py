@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from megatron.arguments import ConfigError, parse_args
 from megatron.model import MODEL_PRESETS, GPTConfig, GPTModel, ModelConfigError
-from megatron.model.accounting import count_parameters, parameter_groups_on_rank, parameters_on_rank
+from megatron.accounting import count_parameters, parameter_groups_on_rank, parameters_on_rank
 
 SEED = 4321
 

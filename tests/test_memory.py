@@ -1,4 +1,4 @@
-"""megatron/memory.py reads private DeepSpeed attributes: each must exist in the installed DeepSpeed (this
+"""megatron/accounting/measure/memory.py reads private DeepSpeed attributes: each must exist in the installed DeepSpeed (this
 test breaks when DeepSpeed renames one), and a missing one raises instead of measuring zero."""
 import inspect
 import os
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from megatron import memory
+from megatron.accounting.measure import memory
 
 
 def _deepspeed_class(name):
@@ -67,13 +67,13 @@ def test_a_missing_attribute_raises_naming_it():
     ("bf16", False, 0.0, 0.0), ("fp32", False, 0.1, 0.0), ("bf16", False, 0.0, 0.1)])
 def test_saved_activations_of_a_real_forward_are_the_prediction(dtype, recompute, dropout, attention_dropout):
     """saved_activation_bytes around one training forward of the real model on CPU (every tensor autograd
-    keeps, weights aside) against megatron/model/accounting/'s CPU activations, within 1%: with attention dropout
+    keeps, weights aside) against megatron/accounting/predict/'s CPU activations, within 1%: with attention dropout
     SDPA's math kernel, without it the CPU flash kernel (accounting.fused_attention), whatever the hidden
     dropout."""
     import torch
 
     from megatron.model import GPTConfig, GPTModel
-    from megatron.model.accounting import TrainingSetup, activation_bytes, fused_attention
+    from megatron.accounting import TrainingSetup, activation_bytes, fused_attention
     params_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     config = GPTConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64,
                        max_position_embeddings=64, padded_vocab_size=1024, params_dtype=params_dtype,
@@ -127,7 +127,7 @@ def _measured_activations(config, sp_group=None, sequence=None) -> int:
 
 @pytest.mark.parametrize("seq_length", [64, 256, 1024])
 def test_saved_activations_follow_the_sequence_length(seq_length):
-    from megatron.model.accounting import TrainingSetup, activation_bytes
+    from megatron.accounting import TrainingSetup, activation_bytes
     config = _tiny(seq_length, dropout=0.0)
     predicted = activation_bytes(config, TrainingSetup(world_size=1, micro_batch_size=4, device="cpu"))
     assert _measured_activations(config) == pytest.approx(predicted, rel=0.01)
@@ -143,7 +143,7 @@ def test_saved_activations_of_a_llama_forward_are_the_prediction(dtype, recomput
     import torch
 
     from megatron.model import MODEL_PRESETS, GPTConfig
-    from megatron.model.accounting import TrainingSetup, activation_bytes
+    from megatron.accounting import TrainingSetup, activation_bytes
     shape = dict(MODEL_PRESETS["llama-tiny"], num_key_value_heads=kv_heads)
     config = GPTConfig(**shape, seq_length=64, max_position_embeddings=64, padded_vocab_size=1024,
                        params_dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype],
@@ -161,7 +161,7 @@ def test_rotary_activations_are_the_prediction(dtype, recompute, dropout):
     import torch
     from dataclasses import replace
 
-    from megatron.model.accounting import TrainingSetup, activation_bytes
+    from megatron.accounting import TrainingSetup, activation_bytes
     config = replace(_tiny(1024, dropout, rotary=True), recompute_activations=recompute,
                      params_dtype={"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
     predicted = activation_bytes(config, TrainingSetup(world_size=1, micro_batch_size=4, precision=dtype,
@@ -174,7 +174,7 @@ def _check_ulysses_activations(rank, world):
 
     from megatron.core.layout import ParallelLayout
     from megatron.core.parallel_state import ParallelState
-    from megatron.model.accounting import TrainingSetup, activation_bytes
+    from megatron.accounting import TrainingSetup, activation_bytes
     deepspeed.init_distributed(dist_backend="gloo")  # DistributedAttention's all-to-alls go through deepspeed.comm
     state = ParallelState.build(ParallelLayout(world_size=world, sequence_parallel_size=2))
     setup = TrainingSetup(world_size=world, micro_batch_size=4, device="cpu", sequence_parallel_size=2)
@@ -197,7 +197,7 @@ def _check_ulysses_activations(rank, world):
 def test_ulysses_ranks_keep_the_predicted_activations():
     """SP=2 on 2 real gloo ranks: each keeps s/2 tokens of every activation outside attention and the whole
     sequence for half the heads inside it (with the fused kernel also its output before the reverse all-to-all),
-    within 1% of megatron/model/accounting/'s prediction at 64, 256 and 1024 tokens, with attention dropout, and
+    within 1% of megatron/accounting/predict/'s prediction at 64, 256 and 1024 tokens, with attention dropout, and
     with rotary positions (each rank's cos and sin for its s/2 positions only)."""
     from test_tensor_parallel import run_ranks
     run_ranks(_check_ulysses_activations)

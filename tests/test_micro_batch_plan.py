@@ -1,5 +1,5 @@
 """The drivers' micro-batch on a GPU without MICRO_BATCH: the largest the memory model predicts fits the GPU less
-its headroom (megatron/model/accounting/fit.py, megatron/launch/micro_batch.py), tested on CPU against the memory
+its headroom (megatron/accounting/predict/fit.py, megatron/launch/micro_batch.py), tested on CPU against the memory
 model's own predictions, and the driver's launch with a stand-in nvidia-smi (docs/gpu.md)."""
 import shlex
 import sys
@@ -11,8 +11,8 @@ from conftest import test_env as subprocess_env  # aliased: pytest would collect
 from megatron.launch.drivers import DriverPlanner
 from megatron.launch.micro_batch import plan_for_flags
 from megatron.model import MODEL_PRESETS, GPTConfig
-from megatron.model.accounting import TrainingSetup, memory_per_rank
-from megatron.model.accounting.fit import HEADROOM, largest_micro_batch
+from megatron.accounting import TrainingSetup, memory_per_rank
+from megatron.accounting.predict.fit import HEADROOM, largest_micro_batch
 
 GIB = 2**30
 H100 = 81559 * 2**20  # nvidia-smi's memory.total of an H100 80GB HBM3, MiB

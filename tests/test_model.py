@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron.model import MODEL_PRESETS, GPTConfig, GPTModel, ModelConfigError
-from megatron.model.accounting import count_parameters
+from megatron.accounting import count_parameters
 
 VOCAB = 256
 SEQ = 16

@@ -20,7 +20,7 @@ from megatron.core.layout import ParallelLayout
 from megatron.core.parallel_state import ParallelState
 from megatron.launch.settings import LaunchError, training_settings
 from megatron.model import GPTModel
-from megatron.model.accounting import (AccountingError, TrainingSetup, active_parameters, count_parameters,
+from megatron.accounting import (AccountingError, TrainingSetup, active_parameters, count_parameters,
                                        memory_per_rank, model_flops_per_iteration, moe_all_to_all_per_step,
                                        moe_capacity, parameters_on_rank)
 from megatron.model.config import ModelConfigError
@@ -471,7 +471,7 @@ def test_eval_and_generation_read_the_moe_runs_checkpoint(moe_runs, capsys):
 
 
 def test_finetuning_from_an_moe_checkpoint_is_refused_in_one_line(tmp_path):
-    from megatron.finetune import load_finetune_weights
+    from megatron.checkpointing.finetune import load_finetune_weights
     from megatron.saved_model.reader import SavedModelError, save_checkpoint_weights
 
     config = _gpt_config(num_experts=[4])

@@ -13,11 +13,12 @@ import torch
 import torch.distributed as dist
 from deepspeed.moe.utils import is_moe_param
 
-from megatron import memory
+from megatron.accounting.measure import memory
 from megatron.arguments import parse_args
 from megatron.core.parallel_state import ParallelState
 from megatron.initialize import DistInfo
-from megatron.model import GPTModel, accounting
+from megatron.model import GPTModel
+from megatron import accounting
 from megatron.model.moe import expert_parallel_rank
 from test_tensor_parallel import run_ranks
 

@@ -2,7 +2,7 @@
 
 The hosts are the suite's virtual cluster (conftest.two_hosts: network, UTS and mount namespaces joined by
 a switch, each host mapping its own name to 127.0.1.1 as Debian and Ubuntu do, each with its own /scratch).
-Every rank binds and advertises the address that routes to the master (megatron/launch/network.py), so
+Every rank binds and advertises the address that routes to the master (megatron/runtime/network.py), so
 the runs below give the one-host run's losses. The Slurm jobs over both hosts are in test_slurm.py.
 Without root these tests skip.
 """

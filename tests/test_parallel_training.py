@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 
 from conftest import PARALLEL_ITERS, PARALLEL_LAYOUTS, REPO_ROOT, TP2, free_port, parallel_pretrain, test_env
 from megatron.model import GPTConfig, GPTModel, ModelConfigError
-from megatron.model.accounting import count_parameters, parameters_on_rank
+from megatron.accounting import count_parameters, parameters_on_rank
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from megatron.model import MODEL_PRESETS, GPTConfig, GPTModel
-from megatron.model.accounting import count_parameters
+from megatron.accounting import count_parameters
 
 GPT2_VOCAB = 50257  # GPT-2's BPE vocabulary, which GPT-3 kept
 

@@ -20,7 +20,8 @@ FIXTURE_LOGS = REPO_ROOT / "tests" / "fixtures" / "logs"
 EXPERIMENTS = ["Z0", "Z1", "Z2", "Z3", "Z3+offload", "Z3+NVMe"]
 # lm loss on another machine: fp32 on CPU, the same data and seed, but other kernels may round differently
 LOSS_TOLERANCE = 2e-3
-# the measured activations (megatron/memory.py: the storages autograd saves, less those of the parameters as
+# the measured activations (megatron/accounting/measure/memory.py: the storages autograd saves, less those of the
+# parameters as
 # they are at that moment) of ZeRO-3 with NVMe offload came out 0.0152 GB in runs/reference/cpu-2rank and 0.0154 in
 # a rerun on the same machine (the estimate: 0.0154); every other memory figure repeated exactly
 ACTIVATIONS_TOLERANCE_GB = 1e-3

@@ -65,7 +65,7 @@ OLD_OOM_OUTPUT = """Traceback (most recent call last):
 torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity)
 """
 NCCL_DUPLICATE_GPU_OUTPUT = """[rank1]: Traceback (most recent call last):
-[rank1]:   File "/work/zero-lab/megatron/launch/lost_peer.py", line 40, in gather
+[rank1]:   File "/work/zero-lab/megatron/runtime/lost_peer.py", line 40, in gather
 [rank1]:     torch.distributed.all_gather_object(addresses, address)
 [rank1]:   File "/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", line 3041, in all_gather_object
 [rank1]:     all_gather(object_size_list, local_size, group=group)

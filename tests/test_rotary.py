@@ -12,8 +12,8 @@ from megatron.arguments import parse_args
 from megatron.errors import ZeroLabError
 from megatron.inference.generation import SamplingConfig, generate
 from megatron.model import GPTConfig, GPTModel, ModelConfigError
-from megatron.model.accounting import count_parameters, parameter_groups_on_rank
-from megatron.model.accounting.step_time import _modules
+from megatron.accounting import count_parameters, parameter_groups_on_rank
+from megatron.accounting.predict.step_time import _modules
 from megatron.model.kv_cache import KVCache
 from megatron.model.rotary import RotaryEmbedding
 from megatron.saved_model.reader import load_checkpoint_weights, save_checkpoint_weights

@@ -1,4 +1,4 @@
-"""Slurm: megatron/launch/dist_env.py under srun, LAUNCHER=srun in the drivers, examples_zero/slurm/train.sbatch.
+"""Slurm: megatron/runtime/dist_env.py under srun, LAUNCHER=srun in the drivers, examples_zero/slurm/train.sbatch.
 
 The dry runs fake an allocation with SLURM_* variables. Everything else runs on a real Slurm cluster: the
 suite's two virtual hosts (conftest.two_hosts: tools/virtual_cluster.py with Debian's munged, slurmctld and
@@ -19,7 +19,7 @@ from conftest import (ITERATION_LOSS, REPO_ROOT, driver_env, fault_env, iteratio
                       waiting_driver_launch)
 from conftest import test_env as subprocess_env  # aliased: pytest would collect test_env as a test
 from megatron.checkpointing import protocol
-from megatron.launch.dist_env import SLURM_PORT_BASE, DistEnvError, LauncherEnv, resolve_launcher_env
+from megatron.runtime.dist_env import SLURM_PORT_BASE, DistEnvError, LauncherEnv, resolve_launcher_env
 
 SBATCH = REPO_ROOT / "examples_zero" / "slurm" / "train.sbatch"
 
@@ -28,7 +28,7 @@ SRUN_TASK = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", 
              "SLURM_LOCALID": "3", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_STEP_NODELIST": "gpu07"}
 
 
-# ---- megatron/launch/dist_env.py ----
+# ---- megatron/runtime/dist_env.py ----
 
 def test_dist_env_srun_task():
     assert resolve_launcher_env(SRUN_TASK) == LauncherEnv(3, 3, 8, "gpu07", SLURM_PORT_BASE + 4242, "Slurm srun")

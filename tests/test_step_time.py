@@ -1,12 +1,12 @@
-"""megatron/model/accounting/step_time.py against hand-computed numbers: the link from flags, the messages a
+"""megatron/accounting/predict/step_time.py against hand-computed numbers: the link from flags, the messages a
 step issues (DeepSpeed's buckets and stage-3 prefetching replayed on a model small enough to follow by hand),
 and each part of a step's predicted time. What real 2-rank runs issue: tests/test_step_time_calibration.py."""
 from dataclasses import replace
 
 import pytest
 
-from megatron.model.accounting import TrainingSetup
-from megatron.model.accounting.step_time import (
+from megatron.accounting import TrainingSetup
+from megatron.accounting.predict.step_time import (
     COST_FACTORS,
     CollectiveCost,
     ComputeRates,
@@ -22,8 +22,8 @@ from megatron.model.accounting.step_time import (
     pipeline_bubble,
     predict_step_time,
 )
-from megatron.model.accounting.traffic import OWNER_REDUCTION, moe_all_to_all_per_step, zero_traffic_per_step
-from megatron.model.accounting.training_setup import AccountingError
+from megatron.accounting.predict.traffic import OWNER_REDUCTION, moe_all_to_all_per_step, zero_traffic_per_step
+from megatron.accounting.predict.training_setup import AccountingError
 from megatron.model.config import GPTConfig
 
 # One layer, h = 16, f = 64, vocabulary 64, seq 8. Parameters in module order (weight, bias):
@@ -385,13 +385,13 @@ def test_ulysses_ranks_share_the_sequences_compute_and_add_their_all_to_alls():
 @pytest.mark.parametrize("environ, skipped", [({}, False), ({"ZERO_LAB_SKIP_PROBES": "0"}, False),
                                               ({"ZERO_LAB_SKIP_PROBES": "1"}, True)])
 def test_zero_lab_skip_probes_says_whether_to_probe(environ, skipped):
-    from megatron.step_timing import probes_skipped
+    from megatron.accounting.measure.step_timing import probes_skipped
     assert probes_skipped(environ) is skipped
 
 
 def test_zero_lab_skip_probes_of_another_value_is_one_line():
     from megatron.errors import ZeroLabError
-    from megatron.step_timing import probes_skipped
+    from megatron.accounting.measure.step_timing import probes_skipped
     with pytest.raises(ZeroLabError) as error:
         probes_skipped({"ZERO_LAB_SKIP_PROBES": "yes"})
     assert str(error.value) == "ZERO_LAB_SKIP_PROBES=yes: expected 0 (probe, the default) or 1 (skip the probes)"
@@ -401,7 +401,7 @@ def test_zero_lab_skip_probes_of_another_value_is_one_line():
 def test_a_run_without_the_probes_says_so_and_prints_no_time_lines(checkpoint_run):
     """tests/runs.py's runs set ZERO_LAB_SKIP_PROBES=1; the drivers' runs (tests/test_drivers.py) probe and
     print the prediction and the time lines."""
-    from megatron.step_timing import PROBES_SKIPPED_LINE
+    from megatron.accounting.measure.step_timing import PROBES_SKIPPED_LINE
     log = checkpoint_run.stdout
     assert log.splitlines().count(PROBES_SKIPPED_LINE) == 1
     assert "step time predicted" not in log and " time at iteration " not in log

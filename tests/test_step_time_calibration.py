@@ -2,7 +2,7 @@
 and step (train_step, or the pipeline's), stages 0-3 in fp32 and bf16, with and without gradient
 accumulation, on a model whose word embedding dominates (the tiny preset's shape, smaller) and on ones whose
 layers split DeepSpeed's buckets and whose parameters fit ZeRO-3's prefetch budget; TP (with and without
-sequence parallelism) and PP on 2 ranks. megatron/comm_counter.py counts every call of each step; the
+sequence parallelism) and PP on 2 ranks. megatron/accounting/measure/comm_counter.py counts every call of each step; the
 prediction must match each steady step exactly, kind by kind."""
 import functools
 import os
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from megatron import comm_counter
+from megatron.accounting.measure import comm_counter
 from test_tensor_parallel import run_ranks
 
 pytestmark = pytest.mark.slow
@@ -66,8 +66,9 @@ def _messages_each_step(flags, stage, precision, accumulation, prefix, counter, 
     from megatron.arguments import parse_args
     from megatron.core.parallel_state import ParallelState
     from megatron.initialize import DistInfo, set_seed
-    from megatron.model import GPTModel, accounting
-    from megatron.model.accounting.step_time import messages_per_step
+    from megatron.model import GPTModel
+    from megatron import accounting
+    from megatron.accounting.predict.step_time import messages_per_step
     from megatron.model.gpt_model_pipe import build_gpt_pipe
     from megatron.pipeline_training import pipeline_train_step
     from megatron.startup import prepare_run
@@ -109,7 +110,8 @@ def _messages_each_step(flags, stage, precision, accumulation, prefix, counter, 
             counted.append(kinds)
     engine.destroy()
     setup = training_setup(args, dist_info)
-    # the bucket sizes as the run's DeepSpeed config holds them (megatron/step_timing.py passes the same)
+    # the bucket sizes as the run's DeepSpeed config holds them (megatron/accounting/measure/step_timing.py passes the
+    # same)
     predicted = messages_per_step(args.model, setup, parallel.get_pipeline_model_parallel_rank(),
                                   ds_config["zero_optimization"])
     return predicted, counted

@@ -246,7 +246,7 @@ def _check_mappings_on_torch_before_2_13(rank, world):
     2.13's all_gather_into_tensor calls). The traffic counter still counts each collective once, by its name."""
     import warnings
 
-    from megatron import comm_counter
+    from megatron.accounting.measure import comm_counter
 
     removed = {name: getattr(dist, name) for name in ("all_gather_single", "reduce_scatter_single")}
     for name in removed:

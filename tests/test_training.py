@@ -65,7 +65,7 @@ def test_all_stages_give_the_same_losses(stage_runs):
 def test_gradient_accumulation_traffic_and_gradients(stage_runs):
     """2 micro-batches per step: stage 2 reduce-scatters at each micro-batch (1.5x stage 1's traffic) and stage 3
     gathers and reduces at each (3x); stage 1 holds every gradient until the last micro-batch, stage 2 only
-    its partition's parameters' (as predicted: megatron/model/accounting.gradient_elements_held)."""
+    its partition's parameters' (as predicted: megatron/accounting.gradient_elements_held)."""
     sent = {}
     for name in ("Z1", "Z2", "Z3"):
         pairs = re.findall(r"comm at iteration +\d+ \| .* total=(\S+)MB \| .* predicted=(\S+)MB", stage_runs[name])

@@ -17,7 +17,7 @@ from megatron.core.layout import ParallelLayout, ParallelLayoutError
 from megatron.core.parallel_state import ParallelState
 from megatron.launch.settings import training_settings
 from megatron.model import GPTConfig, GPTModel
-from megatron.model.accounting import TrainingSetup, ulysses_all_to_all_per_step
+from megatron.accounting import TrainingSetup, ulysses_all_to_all_per_step
 from megatron.training_log import MB
 from megatron.training import get_batch, masked_mean_loss, sequence_mean_loss
 from test_arguments import base

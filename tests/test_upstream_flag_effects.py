@@ -156,7 +156,7 @@ def _engine(argv: list[str]):
     """A real DeepSpeed engine of the tiny model as pretrain_gpt.py builds it (megatron/training.setup_engine)."""
     from megatron.core.parallel_state import ParallelState
     from megatron.initialize import DistInfo
-    from megatron.model.accounting import count_parameters
+    from megatron.accounting import count_parameters
     from megatron.training import setup_engine
 
     args = parse_args(ARGV + argv)

@@ -245,7 +245,7 @@ def test_step_time_by_hand_on_one_node(capsys):
     writes); communication = the gradients' all-reduce, 2 x 7/8 x 2 bytes x parameters, at NVLink's 300e9 bytes/s
     (a ring inside the node: 1/bandwidth per byte counted as sent) plus 3 messages (DeepSpeed's engine
     all-reduces 5e8 elements at a time) x 10 us."""
-    from megatron.model import accounting
+    from megatron import accounting
     from megatron.model.config import GPTConfig
 
     data = plan_json(capsys, *EXAMPLE, "--gpu", "A100-80GB")
@@ -422,11 +422,11 @@ def test_an_sp_size_that_cannot_split_is_refused_in_one_line(capsys, extra, mess
 
 def test_the_longest_sequence_that_fits_each_option(capsys):
     """A million tokens over 8 GPUs with Ulysses: each option's longest sequence fits the 72 GB left (80 GB less
-    10%) and one more slice of 8 tokens does not, by megatron/model/accounting/ at micro-batch 1; SP=8 holds s/8 of
+    10%) and one more slice of 8 tokens does not, by megatron/accounting/predict/ at micro-batch 1; SP=8 holds s/8 of
     every activation, so the whole sequence fits about 8 times longer than at SP=1 where activations dominate."""
     from dataclasses import replace
 
-    from megatron.model import accounting
+    from megatron import accounting
     args = [*LONG, "--seq-length", "1048576", "--ds-sequence-parallel-size", "8"]
     code, out, err = tool_in_process(capsys, "zero_plan.py", *args)
     assert code == 0 and err == ""
@@ -449,7 +449,7 @@ def test_the_longest_sequence_that_fits_each_option(capsys):
     serial = {p["option"]: p for p in plan_json(capsys, *LONG, "--seq-length", "4096")["plans"]}
     ratio = plans["Z3 + full offload"]["longest_seq"] / serial["Z3 + full offload"]["longest_seq"]
     # a little over 8: at SP=1 the layer recomputed at a time also keeps rotary's rotated q, k and projection
-    # input, which the all-to-alls' outputs replace under Ulysses (megatron/model/accounting/memory.py)
+    # input, which the all-to-alls' outputs replace under Ulysses (megatron/accounting/predict/memory.py)
     assert 7.5 < ratio <= 8.2
     assert plans["Z3"]["activations_gb"] == pytest.approx(
         accounting.activation_bytes(config, setup) / 2**30, rel=1e-6)
@@ -471,7 +471,7 @@ def test_llama_preset_plans_with_its_own_vocabulary_and_exact_count(capsys):
 def test_an_moe_preset_plans_each_stage_and_expert_parallel_size(capsys):
     """gpt-125m-moe8 on 8 GPUs: ZeRO 0-2 (no ZeRO-3 with MoE) at EP 1, 2, 4 and 8; a larger EP holds fewer experts
     and sends fewer gradient bytes but adds the all-to-alls."""
-    from megatron.model import accounting
+    from megatron import accounting
     from tools.zero_plan import model_config, parse_args
 
     data = plan_json(capsys, "--model-size", "gpt-125m-moe8", "--gpus", "8", "--gpu-memory", "80GB",

@@ -14,7 +14,7 @@ link at its nominal bandwidth, with what it leaves out, calibrated on the publis
 tools/published_runs.json), the bound beside it, tokens/s, TFLOP/s per GPU and, with --tokens, the days to
 train, and picks the fastest option that fits. With --storage-bandwidth and --mtbf-hours it prints
 the checkpoint's size, its save time and the interval between saves that loses the least time (docs/faults.md).
-The numbers come from megatron/model/accounting/, the same functions whose predictions the training runs print
+The numbers come from megatron/accounting/predict/, the same functions whose predictions the training runs print
 beside their measurements (docs/zero-tradeoff-reference.md, "Time per step: the model" and "Projecting a step onto GPUs").
 """
 
@@ -31,14 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from megatron.core.parallel_state import ParallelLayout  # noqa: E402
 from megatron.errors import ZeroLabError  # noqa: E402
 from megatron.layout_check import batch_split  # noqa: E402
-from megatron.model import accounting  # noqa: E402
+from megatron import accounting  # noqa: E402
 from megatron.model.config import GPTConfig, ModelConfigError, parallel_shape_problems  # noqa: E402
 from megatron.checkpointing import interval  # noqa: E402
-from megatron.model.accounting.fit import HEADROOM, peak_memory, stage_config  # noqa: E402
-from megatron.model.accounting.memory import checkpoint_bytes  # noqa: E402
-from megatron.model.accounting.traffic import OWNER_REDUCTION  # noqa: E402
-from megatron.model.accounting.host_work import HOST_COEFFICIENTS, host_seconds  # noqa: E402
-from megatron.model.accounting.step_time import (  # noqa: E402
+from megatron.accounting.predict.fit import HEADROOM, peak_memory, stage_config  # noqa: E402
+from megatron.accounting.predict.memory import checkpoint_bytes  # noqa: E402
+from megatron.accounting.predict.traffic import OWNER_REDUCTION  # noqa: E402
+from megatron.accounting.predict.host_work import HOST_COEFFICIENTS, host_seconds  # noqa: E402
+from megatron.accounting.predict.step_time import (  # noqa: E402
     ComputeRates,
     LinkCosts,
     StepTime,
@@ -767,7 +767,7 @@ def expected_line(hw: Hardware) -> str:
             f"of the bandwidth and recomputation's all-reduces; {calibration_summary()} of its published "
             f"throughput when left out of the fit (tools/published_runs.json); {hw.gpu} takes the {runs}\n"
             f"host ms: the engine's host work at the {HOST_COEFFICIENTS['cuda'].source} coefficients "
-            f"(megatron/model/accounting/host_work.py; not probed, not in step ms)")
+            f"(megatron/accounting/predict/host_work.py; not probed, not in step ms)")
 
 
 def notes(config: GPTConfig, ns: argparse.Namespace, plans: list[Plan]) -> list[str]:

@@ -49,7 +49,7 @@ def _differs(key: str, saved: dict, current: dict, learned_positions: bool) -> b
 def _setting(key: str, flag: str, model: dict, remedy: bool = False, run: bool = False) -> str:
     """How a setting of `model` reads in the line: the flag and its value, a switch by its presence. The run's
     table is named with its --seq-length, which the launch scripts give it from (SEQ_LEN): the line names the flag
-    once, so that megatron/launch/flag_sources.py can add the variable to it."""
+    once, so that megatron/flag_sources.py can add the variable to it."""
     value = model[key]
     if isinstance(value, bool):
         return flag if value else f"{'without' if remedy else 'no'} {flag}"

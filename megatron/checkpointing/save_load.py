@@ -132,7 +132,7 @@ def load_checkpoint(engine, args: Args) -> tuple[int, int, int, dict | None]:
     if ckpt.finetune:
         # weights only, from a checkpoint of any ZeRO stage or tools/hf_to_checkpoint.py (DeepSpeed's
         # loader needs the same partitioning as the run); iteration, optimizer and schedule start afresh
-        from megatron.finetune import load_finetune_weights
+        from megatron.checkpointing.finetune import load_finetune_weights
         path, notes = load_finetune_weights(engine, ckpt.load, trust=ckpt.trust_checkpoint, config=args.model)
         if dist.get_rank() == 0:
             print(f"  loaded weights from {path} for fine-tuning (iteration and optimizer reset)", flush=True)

@@ -89,7 +89,7 @@ def blended_num_samples(weights: list[float], num_samples: tuple[int, int, int])
 
 def local_rank() -> int:
     """This process's rank on its node; the launcher sets LOCAL_RANK (torchrun, deepspeed,
-    or megatron.launch.dist_env for MPI launchers)."""
+    or megatron.runtime.dist_env for MPI launchers)."""
     if "LOCAL_RANK" in os.environ:
         return int(os.environ["LOCAL_RANK"])
     return dist.get_rank() if dist.is_initialized() else 0

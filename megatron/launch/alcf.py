@@ -122,7 +122,7 @@ class AlcfPlanner:
         hosts, hostfile, accelerator, per_host = self._setup(v, launch_env)
         world = len(hosts) * per_host
         # one host: MASTER_PORT, checked before anything starts, else a free port; several hosts: MASTER_PORT or the
-        # ranks' default (megatron/launch/dist_env.py)
+        # ranks' default (megatron/runtime/dist_env.py)
         if len(hosts) == 1 and "MASTER_PORT" not in v:
             launch_env["MASTER_PORT"] = free_port()
         elif len(hosts) == 1 and not dry_run:

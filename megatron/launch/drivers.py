@@ -146,7 +146,7 @@ class DriverPlanner:
                    "--save", f"{run_dir}/checkpoints", *load_flags,
                    "--tensorboard-dir", f"{run_dir}/tensorboard", "--run-dir", run_dir,
                    "--exit-signal-handler", *args]  # SIGTERM (preemption): save this iteration, exit 0
-        # an error about one of these flags names the variable it came from (megatron/launch/flag_sources.py)
+        # an error about one of these flags names the variable it came from (megatron/flag_sources.py)
         hf_sources = "".join(f" {flag}=INIT_HF" for flag in (hf.flags if hf else []) if flag.startswith("--"))
         launch_env["ZERO_LAB_FLAG_SOURCES"] = f"--zero-nvme-path=NVME_PATH {settings.sources_text()}{hf_sources}"
         note = f"resuming from {resume}" if resume else "fresh start"
@@ -278,7 +278,7 @@ class DriverPlanner:
             gpus = ["--include", include] if include else ["--num_gpus", str(ngpus)]
             return [python, "-m", "deepspeed.launcher.runner", *gpus, "--master_port", port]
         if launcher == "srun":
-            # each task finds its rank and the rendezvous in SLURM_* (megatron/launch/dist_env.py); one OpenMP
+            # each task finds its rank and the rendezvous in SLURM_* (megatron/runtime/dist_env.py); one OpenMP
             # thread per CPU of the task. srun is given the job's --cpus-per-task itself: since Slurm 22.05 it no
             # longer takes it from the job (only from SRUN_CPUS_PER_TASK), and would bind each task to one CPU.
             cpus = v.get("SLURM_CPUS_PER_TASK")

@@ -1,5 +1,5 @@
 """The examples_zero drivers' micro-batch on a GPU when MICRO_BATCH is not given: the largest that the memory model
-predicts fits the GPU's memory less a headroom (megatron/model/accounting/fit.py, as tools/zero_plan.py's fit), for
+predicts fits the GPU's memory less a headroom (megatron/accounting/predict/fit.py, as tools/zero_plan.py's fit), for
 the run's own flags: its model, stage, offload, precision, sequence, layout and GLOBAL_BATCH or GAS (docs/gpu.md).
 The launch planner (which imports no torch, and the model's config does) runs it in the ranks' Python,
 
@@ -16,7 +16,7 @@ import sys
 from dataclasses import asdict, replace
 
 from megatron.errors import ZeroLabError
-from megatron.model.accounting.fit import MicroBatchPlan, largest_micro_batch
+from megatron.accounting.predict.fit import MicroBatchPlan, largest_micro_batch
 
 # the drivers tokenize with GPT-2's BPE (VOCAB_FILE, MERGE_FILE): its vocabulary where the files are not made yet
 GPT2_VOCABULARY = 50257

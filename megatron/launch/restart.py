@@ -27,7 +27,7 @@ HOSTS_MISSING_CAUSE = "the other hosts did not join the rendezvous within HOST_W
 RESTART_LINE = "[zero-lab] restarting after: {cause}"
 
 # rank error lines that a fault causes, not the input: the ranks left after a peer is gone
-# (megatron/launch/lost_peer.py, heartbeat.py) and a save the disk refused (megatron/checkpointing/save_load.py)
+# (megatron/runtime/lost_peer.py, heartbeat.py) and a save the disk refused (megatron/checkpointing/save_load.py)
 _FAULT_LINES = (re.compile(r"^error: lost ranks? "),
                 re.compile(r"^error: --save \S+: writing checkpoint \S+ failed on rank \d+ "))
 

@@ -1,7 +1,7 @@
 """The training settings every launch path shares, from the environment: each variable checked once (one line
 naming it, its value and what is expected), given one default by one rule, and turned into the pretrain_gpt.py
 flags, with the variable behind each flag (so that an error about the flag names the variable:
-megatron/launch/flag_sources.py). docs/environment.md lists the variables.
+megatron/flag_sources.py). docs/environment.md lists the variables.
 
 Part of the launch planner (megatron/launch/plan.py): the drivers' and ALCF's paths both read it. It imports no
 torch. tests/test_planner_settings.py holds it to the flags and errors the shell's own rules gave before the planner
@@ -18,7 +18,7 @@ from typing import Mapping
 from megatron.core.layout import ParallelLayout
 from megatron.deepspeed_json import DeepSpeedJSONError, refuse_unused_sections
 from megatron.errors import ZeroLabError
-from megatron.launch.flag_sources import name_sources
+from megatron.flag_sources import name_sources
 from megatron.layout_check import batch_split
 from megatron.model.presets import MODEL_PRESETS
 from megatron.training_defaults import GPT3_PRESET

@@ -32,7 +32,8 @@ def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
 
 def _all_gather_into(out: torch.Tensor, x: torch.Tensor, group) -> None:
     # torch 2.13 adds all_gather_single and deprecates all_gather_into_tensor; 2.11 and 2.12 have only the
-    # latter. Looked up at each call, so the traffic counter's wrapper (megatron/comm_counter.py) is the one used.
+    # latter. Looked up at each call, so the traffic counter's wrapper (megatron/accounting/measure/comm_counter.py)
+    # is the one used.
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(out, x, group=group)
 

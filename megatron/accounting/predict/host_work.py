@@ -5,17 +5,18 @@ without it, predicted 46/40/44/62 ms against 80/42/127/282 measured at ZeRO 0/1/
     host = tensors x per_tensor_s + module_hooks x per_module_s + flushes x per_flush_s + syncs x per_sync_s
 
 The counts (`host_counts`) are per optimizer step; the coefficients (`HostCoefficients`) are measured at start-up
-by megatron/host_probe.py on a skeleton engine, the run's module tree at a tiny width, or for tools/zero_plan.py
+by megatron/accounting/measure/host_probe.py on a skeleton engine, the run's module tree at a tiny width, or for
+tools/zero_plan.py
 taken from HOST_COEFFICIENTS, a table per device class.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron.model.accounting.memory import runs_bf16_optimizer
-from megatron.model.accounting.step_time import (_bucket_sizes, _engine_allreduces, _gradient_order, _modules,
+from megatron.accounting.predict.memory import runs_bf16_optimizer
+from megatron.accounting.predict.step_time import (_bucket_sizes, _engine_allreduces, _gradient_order, _modules,
                                                  _stage3_gathers, _stage3_reduce_scatters, _zero12_buckets)
-from megatron.model.accounting.training_setup import TrainingSetup
+from megatron.accounting.predict.training_setup import TrainingSetup
 from megatron.model.config import GPTConfig
 
 # Host reads (synchronisations with the accelerator) per step outside logging iterations, by ZeRO stage and
@@ -56,7 +57,8 @@ class HostCoefficients:
 
 
 # Coefficients per device class for tools/zero_plan.py, which cannot probe the device it plans for. "cpu": what
-# megatron/host_probe.py measured for the tiny preset's ZeRO-3 on 2 gloo ranks of the loaded 2-core dev box (DP's
+# megatron/accounting/measure/host_probe.py measured for the tiny preset's ZeRO-3 on 2 gloo ranks of the loaded 2-core
+# dev box (DP's
 # probe: 109 us/tensor, 4 us/flush). "cuda": the first H100 run's gaps between measured and predicted step at ZeRO 2
 # and 3 (docs/gpu-reference.md: 82 and 220 ms for GPT-2 125M, one GPU, bf16; 148 tensors, 126 hooked modules, 19
 # flushes), put on the tensors (stage 2) and the module hooks (the rest at stage 3): fitted to the run it describes,

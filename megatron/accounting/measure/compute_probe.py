@@ -1,4 +1,4 @@
-"""The rank's own speeds, measured at start-up: what the step-time model (megatron/model/accounting/step_time.py)
+"""The rank's own speeds, measured at start-up: what the step-time model (megatron/accounting/predict/step_time.py)
 divides a step's work by.
 
 `probe_compute` times one transformer layer's and the model's ends' (embeddings, final LayerNorm, output layer and
@@ -30,9 +30,9 @@ from megatron.core.tensor_parallel import (
 from megatron.core.scratch import ScratchBuffers
 from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_lm_loss
 # the one place a layer's FLOPs are counted
-from megatron.model.accounting.flops import layer_forward_flops, logit_forward_flops
-from megatron.model.accounting.step_time import ComputeRates
-from megatron.model.accounting.training_setup import TrainingSetup
+from megatron.accounting.predict.flops import layer_forward_flops, logit_forward_flops
+from megatron.accounting.predict.step_time import ComputeRates
+from megatron.accounting.predict.training_setup import TrainingSetup
 from megatron.model.config import GPTConfig
 from megatron.model.gpt_model import build_embeddings, embed
 from megatron.model.transformer import ParallelTransformerLayer, layer_norm

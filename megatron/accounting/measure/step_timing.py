@@ -1,7 +1,8 @@
 """Step time, measured beside predicted (docs/zero-tradeoff-reference.md, "Time per step"): the start-up probes and
 prediction, and the clock on the offloaded optimizer's step.
 
-Communication is timed by megatron/comm_counter.py; the loop's own clock gives each step's total; what the
+Communication is timed by megatron/accounting/measure/comm_counter.py; the loop's own clock gives each step's total;
+what the
 offloaded optimizer's step takes (host Adam, its copies, NVMe swaps) is timed here; compute is the rest.
 """
 from __future__ import annotations
@@ -13,12 +14,12 @@ import torch
 import torch.distributed as dist
 
 from megatron.arguments import Args
-from megatron.comm_counter import CommCounter
+from megatron.accounting.measure.comm_counter import CommCounter
 from megatron.errors import ZeroLabError
 from megatron.initialize import DistInfo
-from megatron.model.accounting import TrainingSetup
-from megatron.model.accounting.host_work import HostCoefficients, host_seconds
-from megatron.model.accounting.step_time import ComputeRates, LinkCosts, StepTime
+from megatron.accounting import TrainingSetup
+from megatron.accounting.predict.host_work import HostCoefficients, host_seconds
+from megatron.accounting.predict.step_time import ComputeRates, LinkCosts, StepTime
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -48,16 +49,17 @@ def predict_at_startup(args: Args, dist_info: DistInfo, ds_config: dict, setup: 
                        comm: CommCounter | None, steps
                        ) -> tuple[StepTime, ComputeRates, LinkCosts, HostCoefficients | None]:
     """Measure this rank's compute rates, the data-parallel link (unless --link-bandwidth-gbps and
-    --link-latency-us describe it) and the engine's host work (megatron/host_probe.py's skeleton engine; None
+    --link-latency-us describe it) and the engine's host work (megatron/accounting/measure/host_probe.py's skeleton
+    engine; None
     under pipeline parallelism), then predict one step. `comm`: the run's comm counter, which the host probe
     puts back after counting its skeletons' collectives with its own; `steps`: the trainer's functions its skeletons
-    run (megatron/host_probe.py's TrainerSteps). Every rank calls this at the same time: the
+    run (megatron/accounting/measure/host_probe.py's TrainerSteps). Every rank calls this at the same time: the
     ranks share the host's cores and links in training, and so they do in the probes. The probes draw
     from forked generators, so the run's own random numbers are the ones it would draw without them."""
-    from megatron.comm_probe import probe_buffers, probe_link
-    from megatron.compute_probe import probe_compute
-    from megatron.host_probe import probe_host
-    from megatron.model.accounting.step_time import link_costs_from_flags, predict_step_time
+    from megatron.accounting.measure.comm_probe import probe_buffers, probe_link
+    from megatron.accounting.measure.compute_probe import probe_compute
+    from megatron.accounting.measure.host_probe import probe_host
+    from megatron.accounting.predict.step_time import link_costs_from_flags, predict_step_time
 
     backend = "nccl" if dist_info.on_cuda else "gloo"
     # ZeRO's collectives run over the data-parallel group; without data parallelism (TP or PP only) the

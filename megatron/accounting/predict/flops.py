@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from megatron.model.accounting.training_setup import PRECISIONS, AccountingError
+from megatron.accounting.predict.training_setup import PRECISIONS, AccountingError
 from megatron.model.config import GPTConfig
 
 # Dense peaks in TFLOP/s per accelerator part and matmul precision: bf16/fp16 tensor cores, TF32 tensor

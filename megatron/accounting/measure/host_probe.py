@@ -1,9 +1,10 @@
 """The engine's host work per counted item, measured at start-up on a skeleton: the run's module tree (its layers,
 modules, ZeRO stage, precision and parallel groups) at a tiny width, in a real DeepSpeed engine, never the run's
-own steps (megatron/model/accounting/host_work.py counts the items and says what the coefficients mean).
+own steps (megatron/accounting/predict/host_work.py counts the items and says what the coefficients mean).
 
 Each skeleton variant trains a few steps of one micro-batch; its host work is the step's wall time less the time
-blocked in collectives (a comm counter of its own, megatron/comm_counter.py) and less the bare model's forward and
+blocked in collectives (a comm counter of its own, megatron/accounting/measure/comm_counter.py) and less the bare
+model's forward and
 backward at the same width (the compute probe's part at the run's width). Two variants differ in their bucket sizes
 (one bucket per reduction; a bucket per tensor), and at stage 3 a third in its tensors per module (no linear
 biases); a least-squares fit over them gives the seconds per tensor, per module hook and per flush. A host
@@ -20,10 +21,10 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from megatron import comm_counter
-from megatron.model.accounting import TrainingSetup, count_parameters
-from megatron.model.accounting.host_work import HostCoefficients, host_counts
-from megatron.model.accounting.step_time import _modules
+from megatron.accounting.measure import comm_counter
+from megatron.accounting import TrainingSetup, count_parameters
+from megatron.accounting.predict.host_work import HostCoefficients, host_counts
+from megatron.accounting.predict.step_time import _modules
 
 HEAD_DIM = 2  # the skeleton's width: two channels a head, the run's heads and K/V heads
 SEQ_PER_RANK = 8  # tokens a sequence holds on each DeepSpeed-Ulysses rank

@@ -2,10 +2,10 @@
 
 `probe_link` times all-reduce, reduce-scatter, all-gather, broadcast and, where the run issues it, reduce (ZeRO
 1-2's gradient reduction: one reduce per partition of a bucket, to its owner) at two buffer sizes and fits
-seconds = latency + seconds_per_byte x bytes sent, bytes sent as megatron/comm_counter.py counts them (the
+seconds = latency + seconds_per_byte x bytes sent, bytes sent as megatron/accounting/measure/comm_counter.py counts them (the
 ZeRO paper's volume), so the fitted seconds_per_byte already holds what the backend's wire costs per such
 byte (gloo's reduce-scatter sends about what its all-reduce sends; docs/zero-tradeoff-reference.md). The step-time
-model (megatron/model/accounting/step_time.py) multiplies it by the bytes and messages a step sends.
+model (megatron/accounting/predict/step_time.py) multiplies it by the bytes and messages a step sends.
 
 The bandwidth point is a buffer near the step's largest message (`probe_buffers`): gloo's cost per byte is not
 the same at every size (a reduce moved 12.4 MB/s counted at 4 MiB and 8.2 MB/s at 13.7 MiB over 200 Mbit/s,
@@ -23,10 +23,10 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from megatron import comm_counter
-from megatron.model.accounting.parameters import parameters_on_rank
-from megatron.model.accounting.step_time import CollectiveCost, LinkCosts, gradient_reduction_op
-from megatron.model.accounting.traffic import TRAFFIC_KINDS, zero_traffic_per_step
+from megatron.accounting.measure import comm_counter
+from megatron.accounting.predict.parameters import parameters_on_rank
+from megatron.accounting.predict.step_time import CollectiveCost, LinkCosts, gradient_reduction_op
+from megatron.accounting.predict.traffic import TRAFFIC_KINDS, zero_traffic_per_step
 
 # float32 elements of the latency point (64 KiB) and of the bandwidth point: LARGE (4 MiB) unless the step's
 # messages are larger, at most LARGEST (32 MiB: tens of ms a call on loopback, about 1.3 s over 200 Mbit/s)
@@ -34,7 +34,7 @@ SMALL, LARGE, LARGEST = 16 * 1024, 1024 * 1024, 8 * 1024 * 1024
 REPEATS = 9  # timed repetitions per kind and size at most, after one warm-up
 MIN_REPEATS = 3  # ... and at least, where the warm-up says REPEATS would take longer than POINT_BUDGET_S
 POINT_BUDGET_S = 0.25
-# the torch.distributed function each kind is timed with, as megatron/comm_counter.py names it
+# the torch.distributed function each kind is timed with, as megatron/accounting/measure/comm_counter.py names it
 PROBED = {"all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter_tensor",
           "all_gather": "all_gather_into_tensor", "broadcast": "broadcast", "reduce": "reduce"}
 # DeepSpeed 0.19.8's reduce_bucket_size when the ZeRO section leaves it out

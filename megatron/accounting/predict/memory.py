@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import math
 
-from megatron.model.accounting.parameters import expert_groups_on_rank, parameter_groups_on_rank, parameters_on_rank
-from megatron.model.accounting.training_setup import AccountingError, TrainingSetup
+from megatron.accounting.predict.parameters import expert_groups_on_rank, parameter_groups_on_rank, parameters_on_rank
+from megatron.accounting.predict.training_setup import AccountingError, TrainingSetup
 from megatron.model.config import GPTConfig
 
 # ZeRO paper (Rajbhandari et al. 2020), bytes per parameter for (params, grads, optimizer
@@ -73,7 +73,8 @@ def _whole_parameters_of_first_partition(sizes: list[int], dp_size: int) -> int:
 
 def gradient_elements_held(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
     """Gradient elements the logging rank (data-parallel rank 0) holds at its peak in a step, as DeepSpeed
-    0.19.8 keeps them (measured by megatron/memory.py; docs/zero-tradeoff-reference.md). Stage 0 keeps every gradient;
+    0.19.8 keeps them (measured by megatron/accounting/measure/memory.py; docs/zero-tradeoff-reference.md). Stage 0
+    keeps every gradient;
     stages 1 and 2 reduce each bucket to its owner and drop the gradients of the parameters outside their
     partition, but keep the whole gradient of every parameter that starts inside it (each optimizer group is
     flattened and cut into dp equal partitions), so a partition that falls inside a large parameter (the
@@ -208,7 +209,8 @@ def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
 
 def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
     """Bytes autograd keeps from the forward for the backward on one rank of pipeline `stage` (what
-    megatron/memory.py's saved_activation_bytes measures), for this model's kernels; the per-layer terms
+    megatron/accounting/measure/memory.py's saved_activation_bytes measures), for this model's kernels; the per-layer
+    terms
     follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
     s b h (34 + 5 a s / h) in 16-bit with 1-byte masks and unfused attention. On CPU SDPA's math kernel
     keeps the a s^2 b attention probabilities when there is attention dropout; a fused kernel (CUDA, or

@@ -10,7 +10,7 @@ run; counting is a few attribute reads per call (bench/bench_comm_counting.py me
 ranks (docs/zero-tradeoff.md): (n-1)/n of the whole buffer for a reduce-scatter (its input), an
 all-gather (its output), a reduce and a broadcast; twice that for an all-reduce (a reduce-scatter
 then an all-gather, as a ring does it); the whole tensor for a point-to-point send, nothing for a
-receive. megatron/model/accounting/traffic.py predicts traffic with the same definition.
+receive. megatron/accounting/predict/traffic.py predicts traffic with the same definition.
 
 One op can call another (send calls isend, all_gather_into_tensor calls all_gather_single): only
 the outermost counted call counts, so nothing is counted twice.

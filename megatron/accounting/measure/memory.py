@@ -113,7 +113,7 @@ def _private(optimizer, name: str):
         import deepspeed
         raise DeepSpeedInternalsError(
             f"DeepSpeed {deepspeed.__version__}: {type(optimizer).__name__} has no attribute {name!r}; "
-            "megatron/memory.py reads it to measure model-state memory and needs updating") from None
+            "megatron/accounting/measure/memory.py reads it to measure model-state memory and needs updating") from None
 
 
 def deepspeed_class_name(optimizer) -> str:
@@ -127,7 +127,8 @@ def _deepspeed_optimizer(engine):
     optimizer = engine.optimizer
     known = deepspeed_class_name(optimizer) in _FP32_MASTER
     if engine.zero_optimization() and not known:
-        raise DeepSpeedInternalsError(f"ZeRO optimizer {type(optimizer).__name__} is not one megatron/memory.py "
+        raise DeepSpeedInternalsError(f"ZeRO optimizer {type(optimizer).__name__} is not one
+        megatron/accounting/measure/memory.py "
                                       f"knows ({', '.join(_FP32_MASTER)})")
     return optimizer if known else None
 

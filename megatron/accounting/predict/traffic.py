@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import math
 
-from megatron.model.accounting.memory import runs_bf16_optimizer, zero_model_state_estimate
-from megatron.model.accounting.parameters import expert_groups_on_rank, parameters_on_rank
-from megatron.model.accounting.training_setup import TrainingSetup
+from megatron.accounting.predict.memory import runs_bf16_optimizer, zero_model_state_estimate
+from megatron.accounting.predict.parameters import expert_groups_on_rank, parameters_on_rank
+from megatron.accounting.predict.training_setup import TrainingSetup
 from megatron.model.config import GPTConfig
 
-TRAFFIC_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p")  # as megatron/comm_counter.py
+TRAFFIC_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "p2p")  # as megatron/accounting/measure/comm_counter.py
 
 
 def _ring_share(group_size: int) -> float:
@@ -52,7 +52,7 @@ def ulysses_all_to_all_per_step(config: GPTConfig, setup: TrainingSetup) -> floa
 def zero_traffic_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0,
                           zero: dict | None = None) -> dict[str, float]:
     """Bytes one rank of pipeline `stage` sends per optimizer step, per kind of collective, with
-    megatron/comm_counter.py's definition of "sent" (docs/zero-tradeoff.md).
+    megatron/accounting/measure/comm_counter.py's definition of "sent" (docs/zero-tradeoff.md).
 
     Data parallelism over the rank's P parameters (the ZeRO paper's volumes, in the gradient dtype,
     times (n-1)/n for the n ranks holding the same parameters: the data-parallel ones times DeepSpeed-Ulysses'

@@ -1,4 +1,4 @@
-"""What megatron/model/accounting/ predicts for one training iteration at a sequence length: FLOPs, the printing
+"""What megatron/accounting/predict/ predicts for one training iteration at a sequence length: FLOPs, the printing
 rank's memory, ZeRO traffic and the step time. A curriculum (megatron/curriculum.py) changes the length from step
 to step, so the loop's Reporter asks at each step's length (docs/curriculum.md); each length is computed once."""
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from statistics import fmean
 
-from megatron.model import accounting
-from megatron.model.accounting.host_work import HostCoefficients, host_seconds
-from megatron.model.accounting.step_time import ComputeRates, LinkCosts, StepTime, predict_step_time
+from megatron import accounting
+from megatron.accounting.predict.host_work import HostCoefficients, host_seconds
+from megatron.accounting.predict.step_time import ComputeRates, LinkCosts, StepTime, predict_step_time
 from megatron.model.config import GPTConfig
 
 
@@ -27,10 +27,10 @@ class LengthPredictions:
     setup: accounting.TrainingSetup
     stage: int  # the printing rank's pipeline stage
     zero: dict  # the DeepSpeed config's zero_optimization section
-    # the start-up probes' rates and link (megatron/step_timing.py); None: no time predicted
+    # the start-up probes' rates and link (megatron/accounting/measure/step_timing.py); None: no time predicted
     rates: ComputeRates | None = None
     link: LinkCosts | None = None
-    host: HostCoefficients | None = None  # megatron/host_probe.py's; None: no host part
+    host: HostCoefficients | None = None  # megatron/accounting/measure/host_probe.py's; None: no host part
     _known: dict = field(default_factory=dict)
 
     def at(self, seq_length: int) -> Predicted:

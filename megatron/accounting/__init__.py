@@ -3,7 +3,7 @@
 The one place these numbers come from: the training log, tools/zero_plan.py and the analysis all call here,
 one module per quantity.
 """
-from megatron.model.accounting.flops import (
+from megatron.accounting.predict.flops import (
     PEAK_TFLOPS,
     accelerator_part,
     hardware_flops_per_iteration,
@@ -11,7 +11,7 @@ from megatron.model.accounting.flops import (
     model_flops_per_iteration,
     peak_tflops,
 )
-from megatron.model.accounting.memory import (
+from megatron.accounting.predict.memory import (
     activation_bytes,
     fused_attention,
     gradient_bytes_per_element,
@@ -21,12 +21,12 @@ from megatron.model.accounting.memory import (
     runs_bf16_optimizer,
     zero_model_state_estimate,
 )
-from megatron.model.accounting.parameters import (active_parameters, count_parameters, expert_groups_on_rank,
+from megatron.accounting.predict.parameters import (active_parameters, count_parameters, expert_groups_on_rank,
                                                   parameter_groups_on_rank, parameters_on_rank)
-from megatron.model.accounting.traffic import (TRAFFIC_KINDS, moe_all_to_all_per_step, moe_capacity,
+from megatron.accounting.predict.traffic import (TRAFFIC_KINDS, moe_all_to_all_per_step, moe_capacity,
                                                offload_transfer_per_step, ulysses_all_to_all_per_step,
                                                zero_traffic_per_step)
-from megatron.model.accounting.training_setup import PRECISIONS, AccountingError, TrainingSetup
+from megatron.accounting.predict.training_setup import PRECISIONS, AccountingError, TrainingSetup
 
 __all__ = [
     "PEAK_TFLOPS", "PRECISIONS", "TRAFFIC_KINDS", "AccountingError", "TrainingSetup", "accelerator_part",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from megatron.model.accounting.memory import memory_per_rank
-from megatron.model.accounting.training_setup import AccountingError, TrainingSetup
+from megatron.accounting.predict.memory import memory_per_rank
+from megatron.accounting.predict.training_setup import AccountingError, TrainingSetup
 from megatron.model.config import GPTConfig
 
 GIB = float(2**30)

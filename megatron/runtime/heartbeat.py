@@ -25,7 +25,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from megatron.errors import ZeroLabError
-from megatron.launch.lost_peer import Peers
+from megatron.runtime.lost_peer import Peers
 
 BEAT_SECONDS = 5.0
 SILENT_SECONDS = 60.0

@@ -1,6 +1,7 @@
 """A step's time, predicted: compute, collectives and offload transfers, less what overlaps.
 
-The inputs are rates measured at start-up by megatron/compute_probe.py and megatron/comm_probe.py (or a
+The inputs are rates measured at start-up by megatron/accounting/measure/compute_probe.py and
+megatron/accounting/measure/comm_probe.py (or a
 link the user describes with flags), never the run's own step time.
 
     total = compute + communication + offload + host - overlap
@@ -13,11 +14,12 @@ link the user describes with flags), never the run's own step time.
                     DeepSpeed-Ulysses' all-to-alls at the all-gather's)
     offload = host optimizer step + PCIe bytes / host_copy_bytes_per_s + NVMe bytes / nvme_bytes_per_s
     host = the engine's own host work: per parameter tensor, stage-3 module hook, bucket flush and host
-           synchronisation (host_work.py's counts, megatron/host_probe.py's coefficients)
+           synchronisation (host_work.py's counts, megatron/accounting/measure/host_probe.py's coefficients)
     overlap = ZeRO's gradient reductions hidden behind the backward, and stage 3's prefetched parameter
               gathers behind the pass they serve (CUDA with overlap_comm; 0 on gloo)
 
-Bytes sent are the ZeRO paper's volumes (traffic.py, megatron/comm_counter.py's definition); what the wire
+Bytes sent are the ZeRO paper's volumes (traffic.py, megatron/accounting/measure/comm_counter.py's definition); what
+the wire
 costs per such byte is in seconds_per_byte, whose per-backend factors COST_FACTORS gives when the link comes
 from flags. Messages are counted by `messages_per_step`, which follows DeepSpeed 0.19.8's bucketing and
 stage-3 prefetching for this model.
@@ -28,20 +30,20 @@ import collections
 import math
 from dataclasses import dataclass, replace
 
-from megatron.model.accounting.flops import hardware_flops_per_iteration, logit_forward_flops, model_flops_per_iteration
-from megatron.model.accounting.memory import runs_bf16_optimizer
-from megatron.model.accounting.parameters import parameters_on_rank
-from megatron.model.accounting.traffic import (TRAFFIC_KINDS, moe_all_to_all_per_step, offload_transfer_per_step,
+from megatron.accounting.predict.flops import hardware_flops_per_iteration, logit_forward_flops, model_flops_per_iteration
+from megatron.accounting.predict.memory import runs_bf16_optimizer
+from megatron.accounting.predict.parameters import parameters_on_rank
+from megatron.accounting.predict.traffic import (TRAFFIC_KINDS, moe_all_to_all_per_step, offload_transfer_per_step,
                                                reduces_to_owners, ulysses_all_to_all_per_step,
                                                ulysses_all_to_alls_per_step, zero_traffic_per_step)
-from megatron.model.accounting.training_setup import AccountingError, TrainingSetup
+from megatron.accounting.predict.training_setup import AccountingError, TrainingSetup
 from megatron.model.config import GPTConfig
 
 
 @dataclass(frozen=True)
 class CollectiveCost:
     """One kind of collective on one group: seconds = latency_s + seconds_per_byte * bytes sent, bytes sent
-    as megatron/comm_counter.py counts them (the ZeRO paper's volume, not what the wire carries)."""
+    as megatron/accounting/measure/comm_counter.py counts them (the ZeRO paper's volume, not what the wire carries)."""
     latency_s: float
     seconds_per_byte: float
 
@@ -417,7 +419,8 @@ def _bucket_sizes(buckets: dict | None) -> dict[str, int]:
 def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, buckets: dict | None = None
                       ) -> dict[str, int]:
     """Collectives one rank of pipeline `stage` issues per optimizer step on groups of two or more ranks, per
-    kind (TRAFFIC_KINDS; a reduce counts as a reduce-scatter, as in megatron/comm_counter.py): the latency term.
+    kind (TRAFFIC_KINDS; a reduce counts as a reduce-scatter, as in megatron/accounting/measure/comm_counter.py): the
+    latency term.
     `buckets`: the run's bucket sizes, megatron/deepspeed_config.py's bucket_sizes(...) or the DeepSpeed
     config's zero_optimization section (keys it leaves out take DeepSpeed's defaults).
 
@@ -432,7 +435,8 @@ def messages_per_step(config: GPTConfig, setup: TrainingSetup, stage: int = 0, b
     at stage 0: megatron/optimizer.py's in fp32, megatron/stage0_optimizer.py's in bf16/fp16), TP the
     per-micro-batch collectives of `_tensor_parallel_messages`, PP a send per micro-batch and boundary, the
     tied embedding's all-reduce on the first and last stage, the loss broadcast to every stage and, with data
-    parallelism, its all-reduce on the last. Measured against megatron/comm_counter.py's calls on 2 CPU ranks
+    parallelism, its all-reduce on the last. Measured against megatron/accounting/measure/comm_counter.py's calls on 2
+    CPU ranks
     for stages 0-3 in fp32 and bf16 (tests/test_step_time_calibration.py); fp16, offload and CUDA's
     overlap_comm follow DeepSpeed's code unmeasured."""
     to_owners, buckets = reduces_to_owners(buckets), _bucket_sizes(buckets)
