@@ -127,8 +127,8 @@ def _deepspeed_optimizer(engine):
     optimizer = engine.optimizer
     known = deepspeed_class_name(optimizer) in _FP32_MASTER
     if engine.zero_optimization() and not known:
-        raise DeepSpeedInternalsError(f"ZeRO optimizer {type(optimizer).__name__} is not one
-        megatron/accounting/measure/memory.py "
+        raise DeepSpeedInternalsError(f"ZeRO optimizer {type(optimizer).__name__} is not one "
+                                      "megatron/accounting/measure/memory.py "
                                       f"knows ({', '.join(_FP32_MASTER)})")
     return optimizer if known else None
 
