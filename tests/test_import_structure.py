@@ -104,6 +104,50 @@ def test_the_cycle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def package_of(module: str) -> str:
+    """The floor a module lives on: a subpackage of megatron (megatron.accounting's subpackages each their own),
+    a top-level module of megatron, or the top-level script or folder."""
+    parts = module.split(".")
+    if parts[0] != "megatron":
+        return parts[0]
+    depth = 3 if len(parts) > 3 and parts[1] == "accounting" else 2
+    for size in range(min(depth, len(parts)), 1, -1):
+        if (REPO_ROOT / Path(*parts[:size])).is_dir():
+            return ".".join(parts[:size])
+    return module
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    packages = {package_of(name): set() for name in graph}
+    for name, edges in graph.items():
+        packages[package_of(name)].update(package_of(e) for e in edges if package_of(e) != package_of(name))
+    return packages
+
+
+def test_no_package_imports_back_up_into_a_package_that_imports_it():
+    """Packages import downward only: no circle between packages either (checkpointing once imported
+    megatron.finetune, and layout_check the launch planner, which import back into them)."""
+    packages = package_graph(import_graph())
+    assert {"megatron.checkpointing", "megatron.accounting.predict", "megatron.launch"} <= set(packages)
+    assert cycles(packages) == []
+
+
+def test_the_ranks_never_import_the_launch_planner():
+    """megatron/launch/ runs before any rank starts; the ranks' code (megatron outside launch/, pretrain_gpt.py)
+    reaches the launcher's environment through megatron.runtime, never through launch/."""
+    graph = import_graph()
+    ranks = {name: sorted(e for e in edges if e.startswith("megatron.launch")) for name, edges in graph.items()
+             if name == "pretrain_gpt" or (name.startswith("megatron") and not name.startswith("megatron.launch"))}
+    assert {name: edges for name, edges in ranks.items() if edges} == {}
+
+
+def test_the_package_circle_finder_sees_a_circle_between_packages():
+    graph = {"megatron.checkpointing.save_load": {"megatron.checkpointing.finetune_x"},
+             "megatron.checkpointing.finetune_x": {"megatron.training"}, "megatron.training": {"megatron.checkpointing"},
+             "megatron.checkpointing": set()}
+    assert cycles(package_graph(graph)) == [["megatron.checkpointing", "megatron.training"]]
+
+
 def test_core_imports_nothing_from_training_tools_or_tokenizer():
     graph = import_graph()
     core = {name: edges for name, edges in graph.items() if name.startswith("megatron.core")}
