@@ -20,7 +20,7 @@ from megatron.flag_sources import name_sources
 from megatron.runtime.heartbeat import Heartbeat, silent_seconds
 from megatron.runtime.lost_peer import Peers
 from megatron.startup import check_save_folder_is_shared, prepare_run
-from megatron.training import LoopState, resolve_schedule
+from megatron.loop_state import LoopState, resolve_schedule
 
 # Launchers stop every rank as soon as one fails; a rank other than 0 on rank 0's host waits this long before
 # printing its error, so that an error every rank hits is printed once, by rank 0, and one only it hits still
@@ -65,7 +65,8 @@ def pretrain(args: Args, tokenizer, dist_info: DistInfo, comm=None) -> LoopState
     from megatron.checkpointing.save_load import load_checkpoint
     from megatron.data.dataset_sidecar import check_data_against_model
     from megatron.data.gpt_dataset import train_samples_per_epoch
-    from megatron.training import build_reporter, save, train
+    from megatron.accounting.report import build_reporter
+    from megatron.training import save, train, trainer_steps
     from megatron.training_log import training_done_line
 
     set_seed(args.training.seed)
@@ -82,7 +83,7 @@ def pretrain(args: Args, tokenizer, dist_info: DistInfo, comm=None) -> LoopState
         state.iteration, state.consumed_samples, state.consumed_tokens, rng = load_checkpoint(engine, args)
         if not args.checkpoint.finetune:
             state.last_saved_iteration = state.iteration  # a resumed run that is already done saves nothing again
-    reporter = build_reporter(args, dist_info, schedule, ds_config, comm, engine)
+    reporter = build_reporter(args, dist_info, schedule, ds_config, trainer_steps(), comm, engine)
     train_iter, valid_iter = build_data_iterators(args, dist_info, schedule.train_iters, state.iteration,
                                                  state.consumed_samples)
     if rng is not None:
@@ -104,7 +105,7 @@ def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
     from megatron import accounting
     from megatron.model.moe import expert_parallel_rank
     from megatron.run_record import write_environment_record
-    from megatron.training import setup_engine
+    from megatron.engine import setup_engine
 
     parallel = dist_info.parallel
     if args.parallel.pipeline_model_parallel_size > 1:

@@ -33,7 +33,8 @@ from megatron.initialize import DistInfo, initialize_distributed, set_seed, sile
 from megatron.model import GPTModel# noqa: E402
 from megatron import accounting
 from megatron.startup import prepare_run  # noqa: E402
-from megatron.training import setup_engine, train_step  # noqa: E402
+from megatron.engine import setup_engine  # noqa: E402
+from megatron.training import train_step  # noqa: E402
 
 MODES = ("without manifest", "manifest")
 

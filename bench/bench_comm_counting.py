@@ -39,7 +39,8 @@ from megatron.startup import prepare_run  # noqa: E402
 from megatron.initialize import DistInfo, initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
 from megatron.model import GPTModel# noqa: E402
 from megatron import accounting
-from megatron.training import setup_engine, train_step  # noqa: E402
+from megatron.engine import setup_engine  # noqa: E402
+from megatron.training import train_step  # noqa: E402
 
 MODES = ("off", "counter", "deepspeed logger")
 

@@ -41,7 +41,8 @@ from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder  # noqa: E40
 from megatron.initialize import DistInfo, initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
 from megatron.model import GPTModel# noqa: E402
 from megatron import accounting
-from megatron.training import setup_engine, train_step  # noqa: E402
+from megatron.engine import setup_engine  # noqa: E402
+from megatron.training import train_step  # noqa: E402
 
 VOCAB = 50257
 

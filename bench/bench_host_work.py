@@ -34,6 +34,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import megatron.training as training  # noqa: E402
+from megatron.accounting.report import build_reporter  # noqa: E402
+from megatron.engine import setup_engine  # noqa: E402
+from megatron.loop_state import LoopState, Schedule  # noqa: E402
 from megatron.arguments import parse_args  # noqa: E402
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder  # noqa: E402
 from megatron.exit_signal import ExitSignalHandler  # noqa: E402
@@ -162,13 +165,13 @@ def one_run(side: str, opts, prefix: str, dist_info) -> dict:
         argv += ["--num-workers", "0" if side == "before" else str(opts.ours_workers)]
     args, _ = prepare_run(parse_args(argv, world, get_accelerator().device_name()), verbose=False)
     set_seed(1234)
-    engine, ds_config = training.setup_engine(lambda: GPTModel(args.model), accounting.count_parameters(args.model),
-                                              args, dist_info, opts.iters)
-    schedule = training.Schedule(train_iters=opts.iters, iters_per_epoch=10**9, samples_per_epoch=10**9,
-                                 global_batch_size=args.training.global_batch_size)
+    engine, ds_config = setup_engine(lambda: GPTModel(args.model), accounting.count_parameters(args.model), args,
+                                     dist_info, opts.iters)
+    schedule = Schedule(train_iters=opts.iters, iters_per_epoch=10**9, samples_per_epoch=10**9,
+                        global_batch_size=args.training.global_batch_size)
     counts = {"reads": 0, "polls": 0}
     with contextlib.redirect_stdout(io.StringIO()) as log:
-        reporter = training.build_reporter(args, dist_info, schedule, ds_config)
+        reporter = build_reporter(args, dist_info, schedule, ds_config, training.trainer_steps())
         train_iter, _ = build_data_iterators(args, dist_info, opts.iters, 0, 0)
         batches = TimedBatches(train_iter)
         poll_steps = training.EXIT_SIGNAL_POLL_STEPS
@@ -178,7 +181,7 @@ def one_run(side: str, opts, prefix: str, dist_info) -> dict:
             start = time.perf_counter()
             with counting_reads(counts):
                 state = training.train(engine, batches, None, args, dist_info, reporter, VOCAB - 1,
-                                       training.LoopState(), step_fn=before_step if side == "before" else
+                                       LoopState(), step_fn=before_step if side == "before" else
                                        training.train_step)
             seconds = time.perf_counter() - start
         finally:

@@ -35,7 +35,8 @@ from bench.bench_host_work import counting_host_reads  # noqa: E402
 from megatron.initialize import set_seed  # noqa: E402
 from megatron.model import GPTModel# noqa: E402
 from megatron import accounting
-from megatron.training import setup_engine, train_step  # noqa: E402
+from megatron.engine import setup_engine  # noqa: E402
+from megatron.training import train_step  # noqa: E402
 
 MEGATRON = str(Path(__file__).resolve().parent.parent / "megatron")
 SIDES = ("before", "after")

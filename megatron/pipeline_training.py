@@ -14,7 +14,8 @@ import torch
 from megatron.accounting.measure import memory
 from megatron.arguments import Args
 from megatron.initialize import DistInfo
-from megatron.training import StepResult, get_batch
+from megatron.loop_state import StepResult
+from megatron.training import get_batch
 
 
 class PipelineBatches:

@@ -1,129 +1,40 @@
 """The training loop: a step over the micro-batches, evaluation, logging, checkpoints.
 
 DeepSpeed does ZeRO partitioning, offload, mixed precision, clipping and gradient accumulation;
-this file feeds it batches, turns the loss into the masked mean, and reports.
+this file feeds it batches and turns the loss into the masked mean. What the loop prints is the report's
+(megatron/accounting/report.py); the engine is built in megatron/engine.py.
 """
 import contextlib
 import math
 import time
-from collections import deque
-from dataclasses import dataclass, field, replace
-from types import SimpleNamespace
 
-import psutil
 import torch
 import torch.distributed as dist
 
-from megatron.accounting.measure import comm_counter, memory
+from megatron.accounting.measure import memory
+from megatron.accounting.measure.host_probe import TrainerSteps
+from megatron.accounting.report import Reporter
 from megatron.arguments import Args
-from megatron.batch_rampup import BatchRamp
 from megatron.checkpointing import interval
 from megatron.checkpointing.save_load import save_checkpoint
 from megatron.curriculum import SeqlenCurriculum
-from megatron.deepspeed_quiet import EXPERT_GROUP_CREATED, without_lines
-from megatron.exit_signal import ExitSignalHandler, minutes_past
+from megatron.engine import setup_engine
 from megatron.errors import ZeroLabError
-from megatron.accounting.measure.host_probe import TrainerSteps
+from megatron.exit_signal import ExitSignalHandler, minutes_past
 from megatron.initialize import DistInfo
-from megatron.runtime.dist_env import all_ranks_on_this_host
-from megatron.accounting.length_predictions import LengthPredictions
+from megatron.loop_state import LoopState, Schedule, StepResult
 from megatron.model import moe
-from megatron.optimizer_states import optimizer_state_scalars
-from megatron.accounting.measure.step_timing import PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup, probes_skipped
-from megatron.training_log import (IterationStats, MoEStats, TensorBoardWriter, comm_line, comm_scalars, epoch_line,
-                                   exit_duration_line, iteration_line, iteration_scalars, memory_line, memory_scalars,
-                                   model_state_line, parameters_line, peak_line, probe_line, progress_line,
-                                   run_info_line, time_line, time_scalars, timer_scalars, validation_line,
-                                   validation_scalars)
+from megatron.runtime.dist_env import all_ranks_on_this_host
+from megatron.training_log import exit_duration_line
 
 
 class TrainingError(ZeroLabError, RuntimeError):
     """Training cannot go on (e.g. too many NaN iterations in a row); the message says why."""
 
 
-@dataclass(frozen=True)
-class Schedule:
-    train_iters: int
-    iters_per_epoch: int
-    samples_per_epoch: int
-    global_batch_size: int
-    train_tokens: int | None = None  # --train-tokens: also stop once this many are consumed
-    ramp: BatchRamp | None = None  # --rampup-batch-size; None: every step is --global-batch-size
-
-    def batch_at(self, consumed_samples: int) -> int:
-        return self.global_batch_size if self.ramp is None else self.ramp.batch_at(consumed_samples)
-
-    def finished(self, state: "LoopState") -> bool:
-        """Megatron-DeepSpeed's stop rule: the iterations, or the tokens, reached."""
-        return state.iteration >= self.train_iters or (self.train_tokens is not None and
-                                                       state.consumed_tokens >= self.train_tokens)
-
-
 # --exit-signal-handler: the ranks agree on the SIGTERM flag (a collective and a host sync) every
 # min(--log-interval, this) iterations, not after every step (docs/checkpoints.md)
 EXIT_SIGNAL_POLL_STEPS = 10
-
-
-@dataclass
-class StepResult:
-    # the step's mean loss over its micro-batches: a tensor still on the device, averaged over the
-    # data-parallel ranks only when the loop reads it (at logging: no host sync per step), or a
-    # float a step function already read (the pipeline engine's)
-    loss: torch.Tensor | float
-    skipped: bool
-    nan: bool  # known without reading the loss (a skipped step outside fp16); a non-finite loss is added when read
-    grad_norm: float | None
-    # probed steps only: the most gradient bytes held after a backward, and the activations one
-    # micro-batch's forward kept for its backward (None: not measured)
-    grad_bytes: int = 0
-    activation_bytes: int | None = None
-
-
-@dataclass
-class LoopState:
-    iteration: int = 0
-    consumed_samples: int = 0
-    consumed_tokens: int = 0  # a curriculum's steps are shorter than --seq-length
-    batch_size: int = 0  # the global batch of the last step (--rampup-batch-size changes it)
-    skipped_iterations: int = 0
-    nan_iterations: int = 0
-    nan_in_a_row: int = 0
-    last_saved_iteration: int | None = None
-    pending_losses: list = field(default_factory=list)  # (loss, nan) of the steps since the losses were last read
-    interval_losses: list = field(default_factory=list)
-    interval_seconds: float = 0.0
-    interval_iterations: int = 0
-    interval_seq_lengths: list = field(default_factory=list)  # each step's sequence length
-    interval_samples: int = 0
-    interval_tokens: int = 0
-    # this launch's training steps and the seconds they took (the step clock's): seconds per iteration for
-    # the checkpoint-interval advice
-    launch_seconds: float = 0.0
-    launch_iterations: int = 0
-    interval_advised: bool = False
-    epoch_losses: list = field(default_factory=list)
-    epoch_start: float = field(default_factory=time.time)
-
-
-def resolve_schedule(args: Args, samples_per_epoch: int) -> Schedule:
-    """Turn --train-iters / --train-samples / --train-epochs into iterations (with --rampup-batch-size, Megatron's
-    count: the ramp's steps, then whole global batches)."""
-    t = args.training
-    batch = t.global_batch_size
-    iters_per_epoch = max(1, samples_per_epoch // batch)
-    ramp = None
-    if t.rampup_batch_size is not None:
-        ramp = BatchRamp.from_flag(t.rampup_batch_size, batch, t.micro_batch_size, args.parallel.data_parallel_size)
-    if t.train_iters is not None:
-        iters = t.train_iters
-    elif ramp is not None:
-        iters = ramp.train_iters(t.train_samples)
-    elif t.train_samples is not None:
-        iters = math.ceil(t.train_samples / batch)
-    else:
-        iters = max(1, round(t.train_epochs * iters_per_epoch))
-    return Schedule(train_iters=iters, iters_per_epoch=iters_per_epoch, samples_per_epoch=samples_per_epoch,
-                    train_tokens=t.train_tokens, ramp=ramp, global_batch_size=batch)
 
 
 def get_batch(batch: dict, device: torch.device, eod: int, eod_mask_loss: bool, sequence=None):
@@ -245,193 +156,10 @@ def evaluate(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int) -
     return data_parallel_mean(torch.stack(losses).mean(), dist_info)
 
 
-# the progress line's ETA: the wall-clock rate over this many of the last logging intervals
-PROGRESS_WINDOW = 10
-
-
-@dataclass
-class ProgressClock:
-    """The progress line's clock (docs/log-lines.md): elapsed since the printing rank's process started (this
-    launch, start-up included), and the wall-clock seconds per iteration between the last PROGRESS_WINDOW + 1
-    progress lines: the loop's own logging, evaluation and saving included, so that the ETA holds for the whole
-    loop. A launch's first interval has no line before it to time from (and holds the warm-up): no ETA yet."""
-    launch_started: float = field(default_factory=lambda: psutil.Process().create_time())
-    marks: deque = field(default_factory=lambda: deque(maxlen=PROGRESS_WINDOW + 1))  # (iteration, time.time())
-
-    def line(self, rank: int, iteration: int, train_iters: int) -> str:
-        now = time.time()
-        self.marks.append((iteration, now))
-        (first, started), rate = self.marks[0], None
-        if iteration > first:
-            rate = ((now - started) / (iteration - first), first + 1)
-        return progress_line(rank, iteration, train_iters, now - self.launch_started, rate)
-
-
-@dataclass
-class Reporter:
-    """Everything the loop prints or records: built once, used by the loop."""
-    args: Args
-    dist_info: DistInfo
-    schedule: Schedule
-    # FLOPs, memory, traffic and step time predicted at a sequence length (a curriculum's changes)
-    predictions: LengthPredictions
-    peak_tflops: float | None
-    tracker: memory.MemoryTracker
-    # each interval's scalars go to these, on the rank that prints: TensorBoardWriter, wandb_writer.WandbWriter
-    writers: list = field(default_factory=list)
-    log_rank: int = 0  # the rank that prints: tensor rank 0, data-parallel rank 0 of the last pipeline stage
-    # bytes sent through collectives during training steps (docs/zero-tradeoff.md); None: not counted
-    comm: comm_counter.CommCounter | None = None
-    num_params: int = 1
-    comm_before: dict = field(default_factory=dict)
-    offload_clock: OffloadStepClock | None = None  # the offloaded optimizer step's seconds; None: no offload
-    blocked_before: float = 0.0
-    offload_before: float = 0.0
-    progress: ProgressClock = field(default_factory=ProgressClock)
-
-    def print_line(self, line: str):
-        if self.dist_info.rank == self.log_rank:
-            print(line, flush=True)
-
-    def iteration(self, state: LoopState, engine):
-        args, world = self.args, self.dist_info.world_size
-        seconds = state.interval_seconds / max(1, state.interval_iterations)
-        batch, lengths = state.batch_size, state.interval_seq_lengths or [args.model.seq_length]
-        interval = max(1, state.interval_iterations)
-        predicted = self.predictions.over(lengths)
-        finite = [loss for loss in state.interval_losses if math.isfinite(loss)]
-        # the predictions are for --global-batch-size: a batch ramp's steps are smaller
-        tflops = (predicted.model_flops * state.interval_samples / interval / args.training.global_batch_size
-                  / seconds / world / 1e12)
-        grad_norm = engine.get_global_grad_norm()
-        stats = IterationStats(
-            iteration=state.iteration, train_iters=self.schedule.train_iters,
-            consumed_samples=state.consumed_samples, consumed_tokens=state.consumed_tokens,
-            elapsed_ms=seconds * 1000.0, learning_rate=engine.get_lr()[0], global_batch_size=batch,
-            lm_loss=sum(finite) / len(finite) if finite else float("nan"),
-            loss_scale=float(getattr(engine.optimizer, "loss_scale", 1.0)),
-            grad_norm=None if grad_norm is None else float(grad_norm),
-            skipped_iterations=state.skipped_iterations, nan_iterations=state.nan_iterations,
-            samples_per_second=state.interval_samples / interval / seconds,
-            tokens_per_gpu_per_second=state.interval_tokens / interval / seconds / world, tflops=tflops,
-            curriculum_seqlen=lengths[-1] if args.curriculum is not None else None, moe=self.moe_stats(engine))
-        self.print_line(iteration_line(stats))
-        mfu = hfu = None
-        if self.peak_tflops is not None:
-            mfu = 100.0 * tflops / self.peak_tflops
-            hfu = mfu * predicted.hardware_flops / predicted.model_flops
-        device, mem = "cuda" if self.dist_info.on_cuda else "cpu", self.tracker.sample()
-        self.print_line(memory_line(self.dist_info.rank, device, state.iteration, mem, mfu, hfu))
-        scalars = iteration_scalars(stats) | memory_scalars(mem, mfu, hfu)
-        if self.comm is not None:
-            now = self.comm.snapshot()
-            sent = comm_counter.since(now, self.comm_before, state.interval_iterations)
-            self.comm_before = now
-            traffic = self.moe_traffic(engine, predicted.traffic, lengths, state.interval_iterations)
-            self.print_line(comm_line(self.dist_info.rank, state.iteration, sent, self.num_params, traffic))
-            scalars |= comm_scalars(sent, self.num_params, traffic)
-        log = args.logging
-        if predicted.time is not None or log.log_timers_to_tensorboard:
-            measured = self.measured_time(seconds, state.interval_iterations)
-            if predicted.time is not None:
-                self.print_line(time_line(self.dist_info.rank, state.iteration, measured, predicted.time))
-                scalars |= time_scalars(measured, predicted.time)
-            if log.log_timers_to_tensorboard:
-                scalars |= timer_scalars(measured)
-        if log.log_batch_size_to_tensorboard:
-            scalars["batch-size/batch-size"] = batch
-        if log.log_optimizer_states_to_tensorboard:  # collectives: every rank
-            scalars |= optimizer_state_scalars(engine, self.dist_info.parallel, self.dist_info.device)
-        self.print_line(self.progress.line(self.dist_info.rank, state.iteration, self.schedule.train_iters))
-        for writer in self.writers:
-            writer.scalars(scalars, state.iteration)
-
-    def moe_stats(self, engine) -> MoEStats | None:
-        """The interval's routing summed over the data-parallel ranks (one collective), and its counts restarted."""
-        layers = moe.moe_layers(engine.module)
-        if not layers:
-            return None
-        flat = [layer.stats.take() for layer in layers]
-        summed = torch.cat(flat)
-        data = self.dist_info.parallel.data
-        dist.all_reduce(summed, group=data.handle)
-        per_layer = list(summed.split([len(f) for f in flat]))
-        return MoEStats(*moe.routing_summary(per_layer, self.args.training.moe_loss_coeff))
-
-    def moe_traffic(self, engine, predicted: float, lengths: list[int], interval_iterations: int) -> float:
-        """The predicted traffic with, without token dropping, the MoE all-to-alls sized by the capacities this
-        rank's gates chose in the interval (the most loaded expert's tokens, known only once routed), not by the
-        balanced gate's that the prediction assumes (accounting.moe_capacity)."""
-        from megatron import accounting
-
-        config, setup = self.args.model, self.predictions.setup
-        layers = moe.moe_layers(engine.module)
-        if not layers:
-            return predicted
-        capacities = [layer.stats.take_capacity() / max(1, interval_iterations) for layer in layers]
-        if config.moe_token_dropping or len(set(lengths)) > 1:
-            return predicted
-        assumed = accounting.moe_all_to_all_per_step(replace(config, seq_length=lengths[0]), setup)
-        routed = accounting.moe_all_to_all_per_step(replace(config, seq_length=lengths[0]), setup, capacities)
-        return predicted - sum(assumed.values()) + sum(routed.values())
-
-    def measured_time(self, step_seconds: float, interval_iterations: int) -> dict[str, float]:
-        """The interval's mean step time split into compute, communication (blocked in collectives) and
-        offload (the offloaded optimizer's step), per iteration; reading the parts starts the next interval."""
-        iterations = max(1, interval_iterations)
-        blocked = sum(self.comm.seconds().values()) if self.comm is not None else 0.0
-        offload = self.offload_clock.seconds if self.offload_clock is not None else 0.0
-        communication = (blocked - self.blocked_before) / iterations
-        offloaded = (offload - self.offload_before) / iterations
-        self.blocked_before, self.offload_before = blocked, offload
-        return dict(compute=max(0.0, step_seconds - communication - offloaded), communication=communication,
-                    offload=offloaded, total=step_seconds)
-
-    def model_state(self, engine, probed: StepResult, seq_length: int):
-        """The first step's model states and activations (at its sequence length) beside the estimate."""
-        mem = self.tracker.sample(end_interval=False)  # mid-interval: the next memory line keeps this peak
-        ds = self.args.deepspeed
-        params, optim = memory.param_bytes(engine), memory.optimizer_bytes(engine)
-        host_grads = memory.host_gradient_bytes(engine)
-        held = params + optim + memory.grad_bytes(engine) + host_grads
-        # Offloaded states are the ones DeepSpeed keeps in host memory, or in this rank's files for NVMe: on
-        # CPU ranks host memory is the accelerator's, so they are told apart by where DeepSpeed puts them.
-        # Stage 3's gradient accumulation buffer stays in host memory with either offload device.
-        if ds.nvme_path is not None:
-            offloaded = memory.swap_file_bytes(ds.nvme_path, self.dist_info.rank) + host_grads
-        else:
-            offloaded = (optim if ds.offload_optimizer else 0) + (params if ds.offload_params else 0) + host_grads
-        measured = {"params": 0 if ds.offload_params else params, "grads": probed.grad_bytes,
-                    "optim": 0 if ds.offload_optimizer else optim, "offloaded": offloaded}
-        if probed.activation_bytes is not None:
-            measured["activations"] = probed.activation_bytes
-        # what else is allocated (the output-layer buffer, bucket and communication buffers); the CUDA
-        # counter does not see host memory, so there the offloaded states are not subtracted
-        measured["other"] = max(0, mem["allocated"] - (held - offloaded if self.dist_info.on_cuda else held))
-        # ZeRO partitions over data- x DeepSpeed-Ulysses sequence-parallel ranks (as the estimate does)
-        partitions = self.predictions.setup.zero_partitions
-        estimate = self.predictions.at(seq_length).memory
-        self.print_line(model_state_line(measured, estimate, ds.zero_stage, partitions,
-                                         ds.precision, ds.offload))
-
-    def counting(self):
-        """Count the collectives of what runs inside (a training step), when a counter is installed."""
-        return self.comm.counting() if self.comm is not None else contextlib.nullcontext()
-
-    def close(self):
-        for writer in self.writers:
-            writer.close()
-
-    def validation(self, iteration: int, loss: float):
-        self.print_line(validation_line(iteration, loss))
-        for writer in self.writers:
-            writer.scalars(validation_scalars(loss, self.args.logging.log_validation_ppl_to_tensorboard), iteration)
-
-    def epoch(self, state: LoopState):
-        finite = [loss for loss in state.epoch_losses if math.isfinite(loss)]
-        loss = sum(finite) / len(finite) if finite else float("nan")
-        self.print_line(epoch_line(state.iteration // self.schedule.iters_per_epoch, state.iteration,
-                               state.consumed_samples, time.time() - state.epoch_start, loss))
+def trainer_steps() -> TrainerSteps:
+    """This file's step and batch functions, with the engine set-up, for the start-up host probe's skeleton engines
+    (megatron/accounting/report.py's build_reporter hands them on; the accounting sits below this file)."""
+    return TrainerSteps(setup_engine, train_step, get_batch)
 
 
 def _synchronize(dist_info: DistInfo):
@@ -606,181 +334,3 @@ def save(engine, args: Args, state: LoopState, dist_info: DistInfo, reporter: Re
                                  args.checkpoint.save_interval)
         reporter.print_line(advice.line())
         state.interval_advised = True
-
-
-def engine_device_args(dist_info: DistInfo) -> SimpleNamespace | None:
-    """What deepspeed.initialize takes as `args` to use the rank's GPU: its engine sets the device again, to
-    LOCAL_RANK unless args.device_rank says otherwise, which breaks sites that give each rank its own GPU
-    (every rank sees index 0: megatron/initialize.py)."""
-    return SimpleNamespace(device_rank=dist_info.device.index) if dist_info.on_cuda else None
-
-
-def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo, train_iters: int,
-                 deepspeed_defaults: bool = False, zero_overrides: dict | None = None):
-    """Build the model (partitioned at creation under ZeRO-3), optimizer, schedule and DeepSpeed engine.
-    `deepspeed_defaults` (benchmarks' "before" only) restores what issue 55 changed: megatron/deepspeed_defaults.py.
-    dist_info.parallel is DeepSpeed's mpu (ZeRO partitions over the ranks holding the same parameters: data- and
-    DeepSpeed-Ulysses sequence-parallel ones) except for a PipelineModule, which brings its own grid.
-    `zero_overrides`: keys set in the config's zero_optimization section (megatron/accounting/measure/host_probe.py's
-    skeletons'
-    bucket sizes). Returns (engine, the DeepSpeed config actually used)."""
-    state = dist_info.parallel
-    mpu = state if args.parallel.pipeline_model_parallel_size == 1 else None
-    import deepspeed
-
-    from megatron.deepspeed_config import deepspeed_config
-    from megatron.optimizer import LRSchedule, build_optimizer, import_muon_uncompiled
-    from megatron.stage0_optimizer import expert_norm_unfused_optimizer
-    from megatron.zero_clipping import clip_without_host_reads
-
-    config = deepspeed_config(args, num_params, args.model.hidden_size, dist_info.on_cuda)
-    if deepspeed_defaults:
-        from megatron.deepspeed_defaults import restore_deepspeed_defaults
-        config = restore_deepspeed_defaults(config, args.model.hidden_size, num_params, dist_info.on_cuda)
-    if zero_overrides:
-        config["zero_optimization"] = {**config.get("zero_optimization", {}), **zero_overrides}
-    if args.model.recompute_with_deepspeed:  # before the model is built, as Megatron-DeepSpeed's initialize
-        from megatron.core.tensor_parallel.random import configure_deepspeed_checkpointing
-        stage_layers = args.model.num_layers // args.parallel.pipeline_model_parallel_size
-        # On CPU ranks the checkpoints are in host memory already; DeepSpeed 0.19.8's CPU checkpointing would empty
-        # them there (its copy to the CPU is the tensor itself), so --checkpoint-in-cpu applies on CUDA only
-        configure_deepspeed_checkpointing(state, config, stage_layers,
-                                          args.deepspeed.checkpoint_in_cpu and dist_info.on_cuda)
-    if args.deepspeed.zero_stage == 3:
-        # each rank materialises only its shard; the full model never sits on one rank
-        with deepspeed.zero.Init(config_dict_or_path=config, remote_device="cpu" if args.deepspeed.offload_params
-                                 else None, pin_memory=dist_info.on_cuda and args.deepspeed.offload_params, mpu=mpu,
-                                 # partition (and broadcast at creation) over the ranks holding the same
-                                 # parameters only, or the tensor-parallel ranks would all get rank 0's shards
-                                 data_parallel_group=None if mpu is None
-                                 else mpu.get_sequence_data_parallel_group()):
-            model = model_builder()
-    else:
-        model = model_builder().to(dist_info.device)
-    optimizer = build_optimizer(model, args, state)
-    schedule = LRSchedule(optimizer, args.optimizer, train_iters, args.training.global_batch_size,
-                          args.training.train_samples)
-    import_muon_uncompiled()
-    # stage 0 in 16-bit: one host read a step, a norm with the experts; each rank's line for the expert groups
-    # the engine always creates is dropped
-    with expert_norm_unfused_optimizer(enabled=not deepspeed_defaults), without_lines(EXPERT_GROUP_CREATED):
-        engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
-                                               lr_scheduler=schedule, config=config, mpu=mpu,
-                                               dist_init_required=False)
-    if not deepspeed_defaults:
-        clip_without_host_reads(engine.optimizer)  # ZeRO 1-2: no host read per optimizer group (docs/gpu-reference.md)
-    if args.training.compile:
-        compile_engine(engine, args.deepspeed.zero_stage, pipeline=mpu is None)
-    return engine, config
-
-
-def compile_engine(engine, zero_stage: int, pipeline: bool) -> None:
-    """--compile: DeepSpeed's engine.compile(), torch.compile of the model it wraps (docs/gpu.md, torch.compile).
-    ZeRO-3 gathers a parameter read outside its module's forward when the read goes through the module's parameter
-    dict; compiled code reads that dict's tensors directly, and would trace the output layer's weight as its empty
-    partition. Registered with the whole model, the model's own forward gathers it first."""
-    import deepspeed
-
-    if zero_stage == 3 and not pipeline:
-        deepspeed.zero.register_external_parameter(engine.module, engine.module.output_weight())
-    engine.compile()
-
-
-def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_config: dict,
-                   comm: comm_counter.CommCounter | None = None, engine=None) -> Reporter:
-    """Print the run-info line and set up what the loop reports; FLOPs and estimates come from accounting.
-    Every rank calls it: the step-time probes run on all ranks at once. With `engine` and ZeRO offload, the
-    offloaded optimizer's step is timed."""
-    from deepspeed.accelerator import get_accelerator
-
-    from megatron import accounting
-
-    ds, par, model_config = args.deepspeed, args.parallel, args.model
-    last_stage = par.pipeline_model_parallel_size - 1
-    log_rank = par.layout.logging_rank  # docs/log-lines.md, "Which rank prints"
-    setup = training_setup(args, dist_info)
-    predictions = LengthPredictions(model_config, setup, last_stage, ds_config.get("zero_optimization", {}))
-    device_name = torch.cuda.get_device_name(dist_info.device) if dist_info.on_cuda else get_accelerator().device_name()
-    # fp32 matmuls run on the TF32 tensor cores only where torch allows it (off unless a user turns it on)
-    tf32 = dist_info.on_cuda and torch.backends.cuda.matmul.allow_tf32
-    peak = accounting.peak_tflops(device_name, ds.precision, tf32)
-    reporter = Reporter(
-        args=args, dist_info=dist_info, schedule=schedule, predictions=predictions, peak_tflops=peak,
-        tracker=memory.MemoryTracker(on_cuda=dist_info.on_cuda), log_rank=log_rank, comm=comm,
-        num_params=accounting.count_parameters(model_config))
-    reporter.print_line(run_info_line(ds.zero_stage, ds.offload, args.model_name, dist_info.world_size,
-                                  args.training.micro_batch_size, args.training.global_batch_size,
-                                  args.model.seq_length, schedule.samples_per_epoch,
-                                  [n for n in model_config.layer_experts if n > 1],
-                                  model_config.moe_expert_parallel_size, model_config.topk,
-                                  args.parallel.sequence_parallel_size))
-    for line in args.notes:  # the Megatron-DeepSpeed flags accepted in place of what zero-lab does itself
-        reporter.print_line(line)
-    if dist_info.rank == log_rank:
-        reporter.writers = open_writers(args, schedule, ds_config, reporter.print_line)
-    reporter.print_line(parameters_line(*predicted_parameters(model_config, par, last_stage),
-                                        None if engine is None else measured_parameters(engine)))
-    reporter.print_line(peak_line(device_name, accounting.accelerator_part(device_name),
-                                  accounting.matmul_precision(ds.precision, tf32), peak))
-    if probes_skipped():
-        reporter.print_line(PROBES_SKIPPED_LINE)
-    else:
-        predicted, predictions.rates, predictions.link, predictions.host = predict_at_startup(
-            args, dist_info, ds_config, setup, comm, TrainerSteps(setup_engine, train_step, get_batch))
-        reporter.print_line(probe_line(predictions.rates, predictions.link, predicted, predictions.host))
-    if engine is not None and ds.offload_optimizer and par.pipeline_model_parallel_size == 1:
-        reporter.offload_clock = OffloadStepClock(comm, dist_info.on_cuda)
-        reporter.offload_clock.install(engine)
-    return reporter
-
-
-def predicted_parameters(config, par, stage: int) -> tuple[int, int, int]:
-    """(the model's parameters, those active per token, those the printing rank of pipeline `stage` holds)."""
-    from megatron import accounting
-
-    on_rank = accounting.parameters_on_rank(config, par.tensor_model_parallel_size, par.pipeline_model_parallel_size,
-                                            stage)
-    experts = sum(map(sum, accounting.expert_groups_on_rank(config, config.moe_expert_parallel_size)))
-    return accounting.count_parameters(config), accounting.active_parameters(config), on_rank + experts
-
-
-def measured_parameters(engine) -> int:
-    """Parameters this rank's module holds, whole (ZeRO-3's gathered size, not its partition)."""
-    return sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
-
-
-def open_writers(args: Args, schedule: Schedule, ds_config: dict, print_line) -> list:
-    """The scalar writers the flags ask for (--tensorboard-dir, --wandb-project), for the rank that prints. A wandb
-    that cannot be imported or started is left out, in one line through print_line: the run trains on."""
-    log = args.logging
-    writers = [TensorBoardWriter(log.tensorboard_dir, log.tensorboard_queue_size)] if log.tensorboard_dir else []
-    if log.wandb_project:
-        from megatron.wandb_writer import open_wandb, run_config
-        writer, why_not = open_wandb(log.wandb_project, log.wandb_exp_name, log.wandb_save_dir,
-                                     args.deepspeed.run_dir, run_config(args, schedule, ds_config))
-        writers += [writer] if writer is not None else []
-        if why_not:
-            print_line(why_not)
-    return writers
-
-
-def training_setup(args: Args, dist_info: DistInfo):
-    """What megatron/accounting/predict/'s traffic and memory estimates need from the parsed flags."""
-    from megatron import accounting
-
-    ds, par, train = args.deepspeed, args.parallel, args.training
-    return accounting.TrainingSetup(
-        world_size=par.world_size, micro_batch_size=train.micro_batch_size,
-        gradient_accumulation_steps=train.gradient_accumulation_steps,
-        tensor_parallel_size=par.tensor_model_parallel_size, pipeline_parallel_size=par.pipeline_model_parallel_size,
-        sequence_parallel=par.sequence_parallel, sequence_parallel_size=par.sequence_parallel_size,
-        expert_parallel_size=args.model.moe_expert_parallel_size, precision=ds.precision, zero_stage=ds.zero_stage,
-        offload_optimizer=ds.offload_optimizer, offload_params=ds.offload_params,
-        offload_device="nvme" if ds.nvme_path else "cpu", activation_recompute=args.model.recompute_activations,
-        device="cuda" if dist_info.on_cuda else "cpu", reduce_precision=_user_reduce_precision(ds.user_config))
-
-
-def _user_reduce_precision(user_config: dict | None) -> str | None:
-    """A user's DeepSpeed JSON's communication_data_type (None where it leaves it to the generated config's)."""
-    value = (user_config or {}).get("communication_data_type")
-    return value.lower() if isinstance(value, str) else None

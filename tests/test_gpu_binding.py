@@ -217,7 +217,7 @@ def test_the_heartbeats_line_is_unchanged():
 def test_deepspeeds_engine_is_given_the_ranks_gpu():
     """DeepSpeed's engine sets the device again, to LOCAL_RANK unless `args.device_rank` says otherwise: on a site
     that gives each rank its own GPU, local rank 3 sees its GPU as index 0 and the engine must be told so."""
-    from megatron.training import engine_device_args
+    from megatron.engine import engine_device_args
 
     own_gpu = DistInfo(rank=3, local_rank=3, world_size=4, device=torch.device("cuda", 0))
     assert engine_device_args(own_gpu).device_rank == 0

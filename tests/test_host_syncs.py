@@ -42,7 +42,7 @@ BOUNDS = {
 
 def _engine(layers: int, stage: int, precision: str, *extra: str):
     """A tiny GPT in a DeepSpeed engine from setup_engine, as pretrain_gpt.py builds it; (engine, args, dist_info)."""
-    from megatron.training import setup_engine
+    from megatron.engine import setup_engine
 
     os.environ["LOCAL_RANK"] = "0"
     flags = ["--model-size", "tiny", "--num-layers", str(layers), "--data-path", "unused", "--train-iters", "8",

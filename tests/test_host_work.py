@@ -77,7 +77,7 @@ def test_the_time_line_prints_the_host_part_and_the_parser_reads_it():
 
 
 def _engine(layers: int, stage: int):
-    from megatron.training import setup_engine
+    from megatron.engine import setup_engine
 
     os.environ["LOCAL_RANK"] = "0"
     args = _args(layers, stage)
@@ -134,7 +134,8 @@ def _check_probe(rank, world, stage):
 
     from megatron.accounting.measure import comm_counter
     from megatron.accounting.measure.host_probe import TrainerSteps, probe_host
-    from megatron.training import get_batch, setup_engine, train_step, training_setup
+    from megatron.engine import setup_engine, training_setup
+    from megatron.training import get_batch, train_step
 
     import deepspeed
 

@@ -30,7 +30,7 @@ SEQ, VOCAB, MICRO = 32, 256, 2
 def _engine(rank, world, *flags):
     """A tiny 4-expert model (no token dropping) in a DeepSpeed engine from setup_engine, as pretrain_gpt.py builds
     it; returns (engine, args, dist_info)."""
-    from megatron.training import setup_engine
+    from megatron.engine import setup_engine
 
     os.environ["LOCAL_RANK"] = str(rank)  # DeepSpeed's engine asks for it, as torchrun would set it
     args = parse_args(["--model-size", "tiny", "--data-path", "unused", "--train-iters", "4", "--micro-batch-size",

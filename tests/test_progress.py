@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO_ROOT, free_port, test_env
 from analysis import log_parser
-from megatron import training
+from megatron.accounting import report
 from megatron.training_log import (IterationStats, comm_line, iteration_line, memory_line, progress_line,
                                    time_line, training_done_line)
 
@@ -57,8 +57,8 @@ def test_the_eta_uses_the_wall_clock_of_the_last_intervals(monkeypatch):
     """Between two progress lines counts everything the loop did (an evaluation, a save): the ETA is the
     iterations left at the wall-clock rate over the last PROGRESS_WINDOW intervals."""
     now = [1000.0]
-    monkeypatch.setattr(training.time, "time", lambda: now[0])
-    clock = training.ProgressClock(launch_started=990.0)
+    monkeypatch.setattr(report.time, "time", lambda: now[0])
+    clock = report.ProgressClock(launch_started=990.0)
 
     def line_at(iteration, after):
         now[0] += after
@@ -81,7 +81,7 @@ PREDICTED = type("Predicted", (), dict(compute=0.3, communication=0.1, offload=0
 
 
 def interval_lines(iteration: int, total: int, elapsed: float, rate) -> list[str]:
-    """One logging interval of the printing rank as megatron/training.py prints it: 0.5 s per iteration."""
+    """One logging interval of the printing rank as megatron/accounting/report.py prints it: 0.5 s per iteration."""
     stats = IterationStats(
         iteration=iteration, train_iters=total, consumed_samples=8 * iteration, consumed_tokens=512 * iteration,
         elapsed_ms=500.0, learning_rate=1e-4, global_batch_size=8, lm_loss=10.0 - iteration / 100, loss_scale=1.0,

@@ -72,7 +72,8 @@ def _messages_each_step(flags, stage, precision, accumulation, prefix, counter, 
     from megatron.model.gpt_model_pipe import build_gpt_pipe
     from megatron.pipeline_training import pipeline_train_step
     from megatron.startup import prepare_run
-    from megatron.training import setup_engine, train_step, training_setup
+    from megatron.engine import setup_engine, training_setup
+    from megatron.training import train_step
 
     world = torch.distributed.get_world_size()
     model_parallel = 2 if "--tensor-model-parallel-size" in flags or "--pipeline-model-parallel-size" in flags else 1

@@ -153,11 +153,11 @@ def _call_with_deepspeed_comm(rank, fn):
 
 
 def _engine(argv: list[str]):
-    """A real DeepSpeed engine of the tiny model as pretrain_gpt.py builds it (megatron/training.setup_engine)."""
+    """A real DeepSpeed engine of the tiny model as pretrain_gpt.py builds it (megatron/engine.py's setup_engine)."""
     from megatron.core.parallel_state import ParallelState
     from megatron.initialize import DistInfo
     from megatron.accounting import count_parameters
-    from megatron.training import setup_engine
+    from megatron.engine import setup_engine
 
     args = parse_args(ARGV + argv)
     args = replace(args, model=replace(args.model, padded_vocab_size=64, hidden_dropout=0.0, attention_dropout=0.0))

@@ -41,9 +41,9 @@ def plan_for_flags(argv: list[str], world: int, device_bytes: int, global_batch:
     import torch
 
     from megatron.arguments import parse_args
+    from megatron.engine import training_setup
     from megatron.initialize import DistInfo
     from megatron.tokenizer.tokenizer import padded_vocab_size
-    from megatron.training import training_setup
 
     args = parse_args(argv, world, "cuda")
     vocabulary = padded_vocab_size(_vocabulary(args.data), args.data.make_vocab_size_divisible_by,

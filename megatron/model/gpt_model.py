@@ -117,7 +117,7 @@ class GPTModel(nn.Module):
 
     def output_weight(self) -> nn.Parameter:
         """The output layer's weight: the word embeddings' unless they are untied. The model reads it outside the
-        forward of the module that holds it (ZeRO-3 under --compile needs to know: megatron/training.py)."""
+        forward of the module that holds it (ZeRO-3 under --compile needs to know: megatron/engine.py)."""
         return (self.word_embeddings if self.output_layer is None else self.output_layer).weight
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor | None = None,

@@ -37,8 +37,8 @@ SYNC_REPEATS = 50
 
 @dataclasses.dataclass(frozen=True)
 class TrainerSteps:
-    """The trainer's own functions the skeletons run, passed down by megatron/training.py (which this module sits
-    below): its setup_engine, train_step and get_batch."""
+    """The trainer's own functions the skeletons run, passed down from megatron/training.py's trainer_steps() (this
+    module sits below the loop): megatron/engine.py's setup_engine, the loop's train_step and get_batch."""
     setup_engine: Callable
     train_step: Callable
     get_batch: Callable
