@@ -539,6 +539,23 @@ def test_the_planner_refuses_a_layout_in_the_trainings_words(capsys, planner, tr
     assert code == 1 and out == "" and err == f"error: {refused.value}\n"
 
 
+def test_an_moe_plan_prints_the_checkpoint_interval_of_its_pick(capsys):
+    """The pick of an MoE model is an option at an EP size ("DP EP=1", say): its checkpoint is its ZeRO stage's
+    (the planner ended in a StopIteration here before)."""
+    from megatron import accounting
+    from megatron.accounting.plan import model_config, parse_flags
+    from megatron.accounting.predict.memory import checkpoint_bytes
+
+    args = ["--model-size", "gpt-125m-moe8", "--gpus", "8", "--gpu-memory", "80GB", "--storage-bandwidth", "20GB/s",
+            "--mtbf-hours", "12"]
+    data = plan_json(capsys, *args)
+    stage = {"DP": 0, "Z1": 1, "Z2": 2}[data["choice"].split(" EP=")[0]]
+    parameters = accounting.count_parameters(model_config(parse_flags(args)))
+    assert data["checkpoint"]["bytes"] == checkpoint_bytes(parameters, "bf16", stage)
+    code, out, _ = tool_in_process(capsys, "zero_plan.py", *args)
+    assert code == 0 and out.splitlines()[-1].startswith("checkpoint: ")
+
+
 def test_an_moe_model_with_recomputation_plans_as_the_training_runs_it(capsys):
     """The training recomputes MoE layers under --checkpoint-activations (docs/moe.md); the planner plans it, with
     less activation memory than without."""

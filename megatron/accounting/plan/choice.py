@@ -4,7 +4,7 @@ of the pick (`checkpoint_advice`, megatron/checkpointing/interval.py's Young/Dal
 from __future__ import annotations
 
 from megatron import accounting
-from megatron.accounting.plan.options import OPTIONS, Plan
+from megatron.accounting.plan.options import Plan, option_stage
 from megatron.accounting.plan.request import PlanRequest
 from megatron.accounting.predict.memory import checkpoint_bytes
 from megatron.checkpointing import interval
@@ -97,7 +97,7 @@ def checkpoint_advice(request: PlanRequest, best: Plan | None) -> dict | None:
     if request.storage_bytes_per_s is None:
         return None
     mtbf_hours = request.flags.mtbf_hours
-    stage = 3 if best is None else next(o[1] for o in OPTIONS if o[0] == best.option)
+    stage = 3 if best is None else option_stage(best.option)[1]
     size = checkpoint_bytes(accounting.count_parameters(request.config), request.flags.precision, stage)
     save_s = size / request.storage_bytes_per_s
     best_s = interval.optimal_interval_seconds(save_s, mtbf_hours * 3600)

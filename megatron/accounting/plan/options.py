@@ -53,8 +53,9 @@ class Plan:
 
 
 def option_stage(label: str) -> tuple:
-    """OPTIONS' row of `label`: (label, stage, offload optimizer, offload params, device)."""
-    return next(option for option in OPTIONS if option[0] == label)
+    """OPTIONS' row of `label` (an MoE plan's "Z1 EP=2" is Z1's): (label, stage, offload optimizer, offload params,
+    device)."""
+    return next(option for option in OPTIONS if option[0] == label.split(" EP=")[0])
 
 
 def training_setup(request: PlanRequest, stage: int, offload_optimizer: bool, offload_params: bool, device: str,
