@@ -273,24 +273,18 @@ PAPER_SETUPS = (("1.3B GPT, 32K tokens, SP=4, 8 x A100-40GB (the paper's converg
 
 
 def planned_tflops(seq_length: int, sp: int, fused: bool) -> tuple[str, float]:
-    """tools/zero_plan.py's pick and its expected TFLOP/s per GPU; `fused`: with --use-flash-attn-v2, the
-    memory-bound term of a fused kernel that writes no a s^2 scores, as zero-lab's SDPA runs on a GPU (by default
-    the planner counts them: its calibration's published runs ran unfused attention)."""
-    import contextlib
-    import importlib.util
-    import io
+    """tools/zero_plan.py's pick (megatron/accounting/plan/) and its expected TFLOP/s per GPU; `fused`: with
+    --use-flash-attn-v2, the memory-bound term of a fused kernel that writes no a s^2 scores, as zero-lab's SDPA runs
+    on a GPU (by default the planner counts them: its calibration's published runs ran unfused attention)."""
+    from megatron.accounting.plan import choose, parse_flags, plan, plan_request, remedies
 
-    spec = importlib.util.spec_from_file_location("zero_plan", REPO / "tools" / "zero_plan.py")
-    zero_plan = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(zero_plan)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        zero_plan.main(["--model-size", "1.3B", "--gpus", "8", "--gpu", "A100-40GB", "--seq-length", str(seq_length),
-                        "--ds-sequence-parallel-size", str(sp), "--use-rotary-position-embeddings", "--json"]
-                       + (["--use-flash-attn-v2"] if fused else []))
-    plan = json.loads(out.getvalue())
-    chosen = next(p for p in plan["plans"] if p["option"] == plan["choice"])
-    return plan["choice"], chosen["tflops_per_gpu"]
+    request = plan_request(parse_flags(
+        ["--model-size", "1.3B", "--gpus", "8", "--gpu", "A100-40GB", "--seq-length", str(seq_length),
+         "--ds-sequence-parallel-size", str(sp), "--use-rotary-position-embeddings"]
+        + (["--use-flash-attn-v2"] if fused else [])))
+    plans = plan(request)
+    chosen, _ = choose(plans, remedies(plans, request))
+    return chosen.option, chosen.tflops_per_gpu
 
 
 def paper_check() -> tuple[str, list[dict]]:

@@ -28,16 +28,13 @@ from megatron.deepspeed_json import (
     refuse_unused_sections,
 )
 from megatron.errors import ZeroLabError
-from megatron.layout_check import BatchError, batch_split
+from megatron.layout_check import BatchError, batch_split, moe_problems, ulysses_problems
 from megatron.model.config import GPTConfig, parallel_shape_problems
-from megatron.model.presets import MODEL_PRESETS
+from megatron.model.presets import LLAMA_FLAGS, MODEL_PRESETS, SHAPE_FLAGS, PresetError, preset_fields
 from megatron.tokenizer import TokenizerConfig
 from megatron.upstream_flags import (RECOMPUTE_NUM_LAYERS, accepted_lines, add_upstream_flags, recompute_layers,
                                      refused_message)
 
-# GPTConfig's Llama fields (docs/model.md), each the flag of its name; a --model-size preset may set them
-LLAMA_FLAGS = ("normalization", "swiglu", "num_key_value_heads", "untie_embeddings_and_output_weights",
-               "disable_bias_linear")
 PARAMS_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Megatron-DeepSpeed's --data-impl values: zero-lab reads the mmap indexed format, the one both name
 DATA_IMPLS = ("mmap", "infer")
@@ -410,9 +407,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      allow_abbrev=False)
     model = parser.add_argument_group("model")
     model.add_argument("--model-size", default=None, help=f"preset: {', '.join(MODEL_PRESETS)}")
-    _add_flags(model, GPTConfig, "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+    _add_flags(model, GPTConfig, *SHAPE_FLAGS, "ffn_hidden_size",
                "seq_length", "max_position_embeddings", "hidden_dropout", "attention_dropout", "init_method_std",
-               "layernorm_epsilon", "use_rotary_position_embeddings", "rotary_percent", *LLAMA_FLAGS)
+               "layernorm_epsilon", "use_rotary_position_embeddings", "rotary_percent",
+               *(name for name in LLAMA_FLAGS if name not in ("ffn_hidden_size", "rope_theta")))
     # Megatron-DeepSpeed's Llama scripts name --rope-theta --rotary-position-embeddings-theta
     model.add_argument("--rope-theta", "--rotary-position-embeddings-theta", dest="rope_theta", type=float,
                        default=_default(GPTConfig, "rope_theta"), help="the rotary angles' base (Llama 3: 500000)")
@@ -473,27 +471,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _model_config(ns, params_dtype: torch.dtype, recompute: bool) -> GPTConfig:
-    """The shape the flags give; its padded vocabulary is filled in from the tokenizer by megatron/startup.py."""
-    shape = dict(num_layers=ns.num_layers, hidden_size=ns.hidden_size, num_attention_heads=ns.num_attention_heads)
-    if ns.model_size is not None:
-        _require(ns.model_size in MODEL_PRESETS,
-                 f"--model-size {ns.model_size!r} is not a preset (choose from {', '.join(MODEL_PRESETS)})")
-        # explicit flags win over the preset, as in Megatron's model scripts
-        shape = {key: value if value is not None else MODEL_PRESETS[ns.model_size][key]
-                 for key, value in shape.items()}
-    for key, value in shape.items():
-        _require(value is not None, f"--{key.replace('_', '-')} is required (or give --model-size)")
+    """The shape the flags give over a --model-size preset's (preset_fields, the planner's rule too); its padded
+    vocabulary is filled in from the tokenizer by megatron/startup.py."""
+    try:
+        model = preset_fields(ns.model_size, {name: getattr(ns, name) for name in (
+            *SHAPE_FLAGS, *LLAMA_FLAGS, "use_rotary_position_embeddings")} | {"num_experts": ns.num_experts or None})
+    except PresetError as err:
+        raise ConfigError(str(err)) from err
     _require(ns.seq_length is not None, "--seq-length is required")
-    return GPTConfig(**shape, seq_length=ns.seq_length,
+    return GPTConfig(**model, seq_length=ns.seq_length,
                      max_position_embeddings=ns.max_position_embeddings or ns.seq_length,
-                     padded_vocab_size=None, ffn_hidden_size=ns.ffn_hidden_size,
+                     padded_vocab_size=None,
                      hidden_dropout=ns.hidden_dropout, attention_dropout=ns.attention_dropout,
                      layernorm_epsilon=ns.layernorm_epsilon, init_method_std=ns.init_method_std,
-                     recompute_activations=recompute, recompute_with_deepspeed=_deepspeed_recompute(ns)[0],
+                     recompute_activations=recompute,
+                     recompute_with_deepspeed=_deepspeed_recompute(ns, model.get("num_experts", [1]))[0],
                      params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel,
-                     use_rotary_position_embeddings=ns.use_rotary_position_embeddings,
-                     rotary_percent=ns.rotary_percent, rope_theta=ns.rope_theta,
-                     **{name: getattr(ns, name) for name in LLAMA_FLAGS}, **_moe_shape(ns))
+                     rotary_percent=ns.rotary_percent, **_moe_shape(ns))
 
 
 def _parse_with_preset(argv: list[str]) -> argparse.Namespace:
@@ -502,7 +496,7 @@ def _parse_with_preset(argv: list[str]) -> argparse.Namespace:
     parser = build_parser()
     ns = parser.parse_args(argv)
     architecture = {key: value for key, value in MODEL_PRESETS.get(ns.model_size, {}).items()
-                    # --num-experts: _moe_shape takes the preset's
+                    # --num-experts: preset_fields takes the preset's
                     if key not in ("num_layers", "hidden_size", "num_attention_heads", "num_experts")}
     if not architecture:
         return ns
@@ -511,10 +505,8 @@ def _parse_with_preset(argv: list[str]) -> argparse.Namespace:
 
 
 def _moe_shape(ns) -> dict:
-    """GPTConfig's mixture-of-experts fields from the flags; --num-experts defaults to the preset's."""
-    preset = MODEL_PRESETS.get(ns.model_size or "", {})
-    experts = ns.num_experts or [preset.get("num_experts", 1)]
-    return dict(num_experts=experts, **{name: getattr(ns, name) for name in (
+    """GPTConfig's mixture-of-experts fields from the flags, but --num-experts (preset_fields gives it)."""
+    return dict(**{name: getattr(ns, name) for name in (
         "expert_interval", "moe_expert_parallel_size", "topk", "moe_train_capacity_factor",
         "moe_eval_capacity_factor", "moe_min_capacity", "moe_token_dropping", "mlp_type")})
 
@@ -656,21 +648,16 @@ def _unsupported_combinations(args: Args, device_type: str):
 
 
 def _ulysses_problems(args: Args):
-    """What DeepSpeed-Ulysses (--ds-sequence-parallel-size N) cannot run (docs/long-sequences.md)."""
+    """What DeepSpeed-Ulysses (--ds-sequence-parallel-size N) cannot run (docs/long-sequences.md): the layout's
+    rules (layout_check.ulysses_problems, the planner's too), then the curriculum's and the JSON's."""
     sp, m, par = args.parallel.sequence_parallel_size, args.model, args.parallel
-    heads = m.num_attention_heads // par.tensor_model_parallel_size
-    per_tp = f" ({heads} per tensor-parallel rank)" if par.tensor_model_parallel_size > 1 else ""
     flag = f"--ds-sequence-parallel-size {sp}"
     zero = (args.deepspeed.user_config or {}).get("zero_optimization") or {}
     return [] if sp == 1 else [
-        (par.sequence_parallel, f"{flag} and --sequence-parallel (Megatron's, over the tensor-parallel group) are "
-                                "exclusive; drop one"),
-        (par.pipeline_model_parallel_size > 1, f"{flag} cannot be combined with pipeline parallelism; use "
-                                               "--pipeline-model-parallel-size 1 or --no-pipeline-parallel"),
-        (heads % sp != 0, f"--num-attention-heads {m.num_attention_heads}{per_tp} is not divisible by {flag}: "
-                          "each rank attends over whole heads"),
-        (m.seq_length % sp != 0, f"--seq-length {m.seq_length} is not divisible by {flag}: each rank holds an "
-                                 "equal slice"),
+        *((True, problem) for problem in ulysses_problems(
+            sp, tensor=par.tensor_model_parallel_size, pipeline=par.pipeline_model_parallel_size,
+            sequence_parallel=par.sequence_parallel, num_attention_heads=m.num_attention_heads,
+            seq_length=m.seq_length)),
         (args.curriculum is not None and args.curriculum.difficulty_step % sp != 0,
          f"{flag} splits each sequence over {sp} ranks: the curriculum's difficulty_step "
          f"{args.curriculum.difficulty_step if args.curriculum is not None else 0} must be a multiple of {sp}"),
@@ -707,22 +694,19 @@ def _schedule_problems(args: Args):
 
 
 def _moe_problems(args: Args):
-    """What the MoE layers (--num-experts > 1) cannot run with here (docs/moe.md)."""
+    """What the MoE layers (--num-experts > 1) cannot run with here (docs/moe.md): ZeRO-3, the layout's rules
+    (layout_check.moe_problems, the planner's too) and the optimizer states' TensorBoard lines."""
     m, par, ds = args.model, args.parallel, args.deepspeed
-    flag, ep, dp = f"--num-experts {' '.join(map(str, m.num_experts))}", m.moe_expert_parallel_size, par.data_parallel_size
+    flag = f"--num-experts {' '.join(map(str, m.num_experts))}"
     return [] if not m.is_moe else [
         (ds.zero_stage == 3, f"{flag} cannot run at --zero-stage 3: DeepSpeed {deepspeed.__version__}'s MoE layer "
                              "does not support ZeRO stage 3; use --zero-stage 0, 1 or 2"),
-        (par.pipeline_model_parallel_size > 1, f"{flag} cannot be combined with pipeline parallelism; use "
-                                               "--pipeline-model-parallel-size 1 or --no-pipeline-parallel"),
-        (par.tensor_model_parallel_size > 1, f"{flag} cannot be combined with --tensor-model-parallel-size > 1 "
-                                             "(the experts are not split over tensor-parallel ranks here)"),
-        (par.sequence_parallel_size > 1, f"{flag} cannot be combined with --ds-sequence-parallel-size > 1"),
+        *((True, problem) for problem in moe_problems(
+            m.num_experts, tensor=par.tensor_model_parallel_size, pipeline=par.pipeline_model_parallel_size,
+            sequence=par.sequence_parallel_size, data=par.data_parallel_size, expert=m.moe_expert_parallel_size)),
         (args.logging.log_optimizer_states_to_tensorboard,
          f"{flag} cannot be combined with --log-optimizer-states-to-tensorboard (the experts' states are "
          "partitioned over other groups); drop it"),
-        (dp % ep != 0, f"--moe-expert-parallel-size {ep} must divide the data-parallel size {dp}: the experts "
-                       "are spread over groups of data-parallel ranks"),
     ]
 
 
@@ -739,14 +723,14 @@ def _recompute(ns, pipeline: int) -> tuple[bool, list[str]]:
     return ns.checkpoint_activations or recompute, [note] if note and not ns.checkpoint_activations else []
 
 
-def _deepspeed_recompute(ns) -> tuple[bool, list[str]]:
+def _deepspeed_recompute(ns, num_experts: list[int]) -> tuple[bool, list[str]]:
     """(recompute through deepspeed.checkpointing?, its start-up line if any). Not for MoE layers: DeepSpeed's
     reentrant checkpoint runs the forward without a graph, so the gates' load-balancing loss, which the layer keeps
     aside, would reach the loss without its gradient; Megatron-DeepSpeed returns it through the checkpointed
     function instead. Torch's non-reentrant checkpointing keeps it, with the same gradients."""
     if not ns.deepspeed_activation_checkpointing:
         return False, []
-    if max(_moe_shape(ns)["num_experts"]) == 1:
+    if max(num_experts) == 1:
         return True, []
     return False, ["--deepspeed-activation-checkpointing: the MoE model recomputes through torch's non-reentrant "
                    "checkpointing, which keeps the gates' load-balancing loss in the graph (DeepSpeed's would drop "
@@ -768,8 +752,9 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
     layout = ParallelLayout(world_size, ns.tensor_model_parallel_size, pipeline, ns.ds_sequence_parallel_size)
     user_config, shared = _shared_settings(ns)
     deepspeed_args = _deepspeed_args(ns, user_config, shared)
+    model = _model_config(ns, PARAMS_DTYPES[deepspeed_args.precision], recompute)
     args = Args(
-        model=_model_config(ns, PARAMS_DTYPES[deepspeed_args.precision], recompute),
+        model=model,
         model_name=ns.model_size or "custom",
         parallel=_section(ParallelArgs, ns, layout=layout),
         optimizer=_section(OptimizerArgs, ns,
@@ -789,7 +774,7 @@ def parse_args(argv: list[str], world_size: int = 1, device_type: str = "cpu") -
         deepspeed=deepspeed_args,
         argv=list(argv),
         curriculum=_curriculum(ns, user_config),
-        notes=accepted_lines(ns) + recompute_notes + _deepspeed_recompute(ns)[1],
+        notes=accepted_lines(ns) + recompute_notes + _deepspeed_recompute(ns, model.num_experts)[1],
     )
     check_support(args, device_type)
     return args

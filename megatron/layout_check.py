@@ -1,5 +1,6 @@
-"""The batch arithmetic of a parallel layout, in one place: pretrain_gpt.py's flag parsing uses it, and
-shell launchers that must refuse a bad layout before starting ranks (ALCF/args.sh) call it as
+"""The batch arithmetic of a parallel layout, and the layouts that MoE and DeepSpeed-Ulysses cannot run, in one
+place: pretrain_gpt.py's flag parsing (megatron/arguments.py) and the planner (megatron/accounting/plan/) refuse
+them in the same words. Shell launchers that must refuse a bad layout before starting ranks (ALCF/args.sh) call it as
 
     python -m megatron.layout_check --world-size N --tensor-model-parallel-size T --pipeline-model-parallel-size P \
         --micro-batch-size M [--global-batch-size G]
@@ -28,6 +29,44 @@ def batch_split(layout: ParallelLayout, micro_batch_size: int, global_batch_size
         raise BatchError(f"--global-batch-size {global_batch} is not divisible by --micro-batch-size "
                          f"{micro_batch_size} x data-parallel size {dp}")
     return global_batch, global_batch // (micro_batch_size * dp)
+
+
+def ulysses_problems(sp: int, *, tensor: int, pipeline: int, sequence_parallel: bool, num_attention_heads: int,
+                     seq_length: int) -> list[str]:
+    """Why DeepSpeed-Ulysses (--ds-sequence-parallel-size `sp`) cannot run this layout, if it cannot
+    (docs/long-sequences.md); [] when it can. `sequence_parallel`: Megatron's --sequence-parallel."""
+    if sp == 1:
+        return []
+    heads = num_attention_heads // tensor
+    per_tp = f" ({heads} per tensor-parallel rank)" if tensor > 1 else ""
+    flag = f"--ds-sequence-parallel-size {sp}"
+    return [message for refused, message in (
+        (sequence_parallel, f"{flag} and --sequence-parallel (Megatron's, over the tensor-parallel group) are "
+                            "exclusive; drop one"),
+        (pipeline > 1, f"{flag} cannot be combined with pipeline parallelism; use --pipeline-model-parallel-size 1 "
+                       "or --no-pipeline-parallel"),
+        (heads % sp != 0, f"--num-attention-heads {num_attention_heads}{per_tp} is not divisible by {flag}: each "
+                          "rank attends over whole heads"),
+        (seq_length % sp != 0, f"--seq-length {seq_length} is not divisible by {flag}: each rank holds an equal "
+                               "slice"),
+    ) if refused]
+
+
+def moe_problems(num_experts: list[int], *, tensor: int, pipeline: int, sequence: int, data: int,
+                 expert: int) -> list[str]:
+    """Why an MoE model (--num-experts `num_experts`, some layer's > 1) cannot run at these parallel sizes, if it
+    cannot (docs/moe.md); [] when it can. That --moe-expert-parallel-size `expert` divides each layer's experts is
+    GPTConfig's rule."""
+    flag = f"--num-experts {' '.join(map(str, num_experts))}"
+    return [message for refused, message in (
+        (pipeline > 1, f"{flag} cannot be combined with pipeline parallelism; use --pipeline-model-parallel-size 1 "
+                       "or --no-pipeline-parallel"),
+        (tensor > 1, f"{flag} cannot be combined with --tensor-model-parallel-size > 1 (the experts are not split "
+                     "over tensor-parallel ranks here)"),
+        (sequence > 1, f"{flag} cannot be combined with --ds-sequence-parallel-size > 1"),
+        (data % expert != 0, f"--moe-expert-parallel-size {expert} must divide the data-parallel size {data}: the "
+                             "experts are spread over groups of data-parallel ranks"),
+    ) if refused]
 
 
 def main(argv: list[str]) -> int:

@@ -177,3 +177,21 @@ def test_tiny_counted_by_hand():
     config, counted = build("tiny", 512, 64, device="cpu")
     assert counted == 2 * layer + 512 * 128 + 64 * 128 + 2 * 128 == 470_528
     assert count_parameters(config) == counted
+
+
+def test_preset_fields_lets_a_given_flag_win_and_leaves_the_preset_where_none_is_given():
+    """The one rule pretrain_gpt.py and tools/zero_plan.py build a model by: a flag given (not None, not False)
+    wins over the preset; --num-experts' one value becomes a list; the shape comes from one or the other."""
+    from megatron.model.presets import PresetError, preset_fields
+
+    fields = preset_fields("llama3-8b", {"num_layers": 4, "hidden_size": None, "rope_theta": 10000.0,
+                                         "untie_embeddings_and_output_weights": False})
+    assert fields == dict(MODEL_PRESETS["llama3-8b"], num_layers=4, rope_theta=10000.0)
+    assert preset_fields("gpt-125m-moe8", {})["num_experts"] == [8]
+    assert preset_fields("gpt-125m-moe8", {"num_experts": [4, 8, 4, 8, 4, 8]})["num_experts"] == [4, 8, 4, 8, 4, 8]
+    assert preset_fields(None, {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}) == dict(
+        num_layers=2, hidden_size=64, num_attention_heads=4)
+    with pytest.raises(PresetError, match=r"^--model-size '2B' is not a preset \(choose from tiny, 125M, "):
+        preset_fields("2B", {})
+    with pytest.raises(PresetError, match=r"^--hidden-size is required \(or give --model-size\)$"):
+        preset_fields(None, {"num_layers": 2})

@@ -1,7 +1,8 @@
-"""tools/zero_plan.py against published large training runs (tools/published_runs.json; docs/zero-tradeoff-reference.md,
-"Checked against published runs"): each run's printed hardware TFLOP/s per GPU, with the calibration fitted on the
-other runs, lands within 25% of what was published; the calibration the planner ships is the fit on all of them;
-the bound stays above every run; and the docs' table is what the planner prints for the commands the docs list."""
+"""tools/zero_plan.py (megatron/accounting/plan/) against published large training runs (tools/published_runs.json;
+docs/zero-tradeoff-reference.md, "Checked against published runs"): each run's printed hardware TFLOP/s per GPU,
+with the calibration fitted on the other runs, lands within 25% of what was published; the calibration the planner
+ships is the fit on all of them; the bound stays above every run; and the docs' table is what the planner prints
+for the commands the docs list."""
 import importlib.util
 import json
 import re
@@ -9,13 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from megatron.accounting.plan import calibration, report
+from megatron.accounting.plan import published as published_runs
+
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = json.loads((ROOT / "tools" / "published_runs.json").read_text())
 RUNS = PUBLISHED["runs"]  # A100 runs: the calibration's three numbers are fitted on them
 H100_RUNS = PUBLISHED["h100_runs"]  # H100 runs: the matmul fraction of H100_CALIBRATION is fitted on them
 CHECKS = PUBLISHED["checks"]  # runs held against the shipped calibration, outside the fit
 _spec = importlib.util.spec_from_file_location("zero_plan", ROOT / "tools" / "zero_plan.py")
-zero_plan = importlib.util.module_from_spec(_spec)
+zero_plan = importlib.util.module_from_spec(_spec)  # its main() prints; the library does the rest
 _spec.loader.exec_module(zero_plan)
 
 
@@ -30,22 +34,22 @@ def printed_row(capsys, args: list[str], option: str) -> dict[str, str]:
     return dict(zip(header, row))
 
 
-def leave_one_out(run: dict) -> zero_plan.Calibration:
-    return zero_plan.fit_calibration([other for other in RUNS if other is not run])
+def leave_one_out(run: dict) -> calibration.Calibration:
+    return published_runs.fit_calibration([other for other in RUNS if other is not run])
 
 
-def h100_fit(runs: list[dict]) -> zero_plan.Calibration:
-    return zero_plan.fit_matmul(runs, held=zero_plan.CALIBRATION)
+def h100_fit(runs: list[dict]) -> calibration.Calibration:
+    return published_runs.fit_matmul(runs, held=calibration.CALIBRATION)
 
 
-def h100_leave_one_out(run: dict) -> zero_plan.Calibration:
+def h100_leave_one_out(run: dict) -> calibration.Calibration:
     return h100_fit([other for other in H100_RUNS if other is not run])
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[run["name"] for run in RUNS])
 def test_each_run_left_out_of_the_calibration_is_printed_within_25_percent(capsys, monkeypatch, run):
-    monkeypatch.setattr(zero_plan, "CALIBRATION", leave_one_out(run))
-    row = printed_row(capsys, zero_plan.published_run_args(run), zero_plan.published_run_option(run))
+    monkeypatch.setattr(calibration, "CALIBRATION", leave_one_out(run))
+    row = printed_row(capsys, published_runs.published_run_args(run), published_runs.published_run_option(run))
     printed = float(row["hw TFLOP/s/GPU"])
     assert abs(printed / run["published_tflops_per_gpu"] - 1) <= 0.25, (printed, run["published_tflops_per_gpu"])
     if "published_step_s" in run:  # the same in seconds per step where the source gives them
@@ -53,33 +57,34 @@ def test_each_run_left_out_of_the_calibration_is_printed_within_25_percent(capsy
 
 
 def test_the_shipped_calibration_is_the_fit_on_every_run_and_states_its_leave_one_out_error():
-    fitted = zero_plan.fit_calibration(RUNS)
+    fitted = published_runs.fit_calibration(RUNS)
     shipped = PUBLISHED["calibration"]["values"]
     assert {key: float(f"{value:.3g}") for key, value in vars(fitted).items()} == shipped
     errors = []
     for run in RUNS:
-        parts = zero_plan.published_run_parts(run)
-        errors.append(abs(zero_plan.published_step_seconds(run) / parts.expected(leave_one_out(run)).total - 1))
+        parts = published_runs.published_run_parts(run)
+        errors.append(abs(published_runs.published_step_seconds(run) / parts.expected(leave_one_out(run)).total - 1))
     assert max(errors) <= PUBLISHED["calibration"]["leave_one_out_error"] < max(errors) + 0.01
 
 
 @pytest.mark.parametrize("run", H100_RUNS, ids=[run["name"] for run in H100_RUNS])
 def test_each_h100_run_left_out_of_its_calibration_is_printed_within_the_stated_error(capsys, monkeypatch, run):
-    """An H100 run is timed with the H100 runs' matmul fraction (`zero_plan.calibration`), fitted on the others."""
-    monkeypatch.setattr(zero_plan, "H100_CALIBRATION", h100_leave_one_out(run))
-    row = printed_row(capsys, zero_plan.published_run_args(run), zero_plan.published_run_option(run))
+    """An H100 run is timed with the H100 runs' matmul fraction (`calibration.calibration_for`), fitted on the
+    others."""
+    monkeypatch.setattr(calibration, "H100_CALIBRATION", h100_leave_one_out(run))
+    row = printed_row(capsys, published_runs.published_run_args(run), published_runs.published_run_option(run))
     printed = float(hw_tflops(row))
     stated = PUBLISHED["h100_calibration"]["leave_one_out_error"]
-    assert abs(printed / zero_plan.published_tflops_per_gpu(run) - 1) <= stated + 0.005, printed
+    assert abs(printed / published_runs.published_tflops_per_gpu(run) - 1) <= stated + 0.005, printed
 
 
 def test_the_shipped_h100_calibration_is_the_fit_on_every_h100_run_and_states_its_leave_one_out_error():
     """Only the matmul fraction is fitted on the H100 runs; the memory passes and the link are the A100 fit's."""
     fitted, shipped = h100_fit(H100_RUNS), PUBLISHED["h100_calibration"]
     assert {"matmul": float(f"{fitted.matmul:.3g}")} == shipped["values"]
-    assert (zero_plan.H100_CALIBRATION.memory_passes, zero_plan.H100_CALIBRATION.link) == (
-        zero_plan.CALIBRATION.memory_passes, zero_plan.CALIBRATION.link)
-    error = zero_plan.leave_one_out_error(H100_RUNS, h100_fit)
+    assert (calibration.H100_CALIBRATION.memory_passes, calibration.H100_CALIBRATION.link) == (
+        calibration.CALIBRATION.memory_passes, calibration.CALIBRATION.link)
+    error = published_runs.leave_one_out_error(H100_RUNS, h100_fit)
     assert error <= shipped["leave_one_out_error"] < error + 0.01
     assert all(run["gpu"] == "H100-SXM" and run["use_flash_attn"] for run in H100_RUNS)
     assert all(run["gpu"].startswith("A100") and not run.get("use_flash_attn") for run in RUNS)
@@ -88,7 +93,7 @@ def test_the_shipped_h100_calibration_is_the_fit_on_every_h100_run_and_states_it
 def test_the_header_says_which_gpus_each_calibration_covers_and_the_readme_quotes_it(capsys):
     """The header names the A100 and the H100 runs' leave-one-out errors and which of them times --gpu; the
     README's figure is the same phrase (one source: published_runs.json)."""
-    summary = zero_plan.calibration_summary()
+    summary = report.calibration_summary()
     assert summary == (f"calibrated on {len(RUNS)} published A100 runs: each within 22%; on {len(H100_RUNS)} "
                        f"published H100 runs: each within 43%")
     for gpu, which in (("H100-SXM", "H100-SXM takes the H100 runs' matmul fraction"),
@@ -116,10 +121,10 @@ def test_llama3_8b_with_fused_attention_on_64_h100s_plans_what_published_h100_ru
 
 @pytest.mark.parametrize("run", RUNS, ids=[run["name"] for run in RUNS])
 def test_the_bound_is_above_every_published_run(run):
-    parts = zero_plan.published_run_parts(run)
-    bound = parts.expected(zero_plan.Calibration(matmul=1.0, memory_passes=0.0, link=1.0)).total
+    parts = published_runs.published_run_parts(run)
+    bound = parts.expected(calibration.Calibration(matmul=1.0, memory_passes=0.0, link=1.0)).total
     low, high = PUBLISHED["band"]
-    assert low <= zero_plan.published_step_seconds(run) / bound <= high
+    assert low <= published_runs.published_step_seconds(run) / bound <= high
 
 
 def docs_runs(section: str = "## Checked against published runs") -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -135,9 +140,9 @@ def docs_runs(section: str = "## Checked against published runs") -> tuple[dict[
 
 def assert_run_columns(run: dict, args: list[str], layout: str, option: str, batch: str) -> None:
     """The docs' command is the run's, and its layout, option and batch columns are the run's."""
-    assert args == zero_plan.published_run_args(run), run["name"]
+    assert args == published_runs.published_run_args(run), run["name"]
     dp = run["gpus_per_node"] * run["nodes"] // (run["tp"] * run["pp"])
-    assert layout == f"{run['tp']} x {run['pp']} x {dp}" and option == zero_plan.published_run_option(run)
+    assert layout == f"{run['tp']} x {run['pp']} x {dp}" and option == published_runs.published_run_option(run)
     assert batch == f"{run['global_batch_size']} ({run['micro_batch_size']})"
 
 
@@ -155,7 +160,7 @@ def test_the_docs_table_is_what_the_planner_prints_for_the_docs_commands(capsys,
         assert (step, bound, tflops) == (row["step ms"], row["bound ms"], row["hw TFLOP/s/GPU"]), run["name"]
         assert ratio == f"{float(tflops) / float(published):.2f}"
         with monkeypatch.context() as patch:
-            patch.setattr(zero_plan, "CALIBRATION", leave_one_out(run))
+            patch.setattr(calibration, "CALIBRATION", leave_one_out(run))
             assert left_out == printed_row(capsys, args, option)["hw TFLOP/s/GPU"], run["name"]
         assert left_out_ratio == f"{float(left_out) / float(published):.2f}"
 
@@ -169,14 +174,14 @@ def test_the_docs_h100_table_is_what_the_planner_prints_for_the_docs_commands(ca
         layout, option, batch, published, step, bound, tflops, ratio, left_out, left_out_ratio = rows[run["name"]]
         args = commands[run["name"]]
         assert_run_columns(run, args, layout, option, batch)
-        assert published == f"{zero_plan.published_tflops_per_gpu(run):.0f}"
+        assert published == f"{published_runs.published_tflops_per_gpu(run):.0f}"
         row = printed_row(capsys, args, option)
         assert (step, bound, tflops) == (row["step ms"], row["bound ms"], hw_tflops(row)), run["name"]
-        assert ratio == f"{float(tflops) / zero_plan.published_tflops_per_gpu(run):.2f}"
+        assert ratio == f"{float(tflops) / published_runs.published_tflops_per_gpu(run):.2f}"
         with monkeypatch.context() as patch:
-            patch.setattr(zero_plan, "H100_CALIBRATION", h100_leave_one_out(run))
+            patch.setattr(calibration, "H100_CALIBRATION", h100_leave_one_out(run))
             assert left_out == hw_tflops(printed_row(capsys, args, option)), run["name"]
-        assert left_out_ratio == f"{float(left_out) / zero_plan.published_tflops_per_gpu(run):.2f}"
+        assert left_out_ratio == f"{float(left_out) / published_runs.published_tflops_per_gpu(run):.2f}"
 
 
 def hw_tflops(row: dict[str, str]) -> str:
@@ -185,8 +190,9 @@ def hw_tflops(row: dict[str, str]) -> str:
 
 
 def bound_over_published(run: dict) -> float:
-    bound = zero_plan.published_run_parts(run).expected(zero_plan.Calibration(matmul=1.0, memory_passes=0.0, link=1.0))
-    return zero_plan.published_step_seconds(run) / bound.total
+    bound = published_runs.published_run_parts(run).expected(
+        calibration.Calibration(matmul=1.0, memory_passes=0.0, link=1.0))
+    return published_runs.published_step_seconds(run) / bound.total
 
 
 def test_the_llama_runs_outside_the_fit_print_what_the_docs_state(capsys):
@@ -197,20 +203,20 @@ def test_the_llama_runs_outside_the_fit_print_what_the_docs_state(capsys):
     assert sorted(rows) == sorted(commands) == sorted(run["name"] for run in CHECKS)
     for run in CHECKS:
         layout, option, batch, published, step, bound, tflops, ratio, bound_ratio = rows[run["name"]]
-        assert commands[run["name"]] == zero_plan.published_run_args(run), run["name"]
+        assert commands[run["name"]] == published_runs.published_run_args(run), run["name"]
         dp = run["gpus_per_node"] * run["nodes"] // (run["tp"] * run["pp"])
-        assert layout == f"{run['tp']} x {run['pp']} x {dp}" and option == zero_plan.published_run_option(run)
+        assert layout == f"{run['tp']} x {run['pp']} x {dp}" and option == published_runs.published_run_option(run)
         assert batch == f"{run['global_batch_size']} ({run['micro_batch_size']})"
-        assert published == f"{zero_plan.published_tflops_per_gpu(run):.0f}"
+        assert published == f"{published_runs.published_tflops_per_gpu(run):.0f}"
         row = printed_row(capsys, commands[run["name"]], option)
         assert (step, bound, tflops) == (row["step ms"], row["bound ms"], hw_tflops(row)), run["name"]
-        assert ratio == f"{float(tflops) / zero_plan.published_tflops_per_gpu(run):.2f}"
+        assert ratio == f"{float(tflops) / published_runs.published_tflops_per_gpu(run):.2f}"
         assert bound_ratio == f"{bound_over_published(run):.2f}"
 
 
 def test_the_llama_runs_would_break_the_fit():
     """Fitted with them, some run's leave-one-out error passes the shipped bound: they stay out of the fit."""
-    worst = zero_plan.leave_one_out_error(H100_RUNS + CHECKS, h100_fit)
+    worst = published_runs.leave_one_out_error(H100_RUNS + CHECKS, h100_fit)
     assert worst > PUBLISHED["h100_calibration"]["leave_one_out_error"]
 
 
@@ -227,23 +233,24 @@ if __name__ == "__main__":  # prints the docs' table rows and commands
         return dict(zip(header, next(re.split(r"\s{2,}", line) for line in lines if line.startswith(option + "  "))))
 
     def table(runs, name, fit):
-        shipped = getattr(zero_plan, name)
+        shipped = getattr(calibration, name)
         for run in runs:
-            args, option = zero_plan.published_run_args(run), zero_plan.published_run_option(run)
+            args, option = published_runs.published_run_args(run), published_runs.published_run_option(run)
             row = row_of(args, option)
             if fit:
-                setattr(zero_plan, name, fit(run))
+                setattr(calibration, name, fit(run))
                 left_out = hw_tflops(row_of(args, option))
-                setattr(zero_plan, name, shipped)
+                setattr(calibration, name, shipped)
             dp = run["gpus_per_node"] * run["nodes"] // (run["tp"] * run["pp"])
-            published = zero_plan.published_tflops_per_gpu(run)
+            published = published_runs.published_tflops_per_gpu(run)
             cells = [run["name"], f"{run['tp']} x {run['pp']} x {dp}", option,
                      f"{run['global_batch_size']} ({run['micro_batch_size']})", f"{published:.0f}", row["step ms"],
                      row["bound ms"], hw_tflops(row), f"{float(hw_tflops(row)) / published:.2f}"]
             cells += [left_out, f"{float(left_out) / published:.2f}"] if fit else [f"{bound_over_published(run):.2f}"]
             print("| " + " | ".join(cells) + " |")
         for run in runs:
-            print(f"    # {run['name']}\n    python tools/zero_plan.py {' '.join(zero_plan.published_run_args(run))}")
+            args = " ".join(published_runs.published_run_args(run))
+            print(f"    # {run['name']}\n    python tools/zero_plan.py {args}")
     table(RUNS, "CALIBRATION", leave_one_out)
     table(H100_RUNS, "H100_CALIBRATION", h100_leave_one_out)
     table(CHECKS, "H100_CALIBRATION", None)

@@ -173,7 +173,7 @@ def test_a_model_that_fits_nowhere_and_pipeline_parallel_options(capsys):
     (["--nodes", "4", "--pp", "32"], "error: --num-layers 24 is fewer than --pipeline-model-parallel-size 32: "
                                      "every stage needs a layer"),
     (["--gpu-memory", "lots"], "error: --gpu-memory 'lots': expected a size such as 40GB or 80GiB"),
-    (["--model-size", "2B"], "error: --model-size 2B: unknown preset (choose from tiny, 125M, "),
+    (["--model-size", "2B"], "error: --model-size '2B' is not a preset (choose from tiny, 125M, "),
     (["--global-batch-size", "12"], "error: --global-batch-size 12 is not divisible by --micro-batch-size 4 x "
                                     "data-parallel size 8"),
     (["--nodes", "0"], "error: --nodes must be >= 1, got 0"),
@@ -390,24 +390,14 @@ def test_zero1_in_bf16_says_it_runs_deepspeeds_bf16_optimizer(capsys):
         assert code == 0 and "BF16_Optimizer" not in out
 
 
-def _zero_plan_module():
-    import importlib.util
-
-    from conftest import REPO_ROOT
-    spec = importlib.util.spec_from_file_location("zero_plan", REPO_ROOT / "tools" / "zero_plan.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 LONG = ["--model-size", "1.3B", "--gpus", "8", "--gpu-memory", "80GB", "--use-rotary-position-embeddings",
         "--recompute"]
 
 
 @pytest.mark.parametrize("extra, message", [
     (["--ds-sequence-parallel-size", "3", "--seq-length", "3072"],
-     "error: --num-attention-heads 16 (16 per tensor-parallel rank) is not divisible by --ds-sequence-parallel-size 3: "
-     "each rank attends over whole heads"),
+     "error: --num-attention-heads 16 is not divisible by --ds-sequence-parallel-size 3: each rank attends over whole "
+     "heads"),
     (["--ds-sequence-parallel-size", "8", "--seq-length", "1000004"],
      "error: --seq-length 1000004 is not divisible by --ds-sequence-parallel-size 8: each rank holds an equal slice"),
     (["--ds-sequence-parallel-size", "16", "--seq-length", "4096"],
@@ -427,6 +417,7 @@ def test_the_longest_sequence_that_fits_each_option(capsys):
     from dataclasses import replace
 
     from megatron import accounting
+    from megatron.accounting.plan import OPTIONS, model_config, parse_flags
     args = [*LONG, "--seq-length", "1048576", "--ds-sequence-parallel-size", "8"]
     code, out, err = tool_in_process(capsys, "zero_plan.py", *args)
     assert code == 0 and err == ""
@@ -434,9 +425,8 @@ def test_the_longest_sequence_that_fits_each_option(capsys):
     assert ("longest sequence that fits 72.0 GB per GPU (micro batch 1, with recomputation, rotary positions, "
             "SP=8):\n  DP  ") in out
     plans = {p["option"]: p for p in plan_json(capsys, *args)["plans"]}
-    zero_plan = _zero_plan_module()
-    config = zero_plan.model_config(zero_plan.parse_args(args))
-    for label, stage, offload_optimizer, offload_params, device in zero_plan.OPTIONS:
+    config = model_config(parse_flags(args))
+    for label, stage, offload_optimizer, offload_params, device in OPTIONS:
         longest = plans[label]["longest_seq"]
         assert longest % 8 == 0 and plans[label]["fits"] == (longest >= 1048576)
         setup = accounting.TrainingSetup(world_size=8, micro_batch_size=1, sequence_parallel_size=8, precision="bf16",
@@ -472,7 +462,7 @@ def test_an_moe_preset_plans_each_stage_and_expert_parallel_size(capsys):
     """gpt-125m-moe8 on 8 GPUs: ZeRO 0-2 (no ZeRO-3 with MoE) at EP 1, 2, 4 and 8; a larger EP holds fewer experts
     and sends fewer gradient bytes but adds the all-to-alls."""
     from megatron import accounting
-    from tools.zero_plan import model_config, parse_args
+    from megatron.accounting.plan import model_config, parse_flags
 
     data = plan_json(capsys, "--model-size", "gpt-125m-moe8", "--gpus", "8", "--gpu-memory", "80GB",
                      "--micro-batch-size", "4")
@@ -480,9 +470,8 @@ def test_an_moe_preset_plans_each_stage_and_expert_parallel_size(capsys):
     assert list(plans) == [f"{stage} EP={ep}" for ep in (1, 2, 4, 8) for stage in ("DP", "Z1", "Z2")]
     assert plans["DP EP=8"]["model_states_gb"] < plans["DP EP=2"]["model_states_gb"] < plans["DP EP=1"][
         "model_states_gb"]
-    ns = parse_args(["--model-size", "gpt-125m-moe8", "--gpus", "8", "--gpu-memory", "80GB",
-                     "--micro-batch-size", "4"])
-    config = model_config(ns)
+    config = model_config(parse_flags(["--model-size", "gpt-125m-moe8", "--gpus", "8", "--gpu-memory", "80GB",
+                                       "--micro-batch-size", "4"]))
     for ep in (1, 8):
         setup = accounting.TrainingSetup(world_size=8, micro_batch_size=4, precision="bf16", expert_parallel_size=ep)
         sent = sum(accounting.zero_traffic_per_step(config, setup).values()) + sum(
@@ -496,15 +485,85 @@ def test_an_moe_preset_plans_each_stage_and_expert_parallel_size(capsys):
 
 @pytest.mark.parametrize("flags, message", [
     (["--model-size", "gpt-125m-moe8", "--tp", "2"], "--num-experts 8 cannot be combined with "
-                                                      "--tensor-model-parallel-size > 1"),
+                                                      "--tensor-model-parallel-size > 1 (the experts are not split "
+                                                      "over tensor-parallel ranks here)"),
     (["--model-size", "gpt-125m-moe8", "--moe-expert-parallel-size", "3"],
-     "--moe-expert-parallel-size 3 must divide the data-parallel size 8 and every layer's --num-experts (8)"),
+     "--moe-expert-parallel-size 3 must divide every layer's --num-experts (8)"),
     (["--model-size", "125M", "--moe-expert-parallel-size", "2"],
      "--moe-expert-parallel-size needs --num-experts (or an MoE --model-size)"),
 ])
 def test_moe_layouts_the_training_refuses_are_refused_in_one_line(capsys, flags, message):
     code, out, err = tool_in_process(capsys, "zero_plan.py", *flags, "--gpus", "8", "--gpu-memory", "80GB")
     assert code == 1 and out == "" and err == f"error: {message}\n"
+
+
+# one bad layout in each tool's flags: (the planner's, pretrain_gpt.py's, GPUs)
+SAME_BAD_LAYOUT = [
+    (["--model-size", "gpt-125m-moe8", "--tp", "2"], ["--model-size", "gpt-125m-moe8",
+                                                      "--tensor-model-parallel-size", "2"], 8),
+    (["--model-size", "gpt-125m-moe8", "--pp", "2"], ["--model-size", "gpt-125m-moe8",
+                                                      "--pipeline-model-parallel-size", "2"], 8),
+    (["--model-size", "gpt-125m-moe8", "--ds-sequence-parallel-size", "2"],
+     ["--model-size", "gpt-125m-moe8", "--ds-sequence-parallel-size", "2"], 8),
+    (["--model-size", "gpt-125m-moe8", "--moe-expert-parallel-size", "3"],
+     ["--model-size", "gpt-125m-moe8", "--moe-expert-parallel-size", "3"], 8),
+    (["--model-size", "gpt-125m-moe8", "--moe-expert-parallel-size", "8"],
+     ["--model-size", "gpt-125m-moe8", "--moe-expert-parallel-size", "8"], 4),
+    (["--model-size", "125M", "--ds-sequence-parallel-size", "8"], ["--model-size", "125M",
+                                                                   "--ds-sequence-parallel-size", "8"], 8),
+    (["--model-size", "125M", "--tp", "2", "--ds-sequence-parallel-size", "4"],
+     ["--model-size", "125M", "--tensor-model-parallel-size", "2", "--ds-sequence-parallel-size", "4"], 8),
+    (["--model-size", "1.3B", "--ds-sequence-parallel-size", "8", "--seq-length", "1028"],
+     ["--model-size", "1.3B", "--ds-sequence-parallel-size", "8", "--seq-length", "1028"], 8),
+    (["--model-size", "1.3B", "--ds-sequence-parallel-size", "2", "--pp", "2"],
+     ["--model-size", "1.3B", "--ds-sequence-parallel-size", "2", "--pipeline-model-parallel-size", "2"], 8),
+    (["--model-size", "1.3B", "--ds-sequence-parallel-size", "2", "--tp", "2", "--sequence-parallel"],
+     ["--model-size", "1.3B", "--ds-sequence-parallel-size", "2", "--tensor-model-parallel-size", "2",
+      "--sequence-parallel"], 8),
+    (["--model-size", "2B"], ["--model-size", "2B"], 8),
+]
+
+
+@pytest.mark.parametrize("planner, trainer, gpus", SAME_BAD_LAYOUT, ids=[" ".join(case[0]) for case in SAME_BAD_LAYOUT])
+def test_the_planner_refuses_a_layout_in_the_trainings_words(capsys, planner, trainer, gpus):
+    """One rule, one text: the planner refuses an MoE or DeepSpeed-Ulysses layout (and an unknown preset) with the
+    line pretrain_gpt.py's flag parsing refuses it with (megatron/layout_check.py, presets.preset_fields)."""
+    from megatron.arguments import parse_args
+    from megatron.errors import ZeroLabError
+
+    seq = [] if "--seq-length" in trainer else ["--seq-length", "2048"]
+    with pytest.raises(ZeroLabError) as refused:
+        parse_args([*trainer, *seq, "--micro-batch-size", "1", "--train-iters", "10", "--data-path", "unused",
+                    "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"], world_size=gpus)
+    code, out, err = tool_in_process(capsys, "zero_plan.py", *planner, "--gpus", gpus, "--gpu-memory", "80GB")
+    assert code == 1 and out == "" and err == f"error: {refused.value}\n"
+
+
+def test_an_moe_plan_prints_the_checkpoint_interval_of_its_pick(capsys):
+    """The pick of an MoE model is an option at an EP size ("DP EP=1", say): its checkpoint is its ZeRO stage's
+    (the planner ended in a StopIteration here before)."""
+    from megatron import accounting
+    from megatron.accounting.plan import model_config, parse_flags
+    from megatron.accounting.predict.memory import checkpoint_bytes
+
+    args = ["--model-size", "gpt-125m-moe8", "--gpus", "8", "--gpu-memory", "80GB", "--storage-bandwidth", "20GB/s",
+            "--mtbf-hours", "12"]
+    data = plan_json(capsys, *args)
+    stage = {"DP": 0, "Z1": 1, "Z2": 2}[data["choice"].split(" EP=")[0]]
+    parameters = accounting.count_parameters(model_config(parse_flags(args)))
+    assert data["checkpoint"]["bytes"] == checkpoint_bytes(parameters, "bf16", stage)
+    code, out, _ = tool_in_process(capsys, "zero_plan.py", *args)
+    assert code == 0 and out.splitlines()[-1].startswith("checkpoint: ")
+
+
+def test_an_moe_model_with_recomputation_plans_as_the_training_runs_it(capsys):
+    """The training recomputes MoE layers under --checkpoint-activations (docs/moe.md); the planner plans it, with
+    less activation memory than without."""
+    args = ["--model-size", "gpt-125m-moe8", "--gpus", "8", "--gpu-memory", "80GB", "--micro-batch-size", "4"]
+    plain = {p["option"]: p for p in plan_json(capsys, *args)["plans"]}
+    recomputed = {p["option"]: p for p in plan_json(capsys, *args, "--recompute")["plans"]}
+    assert list(recomputed) == list(plain)
+    assert all(recomputed[o]["activations_gb"] < plain[o]["activations_gb"] for o in plain)
 
 
 @pytest.mark.parametrize("preset, seq", [("llama3-8b", 8192), ("llama2-7b", 4096), ("1.3B", 2048)])

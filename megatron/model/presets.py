@@ -2,9 +2,12 @@
 MODEL_SIZE_KEY, tools/zero_plan.py and the Hugging Face conversion all read it).
 
 `python megatron/model/presets.py NAME` prints "layers hidden heads" for shell scripts (no torch import); an MoE
-preset also gives num_experts (--num-experts' default with it).
+preset also gives num_experts (--num-experts' default with it). `preset_fields` is the one rule by which a preset
+and the flags given make GPTConfig's fields (pretrain_gpt.py's flags and tools/zero_plan.py's both use it).
 """
 import sys
+
+from megatron.errors import ZeroLabError
 
 # (num_layers, hidden_size, num_attention_heads), and for Llama shapes the architecture's GPTConfig fields too
 # (their flags' defaults under --model-size; docs/model.md). GPT-2: 125M/355M/774M/1.5B (the 1.5B is GPT-2 XL,
@@ -14,6 +17,10 @@ import sys
 # 32 heads, FFN 11008; 13B 40 x 5120, 40 heads, FFN 13824; vocabulary 32000) and Llama 3 8B (Meta's config.json:
 # 32 x 4096, 32 query heads over 8 K/V heads, FFN 14336, rope theta 500000, vocabulary 128256). "llama-tiny" is
 # for CPU runs: grouped-query attention (4 heads over 2 K/V heads) so that TP=2 splits K/V heads too.
+# GPTConfig's Llama fields beyond the shape, each the flag of its name (docs/model.md); a preset may set them
+LLAMA_FLAGS = ("num_key_value_heads", "ffn_hidden_size", "swiglu", "normalization",
+               "untie_embeddings_and_output_weights", "disable_bias_linear", "rope_theta")
+SHAPE_FLAGS = ("num_layers", "hidden_size", "num_attention_heads")  # every model needs these, from a preset or flags
 LLAMA = dict(use_rotary_position_embeddings=True, normalization="rmsnorm", swiglu=True,
          untie_embeddings_and_output_weights=True, disable_bias_linear=True)
 MODEL_PRESETS: dict[str, dict[str, int | str | bool | float]] = {
@@ -48,6 +55,26 @@ MODEL_PRESETS |= {
     "gpt-125m-moe8": dict(MODEL_PRESETS["125M"], num_experts=8),
     "gpt-350m-moe16": dict(MODEL_PRESETS["355M"], num_experts=16),
 }
+
+
+class PresetError(ZeroLabError, ValueError):
+    """An unknown --model-size, or a shape flag missing without one; the message names the flag."""
+
+
+def preset_fields(model_size: str | None, given: dict) -> dict:
+    """GPTConfig's fields from a --model-size preset (None: none) and the flags `given` ({field: value}): a flag
+    given (not None, not False) wins over the preset's value, as in Megatron's model scripts; --num-experts' one
+    value is a list of one. The shape (SHAPE_FLAGS) must come from one or the other."""
+    if model_size is not None and model_size not in MODEL_PRESETS:
+        raise PresetError(f"--model-size {model_size!r} is not a preset (choose from {', '.join(MODEL_PRESETS)})")
+    fields = dict(MODEL_PRESETS.get(model_size, {}))
+    fields.update({name: value for name, value in given.items() if value is not None and value is not False})
+    for name in SHAPE_FLAGS:
+        if fields.get(name) is None:
+            raise PresetError(f"--{name.replace('_', '-')} is required (or give --model-size)")
+    if isinstance(fields.get("num_experts"), int):
+        fields["num_experts"] = [fields["num_experts"]]
+    return fields
 
 
 def main(argv: list[str]) -> int:
