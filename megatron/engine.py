@@ -1,5 +1,5 @@
 """The DeepSpeed engine a run trains: the model, optimizer and schedule built under the flags' DeepSpeed config,
-on the rank's device, compiled with --compile; and the flags' TrainingSetup that the accounting's estimates read."""
+on the rank's device, compiled with --compile."""
 from types import SimpleNamespace
 
 from megatron.arguments import Args
@@ -83,25 +83,3 @@ def compile_engine(engine, zero_stage: int, pipeline: bool) -> None:
     if zero_stage == 3 and not pipeline:
         deepspeed.zero.register_external_parameter(engine.module, engine.module.output_weight())
     engine.compile()
-
-
-def training_setup(args: Args, dist_info: DistInfo):
-    """What megatron/accounting/predict/'s traffic and memory estimates need from the parsed flags."""
-    from megatron import accounting
-
-    ds, par, train = args.deepspeed, args.parallel, args.training
-    return accounting.TrainingSetup(
-        world_size=par.world_size, micro_batch_size=train.micro_batch_size,
-        gradient_accumulation_steps=train.gradient_accumulation_steps,
-        tensor_parallel_size=par.tensor_model_parallel_size, pipeline_parallel_size=par.pipeline_model_parallel_size,
-        sequence_parallel=par.sequence_parallel, sequence_parallel_size=par.sequence_parallel_size,
-        expert_parallel_size=args.model.moe_expert_parallel_size, precision=ds.precision, zero_stage=ds.zero_stage,
-        offload_optimizer=ds.offload_optimizer, offload_params=ds.offload_params,
-        offload_device="nvme" if ds.nvme_path else "cpu", activation_recompute=args.model.recompute_activations,
-        device="cuda" if dist_info.on_cuda else "cpu", reduce_precision=_user_reduce_precision(ds.user_config))
-
-
-def _user_reduce_precision(user_config: dict | None) -> str | None:
-    """A user's DeepSpeed JSON's communication_data_type (None where it leaves it to the generated config's)."""
-    value = (user_config or {}).get("communication_data_type")
-    return value.lower() if isinstance(value, str) else None

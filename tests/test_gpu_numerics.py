@@ -103,7 +103,8 @@ def test_bf16_engine_trains_and_holds_the_predicted_model_states(dist_info, stag
     """A real one-rank engine from setup_engine in bf16, 2 micro-batches per step: DeepSpeed accumulates in the
     dtype the config asks for, the loss falls, and the parameters, gradients (after a backward) and optimizer
     states (fp32 master copies included: stage 0's too) measured on the rank are accounting's prediction."""
-    from megatron.engine import setup_engine, training_setup
+    from megatron.accounting.run_setup import training_setup
+    from megatron.engine import setup_engine
 
     args = flags("--bf16", "--zero-stage", str(stage))
     config = model_config(args)

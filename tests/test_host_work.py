@@ -134,7 +134,8 @@ def _check_probe(rank, world, stage):
 
     from megatron.accounting.measure import comm_counter
     from megatron.accounting.measure.host_probe import TrainerSteps, probe_host
-    from megatron.engine import setup_engine, training_setup
+    from megatron.accounting.run_setup import training_setup
+    from megatron.engine import setup_engine
     from megatron.training import get_batch, train_step
 
     import deepspeed

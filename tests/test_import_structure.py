@@ -110,7 +110,7 @@ def package_of(module: str) -> str:
     parts = module.split(".")
     if parts[0] != "megatron":
         return parts[0]
-    depth = 3 if len(parts) > 3 and parts[1] == "accounting" else 2
+    depth = 3 if parts[1:2] == ["accounting"] else 2
     for size in range(min(depth, len(parts)), 1, -1):
         if (REPO_ROOT / Path(*parts[:size])).is_dir():
             return ".".join(parts[:size])

@@ -72,7 +72,8 @@ def _messages_each_step(flags, stage, precision, accumulation, prefix, counter, 
     from megatron.model.gpt_model_pipe import build_gpt_pipe
     from megatron.pipeline_training import pipeline_train_step
     from megatron.startup import prepare_run
-    from megatron.engine import setup_engine, training_setup
+    from megatron.accounting.run_setup import training_setup
+    from megatron.engine import setup_engine
     from megatron.training import train_step
 
     world = torch.distributed.get_world_size()

@@ -18,7 +18,7 @@ from megatron.accounting.measure.host_probe import TrainerSteps
 from megatron.accounting.measure.step_timing import (PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup,
                                                      probes_skipped)
 from megatron.arguments import Args
-from megatron.engine import training_setup
+from megatron.accounting.run_setup import training_setup
 from megatron.initialize import DistInfo
 from megatron.loop_state import LoopState, Schedule, StepResult
 from megatron.model import moe

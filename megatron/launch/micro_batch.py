@@ -41,7 +41,7 @@ def plan_for_flags(argv: list[str], world: int, device_bytes: int, global_batch:
     import torch
 
     from megatron.arguments import parse_args
-    from megatron.engine import training_setup
+    from megatron.accounting.run_setup import training_setup
     from megatron.initialize import DistInfo
     from megatron.tokenizer.tokenizer import padded_vocab_size
 
