@@ -457,8 +457,7 @@ def two_host_part(data_dir: Path, runs_dir: Path, opts) -> dict:
     title = f"Two hosts (tools/virtual_cluster.py), {BANDWIDTH} link, one rank each"
     runs = runs_dir / "two_hosts"
     runs.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(REPO / "tools"))
-    from vcluster import ClusterError, VirtualCluster
+    from tools.vcluster import ClusterError, VirtualCluster
 
     try:
         cluster = VirtualCluster.up(hosts=len(HOSTS), name=CLUSTER_NAME, bandwidth=BANDWIDTH)
