@@ -48,13 +48,22 @@ def imports_of(path: Path, name: str) -> set[str]:
     return found
 
 
+def as_run(imported: str, name: str, modules: dict) -> str:
+    """A script runs with its own folder first on sys.path: a bare import of a sibling is that sibling (bench/chaos.py's
+    `chaos_faults` is bench.chaos_faults, tools/virtual_cluster.py's `vcluster.system` is tools.vcluster.system)."""
+    folder = name.rpartition(".")[0]
+    if folder in SCRIPTS and f"{folder}.{imported.partition('.')[0]}" in modules:
+        return f"{folder}.{imported}"
+    return imported
+
+
 def import_graph() -> dict[str, set[str]]:
     """module -> the repository's modules it imports; importing a.b.c imports the packages a and a.b too."""
     modules = sources()
     graph = {}
     for name, path in modules.items():
         edges = set()
-        for imported in imports_of(path, name):
+        for imported in (as_run(imported, name, modules) for imported in imports_of(path, name)):
             while imported:
                 if imported in modules and imported != name and not name.startswith(imported + "."):
                     edges.add(imported)
@@ -98,6 +107,18 @@ def test_no_import_circle_in_the_repository():
     graph = import_graph()
     assert len(graph) > 80 and "megatron.checkpointing.save_load" in graph
     assert cycles(graph) == []
+
+
+def test_a_bench_imports_common_and_no_other_bench():
+    """What benches share is in bench/common.py: a bench imports it and no other bench (bench/chaos.py its own
+    second file, chaos_faults.py), and common.py imports no bench."""
+    graph = import_graph()
+    own_parts = {"bench.chaos": {"bench.chaos_faults"}}
+    benches = {name: {edge for edge in edges if edge.startswith("bench.")} - own_parts.get(name, set())
+               for name, edges in graph.items() if name.startswith("bench.")}
+    assert len(benches) > 15 and "bench.common" in benches["bench.bench_syncs"]
+    assert {name: sorted(edges) for name, edges in benches.items() if edges - {"bench.common"}} == {}
+    assert benches["bench.common"] == set()
 
 
 def test_the_cycle_finder_finds_a_circle():
