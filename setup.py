@@ -1,6 +1,8 @@
 """Install zero-lab's `megatron` package and build its pybind11 helper extension.
 
-The extension (`megatron.data.helpers`) builds the GPT dataset's sample index in C++.
+The extension (`megatron.data.helpers`) builds the GPT dataset's sample index in C++. The `analysis` and `tools`
+packages are installed too, so that their scripts (`python analysis/summarize.py`, `python tools/...`) import
+`megatron`, `analysis` and `tools.vcluster` from anywhere without editing sys.path.
 """
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import find_packages, setup
@@ -16,7 +18,7 @@ setup(
     name="zero-lab",
     version="0.1.0",
     description="Megatron-DeepSpeed style GPT training with a DeepSpeed ZeRO experiment suite",
-    packages=find_packages(include=["megatron", "megatron.*"]),
+    packages=find_packages(include=["megatron", "megatron.*", "analysis", "tools", "tools.*"]),
     python_requires=">=3.10",
     # Ranges here, exact versions in constraints.txt: scripts/setup.sh installs the constrained versions
     # (what CI runs), while a machine that already has a package within its range (a GPU image's numpy or

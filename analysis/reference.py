@@ -18,12 +18,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# Run as a script (python analysis/reference.py) the repo root is not on sys.path.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from analysis.collect import SummarizeError, collect  # noqa: E402
-from analysis.report import write_atomic  # noqa: E402
-from analysis.run_summary import RunSummary  # noqa: E402
+from analysis.collect import SummarizeError, collect
+from analysis.report import write_atomic
+from analysis.run_summary import RunSummary
 
 REFERENCE_FILE = "reference.json"
 FORMAT = "zero-lab reference sweep"

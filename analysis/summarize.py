@@ -11,15 +11,12 @@ import argparse
 import sys
 from pathlib import Path
 
-# Run as a script (python analysis/summarize.py) the repo root is not on sys.path.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from analysis.collect import SummarizeError, collect  # noqa: E402
-from analysis.compare import compare_markdown  # noqa: E402
-from analysis.plots import make_plots, tradeoff_plot  # noqa: E402
-from analysis.report import (csv_text, json_text, markdown_columns, markdown_table, notes,  # noqa: E402
+from analysis.collect import SummarizeError, collect
+from analysis.compare import compare_markdown
+from analysis.plots import make_plots, tradeoff_plot
+from analysis.report import (csv_text, json_text, markdown_columns, markdown_table, notes,
                              report_markdown, terminal_notes, terminal_table, tradeoff_section, write_atomic)
-from analysis.reference import read_reference  # noqa: E402
+from analysis.reference import read_reference
 
 DEFAULT_SKIP_FIRST = 2
 

@@ -16,25 +16,20 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.bench_gpt_vs_hf import VOCAB, flags, random_batches, toy_dataset, training_bench_parser  # noqa: E402
-from megatron.arguments import parse_args  # noqa: E402
-from megatron.checkpointing import protocol, writer  # noqa: E402
-from megatron.checkpointing.checksum import StreamCRC  # noqa: E402
-from megatron.checkpointing.save_load import save_checkpoint  # noqa: E402
-from megatron.checkpointing.writer import FlushingCheckpointEngine  # noqa: E402
-from megatron.initialize import DistInfo, initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
-from megatron.model import GPTModel# noqa: E402
+from common import VOCAB, random_batches, stage_args, start_ranks, toy_dataset, training_bench_parser
 from megatron import accounting
-from megatron.startup import prepare_run  # noqa: E402
-from megatron.engine import setup_engine  # noqa: E402
-from megatron.training import train_step  # noqa: E402
+from megatron.checkpointing import protocol, writer
+from megatron.checkpointing.checksum import StreamCRC
+from megatron.checkpointing.save_load import save_checkpoint
+from megatron.checkpointing.writer import FlushingCheckpointEngine
+from megatron.initialize import DistInfo, set_seed
+from megatron.model import GPTModel
+from megatron.engine import setup_engine
+from megatron.training import train_step
 
 MODES = ("without manifest", "manifest")
 
@@ -71,7 +66,7 @@ def bench_options(argv):
     parser.set_defaults(num_layers=4, hidden_size=1024, num_attention_heads=16, seq_length=64, micro_batch_size=1,
                         gradient_accumulation=1, warmup=1)
     opts = parser.parse_args(argv)
-    opts.compile = False  # bench_gpt_vs_hf.flags reads it
+    opts.compile = False  # common.flags reads it
     return opts
 
 
@@ -132,13 +127,9 @@ def measure(args, opts, dist_info: DistInfo):
 
 def main(argv) -> int:
     import torch.distributed as dist
-    from deepspeed.accelerator import get_accelerator
-    from megatron.core.parallel_state import ParallelLayout, ParallelState
 
     opts = bench_options(argv)
-    silence_known_warnings()
-    dist_info = initialize_distributed(timeout_minutes=10.0)
-    dist_info = replace(dist_info, parallel=ParallelState.build(ParallelLayout(dist_info.world_size)))
+    dist_info = start_ranks()
     with tempfile.TemporaryDirectory() as tmp:
         prefix = toy_dataset(Path(tmp))
         # one folder for all ranks: rank 0's (ZL_BENCH_SAVE_DIR puts it on another filesystem)
@@ -147,8 +138,7 @@ def main(argv) -> int:
         save_dir = found[0]
         rows = []
         for stage in opts.stages.split(","):
-            args, _ = prepare_run(parse_args([*flags(opts, stage, prefix, dist_info.world_size), "--save", save_dir],
-                                             dist_info.world_size, get_accelerator().device_name()), verbose=False)
+            args = stage_args(opts, stage, prefix, dist_info, "--save", save_dir)
             rows.append((stage, *measure(args, opts, dist_info)))
             if dist_info.rank == 0:
                 shutil.rmtree(save_dir, ignore_errors=True)

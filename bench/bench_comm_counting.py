@@ -18,36 +18,24 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.bench_gpt_vs_hf import (  # noqa: E402
-    VOCAB,
-    flags,
-    random_batches,
-    synchronize,
-    toy_dataset,
-    training_bench_parser,
-)
-from megatron.accounting.measure import comm_counter  # noqa: E402
-from megatron.arguments import parse_args  # noqa: E402
-from megatron.startup import prepare_run  # noqa: E402
-from megatron.initialize import DistInfo, initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
-from megatron.model import GPTModel# noqa: E402
+from common import VOCAB, random_batches, stage_args, start_ranks, synchronize, toy_dataset, training_bench_parser
 from megatron import accounting
-from megatron.engine import setup_engine  # noqa: E402
-from megatron.training import train_step  # noqa: E402
+from megatron.accounting.measure import comm_counter
+from megatron.initialize import DistInfo, set_seed
+from megatron.model import GPTModel
+from megatron.engine import setup_engine
+from megatron.training import train_step
 
 MODES = ("off", "counter", "deepspeed logger")
 
 
 def bench_options(argv):
     opts = training_bench_parser(__doc__, "1,3", 30, "timed steps per mode").parse_args(argv)
-    opts.compile = False  # bench_gpt_vs_hf.flags reads it
+    opts.compile = False  # common.flags reads it
     return opts
 
 
@@ -121,19 +109,13 @@ def counting_cost_us(repeat: int = 200_000) -> float:
 
 
 def main(argv) -> int:
-    from deepspeed.accelerator import get_accelerator
-    from megatron.core.parallel_state import ParallelLayout, ParallelState
-
     opts = bench_options(argv)
-    silence_known_warnings()  # as pretrain_gpt.py: torch 2.13 deprecates the collectives DeepSpeed calls
-    dist_info = initialize_distributed(timeout_minutes=10.0)
-    dist_info = replace(dist_info, parallel=ParallelState.build(ParallelLayout(dist_info.world_size)))
+    dist_info = start_ranks()
     rows, cost_us = [], counting_cost_us()
     with tempfile.TemporaryDirectory() as tmp:
         prefix = toy_dataset(Path(tmp))
         for stage in opts.stages.split(","):
-            args, _ = prepare_run(parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size,
-                                             get_accelerator().device_name()), verbose=False)
+            args = stage_args(opts, stage, prefix, dist_info)
             seconds, sent, calls = measure(args, opts, dist_info)
             tokens_per_step = args.training.global_batch_size * opts.seq_length
             rate = {mode: tokens_per_step / float(np.median(seconds[mode])) for mode in MODES}

@@ -11,18 +11,14 @@ the kept logits buffer and fused AdamW, each against the alternative, in one run
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-from bench_gpt_vs_hf import HFAdapter  # noqa: E402
-from megatron.core.scratch import ScratchBuffers  # noqa: E402
-from megatron.core.tensor_parallel import vocab_parallel_lm_loss  # noqa: E402
-from megatron.model import GPTConfig, GPTModel  # noqa: E402
+from common import HFAdapter
+from megatron.core.scratch import ScratchBuffers
+from megatron.core.tensor_parallel import vocab_parallel_lm_loss
+from megatron.model import GPTConfig, GPTModel
 
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 128
 

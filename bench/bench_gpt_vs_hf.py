@@ -18,94 +18,30 @@ the output layer and loss, our fused vocab_parallel_lm_loss against F.linear + F
               --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 --micro-batch-size 8
           (bench/gpu_suite.sh runs it this way on the visible GPUs, with and without --compile)
 """
-import argparse
 import gc
 import json
 import sys
 import tempfile
-import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from megatron.arguments import parse_args  # noqa: E402
-from megatron.startup import prepare_run  # noqa: E402
-from megatron.core.scratch import ScratchBuffers  # noqa: E402
-from megatron.core.tensor_parallel import vocab_parallel_lm_loss  # noqa: E402
-from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder  # noqa: E402
-from megatron.initialize import DistInfo, initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
-from megatron.model import GPTModel# noqa: E402
+from common import (VOCAB, HFAdapter, random_batches, stage_args, start_ranks, timed_steps, toy_dataset,
+                    training_bench_parser)
 from megatron import accounting
-from megatron.engine import setup_engine  # noqa: E402
-from megatron.training import train_step  # noqa: E402
-
-VOCAB = 50257
-
-
-class HFAdapter(torch.nn.Module):
-    """GPT2LMHeadModel behind our model's call: (input_ids, position_ids, labels) -> per-token loss."""
-
-    def __init__(self, config):
-        super().__init__()
-        from transformers import GPT2Config, GPT2LMHeadModel
-        hf_config = GPT2Config(vocab_size=config.padded_vocab_size, n_positions=config.max_position_embeddings,
-                               n_embd=config.hidden_size, n_layer=config.num_layers, n_head=config.num_attention_heads,
-                               n_inner=config.ffn_hidden_size, resid_pdrop=config.hidden_dropout,
-                               embd_pdrop=config.hidden_dropout, attn_pdrop=config.attention_dropout,
-                               layer_norm_epsilon=config.layernorm_epsilon, initializer_range=config.init_method_std)
-        hf_config._attn_implementation = "sdpa"
-        self.model = GPT2LMHeadModel(hf_config).to(config.params_dtype)
-
-    def forward(self, input_ids, position_ids, labels):
-        logits = self.model(input_ids=input_ids, position_ids=position_ids).logits
-        return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
-
-
-def training_bench_parser(description: str, stages: str, steps: int, steps_help: str) -> argparse.ArgumentParser:
-    """The options of the benches that train through setup_engine and train_step (this one and
-    bench_comm_counting.py): model shape, batch, ZeRO stages, warm-up and timed steps, dtype, output."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-layers", type=int, default=2)
-    parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--num-attention-heads", type=int, default=4)
-    parser.add_argument("--seq-length", type=int, default=128)
-    parser.add_argument("--micro-batch-size", type=int, default=4)
-    parser.add_argument("--gradient-accumulation", type=int, default=2,
-                        help="micro-batches per step (global batch = micro x ranks x this)")
-    parser.add_argument("--stages", default=stages)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
-    parser.add_argument("--bf16", action="store_true")
-    parser.add_argument("--json", default=None, help="also write the results here (rank 0)")
-    parser.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
-    return parser
+from megatron.core.scratch import ScratchBuffers
+from megatron.core.tensor_parallel import vocab_parallel_lm_loss
+from megatron.initialize import DistInfo, set_seed
+from megatron.model import GPTModel
+from megatron.engine import setup_engine
 
 
 def bench_options(argv):
     parser = training_bench_parser(__doc__, "0,1,2,3", 8, "timed steps per run; each model runs twice")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models (--compile of pretrain_gpt)")
     return parser.parse_args(argv)
-
-
-def toy_dataset(folder: Path) -> str:
-    """prepare_run checks --data-path exists; the bench feeds random batches instead of reading it."""
-    prefix = str(folder / "bench_text_document")
-    builder = MMapIndexedDatasetBuilder(prefix + ".bin", np.uint16)
-    builder.add_item(np.arange(4096) % VOCAB)
-    builder.end_document()
-    builder.finalize(prefix + ".idx")
-    return prefix
-
-
-def random_batches(opts, device_seed: int):
-    generator = torch.Generator().manual_seed(device_seed)
-    while True:
-        yield {"text": torch.randint(0, VOCAB, (opts.micro_batch_size, opts.seq_length + 1), generator=generator)}
 
 
 def measure(builder_name, args, opts, dist_info: DistInfo, config) -> list[float]:
@@ -119,36 +55,6 @@ def measure(builder_name, args, opts, dist_info: DistInfo, config) -> list[float
     del engine
     gc.collect()
     return seconds
-
-
-def timed_steps(engine, batches, args, opts, dist_info: DistInfo) -> list[float]:
-    """Seconds of each of opts.steps training steps after opts.warmup, the device synchronized around each."""
-    seconds = []
-    for step in range(opts.warmup + opts.steps):
-        synchronize(dist_info)
-        start = time.perf_counter()
-        train_step(engine, batches, args, dist_info, eod=VOCAB - 1)
-        synchronize(dist_info)
-        if step >= opts.warmup:
-            seconds.append(time.perf_counter() - start)
-    return seconds
-
-
-def synchronize(dist_info: DistInfo) -> None:
-    if dist_info.on_cuda:
-        torch.cuda.synchronize()
-    torch.distributed.barrier()
-
-
-def flags(opts, stage: str, prefix: str, world_size: int) -> list[str]:
-    return ["--num-layers", str(opts.num_layers), "--hidden-size", str(opts.hidden_size),
-            "--num-attention-heads", str(opts.num_attention_heads), "--seq-length", str(opts.seq_length),
-            "--micro-batch-size", str(opts.micro_batch_size),
-            "--global-batch-size", str(opts.micro_batch_size * world_size * opts.gradient_accumulation),
-            "--train-iters", str(opts.warmup + opts.steps),
-            "--zero-stage", stage, "--data-path", prefix, "--tokenizer-type", "NullTokenizer",
-            "--vocab-size", str(VOCAB), "--lr", "1e-4", *(["--bf16"] if opts.bf16 else []),
-            *(["--compile"] if opts.compile else [])]
 
 
 # The kernels F.scaled_dot_product_attention dispatches to, by the aten op the profiler records.
@@ -199,24 +105,6 @@ def loss_peak_mib(config, opts, device) -> dict | None:
     return {"fused": peak(lambda: vocab_parallel_lm_loss(hidden, weight, target, None, ScratchBuffers())),
             "linear + cross_entropy": peak(lambda: F.cross_entropy(F.linear(hidden, weight).float(), target,
                                                                    reduction="none"))}
-
-
-def start_ranks() -> DistInfo:
-    """This process's rank of a data-parallel bench, started as pretrain_gpt.py starts one."""
-    from megatron.core.parallel_state import ParallelLayout, ParallelState
-
-    silence_known_warnings()  # as pretrain_gpt.py: torch 2.13 deprecates the collectives DeepSpeed calls
-    dist_info = initialize_distributed(timeout_minutes=10.0)
-    return replace(dist_info, parallel=ParallelState.build(ParallelLayout(dist_info.world_size)))
-
-
-def stage_args(opts, stage: str, prefix: str, dist_info: DistInfo):
-    """The run's Args at one ZeRO stage, prepared as pretrain_gpt.py prepares them."""
-    from deepspeed.accelerator import get_accelerator
-
-    args, _ = prepare_run(parse_args(flags(opts, stage, prefix, dist_info.world_size), dist_info.world_size,
-                                     get_accelerator().device_name()), verbose=False)
-    return args
 
 
 def main(argv) -> int:

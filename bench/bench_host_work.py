@@ -25,24 +25,24 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # pretrain_gpt.py, in the repository root
 
 import megatron.training as training  # noqa: E402
+from common import counting_host_reads, start_ranks  # noqa: E402
 from megatron.accounting.report import build_reporter  # noqa: E402
-from megatron.engine import setup_engine  # noqa: E402
-from megatron.loop_state import LoopState, Schedule  # noqa: E402
 from megatron.arguments import parse_args  # noqa: E402
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder  # noqa: E402
+from megatron.engine import setup_engine  # noqa: E402
 from megatron.exit_signal import ExitSignalHandler  # noqa: E402
-from megatron.initialize import initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
-from megatron.model import GPTModel# noqa: E402
-from megatron import accounting
+from megatron.initialize import set_seed  # noqa: E402
+from megatron.model import GPTModel  # noqa: E402
+from megatron.loop_state import LoopState, Schedule  # noqa: E402
+from megatron import accounting  # noqa: E402
 from megatron.startup import prepare_run  # noqa: E402
 from pretrain_gpt import build_data_iterators  # noqa: E402
 
@@ -96,41 +96,6 @@ def before_step(engine, data_iterator, args, dist_info, eod, probe_memory=False)
     training._synchronize(dist_info)
     result.loss = training.data_parallel_mean(result.loss, dist_info)  # all-reduce and .item()
     return result
-
-
-# The host reads a step can make: each waits for the device to finish the work queued before it
-HOST_READS = (("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"), ("synchronize",))
-
-
-@contextlib.contextmanager
-def counting_host_reads(counts: dict, roots: tuple[str, ...], names: tuple = HOST_READS):
-    """Count, in counts[(method, file, line)], the host reads made by code in files under `roots`: the torch.Tensor
-    methods names[0] (a .cpu()/.numpy() of a tensor already on the host is counted too: on CPU ranks every tensor
-    is) and the accelerator's methods names[1] (its synchronize). The methods are wrapped, not replaced: the
-    engine runs as it would."""
-    from deepspeed.accelerator import get_accelerator
-
-    owners = [(torch.Tensor, name) for name in names[0]] + [(type(get_accelerator()), name) for name in names[1]]
-    originals = [(owner, name, owner.__dict__[name] if name in owner.__dict__ else None) for owner, name in owners]
-
-    def wrap(name, original):
-        def read(*args, **kwargs):
-            caller = sys._getframe(1)
-            if caller.f_code.co_filename.startswith(roots):
-                key = (name, caller.f_code.co_filename, caller.f_lineno)
-                counts[key] = counts.get(key, 0) + 1
-            return original(*args, **kwargs)
-        return read
-    for owner, name in owners:
-        setattr(owner, name, wrap(name, getattr(owner, name)))
-    try:
-        yield
-    finally:
-        for owner, name, original in originals:
-            if original is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
 
 
 @contextlib.contextmanager
@@ -200,13 +165,9 @@ def signal_default():
 
 
 def main(argv) -> int:
-    from megatron.core.parallel_state import ParallelLayout, ParallelState
-
     opts = options(argv)
-    silence_known_warnings()
     torch.set_num_threads(1)
-    dist_info = initialize_distributed(timeout_minutes=10.0)
-    dist_info = replace(dist_info, parallel=ParallelState.build(ParallelLayout(dist_info.world_size)))
+    dist_info = start_ranks()
     runs = {"ours": [], "before": []}
     with tempfile.TemporaryDirectory() as tmp:
         folder = [tmp]

@@ -16,14 +16,11 @@ and fails unless both references equal the C++ output. Wall and CPU seconds are 
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from megatron.data import helpers  # noqa: E402
-from megatron.data.gpt_dataset import SampleSpec, build_index_arrays  # noqa: E402
+from megatron.data import helpers
+from megatron.data.gpt_dataset import SampleSpec, build_index_arrays
 
 
 def timed(function, *args):

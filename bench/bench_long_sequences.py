@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,21 +38,16 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from analysis.log_parser import parse_log  # noqa: E402
-from bench.bench_step_time import (BenchError, OtherWork, end_of_bench, exit_with, free_port, machine,  # noqa: E402
-                                   stop_on_sigterm)
-from megatron import accounting  # noqa: E402
-from megatron.model.config import GPTConfig  # noqa: E402
-from megatron.model.presets import MODEL_PRESETS  # noqa: E402
+from analysis.log_parser import parse_log
+from common import (BYTE_PADDED_VOCAB, BYTE_VOCAB, REPO, BenchError, OtherWork, byte_data, end, end_of_bench,
+                    exit_with, free_port, machine, stop_on_sigterm)
+from megatron import accounting
+from megatron.model.config import GPTConfig
+from megatron.model.presets import MODEL_PRESETS
 
 MiB = 2**20
 GB = 2**30  # the log lines' GB
 STEP = 128  # tokens: the longest-sequence search's step (divisible by every SP size run)
-VOCAB = 256  # bytes; NullTokenizer adds the end-of-document id (257), padded to 384
-PADDED_VOCAB = 384
 LOG_INTERVAL = 2
 SHAPE = MODEL_PRESETS["tiny"]
 
@@ -93,7 +87,7 @@ class Row:
 
 def model_config(seq_length: int) -> GPTConfig:
     return GPTConfig(**SHAPE, seq_length=seq_length, max_position_embeddings=seq_length,
-                     padded_vocab_size=PADDED_VOCAB, hidden_dropout=0.0, attention_dropout=0.0,
+                     padded_vocab_size=BYTE_PADDED_VOCAB, hidden_dropout=0.0, attention_dropout=0.0,
                      use_rotary_position_embeddings=True)
 
 
@@ -135,22 +129,6 @@ def lengths_to_run(longest: int) -> list[int]:
 
 # ---- one run ----
 
-def prepare_data(folder: Path) -> Path:
-    """The committed dolly sample as UTF-8 bytes, one id per byte, through tools/preprocess_data.py."""
-    folder.mkdir(parents=True, exist_ok=True)
-    corpus = folder / "dolly_bytes.jsonl"
-    with open(REPO / "data" / "samples" / "dolly-sample.jsonl") as source, open(corpus, "w") as out:
-        for line in source:
-            record = json.loads(line)
-            text = "\n".join(value for value in record.values() if isinstance(value, str) and value)
-            out.write(json.dumps({"text": " ".join(str(byte) for byte in text.encode())}) + "\n")
-    done = subprocess.run([sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", str(corpus),
-                           "--output-prefix", str(folder / "dolly_bytes"), "--tokenizer-type", "NullTokenizer",
-                           "--vocab-size", str(VOCAB), "--append-eod"], capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        raise SystemExit(f"error: tools/preprocess_data.py failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return folder / "dolly_bytes_text_document"
-
 
 def command(data: Path, ranks: int, sp: int, seq_length: int, iters: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
@@ -161,7 +139,7 @@ def command(data: Path, ranks: int, sp: int, seq_length: int, iters: int) -> lis
             "--ds-sequence-parallel-size", str(sp), "--zero-stage", "1", "--train-iters", str(iters),
             "--log-interval", str(LOG_INTERVAL), "--eval-interval", str(iters + 1), "--eval-iters", "0",
             "--lr", "1e-3", "--hidden-dropout", "0", "--attention-dropout", "0", "--data-path", str(data),
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB)]
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", str(BYTE_VOCAB)]
 
 
 def run(data: Path, ranks: int, sp: int, seq_length: int, iters: int, output: Path, timeout: float) -> Path:
@@ -183,17 +161,6 @@ def run(data: Path, ranks: int, sp: int, seq_length: int, iters: int, output: Pa
         tail = output.read_text().strip().splitlines()[-1:] or ["no output"]
         raise BenchError(f"exit {process.returncode}: {tail[0]} (output: {output})")
     return output
-
-
-def end(process: subprocess.Popen) -> None:
-    """torchrun passes SIGTERM on to its ranks (each in a session of its own, out of reach of a killpg) and waits
-    for them; SIGKILL to its group only if that takes over 30 s."""
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def summarize(path: Path, ranks: int, sp: int, seq_length: int, longest: bool) -> Row:
@@ -369,7 +336,7 @@ def main(argv) -> int:
         print(paper_check()[0])
         return 0
     with tempfile.TemporaryDirectory(prefix="bench_long_sequences.") as tmp:
-        data = prepare_data(Path(tmp) / "data")
+        data = byte_data(Path(tmp) / "data")
         runs_dir = Path(opts.runs_dir or Path(tmp) / "runs").resolve()
         runs_dir.mkdir(parents=True, exist_ok=True)
         start, started = machine(), time.monotonic()

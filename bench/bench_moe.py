@@ -6,7 +6,7 @@ Every run: pretrain_gpt.py on 2 CPU ranks (torchrun, gloo), ZeRO-1, fp32, the ti
 hidden 128, 4 heads) with rotary positions, dropout off, sequences of 256, micro-batch 4, global batch 8 (DP=2,
 no accumulation), the same learning-rate schedule (2e-3, warmed up over the first 20% of the iterations, then
 cosine decay) and iterations, on the committed dolly sample as UTF-8 bytes
-(NullTokenizer --vocab-size 256, padded to 384; bench_long_sequences.prepare_data). Bytes, not GPT-2's 50k
+(NullTokenizer --vocab-size 256, padded to 384; common.byte_data). Bytes, not GPT-2's 50k
 vocabulary: with GPT-2's the tiny model's output layer holds 6.4M of its 7M parameters and most of its FLOPs, so
 the MLPs that MoE changes would hardly show in the loss. Split 90/10: the validation loss is the evaluation at the
 last iteration on the held-out 10% (EVAL_ITERS batches of 8 sequences).
@@ -34,15 +34,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from analysis.log_parser import parse_log  # noqa: E402
-from bench.bench_long_sequences import PADDED_VOCAB, VOCAB, end, prepare_data  # noqa: E402
-from bench.bench_step_time import BenchError, end_of_bench, exit_with, free_port, machine, stop_on_sigterm  # noqa: E402
-from megatron import accounting  # noqa: E402
-from megatron.model.config import GPTConfig  # noqa: E402
-from megatron.model.presets import MODEL_PRESETS  # noqa: E402
+from analysis.log_parser import parse_log
+from common import (BYTE_PADDED_VOCAB, BYTE_VOCAB, REPO, BenchError, byte_data, end, end_of_bench, exit_with,
+                    free_port, machine, stop_on_sigterm)
+from megatron import accounting
+from megatron.model.config import GPTConfig
+from megatron.model.presets import MODEL_PRESETS
 
 MiB = 2**20
 GB = 2**30  # the log lines' GB
@@ -88,7 +85,7 @@ class Variant:
         return flags + ([] if self.dropping else ["--disable-moe-token-dropping"])
 
     def config(self) -> GPTConfig:
-        return GPTConfig(**SHAPE, seq_length=SEQ, max_position_embeddings=SEQ, padded_vocab_size=PADDED_VOCAB,
+        return GPTConfig(**SHAPE, seq_length=SEQ, max_position_embeddings=SEQ, padded_vocab_size=BYTE_PADDED_VOCAB,
                          ffn_hidden_size=self.ffn, hidden_dropout=0.0, attention_dropout=0.0,
                          use_rotary_position_embeddings=True, num_experts=[self.experts], expert_interval=1,
                          topk=self.topk, moe_expert_parallel_size=EP if self.experts > 1 else 1,
@@ -136,7 +133,7 @@ def command(data: Path, variant: Variant, iters: int, log_interval: int) -> list
             "--zero-stage", "1", "--train-iters", str(iters), "--log-interval", str(log_interval),
             "--eval-interval", str(iters), "--eval-iters", str(EVAL_ITERS), "--split", "90,10,0",
             "--lr", str(LR), "--lr-warmup-fraction", str(WARMUP_FRACTION), "--hidden-dropout", "0", "--attention-dropout", "0", "--data-path", str(data),
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB), *variant.flags()]
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", str(BYTE_VOCAB), *variant.flags()]
 
 
 def run(data: Path, variant: Variant, opts, output: Path) -> Path:
@@ -269,7 +266,7 @@ def main(argv) -> int:
     opts = options(argv)
     stop_on_sigterm()  # the running torchrun is ended on the way out (run's finally)
     with tempfile.TemporaryDirectory(prefix="bench_moe.") as tmp:
-        data = prepare_data(Path(tmp) / "data")
+        data = byte_data(Path(tmp) / "data")
         runs_dir = Path(opts.runs_dir or Path(tmp) / "runs").resolve()
         runs_dir.mkdir(parents=True, exist_ok=True)
         start, started = machine(), time.monotonic()

@@ -31,11 +31,11 @@ from pathlib import Path
 
 import regex
 
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
+from megatron.tokenizer import GPT2BPETokenizer
+from megatron.tokenizer.gpt2_bpe import GPT2_PAT_STR, bytes_to_unicode
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype  # noqa: E402
-from megatron.tokenizer import GPT2BPETokenizer  # noqa: E402
-from megatron.tokenizer.gpt2_bpe import GPT2_PAT_STR, bytes_to_unicode  # noqa: E402
 
 DOLLY_SAMPLE = REPO / "data" / "samples" / "dolly-sample.jsonl"
 

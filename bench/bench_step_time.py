@@ -38,7 +38,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,7 +46,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import REPO, BenchError, OtherWork, Stopped, free_port, machine, stop_on_sigterm
+
 LOCAL_EXPERIMENTS = ("DP", "Z1", "Z2", "Z3", "Z3_OL", "Z3_NVMe")
 TWO_HOST_EXPERIMENTS = ("Z1", "Z3")
 HOSTS = ("node0", "node1")
@@ -150,10 +150,6 @@ def _means(dicts: list[dict[str, float]]) -> dict[str, float]:
     return {name: statistics.fmean(d[name] for d in dicts) for name in names}
 
 
-class BenchError(Exception):
-    """A run that gave nothing to compare; the message says why."""
-
-
 # ---- printing ----
 
 def table(results: list[Result], failures: dict[str, str]) -> str:
@@ -245,31 +241,6 @@ def report(title: str, results: list[Result], failures: dict[str, str], targets:
 
 # ---- what else the machine does ----
 
-def busy_seconds() -> float:
-    """CPU seconds the whole machine has spent busy since boot (/proc/stat: user, nice, system, irq, softirq;
-    not idle, iowait or the hypervisor's steal)."""
-    with open("/proc/stat") as stat:
-        user, nice, system, _idle, _iowait, irq, softirq = map(int, stat.readline().split()[1:8])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
-def own_seconds() -> float:
-    """CPU seconds of this process and of every descendant that has ended (each waited for by its parent)."""
-    times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
-
-
-class OtherWork:
-    """Cores the machine spent on anything but this bench and its runs between start() and cores()."""
-
-    def start(self) -> "OtherWork":
-        self.wall, self.busy, self.own = time.monotonic(), busy_seconds(), own_seconds()
-        return self
-
-    def cores(self) -> float:
-        wall = time.monotonic() - self.wall
-        return max(0.0, (busy_seconds() - self.busy) - (own_seconds() - self.own)) / wall
-
 
 def wait_for_quiet(minutes: float, threshold: float = 0.25, window: float = 15.0) -> None:
     """Wait (at most `minutes`) until other work uses under `threshold` cores over `window` seconds."""
@@ -281,36 +252,6 @@ def wait_for_quiet(minutes: float, threshold: float = 0.25, window: float = 15.0
         if cores < threshold or time.monotonic() > deadline:
             return
         print(f"[bench] other work uses {cores:.2f} cores: waiting for a quiet machine", file=sys.stderr, flush=True)
-
-
-class Stopped(Exception):
-    """SIGTERM: the runs and the virtual cluster are taken down on the way out (finally clauses)."""
-
-
-def stop_on_sigterm() -> None:
-    def stop(signum, frame):
-        raise Stopped(f"stopped by signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-
-
-def exit_with(main) -> None:
-    """sys.exit(main(sys.argv[1:])) for a bench that calls stop_on_sigterm(): a SIGTERM ends it in one line, once the
-    finally clauses on the way out have ended the running torchrun."""
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except Stopped as stopped:
-        sys.exit(f"[bench] {stopped}: the running torchrun and its ranks were ended")
-
-
-def end_of_bench(started: float, start: dict, json_path: str | None, **record) -> None:
-    """A bench's last line (the load average at the end and its wall time) and, with --json, its record: the machine
-    at the start (machine()) and at the end, and `record`."""
-    load_end = round(os.getloadavg()[0], 2)
-    print(f"load average at the end: {load_end}; bench wall time {time.monotonic() - started:.0f} s")
-    if json_path:
-        record = dict(machine={**start, "load_average_end": load_end}, **record)
-        Path(json_path).write_text(json.dumps(record, indent=2) + "\n")
 
 
 # ---- running the drivers ----
@@ -337,12 +278,6 @@ def prepare_data(folder: Path) -> Path:
     if done.returncode != 0:
         raise SystemExit(f"error: tools/process_databricks_gpt2.sh failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return folder
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def driver(experiment: str) -> str:
@@ -457,8 +392,7 @@ def two_host_part(data_dir: Path, runs_dir: Path, opts) -> dict:
     title = f"Two hosts (tools/virtual_cluster.py), {BANDWIDTH} link, one rank each"
     runs = runs_dir / "two_hosts"
     runs.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(REPO / "tools"))
-    from vcluster import ClusterError, VirtualCluster
+    from tools.vcluster import ClusterError, VirtualCluster
 
     try:
         cluster = VirtualCluster.up(hosts=len(HOSTS), name=CLUSTER_NAME, bandwidth=BANDWIDTH)
@@ -483,23 +417,6 @@ def two_host_part(data_dir: Path, runs_dir: Path, opts) -> dict:
 
 
 # ---- the bench ----
-
-def machine() -> dict:
-    import deepspeed
-    import torch
-
-    return dict(cpus=os.cpu_count(), load_average=round(os.getloadavg()[0], 2), torch=torch.__version__,
-                deepspeed=deepspeed.__version__, commit=commit(), date=time.strftime("%Y-%m-%d %H:%M"))
-
-
-def commit() -> str:
-    """HEAD's short hash, and which tracked files differ from it (a shared checkout may hold others' edits)."""
-    def git(*args):
-        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
-    changed = git("diff", "--name-only", "HEAD")
-    return head if not changed else f"{head} with uncommitted changes to {', '.join(changed.splitlines())}"
 
 
 def options(argv):

@@ -6,7 +6,7 @@ Per stage, two engines from setup_engine over the same flags, run one after the 
   after:  zero-lab's settings, as every run has them.
 Each trains --warmup steps, then --steps timed steps (tokens/s from the median), then --count-steps steps counted:
   host reads: .item(), bool()/float()/int() of a tensor, .tolist(), .cpu()/.numpy() and the accelerator's synchronize
-              made in zero-lab's and DeepSpeed's frames (bench/bench_host_work.py's counting_host_reads, the counter
+              made in zero-lab's and DeepSpeed's frames (bench/common.py's counting_host_reads, the counter
               of tests/test_host_syncs.py); on a CPU rank this is the whole count,
   on CUDA, from torch.profiler: the CUDA runtime's synchronizing calls (cudaDeviceSynchronize, cudaStreamSynchronize,
               cudaEventSynchronize) and the device-to-host copies (Memcpy DtoH), whoever made them.
@@ -27,16 +27,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.bench_gpt_vs_hf import VOCAB, random_batches, stage_args, start_ranks, synchronize  # noqa: E402
-from bench.bench_gpt_vs_hf import timed_steps, toy_dataset, training_bench_parser  # noqa: E402
-from bench.bench_host_work import counting_host_reads  # noqa: E402
-from megatron.initialize import set_seed  # noqa: E402
-from megatron.model import GPTModel# noqa: E402
+from common import (VOCAB, counting_host_reads, random_batches, stage_args, start_ranks, synchronize, timed_steps,
+                    toy_dataset, training_bench_parser)
 from megatron import accounting
-from megatron.engine import setup_engine  # noqa: E402
-from megatron.training import train_step  # noqa: E402
+from megatron.initialize import set_seed
+from megatron.model import GPTModel
+from megatron.engine import setup_engine
+from megatron.training import train_step
 
 MEGATRON = str(Path(__file__).resolve().parent.parent / "megatron")
 SIDES = ("before", "after")

@@ -35,13 +35,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tools"), str(REPO / "bench")]
+from analysis.collect import collect
+from chaos_faults import HOSTS, ChaosError, Fault, Injector, LogWatch, TwoHostJob
+from megatron.checkpointing import protocol
+from tools.vcluster import ClusterError, VirtualCluster
 
-from analysis.collect import collect  # noqa: E402
-from chaos_faults import HOSTS, ChaosError, Fault, Injector, LogWatch, TwoHostJob  # noqa: E402
-from megatron.checkpointing import protocol  # noqa: E402
-from vcluster import ClusterError, VirtualCluster  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 KINDS = ("kill_rank", "kill_rank_saving", "cut_link", "sigterm_job", "full_disk", "flip_byte")
 SAVE_INTERVAL = 2

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron.checkpointing import protocol
-from vcluster import VirtualCluster
+from tools.vcluster import VirtualCluster
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTS = ("node0", "node1")

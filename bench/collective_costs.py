@@ -15,13 +15,11 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from megatron.accounting.measure.comm_probe import probe_link  # noqa: E402
-from megatron.accounting.predict.step_time import COST_FACTORS  # noqa: E402
+from megatron.accounting.measure.comm_probe import probe_link
+from megatron.accounting.predict.step_time import COST_FACTORS
 
 
 def main(argv) -> int:

@@ -18,9 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.gpu_suite_report import REPO, bench_lines, machine_lines, step_lines, version_lines  # noqa: E402
+from common import bench_lines, machine_lines, step_lines, version_lines
 
 # The issue's targets: tokens/s of DP, Z2 and Z3 at least this share of Z1's (125M, one GPU, no offload)
 SHARE_OF_Z1 = {"DP": 0.90, "Z2": 0.80, "Z3": 0.80}

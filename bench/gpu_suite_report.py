@@ -10,94 +10,12 @@ rows are "NAME<tab>MINUTES<tab>WHAT" (MINUTES "-" for a background step), RUNS/s
 """
 import argparse
 import datetime
-import json
-import os
-import platform
 import shutil
-import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
-import psutil
-import torch
+from common import REPO, bench_lines, machine_lines, step_lines, version_lines
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def machine_lines() -> list[str]:
-    if torch.cuda.is_available():
-        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        memory = torch.cuda.get_device_properties(0).total_memory / 2**30
-        gpus = f"{len(names)} x {names[0]} ({memory:.0f} GiB)"
-    else:
-        gpus = "none visible to torch"
-    driver = "n/a"
-    if shutil.which("nvidia-smi"):
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True).stdout.split("\n")[0]
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return [f"- GPUs: {gpus}, driver {driver or 'n/a'}",
-            f"- CPU: {os.cpu_count()} x {cpu}, {psutil.virtual_memory().total / 2**30:.0f} GiB memory",
-            f"- {platform.platform()}"]
-
-
-def version_lines() -> list[str]:
-    def version(name):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "not installed"
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
-    changed = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=normal"],
-                             capture_output=True, text=True).stdout.strip()
-    if changed:  # what ran is not that commit alone
-        commit += f" with {len(changed.splitlines())} changed or new files not committed"
-    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    return [f"- Python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}, "
-            f"cuDNN {cudnn}), deepspeed {version('deepspeed')}, transformers {version('transformers')}",
-            f"- zero-lab commit {commit}"]
-
-
-def bench_lines(path: Path) -> list[str]:
-    if not path.is_file():
-        return [f"(no {path.name}: the bench did not finish)"]
-    rows = json.loads(path.read_text())
-    lines = ["| ZeRO stage | ours tokens/s | HF tokens/s | ours/HF | ours TFLOPs/GPU | ours MFU |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for row in rows:
-        mfu = "n/a" if row["ours_mfu"] is None else f"{100 * row['ours_mfu']:.1f}%"
-        lines.append(f"| {row['stage']} | {row['ours_tokens_per_s']:.0f} | {row['hf_tokens_per_s']:.0f} | "
-                     f"{row['ratio']:.2f}x | {row['ours_tflops_per_rank']:.1f} | {mfu} |")
-    first = rows[0]
-    lines.append("")
-    lines.append(f"Attention: SDPA ran {', '.join(first['attention_kernels']) or 'no SDPA kernel'}.")
-    if first["loss_peak_mib"]:
-        lines.append("Output layer + loss, one micro-batch forward + backward, peak allocator memory: " +
-                     ", ".join(f"{name} {mib:.0f} MiB" for name, mib in first["loss_peak_mib"].items()) + ".")
-    return lines
-
-
-def step_lines(plan: list[str], steps_file: Path) -> list[str]:
-    """The quick profile's plan beside what each step took (steps.tsv, written as each step ended)."""
-    took = {}
-    if steps_file.is_file():
-        for line in steps_file.read_text().splitlines():
-            name, seconds = line.split("\t")
-            took[name] = int(seconds)
-    lines = ["| step | expected min | took min | what |", "| --- | ---: | ---: | --- |"]
-    planned_total = 0.0
-    for row in plan:
-        name, minutes, what = row.split("\t")
-        planned_total += 0.0 if minutes == "-" else float(minutes)
-        spent = f"{took[name] / 60:.1f}" if name in took else "n/a"
-        lines.append(f"| {name} | {minutes} | {spent} | {what} |")
-    measured = sum(seconds for name, seconds in took.items() if name != "op_build")  # it ran beside the drivers
-    lines.append(f"| in all | {planned_total:.1f} | {measured / 60:.1f} | the steps in line (the report's own "
-                 f"last seconds not counted) |")
-    return lines
 
 
 def main(argv) -> int:

@@ -315,8 +315,7 @@ def two_hosts():
     mapping its own name to 127.0.1.1 as Debian and Ubuntu do, a per-host /scratch, a real Slurm (slurmctld on
     node0, a slurmd on each) and sshd on each (for MPICH's mpiexec). Taken down at the end, also after failures;
     without root the tests that need it skip with the tool's reason."""
-    sys.path.insert(0, str(REPO_ROOT / "tools"))
-    from vcluster import ClusterError, VirtualCluster
+    from tools.vcluster import ClusterError, VirtualCluster
     try:
         cluster = VirtualCluster.up(hosts=2, name="zltest", loopback_hostname=True, scratch="/scratch", slurm=True,
                                     ssh=True)

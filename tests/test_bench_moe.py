@@ -13,11 +13,11 @@ import torch
 
 from conftest import REPO_ROOT, test_env
 
-sys.path.insert(0, str(REPO_ROOT))
-from bench import bench_moe as bench  # noqa: E402
+sys.path.insert(0, str(REPO_ROOT / "bench"))  # a bench imports its sibling bench/common.py
+import bench_moe as bench  # noqa: E402
 from megatron.arguments import parse_args  # noqa: E402
-from megatron.model import GPTModel# noqa: E402
-from megatron import accounting
+from megatron.model import GPTModel  # noqa: E402
+from megatron import accounting  # noqa: E402
 from megatron.model.moe import moe_layers  # noqa: E402
 from megatron.optimizer import LRSchedule, build_optimizer  # noqa: E402
 from megatron.training import with_moe_loss  # noqa: E402

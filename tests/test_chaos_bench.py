@@ -14,12 +14,12 @@ import time
 import pytest
 
 from conftest import REPO_ROOT, test_env
+from tools.vcluster.state import netns_prefix
 
-sys.path[:0] = [str(REPO_ROOT / "bench"), str(REPO_ROOT / "tools")]
+sys.path.insert(0, str(REPO_ROOT / "bench"))  # run as a script, bench/chaos.py has its folder first on sys.path
 spec = importlib.util.spec_from_file_location("chaos", REPO_ROOT / "bench" / "chaos.py")
 chaos = sys.modules["chaos"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(chaos)
-from vcluster.state import netns_prefix  # noqa: E402
 
 CHAOS = REPO_ROOT / "bench" / "chaos.sh"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the bench makes namespaces: root only")

@@ -1,6 +1,6 @@
 """Host-device synchronizations per training step at every ZeRO stage (issue 55, docs/gpu.md): a real DeepSpeed engine
 from setup_engine on a gloo rank, stepped by train_step outside logging iterations, with the host reads made in
-zero-lab's frames and DeepSpeed's counted (bench/bench_host_work.py's counting_host_reads: .item(), bool()/float()/
+zero-lab's frames and DeepSpeed's counted (bench/common.py's counting_host_reads: .item(), bool()/float()/
 int() of a tensor, .tolist(), .cpu()/.numpy(), the accelerator's synchronize). On a GPU each drains the queue of
 launched kernels. The count holds at 2 and 4 layers (nothing per layer or per parameter) and stays within the
 bound of its stage: the issue's 2, or the residual a DeepSpeed internal leaves, named in BOUNDS."""
@@ -20,8 +20,8 @@ from megatron.model import GPTModel
 from megatron import accounting
 from test_tensor_parallel import run_ranks
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.bench_host_work import counting_host_reads  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from common import counting_host_reads  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

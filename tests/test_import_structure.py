@@ -4,6 +4,7 @@ imports nothing from training, tools or the tokenizer; training never imports me
 checkpoint protocol and the launch scripts' helpers need only the standard library (and psutil), every import
 checked."""
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,13 +48,22 @@ def imports_of(path: Path, name: str) -> set[str]:
     return found
 
 
+def as_run(imported: str, name: str, modules: dict) -> str:
+    """A script runs with its own folder first on sys.path: a bare import of a sibling is that sibling (bench/chaos.py's
+    `chaos_faults` is bench.chaos_faults, tools/virtual_cluster.py's `vcluster.system` is tools.vcluster.system)."""
+    folder = name.rpartition(".")[0]
+    if folder in SCRIPTS and f"{folder}.{imported.partition('.')[0]}" in modules:
+        return f"{folder}.{imported}"
+    return imported
+
+
 def import_graph() -> dict[str, set[str]]:
     """module -> the repository's modules it imports; importing a.b.c imports the packages a and a.b too."""
     modules = sources()
     graph = {}
     for name, path in modules.items():
         edges = set()
-        for imported in imports_of(path, name):
+        for imported in (as_run(imported, name, modules) for imported in imports_of(path, name)):
             while imported:
                 if imported in modules and imported != name and not name.startswith(imported + "."):
                     edges.add(imported)
@@ -97,6 +107,18 @@ def test_no_import_circle_in_the_repository():
     graph = import_graph()
     assert len(graph) > 80 and "megatron.checkpointing.save_load" in graph
     assert cycles(graph) == []
+
+
+def test_a_bench_imports_common_and_no_other_bench():
+    """What benches share is in bench/common.py: a bench imports it and no other bench (bench/chaos.py its own
+    second file, chaos_faults.py), and common.py imports no bench."""
+    graph = import_graph()
+    own_parts = {"bench.chaos": {"bench.chaos_faults"}}
+    benches = {name: {edge for edge in edges if edge.startswith("bench.")} - own_parts.get(name, set())
+               for name, edges in graph.items() if name.startswith("bench.")}
+    assert len(benches) > 15 and "bench.common" in benches["bench.bench_syncs"]
+    assert {name: sorted(edges) for name, edges in benches.items() if edges - {"bench.common"}} == {}
+    assert benches["bench.common"] == set()
 
 
 def test_the_cycle_finder_finds_a_circle():
@@ -217,3 +239,79 @@ def test_what_the_launch_scripts_run_needs_only_the_standard_library(module):
 def test_the_standard_library_checks_can_fail():
     assert "torch" in loaded_outside_stdlib("megatron.model.config")
     assert "torch" in imported_outside_stdlib("megatron.model.config")["megatron.model.config"]
+
+
+# ---- the scripts import without editing sys.path ----
+
+# tools/zero_plan.py still puts the repository root on sys.path: its rewrite (issue 57) takes the line out
+SYS_PATH_EDITS_LEFT: set[str] = set()
+
+
+def sys_path_edits(source: str) -> list[int]:
+    """Lines that change sys.path: a call of one of its methods (insert, append, extend, ...), an assignment to it or
+    to a slice of it, an augmented assignment."""
+    def is_sys_path(node) -> bool:
+        node = node.value if isinstance(node, ast.Subscript) else node
+        return (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                and node.value.id == "sys")
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_sys_path(node.func.value):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Assign) and any(is_sys_path(target) for target in node.targets):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.AugAssign) and is_sys_path(node.target):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_analysis_and_tools_do_not_edit_sys_path():
+    """Their scripts import `megatron`, `analysis` and `tools` as installed packages (setup.py) and a sibling
+    (tools/virtual_cluster.py's vcluster) from their own folder, first on sys.path when a script runs."""
+    files = sorted(path for top in ("analysis", "tools") for path in (REPO_ROOT / top).rglob("*.py"))
+    assert len(files) > 30
+    edits = {str(path.relative_to(REPO_ROOT)): sys_path_edits(path.read_text()) for path in files}
+    assert {name: lines for name, lines in edits.items() if lines and name not in SYS_PATH_EDITS_LEFT} == {}
+
+
+def test_the_sys_path_check_can_fail():
+    source = ("import sys\nsys.path.insert(0, 'x')\nsys.path[:0] = ['y']\nsys.path += ['z']\nsys.path = []\n"
+              "sys.path.append('w')\nprint(sys.path[0])\nsys.argv.append('v')\n")
+    assert sys_path_edits(source) == [2, 3, 4, 5, 6]
+
+
+def clean_run(*command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`command` with this interpreter in `cwd`, its environment only PATH, HOME and LANG: no PYTHONPATH."""
+    env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
+    return subprocess.run([sys.executable, *command], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def installed_here(tmp_path_factory):
+    """Skip unless the interpreter's zero-lab is this checkout's (a worktree beside another checkout's install runs
+    another checkout's packages); fail, naming the fix, where the install predates the analysis and tools packages."""
+    where = ("import importlib.util as u\nfor name in ('megatron', 'analysis', 'tools'):\n"
+             "    spec = u.find_spec(name)\n    print(name, spec and spec.submodule_search_locations[0])\n")
+    done = clean_run("-c", where, cwd=tmp_path_factory.mktemp("elsewhere"))
+    assert done.returncode == 0, done.stderr
+    found = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    if found["megatron"] != str(REPO_ROOT / "megatron"):
+        pytest.skip(f"zero-lab is installed from {found['megatron']}, not this checkout: pip install -e . here")
+    assert found == {name: str(REPO_ROOT / name) for name in found}, \
+        f"{found}: the install predates the analysis and tools packages: run bash scripts/setup.sh again"
+
+
+SCRIPTS_RUN_ANYWHERE = sorted(str(path.relative_to(REPO_ROOT)) for path in (
+    *(REPO_ROOT / "tools").glob("*.py"), *(REPO_ROOT / "analysis" / name for name in ("summarize.py", "reference.py")))
+    if path.name != "__init__.py")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", SCRIPTS_RUN_ANYWHERE)
+def test_each_script_runs_from_another_folder_without_pythonpath(script, installed_here, tmp_path):
+    """`python PATH/script --help` from a folder outside the repository with no PYTHONPATH: what a fresh checkout's
+    `bash scripts/main.sh` leaves is all a script needs to import."""
+    done = clean_run(str(REPO_ROOT / script), "--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: ")

@@ -191,7 +191,7 @@ def test_tokenizer_rejection_names_the_line(tmp_path, workers):
 
 def test_tool_does_not_import_torch():
     """torch costs about a second of start-up; the data tools must not pull it in."""
-    code = ("import sys; sys.path.insert(0, 'tools'); import preprocess_data, merge_datasets, gpt2_vocab; "
+    code = ("import sys; from tools import preprocess_data, merge_datasets, gpt2_vocab; "
             "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=subprocess_env(),
                             capture_output=True, text=True, timeout=60)

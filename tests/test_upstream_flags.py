@@ -85,8 +85,7 @@ def test_a_refused_flag_ends_pretrain_gpt_with_one_error_line_and_status_1():
 
 
 def test_the_docs_page_is_the_table_generated_from_the_parser():
-    sys.path.insert(0, str(REPO_ROOT / "tools"))
-    from megatron_flags_doc import PAGE, page_text
+    from tools.megatron_flags_doc import PAGE, page_text
     assert PAGE.read_text() == page_text(), "docs/megatron-flags.md is stale: run python tools/megatron_flags_doc.py"
 
 

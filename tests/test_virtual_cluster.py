@@ -19,11 +19,10 @@ import pytest
 
 from conftest import REPO_ROOT
 
-sys.path.insert(0, str(REPO_ROOT / "tools"))
-from vcluster import ClusterError, VirtualCluster, down_by_name  # noqa: E402
-from vcluster.procs import pids_in_netns  # noqa: E402
-from vcluster.state import netns_prefix, state_dir  # noqa: E402
-from vcluster.system import apt_install, has_tool, require_root_and_namespaces  # noqa: E402
+from tools.vcluster import ClusterError, VirtualCluster, down_by_name
+from tools.vcluster.procs import pids_in_netns
+from tools.vcluster.state import netns_prefix, state_dir
+from tools.vcluster.system import apt_install, has_tool, require_root_and_namespaces
 
 TOOL = REPO_ROOT / "tools" / "virtual_cluster.py"
 PYTHON = sys.executable

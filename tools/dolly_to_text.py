@@ -17,10 +17,8 @@ import json
 import os
 import signal
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from megatron.errors import ZeroLabError  # noqa: E402
+from megatron.errors import ZeroLabError
 
 DOLLY_KEYS = ("instruction", "context", "response")
 

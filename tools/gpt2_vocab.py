@@ -31,9 +31,8 @@ from pathlib import Path
 
 import tiktoken
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from megatron.tokenizer.gpt2_bpe import EOD_TOKEN, GPT2_PAT_STR, MERGES_HEADER, GPT2BPETokenizer, bytes_to_unicode  # noqa: E402
-from megatron.errors import ZeroLabError  # noqa: E402
+from megatron.tokenizer.gpt2_bpe import EOD_TOKEN, GPT2_PAT_STR, MERGES_HEADER, GPT2BPETokenizer, bytes_to_unicode
+from megatron.errors import ZeroLabError
 
 WHISPER_REQUIREMENT = "openai-whisper==20250625"
 RANKS_MEMBER = "whisper/assets/gpt2.tiktoken"

@@ -4,14 +4,13 @@ made from the parser (megatron/arguments.py, megatron/upstream_flags.py) and the
 the committed page is this text.
 
     python tools/megatron_flags_doc.py"""
-import sys
+import argparse
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from megatron.arguments import build_parser
+from megatron.upstream_flags import flags_table
 
-from megatron.arguments import build_parser  # noqa: E402
-from megatron.upstream_flags import flags_table  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 FIXTURE = ROOT / "tests" / "fixtures" / "megatron_deepspeed_flags.tsv"
 PAGE = ROOT / "docs" / "megatron-flags.md"
@@ -58,5 +57,6 @@ def page_text() -> str:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     PAGE.write_text(page_text())
     print(f"wrote {PAGE}")

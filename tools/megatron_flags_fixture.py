@@ -7,6 +7,8 @@ A flag is a word of a script's live lines that Megatron-DeepSpeed's own parser k
 imported from the checkout, with deepspeed.add_config_arguments), so launcher and converter flags are left out."""
 import argparse
 import collections
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import itertools
 import re
@@ -28,12 +30,25 @@ GROUPS = ("network_size", "regularization", "training", "initialization", "learn
           "profiler")
 
 
+class CheckoutPackages(importlib.abc.MetaPathFinder):
+    """Finds the checkout's own top-level packages (its `megatron` and `tools`, which its arguments.py imports) in the
+    checkout, ahead of zero-lab's installed packages of the same names; every other import is found as usual."""
+
+    def __init__(self, checkout: Path):
+        self.checkout = checkout
+
+    def find_spec(self, name, path=None, target=None):
+        if "." in name or not (self.checkout / name / "__init__.py").is_file():
+            return None
+        return importlib.machinery.PathFinder.find_spec(name, [str(self.checkout)])
+
+
 def upstream_options(checkout: Path) -> dict:
     """Megatron-DeepSpeed's parser's actions by option string (its parse_args, without parsing)."""
     import deepspeed
 
     sys.modules.setdefault("six", types.ModuleType("six"))  # its BERT tokenizer's import, never used here
-    sys.path.insert(0, str(checkout))
+    sys.meta_path.insert(0, CheckoutPackages(checkout))
     spec = importlib.util.spec_from_file_location("mds_arguments", checkout / "megatron" / "arguments.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -98,4 +113,7 @@ def main(checkout: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkout", type=Path,
+                        help="a Megatron-DeepSpeed checkout (its megatron/ and examples_deepspeed/)")
+    main(parser.parse_args().checkout)

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from megatron.data.indexed_dataset import (  # noqa: E402
+from megatron.data.indexed_dataset import (
     IndexedDatasetError,
     MMapIndexedDataset,
     MMapIndexedDatasetBuilder,

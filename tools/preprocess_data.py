@@ -39,16 +39,15 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from megatron.data.dataset_sidecar import sidecar_path, source_record, tokenizer_record, write_sidecar  # noqa: E402
-from megatron.data.indexed_dataset import (  # noqa: E402
+from megatron.data.dataset_sidecar import sidecar_path, source_record, tokenizer_record, write_sidecar
+from megatron.data.indexed_dataset import (
     MMapIndexedDatasetBuilder,
     best_fitting_dtype,
     data_file_path,
     index_file_path,
 )
-from megatron.tokenizer import TOKENIZER_TYPES, TokenizerError, build_tokenizer  # noqa: E402
-from megatron.errors import ZeroLabError  # noqa: E402
+from megatron.tokenizer import TOKENIZER_TYPES, TokenizerError, build_tokenizer
+from megatron.errors import ZeroLabError
 
 # One task: large enough that pickling/IPC is noise, small enough to balance workers and to
 # overlap reading with tokenizing.

@@ -19,20 +19,17 @@ two hosts (netem, half on each host's link), --loopback-hostname maps each host'
 `run node0 -- sinfo`, with SLURM_CONF from `status`); --ssh starts an sshd per host and writes an
 `ssh` wrapper for `mpiexec -launcher ssh -launcher-exec WRAPPER`. Needs root. Everything is recorded
 in /run/zero-lab-vcluster/NAME/state.json; `down` removes exactly that, also after a failed `up`.
-Python: `from vcluster import VirtualCluster` with tools/ on sys.path (docs/virtual-cluster.md).
+Python: `from tools.vcluster import VirtualCluster` (docs/virtual-cluster.md).
 """
 import argparse
 import os
 import signal
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script from anywhere
-
-from vcluster import ClusterError, VirtualCluster, down_by_name  # noqa: E402
-from vcluster import network  # noqa: E402
-from vcluster.system import require_root  # noqa: E402
-from vcluster.teardown import processes_inside  # noqa: E402
+from vcluster import ClusterError, VirtualCluster, down_by_name
+from vcluster import network
+from vcluster.system import require_root
+from vcluster.teardown import processes_inside
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

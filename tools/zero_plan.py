@@ -20,13 +20,10 @@ the planner itself is megatron/accounting/plan/, of which this is the command li
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
-
-from megatron.accounting.plan import checkpoint_advice, choose, parse_flags, plan, plan_request, remedies  # noqa: E402
-from megatron.accounting.plan import report  # noqa: E402
-from megatron.errors import ZeroLabError  # noqa: E402
+from megatron.accounting.plan import checkpoint_advice, choose, parse_flags, plan, plan_request, remedies
+from megatron.accounting.plan import report
+from megatron.errors import ZeroLabError
 
 
 def main(argv: list[str] | None = None) -> int:
