@@ -30,6 +30,23 @@ def batch_split(layout: ParallelLayout, micro_batch_size: int, global_batch_size
     return global_batch, global_batch // (micro_batch_size * dp)
 
 
+def expert_parallel_problems(moe_layer_experts: list[int], expert_parallel_size: int,
+                             data_parallel_size: int | None = None) -> list[str]:
+    """Where --moe-expert-parallel-size cannot spread the MoE layers' experts (`moe_layer_experts`: each MoE layer's
+    count): DeepSpeed's MoE layer splits a layer's experts evenly over the expert-parallel ranks, and each expert
+    group is that many data-parallel ranks. The trainer (GPTConfig, megatron/arguments.py) and the launch planner
+    (megatron/launch/settings.py, which names the variables behind the flags) refuse through it."""
+    ep, flag = expert_parallel_size, f"--moe-expert-parallel-size {expert_parallel_size}"
+    problems = [f"{flag} must divide {count}, an MoE layer's experts by --num-experts: each layer's experts are split "
+                f"evenly over the expert-parallel ranks; use a multiple of {ep} experts, or a "
+                f"--moe-expert-parallel-size that divides {count}" for count in sorted(set(moe_layer_experts))
+                if count % ep]
+    if data_parallel_size is not None and data_parallel_size % ep:
+        problems.append(f"{flag} must divide the data-parallel size {data_parallel_size}: the experts are spread "
+                        "over groups of data-parallel ranks")
+    return problems
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, required=True)
