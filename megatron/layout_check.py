@@ -31,6 +31,23 @@ def batch_split(layout: ParallelLayout, micro_batch_size: int, global_batch_size
     return global_batch, global_batch // (micro_batch_size * dp)
 
 
+def expert_parallel_problems(moe_layer_experts: list[int], expert_parallel_size: int,
+                             data_parallel_size: int | None = None) -> list[str]:
+    """Where --moe-expert-parallel-size cannot spread the MoE layers' experts (`moe_layer_experts`: each MoE layer's
+    count): DeepSpeed's MoE layer splits a layer's experts evenly over the expert-parallel ranks, and each expert
+    group is that many data-parallel ranks. The trainer (GPTConfig, megatron/arguments.py) and the launch planner
+    (megatron/launch/settings.py, which names the variables behind the flags) refuse through it."""
+    ep, flag = expert_parallel_size, f"--moe-expert-parallel-size {expert_parallel_size}"
+    problems = [f"{flag} must divide {count}, an MoE layer's experts by --num-experts: each layer's experts are split "
+                f"evenly over the expert-parallel ranks; use a multiple of {ep} experts, or a "
+                f"--moe-expert-parallel-size that divides {count}" for count in sorted(set(moe_layer_experts))
+                if count % ep]
+    if data_parallel_size is not None and data_parallel_size % ep:
+        problems.append(f"{flag} must divide the data-parallel size {data_parallel_size}: the experts are spread "
+                        "over groups of data-parallel ranks")
+    return problems
+
+
 def ulysses_problems(sp: int, *, tensor: int, pipeline: int, sequence_parallel: bool, num_attention_heads: int,
                      seq_length: int) -> list[str]:
     """Why DeepSpeed-Ulysses (--ds-sequence-parallel-size `sp`) cannot run this layout, if it cannot
@@ -64,9 +81,7 @@ def moe_problems(num_experts: list[int], *, tensor: int, pipeline: int, sequence
         (tensor > 1, f"{flag} cannot be combined with --tensor-model-parallel-size > 1 (the experts are not split "
                      "over tensor-parallel ranks here)"),
         (sequence > 1, f"{flag} cannot be combined with --ds-sequence-parallel-size > 1"),
-        (data % expert != 0, f"--moe-expert-parallel-size {expert} must divide the data-parallel size {data}: the "
-                             "experts are spread over groups of data-parallel ranks"),
-    ) if refused]
+    ) if refused] + expert_parallel_problems([], expert, data)
 
 
 def main(argv: list[str]) -> int:

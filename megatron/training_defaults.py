@@ -7,8 +7,7 @@ from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Mapping
 
-# a preset field's launch variable where it is not the field's name in capitals
-_VARIABLE = {"checkpoint_activations": "USE_ACTIVATION_CHECKPOINTING"}
+from megatron.settings_schema import BY_FLAG
 
 
 @dataclass(frozen=True)
@@ -38,8 +37,9 @@ class TrainingPreset:
                 if spec.name not in ("name", "lr_by_model_size")}
 
     def environment(self) -> dict[str, str]:
-        """The launch scripts' variables the preset gives a default, with their text (docs/environment.md)."""
-        return {_VARIABLE.get(name, name.upper()): str(int(value) if isinstance(value, bool) else value)
+        """The launch scripts' variables the preset gives a default (each flag's, megatron/settings_schema.py), with
+        their text (docs/environment.md)."""
+        return {BY_FLAG[f"--{name.replace('_', '-')}"].name: str(int(value) if isinstance(value, bool) else value)
                 for name, value in self.flag_values().items()}
 
 

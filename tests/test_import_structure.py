@@ -192,7 +192,8 @@ def test_training_code_does_not_import_inference():
 
 
 STDLIB_ONLY = ["megatron.checkpointing.protocol", "megatron.checkpointing.run_folder", "megatron.launch.attempt",
-               "megatron.launch.launcher_output", "megatron.flag_sources"]
+               "megatron.launch.launcher_output", "megatron.flag_sources", "megatron.settings_schema",
+               "megatron.layout_check"]
 # the one installed package allowed: attempt.py stops the launcher's process tree with psutil (a DeepSpeed
 # dependency, so present wherever a rank can start; 15 ms to import, not torch's seconds)
 ALLOWED = {"megatron.launch.attempt": {"psutil"}}

@@ -255,14 +255,17 @@ def test_a_port_taken_after_the_check_is_named_with_its_variable(tmp_path, capsy
     (dict(EP_SIZE="2"), "EP_SIZE=2: the model has no experts to spread (NUM_EXPERTS unset), so the run would train "
                         "dense; set NUM_EXPERTS too (e.g. NUM_EXPERTS=4 EP_SIZE=2, docs/moe.md), or leave EP_SIZE unset"),
     (dict(NUM_EXPERTS="1", EP_SIZE="2"), "EP_SIZE=2: the model has no experts to spread (NUM_EXPERTS=1), so"),
-    (dict(NUM_EXPERTS="3", EP_SIZE="2"), "NUM_EXPERTS=3 and EP_SIZE=2: each MoE layer's experts are split evenly over "
-                                         "EP_SIZE ranks, and 2 does not divide 3; use a multiple of 2 experts, or an "
-                                         "EP_SIZE that divides 3"),
-    (dict(NUM_EXPERTS="4 6", EP_SIZE="4", NGPUS="4"), "NUM_EXPERTS=4 6 and EP_SIZE=4: each MoE layer's experts are "
-                                                      "split evenly over EP_SIZE ranks, and 4 does not divide 6"),
-    (dict(MODEL_SIZE="tiny-moe4", EP_SIZE="3", NGPUS="3"), "the tiny-moe4 preset's 4 experts and EP_SIZE=3: "),
-    (dict(NUM_EXPERTS="4", EP_SIZE="4"), "EP_SIZE=4 does not divide the data-parallel size 2: the experts are spread "
-                                         "over groups of EP_SIZE data-parallel ranks; use an EP_SIZE that divides it"),
+    # the trainer's words (megatron/layout_check.py's expert_parallel_problems), the variables named
+    (dict(NUM_EXPERTS="3", EP_SIZE="2"), "--moe-expert-parallel-size 2 (from EP_SIZE) must divide 3, an MoE layer's "
+                                         "experts by --num-experts (from NUM_EXPERTS): each layer's experts are split "
+                                         "evenly over the expert-parallel ranks; use a multiple of 2 experts, or a "
+                                         "--moe-expert-parallel-size that divides 3"),
+    (dict(NUM_EXPERTS="4 6", EP_SIZE="4", NGPUS="4"), "--moe-expert-parallel-size 4 (from EP_SIZE) must divide 6, an "
+                                                      "MoE layer's experts by --num-experts (from NUM_EXPERTS): "),
+    (dict(MODEL_SIZE="tiny-moe4", EP_SIZE="3", NGPUS="3"), "--moe-expert-parallel-size 3 (from EP_SIZE) must divide "
+                                                           "4, an MoE layer's experts by --num-experts: "),
+    (dict(NUM_EXPERTS="4", EP_SIZE="4"), "--moe-expert-parallel-size 4 (from EP_SIZE) must divide the data-parallel "
+                                         "size 2: the experts are spread over groups of data-parallel ranks"),
 ])
 def test_an_expert_parallel_size_the_run_would_ignore_or_refuse_is_refused_before_the_run_folder(tmp_path, env,
                                                                                                  error):

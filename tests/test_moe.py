@@ -70,8 +70,8 @@ def test_the_flags_fill_the_model_and_training_sections(data_prefix):
      "--num-experts 4 cannot be combined with --ds-sequence-parallel-size > 1"),
     ([*MOE4, "--moe-expert-parallel-size", "4"], 2,
      "--moe-expert-parallel-size 4 must divide the data-parallel size 2"),
-    ([*MOE4, "--moe-expert-parallel-size", "3"], 3, "--moe-expert-parallel-size 3 must divide every layer's "
-                                                    "--num-experts (4)"),
+    ([*MOE4, "--moe-expert-parallel-size", "3"], 3, "--moe-expert-parallel-size 3 must divide 4, an MoE layer's "
+                                                    "experts by --num-experts: each layer's experts are split evenly"),
     ([*MOE4, "--topk", "5"], 2, "--topk 5 must be from 1 to the fewest experts of a layer (4)"),
     (["--num-experts", "4", "8", "2"], 2, "--num-experts gives 3 values: give one, or one per MoE layer"),
     ([*MOE4, "--mlp-type", "wide"], 2, "--mlp-type must be standard or residual, got 'wide'"),

@@ -488,7 +488,9 @@ def test_an_moe_preset_plans_each_stage_and_expert_parallel_size(capsys):
                                                       "--tensor-model-parallel-size > 1 (the experts are not split "
                                                       "over tensor-parallel ranks here)"),
     (["--model-size", "gpt-125m-moe8", "--moe-expert-parallel-size", "3"],
-     "--moe-expert-parallel-size 3 must divide every layer's --num-experts (8)"),
+     "--moe-expert-parallel-size 3 must divide 8, an MoE layer's experts by --num-experts: each layer's experts are "
+     "split evenly over the expert-parallel ranks; use a multiple of 3 experts, or a --moe-expert-parallel-size that "
+     "divides 8"),
     (["--model-size", "125M", "--moe-expert-parallel-size", "2"],
      "--moe-expert-parallel-size needs --num-experts (or an MoE --model-size)"),
 ])

@@ -9,12 +9,14 @@ from __future__ import annotations
 import re
 
 from megatron.launch.settings import LaunchError
+from megatron.settings_schema import BY_FLAG
 
-# flag -> the variable that sets it, and that variable's other name (ALCF's) if any
-LAYOUT_FLAGS = {"--tensor-model-parallel-size": ("TP", "MPSIZE"), "--pipeline-model-parallel-size": ("PP", "PPSIZE"),
-                "--ds-sequence-parallel-size": ("SP_SIZE", "SPSIZE"), "--num-experts": ("NUM_EXPERTS", None),
-                "--moe-expert-parallel-size": ("EP_SIZE", None), "--sequence-parallel": ("SP", None)}
-SWITCHES = {"--sequence-parallel": "1"}  # a flag without a value: the variable's value it means
+# flag -> the variable that sets it, and that variable's other name (ALCF's) if any (megatron/settings_schema.py)
+LAYOUT_FLAGS = {flag: (BY_FLAG[flag].name, BY_FLAG[flag].alias) for flag in (
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--ds-sequence-parallel-size", "--num-experts",
+    "--moe-expert-parallel-size", "--sequence-parallel")}
+# a flag without a value (a 0-or-1 variable's): the variable's value it means
+SWITCHES = {flag: "1" for flag in LAYOUT_FLAGS if BY_FLAG[flag].kind == "flag"}
 
 
 def _given(flag: str, args: list[str]) -> str | None:

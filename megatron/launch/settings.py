@@ -1,7 +1,8 @@
 """The training settings every launch path shares, from the environment: each variable checked once (one line
 naming it, its value and what is expected), given one default by one rule, and turned into the pretrain_gpt.py
 flags, with the variable behind each flag (so that an error about the flag names the variable:
-megatron/flag_sources.py). docs/environment.md lists the variables.
+megatron/flag_sources.py). Each variable's kind, other name and flags are megatron/settings_schema.py's;
+docs/environment.md lists the variables.
 
 Part of the launch planner (megatron/launch/plan.py): the drivers' and ALCF's paths both read it. It imports no
 torch. tests/test_planner_settings.py holds it to the flags and errors the shell's own rules gave before the planner
@@ -10,7 +11,6 @@ torch. tests/test_planner_settings.py holds it to the flags and errors the shell
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -18,23 +18,13 @@ from typing import Mapping
 from megatron.core.layout import ParallelLayout
 from megatron.deepspeed_json import DeepSpeedJSONError, refuse_unused_sections
 from megatron.errors import ZeroLabError
-from megatron.flag_sources import name_sources
-from megatron.layout_check import batch_split
+from megatron.flag_sources import ENV, name_sources
+from megatron.layout_check import batch_split, expert_parallel_problems
 from megatron.model.presets import MODEL_PRESETS
+from megatron.settings_schema import BY_FLAG, MOE, PASSED, SEVERAL, VARIABLES, problem
 from megatron.training_defaults import GPT3_PRESET
 
 REPO = Path(__file__).resolve().parents[2]
-
-_NUMBER = r"([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?"
-# kind: (pattern, what the message says is expected)
-KINDS = {
-    "int": (r"[1-9][0-9]*", "a positive integer"),
-    "count": (r"[0-9]+", "an integer >= 0"),
-    "number": (_NUMBER, "a number >= 0"),
-    "fraction": (_NUMBER, "a number from 0 to 1"),
-    "flag": (r"[01]", "0 or 1"),
-    "port": (r"[1-9][0-9]{0,4}", "a TCP port, 1 to 65535"),
-}
 
 # the launch scripts' defaults: the gpt3 preset (megatron/training_defaults.py), by the variable that sets each;
 # pretrain_gpt.py run alone keeps Megatron's own
@@ -49,19 +39,11 @@ class LaunchError(ZeroLabError):
 
 
 def check(env: Mapping[str, str], kind: str, *names: str) -> None:
-    """Each variable that is set (not empty) must be of `kind` (a KINDS key, or choices "a|b|c")."""
-    pattern, expected = KINDS.get(kind, (f"({kind})", f"one of {kind.replace('|', ', ')}"))
+    """Each variable that is set (not empty) must be of `kind` (a settings_schema.KINDS key, or choices "a|b|c")."""
     for name in names:
-        value = env.get(name, "")
-        if not value:
-            continue
-        ok = re.fullmatch(pattern, value) is not None
-        if ok and kind == "fraction":
-            ok = float(value) <= 1
-        if ok and kind == "port":
-            ok = int(value) <= 65535
-        if not ok:
-            raise LaunchError(f"{name}={value}: expected {expected}")
+        message = problem(kind, name, env[name]) if env.get(name) else None
+        if message:
+            raise LaunchError(message)
 
 
 @dataclass(frozen=True)
@@ -119,26 +101,10 @@ def _json_keys(path: str) -> set[str]:
 
 def _checked(env: Mapping[str, str]) -> None:
     """Step 1: each variable as the user gave it, before any default or arithmetic reads it."""
-    check(env, "int", "SEQ_LEN", "MICRO_BATCH", "GLOBAL_BATCH", "GAS", "TP", "PP", "MPSIZE", "PPSIZE", "SP_SIZE",
-          "SPSIZE", "TRAIN_ITERS", "LOG_INTERVAL", "EVAL_INTERVAL", "SAVE_INTERVAL", "OMP_NUM_THREADS")
-    check(env, "port", "MASTER_PORT")
-    check(env, "count", "EVAL_ITERS", "SEED", "MAX_RESTARTS")
-    check(env, "number", "LR", "MIN_LR", "WEIGHT_DECAY", "CLIP_GRAD", "TRAIN_EPOCHS", "DISTRIBUTED_TIMEOUT_MINUTES")
-    check(env, "fraction", "LR_WARMUP_FRACTION", "LR_WARMUP_FRAC", "ADAM_BETA1", "ADAM_BETA2")
-    check(env, "flag", "SP", "USE_ACTIVATION_CHECKPOINTING", "FRESH", "DRY_RUN", "COMPILE")
-    check(env, "fp32|bf16|fp16", "PRECISION", "DTYPE")
-    check(env, "cosine|linear|constant", "LR_DECAY_STYLE")
-    check(env, "learned|rotary", "POSITION_EMBEDDING_TYPE")
-    check(env, "int", "EP_SIZE", "TOPK")
-    check(env, "number", "MOE_LOSS_COEFF")
-    if env.get("NUM_EXPERTS") and not re.fullmatch(r"[1-9][0-9]*( [1-9][0-9]*)*", env["NUM_EXPERTS"]):
-        raise LaunchError(f"NUM_EXPERTS={env['NUM_EXPERTS']}: expected a positive integer, or one per MoE layer "
-                          "separated by spaces")
+    for variable in VARIABLES:
+        check(env, variable.kind, *variable.names)
     if env.get("DS_CONFIG") and not Path(env["DS_CONFIG"]).is_file():
         raise LaunchError(f"DS_CONFIG={env['DS_CONFIG']}: no such file (expected a DeepSpeed JSON)")
-    for name in ("SPLIT", "DATA_SPLIT"):
-        if env.get(name) and not re.fullmatch(r"[0-9.]+(,[0-9.]+){0,2}", env[name]):
-            raise LaunchError(f"{name}={env[name]}: expected up to three comma-separated weights, e.g. 969,30,1")
 
 
 def _aliased(env: Mapping[str, str], alcf_names: bool) -> tuple[dict[str, str], dict[str, str]]:
@@ -146,17 +112,23 @@ def _aliased(env: Mapping[str, str], alcf_names: bool) -> tuple[dict[str, str], 
     each pair merged under the first name, and for each pair the name a message about it uses: the one given,
     else the path's own (ALCF's, the second, with alcf_names)."""
     values = {name: value for name, value in env.items() if value}
-    names = {}
-    for name, other in (("TP", "MPSIZE"), ("PP", "PPSIZE"), ("PRECISION", "DTYPE"), ("SPLIT", "DATA_SPLIT"),
-                        ("LR_WARMUP_FRACTION", "LR_WARMUP_FRAC"), ("SP_SIZE", "SPSIZE")):
-        names[name] = name if name in values else other if other in values or alcf_names else name
-    for name, other in (("TP", "MPSIZE"), ("PP", "PPSIZE"), ("PRECISION", "DTYPE"), ("SPLIT", "DATA_SPLIT"),
-                        ("LR_WARMUP_FRACTION", "LR_WARMUP_FRAC"), ("SP_SIZE", "SPSIZE")):
+    pairs = [(variable.name, variable.alias) for variable in VARIABLES if variable.alias]
+    names = {name: name if name in values else other if other in values or alcf_names else name
+             for name, other in pairs}
+    for name, other in pairs:
         if name in values and other in values and values[name] != values[other]:
             raise LaunchError(f"{name}={values[name]} and {other}={values[other]} name the same setting: set one of them")
         if name not in values and other in values:
             values[name] = values[other]
     return values, names
+
+
+def _named(message: str, argv: list[str], names: dict[str, str]) -> str:
+    """One of the trainer's messages about the flags `argv` gives, with the variable behind each flag named (the
+    name the user gave, of a setting's two: `names`)."""
+    sources = " ".join(f"{word}={names.get(BY_FLAG[word].name, BY_FLAG[word].name)}" for word in argv
+                       if word in BY_FLAG)
+    return name_sources(message, argv, {ENV: sources})
 
 
 def _batch_flags(v: dict[str, str], json_keys: set[str], world: int, names: dict[str, str],
@@ -181,15 +153,11 @@ def _batch_flags(v: dict[str, str], json_keys: set[str], world: int, names: dict
     argv = ["--world-size", str(world), "--tensor-model-parallel-size", v["TP"], "--pipeline-model-parallel-size",
             v["PP"], "--ds-sequence-parallel-size", v.get("SP_SIZE", "1"), "--micro-batch-size", v["MICRO_BATCH"],
             *(["--global-batch-size", given_global] if given_global else [])]
-    sources = {"ZERO_LAB_FLAG_SOURCES": f"--micro-batch-size=MICRO_BATCH --global-batch-size=GLOBAL_BATCH "
-                                        f"--tensor-model-parallel-size={names['TP']} "
-                                        f"--pipeline-model-parallel-size={names['PP']} "
-                                        f"--ds-sequence-parallel-size={names['SP_SIZE']}"}
-    try:
+    try:  # the trainer's own checks (megatron/arguments.py), its words with the variables named
         layout = ParallelLayout(world, int(v["TP"]), int(v["PP"]), int(v.get("SP_SIZE", "1")))
         global_batch, accumulation = batch_split(layout, micro, int(given_global) if given_global else None)
     except ZeroLabError as error:
-        raise LaunchError(name_sources(str(error), argv, sources)) from None
+        raise LaunchError(_named(str(error), argv, names)) from None
     v["DPSIZE"] = str(layout.data_parallel_size)
     if given_global:
         if v["GAS"] != "1" and v["GAS"] != str(accumulation):
@@ -231,8 +199,9 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
                           "length: set one of them")
     if "TRAIN_ITERS" not in v and "TRAIN_EPOCHS" not in v:  # one pass over dolly on GPUs, 60 iterations on CPU ranks
         v["TRAIN_EPOCHS" if accelerator == "cuda" else "TRAIN_ITERS"] = "1" if accelerator == "cuda" else "60"
-    for name in ("USE_ACTIVATION_CHECKPOINTING", "LOG_INTERVAL", "EVAL_INTERVAL", "EVAL_ITERS", "SAVE_INTERVAL"):
-        v.setdefault(name, DEFAULTS[name])
+    for name, value in DEFAULTS.items():  # CLIP_GRAD's below: a DeepSpeed JSON may give it
+        if name != "CLIP_GRAD":
+            v.setdefault(name, value)
 
     ds_config = v.get("DS_CONFIG", "")
     json_keys = _json_keys(ds_config) if ds_config else set()
@@ -242,7 +211,7 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
                 raise LaunchError(f"{names['PRECISION']}=fp32 disagrees with {key} true in DS_CONFIG={ds_config}: "
                                   "drop one of them or make them agree")
     batch_flags = _batch_flags(v, json_keys, world, names, micro_batch or micro_default)
-    _experts_checked(v, model_size, world)
+    _experts_checked(v, model_size, world, names)
 
     size_lr = GPT3_LR.get(model_size, GPT3_LR["125M"])
     v.setdefault("LR", size_lr)
@@ -251,12 +220,8 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
     v.setdefault("DATA_PATH", f"{data_dir}/dolly_text_document")  # one prefix, or "weight prefix weight prefix ..."
     v.setdefault("VOCAB_FILE", f"{data_dir}/gpt2-vocab.json")
     v.setdefault("MERGE_FILE", f"{data_dir}/gpt2-merges.txt")
-    for name in ("SPLIT", "LR_DECAY_STYLE", "LR_WARMUP_FRACTION", "ADAM_BETA1", "ADAM_BETA2", "WEIGHT_DECAY", "SEED",
-                 "DISTRIBUTED_TIMEOUT_MINUTES"):
-        v.setdefault(name, DEFAULTS[name])
-    clip_flags = []
-    if "CLIP_GRAD" in v or "gradient_clipping" not in json_keys:
-        clip_flags = ["--clip-grad", v.setdefault("CLIP_GRAD", DEFAULTS["CLIP_GRAD"])]
+    if "gradient_clipping" not in json_keys:  # else the JSON's, unless CLIP_GRAD is set
+        v.setdefault("CLIP_GRAD", DEFAULTS["CLIP_GRAD"])
 
     length = ["--train-iters", v["TRAIN_ITERS"]] if "TRAIN_ITERS" in v else ["--train-epochs", v["TRAIN_EPOCHS"]]
     precision = [] if v["PRECISION"] == "fp32" or (ds_config and not precision_set) else [f"--{v['PRECISION']}"]
@@ -269,71 +234,41 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
     positions = ["--use-rotary-position-embeddings"] if v.get("POSITION_EMBEDDING_TYPE") == "rotary" else []
     # DeepSpeed-Ulysses (docs/long-sequences.md); SP is Megatron's --sequence-parallel
     ulysses = ["--ds-sequence-parallel-size", v["SP_SIZE"]] if v.get("SP_SIZE", "1") != "1" else []
-    wandb = ["--wandb-project", v["WANDB_PROJECT"]] if v.get("WANDB_PROJECT") else []
-    moe = _moe_flags(v)
     preset = ["--model-size", model_size] if model_size else []
     flags = [*preset, "--seq-length", v["SEQ_LEN"], "--max-position-embeddings", v["SEQ_LEN"],
-             *positions, *batch_flags, *length, *precision, *parallel, *ulysses, *moe,
-             "--data-path", *v["DATA_PATH"].split(), "--vocab-file", v["VOCAB_FILE"], "--merge-file", v["MERGE_FILE"],
-             "--split", v["SPLIT"], "--lr", v["LR"], "--min-lr", v["MIN_LR"], "--lr-decay-style", v["LR_DECAY_STYLE"],
-             "--lr-warmup-fraction", v["LR_WARMUP_FRACTION"], "--adam-beta1", v["ADAM_BETA1"],
-             "--adam-beta2", v["ADAM_BETA2"], "--weight-decay", v["WEIGHT_DECAY"], *clip_flags,
-             "--seed", v["SEED"], "--distributed-timeout-minutes", v["DISTRIBUTED_TIMEOUT_MINUTES"],
-             "--log-interval", v["LOG_INTERVAL"], "--eval-interval", v["EVAL_INTERVAL"],
-             "--eval-iters", v["EVAL_ITERS"], "--save-interval", v["SAVE_INTERVAL"], *wandb]
-    sources = {"--model-size": model_variable, "--seq-length": "SEQ_LEN", "--micro-batch-size": "MICRO_BATCH",
-               "--global-batch-size": "GLOBAL_BATCH", "--train-iters": "TRAIN_ITERS", "--train-epochs": "TRAIN_EPOCHS",
-               "--bf16": names["PRECISION"], "--fp16": names["PRECISION"],
-               "--tensor-model-parallel-size": names["TP"], "--pipeline-model-parallel-size": names["PP"],
-               "--sequence-parallel": sp_variable, "--checkpoint-activations": "USE_ACTIVATION_CHECKPOINTING",
-               "--deepspeed_config": "DS_CONFIG", "--data-path": "DATA_PATH", "--vocab-file": "VOCAB_FILE",
-               "--merge-file": "MERGE_FILE", "--split": names["SPLIT"], "--lr": "LR", "--min-lr": "MIN_LR",
-               "--lr-decay-style": "LR_DECAY_STYLE", "--lr-warmup-fraction": names["LR_WARMUP_FRACTION"],
-               "--adam-beta1": "ADAM_BETA1", "--adam-beta2": "ADAM_BETA2", "--weight-decay": "WEIGHT_DECAY",
-               "--clip-grad": "CLIP_GRAD", "--seed": "SEED",
-               "--distributed-timeout-minutes": "DISTRIBUTED_TIMEOUT_MINUTES", "--log-interval": "LOG_INTERVAL",
-               "--eval-interval": "EVAL_INTERVAL", "--eval-iters": "EVAL_ITERS", "--save-interval": "SAVE_INTERVAL",
-               "--wandb-project": "WANDB_PROJECT"}
-    if positions:  # named only when given: the recorded shells (tests/fixtures/launch_settings.json) had no such flag
-        sources["--use-rotary-position-embeddings"] = "POSITION_EMBEDDING_TYPE"
-    if ulysses:  # the same
-        sources["--ds-sequence-parallel-size"] = names["SP_SIZE"]
-    if v.get("COMPILE") == "1":  # the same
-        sources["--compile"] = "COMPILE"
-    sources |= {flag: variable for flag, variable in MOE_VARIABLES.items() if flag in moe}
-    return TrainingSettings(flags=flags, sources=sources, values=v)
+             *positions, *batch_flags, *length, *precision, *parallel, *ulysses, *_passed(v, MOE), *_passed(v, PASSED)]
+    return TrainingSettings(flags=flags, sources=_sources(flags, names, model_variable, sp_variable), values=v)
 
 
-# the mixture-of-experts variables (docs/moe.md), by the flag each gives; only set ones give flags
-MOE_VARIABLES = {"--num-experts": "NUM_EXPERTS", "--moe-expert-parallel-size": "EP_SIZE", "--topk": "TOPK",
-                 "--moe-loss-coeff": "MOE_LOSS_COEFF"}
+def _sources(flags: list[str], names: dict[str, str], model_variable: str, sp_variable: str) -> dict[str, str]:
+    """Each flag by the variable behind it, as the user named it: the recorded shells' list whatever was passed
+    (tests/fixtures/launch_settings.json), the later variables' flags where passed."""
+    sources = {"--model-size": model_variable}
+    for variable in VARIABLES:
+        sources |= {flag: names.get(variable.name, variable.name) for flag in variable.flags
+                    if variable.always_named or flag in flags}
+    return sources | {"--sequence-parallel": sp_variable}
 
 
-def _experts_checked(v: dict[str, str], model_size: str | None, world: int) -> None:
+def _experts_checked(v: dict[str, str], model_size: str | None, world: int, names: dict[str, str]) -> None:
     """EP_SIZE > 1 refused before any rank starts where the run would ignore it (no experts: it would train dense)
-    or where DeepSpeed's MoE layer (each layer's experts split evenly over EP_SIZE ranks) or the expert groups
-    (EP_SIZE data-parallel ranks each) would refuse it once the ranks had started."""
+    or where the run would refuse it once the ranks had started (megatron/layout_check.py's
+    expert_parallel_problems, in the trainer's words with the variables named)."""
     ep = int(v.get("EP_SIZE", "1"))
     if ep == 1:
         return
     preset = MODEL_PRESETS.get(model_size or "", {}).get("num_experts", 1)
-    experts = v.get("NUM_EXPERTS", str(preset))
-    given = f"NUM_EXPERTS={experts}" if "NUM_EXPERTS" in v else f"the {model_size} preset's {experts} experts"
-    unset = "NUM_EXPERTS" not in v
+    experts, unset = v.get("NUM_EXPERTS", str(preset)), "NUM_EXPERTS" not in v
     moe_layers = [int(n) for n in experts.split() if int(n) > 1]
     if not moe_layers:
-        raise LaunchError(f"EP_SIZE={ep}: the model has no experts to spread ({'NUM_EXPERTS unset' if unset else given}), so the run would train dense; "
+        given = "NUM_EXPERTS unset" if unset else f"NUM_EXPERTS={experts}"
+        raise LaunchError(f"EP_SIZE={ep}: the model has no experts to spread ({given}), so the run would train dense; "
                           "set NUM_EXPERTS too (e.g. NUM_EXPERTS=4 EP_SIZE=2, docs/moe.md), or leave EP_SIZE unset")
-    for count in moe_layers:
-        if count % ep:
-            raise LaunchError(f"{given} and EP_SIZE={ep}: each MoE layer's experts are split evenly over EP_SIZE "
-                              f"ranks, and {ep} does not divide {count}; use a multiple of {ep} experts, or an EP_SIZE "
-                              f"that divides {count}")
     split = int(v["TP"]) * int(v["PP"]) * int(v.get("SP_SIZE", "1"))
-    data_parallel = world // split
-    if world % split == 0 and data_parallel % ep:
-        raise LaunchError(f"EP_SIZE={ep} does not divide the data-parallel size {data_parallel}: the experts are "
-                          "spread over groups of EP_SIZE data-parallel ranks; use an EP_SIZE that divides it")
+    problems = expert_parallel_problems(moe_layers, ep, world // split if world % split == 0 else None)
+    if problems:
+        argv = ["--moe-expert-parallel-size", str(ep), *(["--num-experts", *experts.split()] if not unset else [])]
+        raise LaunchError(_named(problems[0], argv, names))
 
 
 def model_tags(s: dict[str, str], model_size: str | None) -> str:
@@ -350,22 +285,16 @@ def model_tags(s: dict[str, str], model_size: str | None) -> str:
     return tags
 
 
-def _moe_flags(v: dict[str, str]) -> list[str]:
+def _passed(v: dict[str, str], variables) -> list[str]:
+    """The flag of each of `variables` that is set, with its value as it is (a value of several words, its words)."""
     flags = []
-    for flag, variable in MOE_VARIABLES.items():
-        if variable in v:
-            flags += [flag, *v[variable].split()]
+    for variable in variables:
+        if variable.name in v:
+            [flag] = variable.flags
+            flags += [flag, *(v[variable.name].split() if variable.kind in SEVERAL else [v[variable.name]])]
     return flags
 
 
-# The variables the settings read, and give back with their defaults applied (TrainingSettings.values)
-VARIABLES = ("SEQ_LEN", "MICRO_BATCH", "GLOBAL_BATCH", "GAS", "DPSIZE", "TP", "PP", "MPSIZE", "PPSIZE", "SP",
-             "PRECISION", "DTYPE", "TRAIN_ITERS", "TRAIN_EPOCHS", "USE_ACTIVATION_CHECKPOINTING", "LOG_INTERVAL",
-             "EVAL_INTERVAL", "EVAL_ITERS", "SAVE_INTERVAL", "DS_CONFIG", "LR", "MIN_LR", "DATA_DIR", "DATA_PATH",
-             "VOCAB_FILE", "MERGE_FILE", "SPLIT", "DATA_SPLIT", "LR_DECAY_STYLE", "LR_WARMUP_FRACTION",
-             "LR_WARMUP_FRAC", "ADAM_BETA1", "ADAM_BETA2", "WEIGHT_DECAY", "SEED", "DISTRIBUTED_TIMEOUT_MINUTES",
-             "CLIP_GRAD", "WANDB_PROJECT", "POSITION_EMBEDDING_TYPE", "SP_SIZE", "SPSIZE", "NUM_EXPERTS", "EP_SIZE",
-             "TOPK", "MOE_LOSS_COEFF", "COMPILE")
-# every variable the settings read from the caller: docs/environment.md lists each (tests/test_environment_table.py)
-READ = tuple(name for name in VARIABLES if name != "DPSIZE") + ("OMP_NUM_THREADS", "MASTER_PORT", "MAX_RESTARTS",
-                                                                 "FRESH", "DRY_RUN")
+# every variable the settings read from the caller (megatron/settings_schema.py's): docs/environment.md lists each
+# (tests/test_environment_table.py); TrainingSettings.values gives them back with DPSIZE, the data-parallel size
+READ = tuple(name for variable in VARIABLES for name in variable.names)

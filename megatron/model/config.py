@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from megatron.errors import ZeroLabError
+from megatron.layout_check import expert_parallel_problems
 
 _PARAMS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NORMALIZATIONS = ("layernorm", "rmsnorm")
@@ -147,10 +148,11 @@ class GPTConfig:
         if moe and not 1 <= self.topk <= min(moe):
             raise ModelConfigError(f"--topk {self.topk} must be from 1 to the fewest experts of a layer ({min(moe)})")
         ep = self.moe_expert_parallel_size
-        if ep < 1 or any(n % ep for n in moe):
-            raise ModelConfigError(f"--moe-expert-parallel-size {ep} must divide every layer's --num-experts "
-                                   f"({', '.join(map(str, sorted(set(moe))))})" if moe else
-                                   f"--moe-expert-parallel-size must be >= 1, got {ep}")
+        if ep < 1:
+            raise ModelConfigError(f"--moe-expert-parallel-size must be >= 1, got {ep}")
+        problems = expert_parallel_problems(moe, ep)  # the launch planner's check too
+        if problems:
+            raise ModelConfigError(problems[0])
 
     @property
     def layer_experts(self) -> list[int]:
