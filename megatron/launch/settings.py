@@ -125,7 +125,7 @@ def _checked(env: Mapping[str, str]) -> None:
     check(env, "count", "EVAL_ITERS", "SEED", "MAX_RESTARTS")
     check(env, "number", "LR", "MIN_LR", "WEIGHT_DECAY", "CLIP_GRAD", "TRAIN_EPOCHS", "DISTRIBUTED_TIMEOUT_MINUTES")
     check(env, "fraction", "LR_WARMUP_FRACTION", "LR_WARMUP_FRAC", "ADAM_BETA1", "ADAM_BETA2")
-    check(env, "flag", "SP", "USE_ACTIVATION_CHECKPOINTING", "FRESH", "DRY_RUN", "COMPILE")
+    check(env, "flag", "SP", "USE_ACTIVATION_CHECKPOINTING", "FRESH", "DRY_RUN", "COMPILE", "ASYNC_SAVE")
     check(env, "fp32|bf16|fp16", "PRECISION", "DTYPE")
     check(env, "cosine|linear|constant", "LR_DECAY_STYLE")
     check(env, "learned|rotary", "POSITION_EMBEDDING_TYPE")
@@ -265,6 +265,7 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
     parallel += ["--sequence-parallel"] if v["SP"] == "1" else []
     parallel += ["--checkpoint-activations"] if v["USE_ACTIVATION_CHECKPOINTING"] == "1" else []
     parallel += ["--compile"] if v.get("COMPILE") == "1" else []  # torch.compile (docs/gpu.md)
+    parallel += ["--async-save"] if v.get("ASYNC_SAVE") == "1" else []  # docs/checkpoints.md
     parallel += ["--deepspeed_config", ds_config] if ds_config else []
     positions = ["--use-rotary-position-embeddings"] if v.get("POSITION_EMBEDDING_TYPE") == "rotary" else []
     # DeepSpeed-Ulysses (docs/long-sequences.md); SP is Megatron's --sequence-parallel
@@ -300,6 +301,8 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
         sources["--ds-sequence-parallel-size"] = names["SP_SIZE"]
     if v.get("COMPILE") == "1":  # the same
         sources["--compile"] = "COMPILE"
+    if v.get("ASYNC_SAVE") == "1":  # the same
+        sources["--async-save"] = "ASYNC_SAVE"
     sources |= {flag: variable for flag, variable in MOE_VARIABLES.items() if flag in moe}
     return TrainingSettings(flags=flags, sources=sources, values=v)
 
@@ -365,7 +368,7 @@ VARIABLES = ("SEQ_LEN", "MICRO_BATCH", "GLOBAL_BATCH", "GAS", "DPSIZE", "TP", "P
              "VOCAB_FILE", "MERGE_FILE", "SPLIT", "DATA_SPLIT", "LR_DECAY_STYLE", "LR_WARMUP_FRACTION",
              "LR_WARMUP_FRAC", "ADAM_BETA1", "ADAM_BETA2", "WEIGHT_DECAY", "SEED", "DISTRIBUTED_TIMEOUT_MINUTES",
              "CLIP_GRAD", "WANDB_PROJECT", "POSITION_EMBEDDING_TYPE", "SP_SIZE", "SPSIZE", "NUM_EXPERTS", "EP_SIZE",
-             "TOPK", "MOE_LOSS_COEFF", "COMPILE")
+             "TOPK", "MOE_LOSS_COEFF", "COMPILE", "ASYNC_SAVE")
 # every variable the settings read from the caller: docs/environment.md lists each (tests/test_environment_table.py)
 READ = tuple(name for name in VARIABLES if name != "DPSIZE") + ("OMP_NUM_THREADS", "MASTER_PORT", "MAX_RESTARTS",
                                                                  "FRESH", "DRY_RUN")
