@@ -5,9 +5,11 @@ leave `latest` on the previous checkpoint, and the next start resumes it."""
 import json
 import os
 import re
+import signal
 import subprocess
 from collections import OrderedDict
 
+import psutil
 import pytest
 import torch
 
@@ -29,13 +31,17 @@ WAITED = re.compile(r"^  waited ([\d.]+) s for the background write of checkpoin
 def test_the_host_copy_is_the_states_own_and_keeps_its_structure():
     weight = torch.arange(6.0).reshape(2, 3)
     state = {"module": OrderedDict(a=weight, tied=weight), "opt": [(weight[0], 3)], "step": 7, "name": "x"}
-    copied, size = host_copy(state)
+    copied, buffers = host_copy(state)
     weight.mul_(10)  # the next step changes the state in place
     assert type(copied["module"]) is OrderedDict and copied["step"] == 7 and copied["name"] == "x"
     assert torch.equal(copied["module"]["a"], torch.arange(6.0).reshape(2, 3))
     assert copied["module"]["a"] is copied["module"]["tied"]  # copied once, saved once, as torch.save would
     assert torch.equal(copied["opt"][0][0], torch.arange(3.0)) and copied["opt"][0][1] == 3
-    assert size == 6 * 4 + 3 * 4
+    assert sorted(buffer.numel() for buffer in buffers) == [3, 6]
+    # the next save copies into the buffers an earlier one left
+    spare = {(torch.float32, (2, 3)): [buffers[0]]}
+    again, _ = host_copy({"w": weight}, spare)
+    assert again["w"] is buffers[0] and torch.equal(buffers[0], weight) and spare[(torch.float32, (2, 3))] == []
 
 
 def test_async_save_needs_save():
@@ -82,14 +88,15 @@ def test_background_saves_commit_intact_checkpoints_that_resume_the_reference(do
                                                                "global_step8"], "global_step8")
     assert losses(run.stdout) == ref_losses
     saved = SAVED.findall(run.stdout)
-    assert [int(it) for it, *_ in saved] == [2, 4, 6, 8] and all(folder == str(save) for _, folder, *_ in saved)
+    assert [int(it) for it, *_ in saved] == [2, 4, 6, 8]
+    assert all(folder == str(saved_folder) for _, folder, *_ in saved)
     for _, _, total, _, blocked, host, background in saved:
         assert float(blocked) < float(total) and abs(float(blocked) + float(background) - float(total)) < 0.02
         assert float(host) > 0
     assert all(before in ("saving global_step4", "saving global_step6", "saving global_step8", "the run ends")
                for _, _, before in WAITED.findall(run.stdout))
-    assert (save / "latest").read_text() == "global_step8"
-    assert not list(save.glob("*.saving"))
+    assert (saved_folder / "latest").read_text() == "global_step8"
+    assert not list(saved_folder.glob("*.saving"))
     for step in (2, 4, 6, 8):
         folder = save / f"global_step{step}"
         assert damage_reason(str(folder)) is None
@@ -166,3 +173,44 @@ def test_a_full_disk_during_a_background_write_ends_in_one_line(dolly_data_dir, 
 
     resumed = pretrain(dolly_data_dir, "--zero-stage", "1", "--load", str(folder))
     assert losses(resumed.stdout) == {i: ref_losses[i] for i in range(3, 9)}
+
+
+@pytest.mark.slow
+def test_sigterms_save_is_committed_before_the_run_says_it_stopped(dolly_data_dir, reference, tmp_path):
+    """--exit-signal-handler's save in the background: the stop line comes after the checkpoint is committed (its
+    saved line first), `latest` names it, and the run exits 0."""
+    ref_losses, _ = reference
+    save = tmp_path / "ckpt"
+    proc = subprocess.Popen(pretrain_cmd(dolly_data_dir, 2, "--zero-stage", "1", "--save", str(save),
+                                         "--exit-signal-handler", "--async-save"),
+                            env=test_env(**SKIP_PROBES), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = []
+    try:
+        for line in proc.stdout:
+            log.append(line)
+            if re.match(r" iteration +2/", line):
+                workers = [p for p in psutil.Process(proc.pid).children() if p.environ().get("RANK") == "1"]
+                workers[0].send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 0, "".join(log)[-3000:]
+    finally:
+        proc.kill()
+    log = "".join(log)
+    stopped = re.search(r"^ exiting program after receiving SIGTERM at iteration (\d+) \(checkpoint saved to (.+)\)$",
+                        log, re.M)
+    assert stopped, log[-3000:]
+    step = int(stopped.group(1))
+    saved = [match for match in SAVED.finditer(log) if int(match.group(1)) == step]
+    assert saved and saved[0].start() < stopped.start()
+    assert (save / "latest").read_text() == f"global_step{step}"
+    assert damage_reason(str(save / f"global_step{step}")) is None
+    assert losses(log) == {i: ref_losses[i] for i in range(1, step + 1)}
+
+
+def test_the_log_parser_reads_both_save_lines(tmp_path):
+    from analysis.log_parser import SaveRecord, parse_log
+    log = tmp_path / "train.log"
+    log.write_text("  successfully saved checkpoint at iteration        2 to runs/x in 0.54 s (109.6 MB)\n"
+                   "  successfully saved checkpoint at iteration        4 to runs/x in 0.56 s (109.6 MB), async: "
+                   "training blocked 0.07 s (host copy 68.5 MB), background 0.49 s\n")
+    assert parse_log(log).saves == [SaveRecord(2, 0.54, 109.6), SaveRecord(4, 0.56, 109.6, 0.07, 68.5, 0.49)]
+    assert SAVED.search(log.read_text())  # the test's own pattern reads what docs/log-lines.md shows

@@ -42,16 +42,21 @@ if TYPE_CHECKING:
     from megatron.arguments import Args
 
 
-def host_copy(state):
-    """(`state` with every tensor copied to host memory of its own, the bytes copied). Containers are rebuilt,
-    other values kept (DeepSpeed's state dicts hold plain types); a tensor met twice (tied weights) is copied once."""
+def host_copy(state, spare: dict[tuple, list[torch.Tensor]] | None = None):
+    """(`state` with every tensor copied to host memory of its own, the copies). Containers are rebuilt, other
+    values kept (DeepSpeed's state dicts hold plain types); a tensor met twice (tied weights) is copied once. A copy
+    goes into a buffer of `spare` (by dtype and shape) where one is left from an earlier save: writing into memory
+    already touched is ~3x faster than into fresh pages (24 against 77 ms for 144 MB here)."""
     copies: dict[tuple, torch.Tensor] = {}
+    spare = {} if spare is None else spare
 
     def copy(value):
         if isinstance(value, torch.Tensor):
             key = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
             if key not in copies:
-                copies[key] = value.detach().to("cpu", copy=True)
+                free = spare.get(_buffer_key(value))
+                target = free.pop() if free else torch.empty(value.shape, dtype=value.dtype, device="cpu")
+                copies[key] = target.copy_(value.detach())
             return copies[key]
         if isinstance(value, dict):
             rebuilt = value.copy()  # keeps the type (OrderedDict, defaultdict)
@@ -65,17 +70,22 @@ def host_copy(state):
             return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
         return value
 
-    copied = copy(state)
-    return copied, sum(tensor.untyped_storage().nbytes() for tensor in copies.values())
+    return copy(state), list(copies.values())
+
+
+def _buffer_key(tensor: torch.Tensor) -> tuple:
+    return tensor.dtype, tuple(tensor.shape)
 
 
 class HostCopyEngine(FlushingCheckpointEngine):
     """DeepSpeed's checkpoint engine for --async-save: `save` keeps a host copy of each file's state dict,
-    `write_queued` (the writer thread) writes them as FlushingCheckpointEngine does."""
+    `write_queued` (the writer thread) writes them as FlushingCheckpointEngine does. The copies' buffers are
+    kept for the next save's copy (`spare`): one host copy of the rank's checkpoint stays allocated."""
 
     def __init__(self, config_params=None):
         super().__init__(config_params)
-        self.queued: list[tuple[object, str]] = []
+        self.queued: list[tuple[object, str, list[torch.Tensor]]] = []
+        self.spare: dict[tuple, list[torch.Tensor]] = {}
         self.host_bytes = 0
         self.saves = BackgroundSaves()
 
@@ -84,18 +94,24 @@ class HostCopyEngine(FlushingCheckpointEngine):
         self.queued, self.host_bytes = [], 0
 
     def save(self, state_dict, path: str):
-        copied, size = host_copy(state_dict)
-        self.queued.append((copied, path))
-        self.host_bytes += size
+        copied, buffers = host_copy(state_dict, self.spare)
+        self.queued.append((copied, path, buffers))
+        self.host_bytes += sum(buffer.untyped_storage().nbytes() for buffer in buffers)
 
     def preserves_storage_sharing(self) -> bool:
         return False  # DeepSpeed need not clone what host_copy copies compactly anyway
 
     def write_queued(self) -> None:
+        """Write every queued copy; its buffers go back to `spare` once written (the main thread takes them only
+        after waiting for this write)."""
         queued, self.queued = self.queued, []
-        while queued:
-            state, path = queued.pop(0)  # each copy is freed once written
-            FlushingCheckpointEngine.save(self, state, path)
+        try:
+            for state, path, _ in queued:
+                FlushingCheckpointEngine.save(self, state, path)
+        finally:
+            for _, _, buffers in queued:
+                for buffer in buffers:
+                    self.spare.setdefault(_buffer_key(buffer), []).append(buffer)
 
 
 @dataclass
@@ -177,8 +193,8 @@ def _write_and_commit(engine: HostCopyEngine, group, write: Write) -> None:
         if rank == 0:
             seconds = time.perf_counter() - write.started
             print(f"{saved_line(write.save_dir, write.tag, write.iteration, seconds)}, async: training blocked "
-                  f"{write.blocked:.2f} s (host copy {write.host_bytes / 1e6:.1f} MB), background {seconds - write.blocked:.2f} s",
-                  flush=True)
+                  f"{write.blocked:.2f} s (host copy {write.host_bytes / 1e6:.1f} MB), "
+                  f"background {seconds - write.blocked:.2f} s", flush=True)
     except Exception as err:  # a rank or host gone while the ranks' writers met: nothing was committed
         kept = (f"'latest' still names {write.previous}, which the next start resumes" if write.previous else
                 "no checkpoint is complete there yet")
