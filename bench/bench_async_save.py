@@ -25,7 +25,7 @@ from bench.bench_gpt_vs_hf import VOCAB, flags, random_batches, toy_dataset, tra
 from megatron import accounting  # noqa: E402
 from megatron.arguments import parse_args  # noqa: E402
 from megatron.checkpointing import protocol  # noqa: E402
-from megatron.checkpointing.async_save import HostCopyEngine, finish  # noqa: E402
+from megatron.checkpointing.async_save import HostCopyEngine, finish, save_in_background  # noqa: E402
 from megatron.checkpointing.save_load import save_checkpoint  # noqa: E402
 from megatron.checkpointing.writer import FlushingCheckpointEngine  # noqa: E402
 from megatron.initialize import DistInfo, initialize_distributed, set_seed, silence_known_warnings  # noqa: E402
@@ -77,7 +77,8 @@ def measure(args, opts, dist_info: DistInfo) -> dict:
             iteration += 1
             dist.barrier()
             start = time.perf_counter()
-            save_checkpoint(engine, modes[mode], iteration, 0, dist_info.rank)
+            saver = save_in_background if mode == "async" else save_checkpoint
+            saver(engine, modes[mode], iteration, 0, dist_info.rank, None)
             dist.barrier()
             blocked = time.perf_counter() - start
             during, waited = [], 0.0

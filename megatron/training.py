@@ -598,8 +598,11 @@ def save(engine, args: Args, state: LoopState, dist_info: DistInfo, reporter: Re
     --mtbf-hours, the first save of a launch that has timed steps prints the checkpoint interval that fits.
     final: the run stops after this save, for this reason; with --async-save it waits for the last write."""
     if state.last_saved_iteration != state.iteration:
-        seconds = save_checkpoint(engine, args, state.iteration, state.consumed_samples, dist_info.rank,
-                                  consumed_tokens=state.consumed_tokens)
+        saver = save_checkpoint
+        if args.checkpoint.async_save:  # the seconds returned: how long training waited
+            from megatron.checkpointing.async_save import save_in_background as saver
+        seconds = saver(engine, args, state.iteration, state.consumed_samples, dist_info.rank,
+                        consumed_tokens=state.consumed_tokens)
         state.last_saved_iteration = state.iteration
         mtbf_hours = args.checkpoint.mtbf_hours
         if reporter is not None and mtbf_hours and not state.interval_advised and state.launch_iterations:

@@ -33,13 +33,10 @@ if TYPE_CHECKING:
 def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, rank: int,
                     consumed_tokens: int | None = None) -> float:
     """Returns the seconds the save took on this rank, from the first barrier to the commit's (every rank's
-    files written, flushed and swapped into place), the time a checkpoint interval is weighed against; with
-    --async-save the seconds the save kept training waiting (megatron/checkpointing/async_save.py).
+    files written, flushed and swapped into place), the time a checkpoint interval is weighed against
+    (--async-save saves through megatron/checkpointing/async_save.py instead).
     consumed_tokens: the tokens trained on so far (a curriculum's steps are shorter than --seq-length); None:
     consumed_samples x --seq-length."""
-    if args.checkpoint.async_save:
-        from megatron.checkpointing.async_save import save_in_background
-        return save_in_background(engine, args, iteration, consumed_samples, rank, consumed_tokens)
     save_dir, tag = args.checkpoint.save, protocol.tag_name(iteration)
     started = time.perf_counter()
     if type(engine.checkpoint_engine) is TorchCheckpointEngine:  # DeepSpeed's default engine (not a user's)
