@@ -186,15 +186,14 @@ def _write_and_commit(engine: HostCopyEngine, group, write: Write) -> None:
                 protocol.commit(write.save_dir, write.tag, write.record, checksums=checksums)
             except OSError as err:
                 outcome = [err.strerror or str(err)]
+            if outcome[0] is None:  # before the other ranks hear of it: their lines about the save come after
+                seconds = time.perf_counter() - write.started
+                print(f"{saved_line(write.save_dir, write.tag, write.iteration, seconds)}, async: training blocked "
+                      f"{write.blocked:.2f} s (host copy {write.host_bytes / 1e6:.1f} MB), "
+                      f"background {seconds - write.blocked:.2f} s", flush=True)
         dist.broadcast_object_list(outcome, src=0, group=group)
         if outcome[0] is not None:
             write.error = failed_line(write.save_dir, write.tag, 0, outcome[0], write.previous)
-            return
-        if rank == 0:
-            seconds = time.perf_counter() - write.started
-            print(f"{saved_line(write.save_dir, write.tag, write.iteration, seconds)}, async: training blocked "
-                  f"{write.blocked:.2f} s (host copy {write.host_bytes / 1e6:.1f} MB), "
-                  f"background {seconds - write.blocked:.2f} s", flush=True)
     except Exception as err:  # a rank or host gone while the ranks' writers met: nothing was committed
         kept = (f"'latest' still names {write.previous}, which the next start resumes" if write.previous else
                 "no checkpoint is complete there yet")
