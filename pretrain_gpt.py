@@ -91,7 +91,7 @@ def pretrain(args: Args, tokenizer, dist_info: DistInfo, comm=None) -> LoopState
     state = train(engine, train_iter, valid_iter, args, dist_info, reporter, tokenizer.eod, state,
                   **step_functions(args))
     if args.checkpoint.save:
-        save(engine, args, state, dist_info, reporter)
+        save(engine, args, state, dist_info, reporter, final="the run ends")
     if schedule.finished(state):
         reporter.print_line(training_done_line())
     reporter.close()

@@ -45,6 +45,7 @@ _RECORD_START_RE = re.compile(
     r"|(?P<model_state>model state memory per rank \(GB\)\s*\|)"
     r"|(?P<run_info>> run info\s*\|)"
     r"|(?P<parameters>> parameters\s*\|)"
+    r"|(?P<saved>successfully saved checkpoint at iteration\s+(?P<svit>\d+) to )"
     r"|(?P<end>\[after training is done\])"  # Megatron's last line
     # megatron/training.py's TrainingError when too many iterations in a row were NaN/Inf
     r"|(?P<diverged>stopping at iteration\s+(?P<sit>\d+):)"
@@ -169,6 +170,20 @@ class ModelStateRecord:
 
 
 @dataclass
+class SaveRecord:
+    """`successfully saved checkpoint at iteration N to DIR in S s (M MB)`, with --async-save also what training
+    waited, the host copy and the background write (docs/log-lines.md, "The checkpoint lines")."""
+
+    iteration: int
+    seconds: float | None
+    size_mb: float | None
+    blocked_s: float | None = None  # --async-save's fields; None for a synchronous save (blocked: all of `seconds`)
+    host_copy_mb: float | None = None
+    background_s: float | None = None
+    attempt: int = 0  # ParsedLog.starts' index
+
+
+@dataclass
 class AttemptRecord:
     """`[zero-lab] attempt N started <UTC time> ...`: one launch of the run (a resume appends another)."""
 
@@ -188,6 +203,7 @@ class ParsedLog:
     progress: list[ProgressRecord] = field(default_factory=list)
     validations: list[ValidationRecord] = field(default_factory=list)
     epochs: list[EpochRecord] = field(default_factory=list)
+    saves: list[SaveRecord] = field(default_factory=list)
     model_state: ModelStateRecord | None = None
     run_info: dict[str, str] = field(default_factory=dict)  # every start's run info line, the last winning
     run_infos: dict[int, dict[str, str]] = field(default_factory=dict)  # each start's own (starts' index)
@@ -433,6 +449,11 @@ def _add_record(log: ParsedLog, kind: str, match: re.Match, seg: str) -> None:
             lm_loss=_float(LM_LOSS_RE, seg),
             attempt=log.start,
         ))
+    elif kind == "saved":
+        log.saves.append(SaveRecord(
+            int(match["svit"]), _float(r" in (\d+\.\d+) s \(", seg), _float(r"\((\d+\.\d+) MB\)", seg),
+            _float(r"training blocked (\d+\.\d+) s", seg), _float(r"host copy (\d+\.\d+) MB", seg),
+            _float(r"background (\d+\.\d+) s", seg), attempt=log.start))
     elif kind == "model_state":
         log.model_state = _parse_model_state(seg)
     elif kind == "run_info":

@@ -292,6 +292,8 @@ class CheckpointArgs:
     no_load_optim: bool = flag(False, "resume --load without its optimizer states and learning-rate schedule (the "
                                       "schedule starts again from its first step)")
     no_load_rng: bool = flag(False, "resume --load without its random generators (they start from --seed)")
+    async_save: bool = flag(False, "copy the state to host memory and write the checkpoint in the background while "
+                                   "training goes on (Megatron-Core's flag; docs/checkpoints.md)")
 
     def __post_init__(self):
         _require(not self.universal_checkpoint or (self.load is not None and not self.finetune),
@@ -302,6 +304,8 @@ class CheckpointArgs:
                  "--no-load-optim cannot be combined with --universal-checkpoint (a universal checkpoint is resumed "
                  "whole); drop one")
         _require(self.mtbf_hours is None or self.mtbf_hours > 0, f"--mtbf-hours must be > 0, got {self.mtbf_hours}")
+        _require(not self.async_save or bool(self.save), "--async-save writes --save's checkpoints in the background; "
+                                                         "give --save DIR, or drop --async-save")
 
 
 @dataclass

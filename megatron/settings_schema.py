@@ -92,6 +92,7 @@ VARIABLES = (
     _given_only("POSITION_EMBEDDING_TYPE", "learned|rotary", "--use-rotary-position-embeddings"),
     _given_only("SP_SIZE", "int", "--ds-sequence-parallel-size", alias="SPSIZE"),  # DeepSpeed-Ulysses
     _given_only("COMPILE", "flag", "--compile"),  # torch.compile (docs/gpu.md)
+    _given_only("ASYNC_SAVE", "flag", "--async-save"),  # checkpoints written in the background (docs/checkpoints.md)
     # the mixture of experts (docs/moe.md): only set ones give flags
     _given_only("NUM_EXPERTS", "ints", "--num-experts"),
     _given_only("EP_SIZE", "int", "--moe-expert-parallel-size"),

@@ -275,7 +275,7 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
             save(engine, args, state, dist_info, reporter)
         if polling and exit_signal.stop_requested(dist_info.device):
             if ckpt.save:
-                save(engine, args, state, dist_info, reporter)
+                save(engine, args, state, dist_info, reporter, final=f"exiting on {exit_signal.name}")
             saved = f"checkpoint saved to {ckpt.save}" if ckpt.save else "nothing saved: no --save"
             stopped = f" exiting program after receiving {exit_signal.name} at iteration {it} ({saved})"
             reporter.print_line(stopped)
@@ -290,7 +290,7 @@ def train(engine, train_iterator, valid_iterator, args: Args, dist_info: DistInf
         if timed and (minutes := minutes_past(args.training.exit_duration_in_mins, reporter.progress.launch_started,
                                               dist_info.device)) is not None:
             if ckpt.save:
-                save(engine, args, state, dist_info, reporter)
+                save(engine, args, state, dist_info, reporter, final="exiting after --exit-duration-in-mins")
             reporter.print_line(exit_duration_line(minutes))
             break
         clock, clock_from = clock.start(), it
@@ -320,17 +320,24 @@ def _asked_for(schedule: Schedule, state: LoopState) -> str:
             "more tokens")
 
 
-def save(engine, args: Args, state: LoopState, dist_info: DistInfo, reporter: Reporter | None = None) -> None:
+def save(engine, args: Args, state: LoopState, dist_info: DistInfo, reporter: Reporter | None = None,
+         final: str | None = None) -> None:
     """Save once per iteration (the final save after the loop skips an iteration already saved). With
-    --mtbf-hours, the first save of a launch that has timed steps prints the checkpoint interval that fits."""
-    if state.last_saved_iteration == state.iteration:
-        return
-    seconds = save_checkpoint(engine, args, state.iteration, state.consumed_samples, dist_info.rank,
-                              consumed_tokens=state.consumed_tokens)
-    state.last_saved_iteration = state.iteration
-    mtbf_hours = args.checkpoint.mtbf_hours
-    if reporter is not None and mtbf_hours and not state.interval_advised and state.launch_iterations:
-        advice = interval.advise(seconds, state.launch_seconds / state.launch_iterations, mtbf_hours,
-                                 args.checkpoint.save_interval)
-        reporter.print_line(advice.line())
-        state.interval_advised = True
+    --mtbf-hours, the first save of a launch that has timed steps prints the checkpoint interval that fits.
+    final: the run stops after this save, for this reason; with --async-save it waits for the last write."""
+    if state.last_saved_iteration != state.iteration:
+        saver = save_checkpoint
+        if args.checkpoint.async_save:  # the seconds returned: how long training waited
+            from megatron.checkpointing.async_save import save_in_background as saver
+        seconds = saver(engine, args, state.iteration, state.consumed_samples, dist_info.rank,
+                        consumed_tokens=state.consumed_tokens)
+        state.last_saved_iteration = state.iteration
+        mtbf_hours = args.checkpoint.mtbf_hours
+        if reporter is not None and mtbf_hours and not state.interval_advised and state.launch_iterations:
+            advice = interval.advise(seconds, state.launch_seconds / state.launch_iterations, mtbf_hours,
+                                     args.checkpoint.save_interval)
+            reporter.print_line(advice.line())
+            state.interval_advised = True
+    if final is not None and args.checkpoint.async_save:
+        from megatron.checkpointing.async_save import finish
+        finish(engine, final)

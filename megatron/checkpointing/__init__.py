@@ -7,7 +7,8 @@
 - `resume_check`: at start-up, whether `--load` can be resumed by this run's layout.
 - `save_load`: saving and resuming through the DeepSpeed engine; `writer` flushes each file it writes and
   takes its CRC-32 as it goes (`checksum`: the manifest's CRC-32s, standard library only),
-  `rng` keeps the random generators; `universal`: resuming on another data-parallel size or ZeRO stage.
+  `rng` keeps the random generators; `async_save` is `--async-save` (a host copy written by a thread);
+  `universal`: resuming on another data-parallel size or ZeRO stage.
 - `interval`: how often to save, given a save's time and the cluster's MTBF (standard library only).
 
 Nothing is imported here, so that importing `protocol` or `run_folder` does not import torch.

@@ -33,13 +33,49 @@ if TYPE_CHECKING:
 def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, rank: int,
                     consumed_tokens: int | None = None) -> float:
     """Returns the seconds the save took on this rank, from the first barrier to the commit's (every rank's
-    files written, flushed and swapped into place), the time a checkpoint interval is weighed against.
+    files written, flushed and swapped into place), the time a checkpoint interval is weighed against
+    (--async-save saves through megatron/checkpointing/async_save.py instead).
     consumed_tokens: the tokens trained on so far (a curriculum's steps are shorter than --seq-length); None:
     consumed_samples x --seq-length."""
     save_dir, tag = args.checkpoint.save, protocol.tag_name(iteration)
     started = time.perf_counter()
     if type(engine.checkpoint_engine) is TorchCheckpointEngine:  # DeepSpeed's default engine (not a user's)
         engine.checkpoint_engine = FlushingCheckpointEngine(engine._config)
+    previous = write_staged(engine, args, iteration, consumed_samples, rank, consumed_tokens)
+    # every rank's files are written and flushed once this collective returns; rank 0 gets their CRC-32s
+    checksums = _gather_checksums(engine, os.path.join(save_dir, protocol.staging_tag(tag)))
+    if rank == 0:
+        protocol.commit(save_dir, tag, commit_record(args, iteration, consumed_samples), checksums=checksums)
+    dist.barrier()  # no rank reports the save before it is committed
+    seconds = time.perf_counter() - started
+    if rank == 0:
+        print(saved_line(save_dir, tag, iteration, seconds), flush=True)
+    return seconds
+
+
+def saved_line(save_dir: str, tag: str, iteration: int, seconds: float) -> str:
+    size = sum(protocol.listed_files(os.path.join(save_dir, tag)).values())
+    return (f"  successfully saved checkpoint at iteration {iteration:8d} to {save_dir} "
+            f"in {seconds:.2f} s ({size / 1e6:.1f} MB)")
+
+
+def commit_record(args: Args, iteration: int, consumed_samples: int) -> dict:
+    """What the marker records besides the files."""
+    return {"iteration": iteration, "consumed_samples": consumed_samples, "argv": args.argv,
+            "layout": current_layout(args)}
+
+
+def failed_line(save_dir: str, tag: str, rank: int, why: str, previous: str | None) -> str:
+    kept = f"'latest' still names {previous}" if previous else "no checkpoint is complete there yet"
+    return f"--save {save_dir}: writing checkpoint {tag} failed on rank {rank} ({why}); {kept}"
+
+
+def write_staged(engine, args: Args, iteration: int, consumed_samples: int, rank: int,
+                 consumed_tokens: int | None) -> str | None:
+    """Every rank hands DeepSpeed's files of this save to its checkpoint engine, into `<tag>.saving`
+    (written there, or with --async-save copied to host memory to be written); returns the tag `latest`
+    named before."""
+    save_dir, tag = args.checkpoint.save, protocol.tag_name(iteration)
     previous = protocol.read_latest(save_dir)
     if rank == 0:
         protocol.prepare_save(save_dir, tag)
@@ -61,21 +97,8 @@ def save_checkpoint(engine, args: Args, iteration: int, consumed_samples: int, r
         save_own_rng_state(engine.checkpoint_engine, os.path.join(save_dir, protocol.staging_tag(tag)), rank,
                            generators)
     except OSError as err:  # a full disk, a file-size limit, a vanished folder
-        kept = f"'latest' still names {previous}" if previous else "no checkpoint is complete there yet"
-        raise CheckpointError(f"--save {save_dir}: writing checkpoint {tag} failed on rank {rank} "
-                              f"({err.strerror or err}); {kept}") from None
-    # every rank's files are written and flushed once this collective returns; rank 0 gets their CRC-32s
-    checksums = _gather_checksums(engine, os.path.join(save_dir, protocol.staging_tag(tag)))
-    if rank == 0:
-        protocol.commit(save_dir, tag, {"iteration": iteration, "consumed_samples": consumed_samples,
-                                        "argv": args.argv, "layout": current_layout(args)}, checksums=checksums)
-    dist.barrier()  # no rank reports the save before it is committed
-    seconds = time.perf_counter() - started
-    if rank == 0:
-        size = sum(protocol.listed_files(os.path.join(save_dir, tag)).values())
-        print(f"  successfully saved checkpoint at iteration {iteration:8d} to {save_dir} "
-              f"in {seconds:.2f} s ({size / 1e6:.1f} MB)", flush=True)
-    return seconds
+        raise CheckpointError(failed_line(save_dir, tag, rank, err.strerror or str(err), previous)) from None
+    return previous
 
 
 def _gather_checksums(engine, staging: str) -> dict[str, str] | None:

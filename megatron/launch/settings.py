@@ -230,6 +230,7 @@ def training_settings(env: Mapping[str, str], *, accelerator: str, world: int, m
     parallel += ["--sequence-parallel"] if v["SP"] == "1" else []
     parallel += ["--checkpoint-activations"] if v["USE_ACTIVATION_CHECKPOINTING"] == "1" else []
     parallel += ["--compile"] if v.get("COMPILE") == "1" else []  # torch.compile (docs/gpu.md)
+    parallel += ["--async-save"] if v.get("ASYNC_SAVE") == "1" else []  # docs/checkpoints.md
     parallel += ["--deepspeed_config", ds_config] if ds_config else []
     positions = ["--use-rotary-position-embeddings"] if v.get("POSITION_EMBEDDING_TYPE") == "rotary" else []
     # DeepSpeed-Ulysses (docs/long-sequences.md); SP is Megatron's --sequence-parallel
