@@ -166,6 +166,11 @@ class GPTConfig:
         return any(n > 1 for n in self.layer_experts)
 
     @property
+    def experts_setting(self) -> str:
+        """--num-experts as the flag would give this model's (the messages that refuse an MoE model name it)."""
+        return f"--num-experts {' '.join(map(str, self.num_experts))}"
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
@@ -178,11 +183,6 @@ class GPTConfig:
     def kv_channels(self) -> int:
         """Width of the keys (and of the values): num_key_value_heads heads of head_dim."""
         return self.num_key_value_heads * self.head_dim
-
-    @property
-    def ffn_input_width(self) -> int:
-        """The MLP's first matrix's outputs: SwiGLU's gate and up halves, or the GELU MLP's ffn_hidden_size."""
-        return 2 * self.ffn_hidden_size if self.swiglu else self.ffn_hidden_size
 
     @property
     def is_gpt2_shaped(self) -> bool:
