@@ -412,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--model-size", default=None, help=f"preset: {', '.join(MODEL_PRESETS)}")
     _add_flags(model, GPTConfig, "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                "seq_length", "max_position_embeddings", "hidden_dropout", "attention_dropout", "init_method_std",
-               "layernorm_epsilon", "use_rotary_position_embeddings", "rotary_percent", *LLAMA_FLAGS)
+               "layernorm_epsilon", "use_rotary_position_embeddings", "rotary_percent", *LLAMA_FLAGS, "squared_relu")
     # Megatron-DeepSpeed's Llama scripts name --rope-theta --rotary-position-embeddings-theta
     model.add_argument("--rope-theta", "--rotary-position-embeddings-theta", dest="rope_theta", type=float,
                        default=_default(GPTConfig, "rope_theta"), help="the rotary angles' base (Llama 3: 500000)")
@@ -492,7 +492,7 @@ def _model_config(ns, params_dtype: torch.dtype, recompute: bool) -> GPTConfig:
                      recompute_activations=recompute, recompute_with_deepspeed=_deepspeed_recompute(ns)[0],
                      params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel,
                      use_rotary_position_embeddings=ns.use_rotary_position_embeddings,
-                     rotary_percent=ns.rotary_percent, rope_theta=ns.rope_theta,
+                     rotary_percent=ns.rotary_percent, rope_theta=ns.rope_theta, squared_relu=ns.squared_relu,
                      **{name: getattr(ns, name) for name in LLAMA_FLAGS}, **_moe_shape(ns))
 
 

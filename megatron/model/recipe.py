@@ -1,6 +1,6 @@
 """A transformer layer's recipe: the parts the GPTConfig picks for it, in Megatron-Core's "layer spec" spirit
-(plain objects, no imports by name): its norm (LayerNorm or RMSNorm), its attention core, its MLP (GELU or SwiGLU; an
-MoE layer holds `experts` such MLPs). Each part owns what depends on its kind: the module it
+(plain objects, no imports by name): its norm (LayerNorm or RMSNorm), its attention core, its MLP (GELU, SwiGLU or
+squared ReLU; an MoE layer holds `experts` such MLPs). Each part owns what depends on its kind: the module it
 builds, its parameters, its FLOPs, the activations its backward keeps, its checkpoint names (how tensor
 parallelism splits them) and its Hugging Face names. The model (transformer.py), the accounting
 (megatron/accounting/predict), the saved model's reader, the Hugging Face conversion and --finetune read the
@@ -72,6 +72,11 @@ RMSNORM = Norm("rmsnorm", SequenceParallelRMSNorm, False, HF_LLAMA, (
 NORMS = {norm.name: norm for norm in (LAYERNORM, RMSNORM)}
 
 
+def squared_relu(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)^2 (So et al. 2021, "Primer"; Nemotron-4), as Megatron-LM's --squared-relu computes it."""
+    return torch.pow(F.relu(x), 2)
+
+
 def _gelu(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
@@ -86,7 +91,7 @@ class MLP:
     activation: Callable[[torch.Tensor], torch.Tensor]
     gated: bool
     # [tokens, ffn] tensors its backward keeps per layer: GELU its input and output; the gated one gate and up (one
-    # tensor), activation(gate) and the product
+    # tensor), activation(gate) and the product; squared ReLU relu's output (pow's input too) and the square
     kept_ffn_tensors: int
     hf_family: str | None
     hf_names: tuple[HFName, ...]
@@ -119,6 +124,9 @@ GELU = MLP("gelu", "GELU", (), _gelu, False, 2, HF_GPT2, _GPT2_MLP_NAMES, "gelu_
 SWIGLU = MLP("swiglu", "SwiGLU", ("--swiglu",), F.silu, True, 4, HF_LLAMA, (
     ("mlp.dense_h_to_4h.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), False),
     ("mlp.dense_4h_to_h.weight", ("mlp.down_proj.weight",), False)), "silu")
+SQUARED_RELU = MLP("squared_relu", "squared ReLU", ("--squared-relu",), squared_relu, False, 2, None, (),
+                   hf_refusal="--squared-relu: no Hugging Face GPT-2 or Llama has a squared-ReLU MLP: no Hugging "
+                              "Face export")
 
 
 @dataclass(frozen=True)
@@ -149,7 +157,8 @@ ATTENTION = Attention()
 # what each Hugging Face family's layer is made of, and so the flags a model needs to be written as one
 FAMILY_PARTS = {HF_GPT2: (LAYERNORM, GELU), HF_LLAMA: (RMSNORM, SWIGLU)}
 # the GPTConfig fields that pick a layer's parts, each a flag of its name (checkpoints record them)
-ARCHITECTURE_FIELDS = (("normalization", "--normalization"), ("swiglu", "--swiglu"))
+ARCHITECTURE_FIELDS = (("normalization", "--normalization"), ("swiglu", "--swiglu"),
+                       ("squared_relu", "--squared-relu"))
 
 
 def norm_part(config: GPTConfig) -> Norm:
@@ -158,8 +167,8 @@ def norm_part(config: GPTConfig) -> Norm:
 
 def mlp_part(config: GPTConfig | None = None, **flags: bool) -> MLP:
     """The dense MLP's kind the config (or its MLP flags as GPTConfig names them, e.g. swiglu=True) picks."""
-    chosen = {name: flags.get(name, getattr(config, name, False)) for name in ("swiglu",)}
-    return SWIGLU if chosen["swiglu"] else GELU
+    chosen = {name: flags.get(name, getattr(config, name, False)) for name in ("swiglu", "squared_relu")}
+    return SWIGLU if chosen["swiglu"] else SQUARED_RELU if chosen["squared_relu"] else GELU
 
 
 class ParallelMLP(nn.Module):
