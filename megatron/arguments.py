@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_flags(model, GPTConfig, *SHAPE_FLAGS, "ffn_hidden_size",
                "seq_length", "max_position_embeddings", "hidden_dropout", "attention_dropout", "init_method_std",
                "layernorm_epsilon", "use_rotary_position_embeddings", "rotary_percent",
-               *(name for name in LLAMA_FLAGS if name not in ("ffn_hidden_size", "rope_theta")))
+               *(name for name in LLAMA_FLAGS if name not in ("ffn_hidden_size", "rope_theta")), "squared_relu")
     # Megatron-DeepSpeed's Llama scripts name --rope-theta --rotary-position-embeddings-theta
     model.add_argument("--rope-theta", "--rotary-position-embeddings-theta", dest="rope_theta", type=float,
                        default=_default(GPTConfig, "rope_theta"), help="the rotary angles' base (Llama 3: 500000)")
@@ -491,7 +491,7 @@ def _model_config(ns, params_dtype: torch.dtype, recompute: bool) -> GPTConfig:
                      recompute_activations=recompute,
                      recompute_with_deepspeed=_deepspeed_recompute(ns, model.get("num_experts", [1]))[0],
                      params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel,
-                     rotary_percent=ns.rotary_percent, **_moe_shape(ns))
+                     rotary_percent=ns.rotary_percent, squared_relu=ns.squared_relu, **_moe_shape(ns))
 
 
 def _parse_with_preset(argv: list[str]) -> argparse.Namespace:

@@ -60,7 +60,8 @@ def local_weights(full: dict[str, torch.Tensor], module: torch.nn.Module, num_la
         tensor, dim = full[source], partition_dim(source)
         if source in ("word_embeddings.weight", "output_layer.weight"):
             tensor = _resize_vocabulary(tensor, _full_shape(param)[0] * tp_size)
-        if dim is not None and tp_size > 1:  # SwiGLU's gate and up: this rank's part of each (partition_stride 2)
+        # a tensor split in blocks (a gated MLP's gate and up: partition_stride 2): this rank's part of each block
+        if dim is not None and tp_size > 1:
             tensor = strided_shard(tensor, dim, tp_group, getattr(param, "partition_stride", 1))
         if tuple(tensor.shape) != _full_shape(param):
             raise SavedModelError(
@@ -101,8 +102,8 @@ def load_finetune_weights(engine, load_dir: str, trust: bool = False,
     loaded = load_checkpoint_weights(load_dir, trust=trust)
     notes = settings_check(loaded.config, config, load_dir) if config is not None else []
     if loaded.config.is_moe:  # the experts' names are global, a rank's local at EP > 1: not mapped here
-        raise SavedModelError(f"--load {load_dir} --finetune: a mixture-of-experts checkpoint (--num-experts "
-                              f"{' '.join(map(str, loaded.config.num_experts))}): fine-tuning from it is not "
+        raise SavedModelError(f"--load {load_dir} --finetune: a mixture-of-experts checkpoint "
+                              f"({loaded.config.experts_setting}): fine-tuning from it is not "
                               "supported; resume it with --load at its layout (docs/moe.md)")
     module = engine.module
     expected_layers = getattr(getattr(module, "config", None), "num_layers", loaded.config.num_layers)

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from megatron.model.recipe import ARCHITECTURE_FIELDS
+
 if TYPE_CHECKING:
     from megatron.arguments import Args
 
-# what the tensors' shapes and names depend on, each with the flag that sets it; dropout, recompute, the rotary
-# angles, the epsilon and the routing's capacity are the run's to change on a resume
+# what the tensors' shapes and names depend on, each with the flag that sets it (the layer recipe's choices of norm
+# and MLP among them: two MLP activations may share their shapes, not their weights' meaning); dropout, recompute, the
+# rotary angles, the epsilon and the routing's capacity are the run's to change on a resume
 SHAPE_FLAGS = (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
                ("num_attention_heads", "--num-attention-heads"), ("num_key_value_heads", "--num-key-value-heads"),
                ("ffn_hidden_size", "--ffn-hidden-size"), ("max_position_embeddings", "--max-position-embeddings"),
-               ("padded_vocab_size", "padded vocabulary"), ("normalization", "--normalization"),
-               ("swiglu", "--swiglu"), ("untie_embeddings_and_output_weights", "--untie-embeddings-and-output-weights"),
+               ("padded_vocab_size", "padded vocabulary"), *ARCHITECTURE_FIELDS,
+               ("untie_embeddings_and_output_weights", "--untie-embeddings-and-output-weights"),
                ("disable_bias_linear", "--disable-bias-linear"), ("mlp_type", "--mlp-type"))
 NEW_FOLDER = "give the run its own folder (RUN_NAME) or FRESH=1 to start this one afresh"
 # --finetune reads the weights into a model of the same shape, in any precision (megatron/saved_model)

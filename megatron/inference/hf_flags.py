@@ -14,16 +14,17 @@ import json
 import sys
 
 from megatron.model.config import GPTConfig
+from megatron.model.recipe import ARCHITECTURE_FIELDS, HF_LLAMA, hf_family, layer_recipe
 
 # the fields that make a preset's architecture (rope theta and the norms' epsilon are flags beside it), with their
-# names in a Llama's and a GPT-2's config.json; the family's fields (RMSNorm, SwiGLU, rotary, no biases) are its
-# model_type, and MoE presets have experts no Hugging Face GPT-2 or Llama has
+# names in a Llama's and a GPT-2's config.json; the family's fields (the layer recipe's norm and MLP, rotary, no
+# biases) are its model_type, and MoE presets have experts no Hugging Face GPT-2 or Llama has
 SHAPE = {"num_layers": ("num_hidden_layers", "n_layer"), "hidden_size": ("hidden_size", "n_embd"),
          "num_attention_heads": ("num_attention_heads", "n_head"),
          "num_key_value_heads": ("num_key_value_heads", None), "ffn_hidden_size": ("intermediate_size", "n_inner"),
          "untie_embeddings_and_output_weights": ("tie_word_embeddings", "tie_word_embeddings"),
          "num_experts": ("experts", "experts")}
-FAMILY = ("normalization", "swiglu", "use_rotary_position_embeddings", "disable_bias_linear")
+FAMILY = (*(key for key, _ in ARCHITECTURE_FIELDS), "use_rotary_position_embeddings", "disable_bias_linear")
 
 
 def number(value: float) -> str:
@@ -36,10 +37,11 @@ def model_flags(config: GPTConfig) -> list[str]:
     what makes it a Llama), the norms' epsilon and rope theta included: their defaults need not be the model's."""
     flags = ["--num-layers", str(config.num_layers), "--hidden-size", str(config.hidden_size),
              "--num-attention-heads", str(config.num_attention_heads)]
-    if config.swiglu:
+    if hf_family(config) == HF_LLAMA:
+        recipe = layer_recipe(config)
         flags += ["--num-key-value-heads", str(config.num_key_value_heads), "--ffn-hidden-size",
-                  str(config.ffn_hidden_size), "--rope-theta", number(config.rope_theta), "--normalization", "rmsnorm",
-                  "--swiglu", "--use-rotary-position-embeddings", "--disable-bias-linear"]
+                  str(config.ffn_hidden_size), "--rope-theta", number(config.rope_theta), *recipe.norm.flags,
+                  *recipe.mlp.flags, "--use-rotary-position-embeddings", "--disable-bias-linear"]
         flags += ["--untie-embeddings-and-output-weights"] * config.untie_embeddings_and_output_weights
     elif config.ffn_hidden_size != 4 * config.hidden_size:
         flags += ["--ffn-hidden-size", str(config.ffn_hidden_size)]
@@ -67,15 +69,14 @@ def preset_differences(config: GPTConfig, preset: dict) -> list[str]:
     values = {key: [value] if key == "num_experts" else value for key, value in preset.items()
               if key in SHAPE or key in FAMILY}
     theirs = GPTConfig(**values, seq_length=1, max_position_embeddings=1, padded_vocab_size=None)
-    family = {True: "llama", False: "gpt2"}
     if any(getattr(config, key) != getattr(theirs, key) for key in FAMILY):
-        return [f"model_type {family[config.swiglu]!r} (the preset's: {family[theirs.swiglu]!r})"]
+        return [f"model_type {hf_family(config)!r} (the preset's: {hf_family(theirs)!r})"]
     differences = []
     for key, names in SHAPE.items():
         mine, other = getattr(config, key), getattr(theirs, key)
         if key == "untie_embeddings_and_output_weights":
             mine, other = not mine, not other  # config.json says tie_word_embeddings
-        name = names[0 if config.swiglu else 1]
+        name = names[0 if hf_family(config) == HF_LLAMA else 1]
         derived = name == "n_inner" and mine == 4 * config.hidden_size  # GPT-2's n_inner null: 4 x n_embd
         if mine != other and name is not None and not derived:
             differences.append(f"{name} {mine} (the preset's: {other})")

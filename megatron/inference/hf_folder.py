@@ -8,6 +8,7 @@ import torch
 
 from megatron.inference import hf_gpt2, hf_llama
 from megatron.inference.hf_tokenizer import save_hf_tokenizer, tokenizer_in_folder
+from megatron.model.recipe import export_refusal
 from megatron.saved_model.reader import LoadedCheckpoint, SavedModelError, check_state_dict
 from megatron.tokenizer import TokenizerConfig, padded_vocab_size
 
@@ -43,9 +44,12 @@ def _hf_model(loaded: LoadedCheckpoint, vocab_size: int, bos: int | None, eod: i
 
     config = loaded.config
     if config.is_moe:
-        raise SavedModelError(f"{loaded.path}: a mixture-of-experts checkpoint (--num-experts "
-                              f"{' '.join(map(str, config.num_experts))}): Hugging Face's GPT-2 and Llama have no "
-                              "experts to hold its expert weights: no Hugging Face export (docs/moe.md)")
+        raise SavedModelError(f"{loaded.path}: a mixture-of-experts checkpoint ({config.experts_setting}): Hugging "
+                              "Face's GPT-2 and Llama have no experts to hold its expert weights: no Hugging Face "
+                              "export (docs/moe.md)")
+    refusal = export_refusal(config)
+    if refusal:
+        raise SavedModelError(f"{loaded.path}: {refusal}")
     if config.is_gpt2_shaped:
         if config.use_rotary_position_embeddings:
             raise SavedModelError(f"{loaded.path}: the model has rotary positions (--use-rotary-position-embeddings), "

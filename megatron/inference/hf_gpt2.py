@@ -1,29 +1,17 @@
 """Weight and config mapping between our GPTModel and Hugging Face's GPT2LMHeadModel.
 
-Two layout differences matter. HF's Conv1D stores every linear weight as [in, out] (the
-transpose of nn.Linear). HF's fused c_attn splits its output as [q | k | v], each over all
-heads, while our query_key_value is laid out per head as [head, (q, k, v), head_dim] so that
-a tensor-parallel column split hands every rank whole heads.
+The layer's names besides QKV are its recipe's (megatron/model/recipe.py). Two layout differences matter. HF's
+Conv1D stores every linear weight as [in, out] (the transpose of nn.Linear). HF's fused c_attn splits its output as
+[q | k | v], each over all heads, while our query_key_value is laid out per head as [head, (q, k, v), head_dim] so
+that a tensor-parallel column split hands every rank whole heads.
 """
 from __future__ import annotations
 
 import torch
 
 from megatron.model import GPTConfig
+from megatron.model.recipe import HF_GPT2, from_hf_layer, layer_recipe, to_hf_layer
 
-# (our suffix, HF suffix, transpose?) for one transformer layer, QKV excepted.
-_LAYER_MAP = (
-    ("input_layernorm.weight", "ln_1.weight", False),
-    ("input_layernorm.bias", "ln_1.bias", False),
-    ("self_attention.dense.weight", "attn.c_proj.weight", True),
-    ("self_attention.dense.bias", "attn.c_proj.bias", False),
-    ("post_attention_layernorm.weight", "ln_2.weight", False),
-    ("post_attention_layernorm.bias", "ln_2.bias", False),
-    ("mlp.dense_h_to_4h.weight", "mlp.c_fc.weight", True),
-    ("mlp.dense_h_to_4h.bias", "mlp.c_fc.bias", False),
-    ("mlp.dense_4h_to_h.weight", "mlp.c_proj.weight", True),
-    ("mlp.dense_4h_to_h.bias", "mlp.c_proj.bias", False),
-)
 _TOP_MAP = (
     ("position_embeddings.weight", "transformer.wpe.weight"),
     ("final_layernorm.weight", "transformer.ln_f.weight"),
@@ -76,7 +64,7 @@ def from_hf_config(hf_config, padded_vocab_size: int) -> GPTConfig:
 
 def state_dict_to_hf(ours: dict[str, torch.Tensor], config: GPTConfig, vocab_size: int) -> dict[str, torch.Tensor]:
     """Our (full, TP=1) state dict -> GPT2LMHeadModel's, the padded vocabulary rows cut off."""
-    heads = config.num_attention_heads
+    heads, names = config.num_attention_heads, layer_recipe(config).hf_names(HF_GPT2)
     words = ours["word_embeddings.weight"][:vocab_size]
     hf = {"transformer.wte.weight": words, "lm_head.weight": words}
     hf.update({theirs: ours[name] for name, theirs in _TOP_MAP})
@@ -84,9 +72,7 @@ def state_dict_to_hf(ours: dict[str, torch.Tensor], config: GPTConfig, vocab_siz
         src, dst = f"layers.{i}.", f"transformer.h.{i}."
         for suffix in ("weight", "bias"):
             hf[f"{dst}attn.c_attn.{suffix}"] = qkv_to_hf(ours[f"{src}self_attention.query_key_value.{suffix}"], heads)
-        for name, theirs, transpose in _LAYER_MAP:
-            tensor = ours[src + name]
-            hf[dst + theirs] = tensor.t() if transpose else tensor
+        hf.update(to_hf_layer(ours, src, dst, names))
     return {name: tensor.float().contiguous() for name, tensor in hf.items()}
 
 
@@ -96,7 +82,7 @@ def state_dict_from_hf(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[s
     The padding rows are the mean embedding: GPT-2's logits sit far below zero, so zero rows
     (logit 0) would take most of the softmax mass and wreck the loss at the start of fine-tuning.
     """
-    heads = config.num_attention_heads
+    heads, names = config.num_attention_heads, layer_recipe(config).hf_names(HF_GPT2)
     words = hf["transformer.wte.weight"]
     padding = config.padded_vocab_size - words.shape[0]
     if padding < 0:
@@ -108,7 +94,5 @@ def state_dict_from_hf(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[s
         src, dst = f"transformer.h.{i}.", f"layers.{i}."
         for suffix in ("weight", "bias"):
             ours[f"{dst}self_attention.query_key_value.{suffix}"] = qkv_from_hf(hf[f"{src}attn.c_attn.{suffix}"], heads)
-        for name, theirs, transpose in _LAYER_MAP:
-            tensor = hf[src + theirs]
-            ours[dst + name] = tensor.t() if transpose else tensor
+        ours.update(from_hf_layer(hf, src, dst, names))
     return {name: tensor.float().contiguous() for name, tensor in ours.items()}

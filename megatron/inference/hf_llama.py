@@ -3,8 +3,9 @@
 Two layout differences matter. Our fused query_key_value is laid out per K/V group as
 [kv_head, (q x heads / kv_heads, k, v), head_dim] (a tensor-parallel column split hands every rank whole
 groups); HF keeps q_proj, k_proj and v_proj apart, query head h served by K/V head h // (heads / kv_heads), the
-group our layout keeps together. Our dense_h_to_4h is SwiGLU's [gate; up] (reassembled from the TP ranks'
-[gate_r; up_r] by megatron.saved_model.layouts), HF's gate_proj and up_proj. Both apply rotary as rotate_half over
+group our layout keeps together. Our dense_h_to_4h is the gated MLP's [gate; up] (reassembled from the TP ranks'
+[gate_r; up_r] by megatron.saved_model.layouts), HF's gate_proj and up_proj (the layer's names besides QKV are its
+recipe's, megatron/model/recipe.py). Both apply rotary as rotate_half over
 the whole head with the angles position x theta^(-2i / head_dim) repeated over the two halves
 (megatron/model/rotary.py), so q and k rows need no permutation.
 """
@@ -13,19 +14,13 @@ from __future__ import annotations
 import torch
 
 from megatron.model import GPTConfig
-
-_LAYER_MAP = (  # (our suffix, HF suffix) for one layer, QKV and the SwiGLU input excepted
-    ("input_layernorm.weight", "input_layernorm.weight"),
-    ("self_attention.dense.weight", "self_attn.o_proj.weight"),
-    ("post_attention_layernorm.weight", "post_attention_layernorm.weight"),
-    ("mlp.dense_4h_to_h.weight", "mlp.down_proj.weight"),
-)
-
+from megatron.model.presets import LLAMA
+from megatron.model.recipe import FAMILY_PARTS, HF_LLAMA, family_needs, from_hf_layer, layer_recipe, to_hf_layer
 
 def llama_refusal(config: GPTConfig) -> str | None:
     """Why LlamaForCausalLM cannot hold this model, or None."""
-    for wrong, flag in ((config.normalization != "rmsnorm", "--normalization rmsnorm"),
-                        (not config.swiglu, "--swiglu"),
+    parts = family_needs(config, HF_LLAMA)  # --normalization rmsnorm, the gated SiLU MLP's flag
+    for wrong, flag in ((parts is not None, parts),
                         (not config.use_rotary_position_embeddings, "--use-rotary-position-embeddings"),
                         (not config.disable_bias_linear, "--disable-bias-linear"),
                         (config.rotary_percent != 1.0, "--rotary-percent 1.0")):
@@ -64,8 +59,10 @@ def _hf_refusal(hf_config) -> str | None:
     """Why our model cannot express this HF Llama config, or None."""
     rope_type = hf_rope(hf_config)[0]
     heads = hf_config.num_attention_heads
+    mlp = FAMILY_PARTS[HF_LLAMA][1]  # the gated MLP whose activation config.json's hidden_act names
     for wrong, what in (
-            (hf_config.hidden_act != "silu", f"hidden_act {hf_config.hidden_act!r} (our SwiGLU gates with silu)"),
+            (hf_config.hidden_act != mlp.hf_activation,
+             f"hidden_act {hf_config.hidden_act!r} (our {mlp.title} gates with {mlp.hf_activation})"),
             (rope_type != "default", f"rope_scaling/rope_parameters of type {rope_type!r} (ours rotates with plain "
                                      "theta: rope_type 'default')"),
             (getattr(hf_config, "attention_bias", False), "attention_bias true (our Llama has no biases)"),
@@ -89,9 +86,8 @@ def from_hf_config(hf_config, padded_vocab_size: int) -> GPTConfig:
         seq_length=hf_config.max_position_embeddings, max_position_embeddings=hf_config.max_position_embeddings,
         padded_vocab_size=padded_vocab_size, ffn_hidden_size=hf_config.intermediate_size,
         hidden_dropout=0.0, attention_dropout=hf_config.attention_dropout, layernorm_epsilon=hf_config.rms_norm_eps,
-        init_method_std=hf_config.initializer_range, use_rotary_position_embeddings=True,
-        rope_theta=hf_rope(hf_config)[1], normalization="rmsnorm", swiglu=True,
-        untie_embeddings_and_output_weights=not hf_config.tie_word_embeddings, disable_bias_linear=True,
+        init_method_std=hf_config.initializer_range, rope_theta=hf_rope(hf_config)[1],
+        **{**LLAMA, "untie_embeddings_and_output_weights": not hf_config.tie_word_embeddings},
     )
 
 
@@ -115,14 +111,13 @@ def state_dict_to_hf(ours: dict[str, torch.Tensor], config: GPTConfig, vocab_siz
     output = ours["output_layer.weight"][:vocab_size] if config.untie_embeddings_and_output_weights else words
     hf = {"model.embed_tokens.weight": words, "lm_head.weight": output,
           "model.norm.weight": ours["final_layernorm.weight"]}
+    names = layer_recipe(config).hf_names(HF_LLAMA)
     for i in range(config.num_layers):
         src, dst = f"layers.{i}.", f"model.layers.{i}."
         q, k, v = qkv_to_hf(ours[f"{src}self_attention.query_key_value.weight"], config)
         hf.update({f"{dst}self_attn.q_proj.weight": q, f"{dst}self_attn.k_proj.weight": k,
                    f"{dst}self_attn.v_proj.weight": v})
-        gate, up = ours[f"{src}mlp.dense_h_to_4h.weight"].chunk(2, dim=0)
-        hf.update({f"{dst}mlp.gate_proj.weight": gate, f"{dst}mlp.up_proj.weight": up})
-        hf.update({dst + theirs: ours[src + name] for name, theirs in _LAYER_MAP})
+        hf.update(to_hf_layer(ours, src, dst, names))
     return {name: tensor.float().contiguous() for name, tensor in hf.items()}
 
 
@@ -139,11 +134,10 @@ def state_dict_from_hf(hf: dict[str, torch.Tensor], config: GPTConfig) -> dict[s
             "final_layernorm.weight": hf["model.norm.weight"]}
     if config.untie_embeddings_and_output_weights:
         ours["output_layer.weight"] = _padded(hf["lm_head.weight"], config.padded_vocab_size)
+    names = layer_recipe(config).hf_names(HF_LLAMA)
     for i in range(config.num_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         ours[f"{dst}self_attention.query_key_value.weight"] = qkv_from_hf(
             *(hf[f"{src}self_attn.{name}_proj.weight"] for name in "qkv"), config)
-        ours[f"{dst}mlp.dense_h_to_4h.weight"] = torch.cat([hf[f"{src}mlp.gate_proj.weight"],
-                                                            hf[f"{src}mlp.up_proj.weight"]])
-        ours.update({dst + name: hf[src + theirs] for name, theirs in _LAYER_MAP})
+        ours.update(from_hf_layer(hf, src, dst, names))
     return {name: tensor.float().contiguous() for name, tensor in ours.items()}

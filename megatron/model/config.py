@@ -49,6 +49,8 @@ class GPTConfig:
     # query head), --untie-embeddings-and-output-weights (the output layer's own weight), --disable-bias-linear
     normalization: str = "layernorm"
     swiglu: bool = False
+    # Megatron-LM's --squared-relu: the MLP's activation relu(x)^2 (Primer, Nemotron-4) instead of GELU
+    squared_relu: bool = False
     num_key_value_heads: int | None = None
     untie_embeddings_and_output_weights: bool = False
     disable_bias_linear: bool = False
@@ -125,6 +127,8 @@ class GPTConfig:
                                    "group of query heads")
         if self.rope_theta <= 0:
             raise ModelConfigError(f"--rope-theta must be > 0, got {self.rope_theta}")
+        if self.swiglu and self.squared_relu:
+            raise ModelConfigError("--squared-relu and --swiglu each pick the MLP's activation: give one of them")
 
     def _check_moe(self) -> None:
         counts, interval = self.num_experts, self.expert_interval
@@ -168,6 +172,11 @@ class GPTConfig:
         return any(n > 1 for n in self.layer_experts)
 
     @property
+    def experts_setting(self) -> str:
+        """--num-experts as the flag would give this model's (the messages that refuse an MoE model name it)."""
+        return f"--num-experts {' '.join(map(str, self.num_experts))}"
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
@@ -182,14 +191,10 @@ class GPTConfig:
         return self.num_key_value_heads * self.head_dim
 
     @property
-    def ffn_input_width(self) -> int:
-        """The MLP's first matrix's outputs: SwiGLU's gate and up halves, or the GELU MLP's ffn_hidden_size."""
-        return 2 * self.ffn_hidden_size if self.swiglu else self.ffn_hidden_size
-
-    @property
     def is_gpt2_shaped(self) -> bool:
         """GPT-2's architecture: LayerNorm, GELU, one K/V head per query head, tied output, biases."""
-        return (self.normalization == "layernorm" and not self.swiglu and not self.disable_bias_linear
+        return (self.normalization == "layernorm" and not self.swiglu and not self.squared_relu
+                and not self.disable_bias_linear
                 and self.num_key_value_heads == self.num_attention_heads
                 and not self.untie_embeddings_and_output_weights)
 

@@ -1,5 +1,6 @@
 """GPT-2: learned positions (or rotary ones, applied in the attention), pre-LN transformer layers, final LayerNorm, tied output layer.
-Llama (docs/model.md): rotary positions, RMSNorm, SwiGLU, grouped-query attention and an untied output layer.
+Llama (docs/model.md): rotary positions, RMSNorm, a gated SiLU MLP, grouped-query attention and an untied output
+layer.
 
 The model is built for one tensor-parallel group (None = serial), and a DeepSpeed-Ulysses sequence-parallel group
 (None = whole sequences; with one, input_ids are this rank's slice at its global position_ids), and returns per-token

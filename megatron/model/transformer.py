@@ -1,5 +1,6 @@
 """One GPT-2 transformer layer: pre-LayerNorm attention and MLP, each added to the residual; or Llama's,
-with the GPTConfig flags that make it (RMSNorm, SwiGLU, grouped-query attention, no biases; docs/model.md).
+with the GPTConfig flags that make it (docs/model.md). The layer's recipe (megatron/model/recipe.py) picks its
+norm and its MLP (an MoE layer's too); the attention is this file's.
 
 The tensor-parallel layers carry all communication; this file has no collective calls.
 Activations are [batch, seq, hidden]; with sequence parallelism the residual stream outside
@@ -19,27 +20,24 @@ from megatron.core.tensor_parallel import (
     ColumnParallelLinear,
     RNGStatesTracker,
     RowParallelLinear,
-    SequenceParallelLayerNorm,
-    SequenceParallelRMSNorm,
     init_method_normal,
     scaled_init_method_normal,
 )
 from megatron.core.tensor_parallel.mappings import group_rank, group_size
 from megatron.model.config import GPTConfig
 from megatron.model.kv_cache import LayerKVCache
-from megatron.model.moe import MoEMLP
+from megatron.model.recipe import ParallelMLP, layer_recipe, norm_part  # noqa: F401 (ParallelMLP: the dense MLP)
 from megatron.model.rotary import RotaryEmbedding
 from megatron.model.ulysses import UlyssesAttention
 
 
 def norm_class(config: GPTConfig) -> type[nn.Module]:
-    """--normalization: LayerNorm (GPT-2) or RMSNorm (Llama), both sequence-parallel aware."""
-    return SequenceParallelRMSNorm if config.normalization == "rmsnorm" else SequenceParallelLayerNorm
+    """--normalization's module (the recipe's norm), sequence-parallel aware."""
+    return norm_part(config).module
 
 
 def layer_norm(config: GPTConfig, tp_group) -> nn.Module:
-    return norm_class(config)(config.hidden_size, eps=config.layernorm_epsilon, group=tp_group,
-                              sequence_parallel=config.sequence_parallel, params_dtype=config.params_dtype)
+    return norm_part(config).build(config, tp_group)
 
 
 class ParallelAttention(nn.Module):
@@ -120,48 +118,16 @@ class ParallelAttention(nn.Module):
         return self.dense(context)
 
 
-class ParallelMLP(nn.Module):
-    """h -> ffn (column split) -> GELU(tanh) -> h (row split); with --swiglu, h -> (gate, up) -> SiLU(gate) x up
-    -> h, gate and up one column-parallel matrix of 2 ffn rows whose TP shards are each [gate_r; up_r]."""
-
-    def __init__(self, config: GPTConfig, tp_group):
-        super().__init__()
-        self.swiglu = config.swiglu
-        bias = not config.disable_bias_linear
-        self.dense_h_to_4h = ColumnParallelLinear(
-            config.hidden_size, config.ffn_input_width, group=tp_group,
-            init_method=init_method_normal(config.init_method_std), params_dtype=config.params_dtype,
-            sequence_parallel=config.sequence_parallel, bias=bias, stride=2 if config.swiglu else 1,
-        )
-        self.dense_4h_to_h = RowParallelLinear(
-            config.ffn_hidden_size, config.hidden_size, group=tp_group,
-            init_method=scaled_init_method_normal(config.init_method_std, config.num_layers),
-            params_dtype=config.params_dtype, sequence_parallel=config.sequence_parallel, bias=bias,
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.dense_h_to_4h(x)
-        if self.swiglu:
-            gate, up = y.chunk(2, dim=-1)
-            return self.dense_4h_to_h(F.silu(gate) * up)
-        return self.dense_4h_to_h(F.gelu(y, approximate="tanh"))
-
-
-def build_mlp(config: GPTConfig, tp_group, num_experts: int, expert_rank: int) -> nn.Module:
-    """The dense MLP, or DeepSpeed's MoE layer of `num_experts` such MLPs (megatron/model/moe.py)."""
-    if num_experts == 1:
-        return ParallelMLP(config, tp_group)
-    return MoEMLP(config, num_experts, lambda: ParallelMLP(config, None), expert_rank)
-
-
 class ParallelTransformerLayer(nn.Module):
     def __init__(self, config: GPTConfig, tp_group, rng_tracker: RNGStatesTracker, sp_group=None,
-                 num_experts: int = 1, expert_rank: int = 0):
+                 experts: int = 1, expert_rank: int = 0):
+        """experts: the layer's MLPs (1: dense; more: an MoE layer, megatron/model/moe.py)."""
         super().__init__()
-        self.input_layernorm = layer_norm(config, tp_group)
+        recipe = layer_recipe(config, experts)
+        self.input_layernorm = recipe.norm.build(config, tp_group)
         self.self_attention = ParallelAttention(config, tp_group, rng_tracker, sp_group)
-        self.post_attention_layernorm = layer_norm(config, tp_group)
-        self.mlp = build_mlp(config, tp_group, num_experts, expert_rank)
+        self.post_attention_layernorm = recipe.norm.build(config, tp_group)
+        self.mlp = recipe.build_mlp(tp_group, expert_rank)
         self.hidden_dropout = nn.Dropout(config.hidden_dropout)
         self.sequence_parallel = config.sequence_parallel
         self.ulysses_slice = group_size(sp_group) > 1  # this rank holds a DeepSpeed-Ulysses slice

@@ -7,8 +7,9 @@ replicated. The fused QKV is laid out per head, so concatenating the ranks' rows
 full per-head layout. DeepSpeed's pipeline engine saves one file per layer and TP rank,
 `layer_XX-model_YY-model_states.pt`: layer 0 the embeddings, 1..L the transformer layers,
 L + 1 the final LayerNorm (the tied output layer reuses layer 0's weight and is not saved; an untied one,
---untie-embeddings-and-output-weights, is layer L + 2, its keys output_layer.*). SwiGLU's h->4h shards are each
-[gate_r; up_r] (Megatron's layout): merged, the gates come first, then the ups.
+--untie-embeddings-and-output-weights, is layer L + 2, its keys output_layer.*). A tensor the layer's recipe
+splits in blocks (megatron/model/recipe.py's strides: a gated MLP's h->4h shards are each [gate_r; up_r],
+Megatron's layout) is merged block by block: the gates come first, then the ups.
 """
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ import re
 
 import torch
 
+from megatron.model.recipe import mlp_part
+
 COLUMN_PARALLEL = ("word_embeddings.weight", "query_key_value.weight", "query_key_value.bias",
                    "dense_h_to_4h.weight", "dense_h_to_4h.bias", "output_layer.weight")
-GATED = ("dense_h_to_4h.weight", "dense_h_to_4h.bias")  # SwiGLU's gate and up, strided over the TP ranks
 ROW_PARALLEL = ("self_attention.dense.weight", "dense_4h_to_h.weight")
 _LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
 
@@ -33,20 +35,23 @@ def partition_dim(name: str) -> int | None:
     return None
 
 
-def merge_tensor_parallel(shards: list[dict[str, torch.Tensor]], swiglu: bool = False) -> dict[str, torch.Tensor]:
-    """One state dict from the TP ranks' state dicts, in rank order."""
+def merge_tensor_parallel(shards: list[dict[str, torch.Tensor]], strides: dict[str, int] | None = None,
+                          **mlp_flags: bool) -> dict[str, torch.Tensor]:
+    """One state dict from the TP ranks' state dicts, in rank order. strides: {name suffix: blocks} of the tensors
+    split block by block (the recipe's MLP's strides); by default those of the MLP its GPTConfig flags pick
+    (e.g. the keyword of the gated MLP's flag; none: GELU's, which has no blocks)."""
     if len(shards) == 1:
         return shards[0]
+    strides = mlp_part(**mlp_flags).strides if strides is None else strides
     merged = {}
     for name, first in shards[0].items():
         dim = partition_dim(name)
+        stride = next((k for suffix, k in strides.items() if name.endswith(suffix)), 1)
         if dim is None:
             merged[name] = first
-        elif swiglu and name.endswith(GATED):
-            halves = [shard[name].chunk(2, dim=dim) for shard in shards]
-            merged[name] = torch.cat([gate for gate, _ in halves] + [up for _, up in halves], dim=dim)
         else:
-            merged[name] = torch.cat([shard[name] for shard in shards], dim=dim)
+            blocks = [shard[name].chunk(stride, dim=dim) for shard in shards]
+            merged[name] = torch.cat([rank[block] for block in range(stride) for rank in blocks], dim=dim)
     return merged
 
 

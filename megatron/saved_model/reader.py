@@ -25,6 +25,7 @@ import torch
 from megatron.errors import ZeroLabError
 from megatron.model import GPTConfig, GPTModel
 from megatron.model.config import ModelConfigError
+from megatron.model.recipe import mlp_part
 from megatron.safe_load import restricted_unpickling
 from megatron.saved_model.layouts import (
     gather_pipeline_layers,
@@ -277,7 +278,7 @@ def _load_weights(folder: str) -> LoadedCheckpoint:
         layer_files = pipeline_layer_files(folder)
         zero = bool(glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")))
         shards = [_tp_shard(folder, rank, tp_size, layer_files, zero) for rank in range(tp_size)]
-        weights = merge_tensor_parallel([shard for shard, _ in shards], swiglu=config.swiglu)
+        weights = merge_tensor_parallel([shard for shard, _ in shards], mlp_part(config).strides)
         weights_from = shards[0][1]
     if "word_embeddings.weight" not in weights:
         raise SavedModelError(f"{folder}: no word_embeddings.weight among the weights (not a GPT checkpoint)")

@@ -5,6 +5,7 @@ import re
 
 from megatron.accounting.predict.training_setup import PRECISIONS, AccountingError
 from megatron.model.config import GPTConfig
+from megatron.model.recipe import layer_recipe
 
 # Dense peaks in TFLOP/s per accelerator part and matmul precision: bf16/fp16 tensor cores, TF32 tensor
 # cores, fp32 without them. Never the sparsity figures: where a datasheet gives only those ("* with
@@ -53,20 +54,16 @@ _PART_NAMES: tuple[tuple[str, str], ...] = (
 
 
 def layer_forward_flops(config: GPTConfig, tokens: int, experts: int = 1) -> float:
-    """Multiply-adds x 2 of one transformer layer's forward over `tokens` tokens: QKV (h -> h + 2 k, k the K/V
-    width: h without grouped-query attention), attention out (h -> h), MLP in and out (h -> f -> h; SwiGLU's
-    gate and up are two h -> f), and the attention products Q K^T and softmax(.) V, each
-    s x s x h per sequence (the whole square: the causal kernels skip the masked half, but Megatron's
-    papers and the counters count it, so the figure stays comparable). An MoE layer (`experts` > 1) runs the
-    active MLPs: --topk experts per token, the gate (h -> experts) and, for --mlp-type residual, the dense MLP
-    beside them and its coefficient (h -> 2); the capacity's padding is not counted, as the dropped tokens are not.
+    """Multiply-adds x 2 of one transformer layer's forward over `tokens` tokens, as its recipe counts them
+    (megatron/model/recipe.py): QKV (h -> h + 2 k, k the K/V width: h without grouped-query attention), attention
+    out (h -> h), MLP in and out (h -> f -> h; a gated MLP's gate and up are two h -> f), and the attention
+    products Q K^T and softmax(.) V, each s x s x h per sequence (the whole square: the causal kernels skip the
+    masked half, but Megatron's papers and the counters count it, so the figure stays comparable). An MoE layer
+    (`experts` > 1) runs the active MLPs: --topk experts per token, the gate (h -> experts) and, for --mlp-type
+    residual, the dense MLP beside them and its coefficient (h -> 2); the capacity's padding is not counted, as the
+    dropped tokens are not.
     """
-    h, f, s = config.hidden_size, config.ffn_hidden_size, config.seq_length
-    mlp = config.ffn_input_width + f
-    if experts > 1:
-        mlp = config.topk * mlp + experts + ((mlp + 2) if config.mlp_type == "residual" else 0)
-    matmuls = (2 * h + 2 * config.kv_channels) + mlp  # per token, per input feature
-    return 2.0 * tokens * h * matmuls + 4.0 * tokens * s * h
+    return layer_recipe(config, experts).forward_flops(tokens)
 
 
 def logit_forward_flops(config: GPTConfig, tokens: int) -> float:

@@ -6,6 +6,7 @@ import math
 from megatron.accounting.predict.parameters import expert_groups_on_rank, parameter_groups_on_rank, parameters_on_rank
 from megatron.accounting.predict.training_setup import AccountingError, TrainingSetup
 from megatron.model.config import GPTConfig
+from megatron.model.recipe import mlp_part, norm_part
 
 # ZeRO paper (Rajbhandari et al. 2020), bytes per parameter for (params, grads, optimizer
 # states). Mixed precision: 16-bit params and grads, K=12 for fp32 master copy + Adam m + v.
@@ -162,14 +163,8 @@ def _fused_attention_inputs(config: GPTConfig, setup: TrainingSetup) -> int:
 
 
 def _norm_bytes(config: GPTConfig, setup: TrainingSetup) -> tuple[int, int]:
-    """(bytes per element, bytes per token) one norm keeps: LayerNorm its input, its mean and 1/std (the input's
-    dtype on CPU, fp32 on CUDA); RMSNorm on CPU (torch's unfused rms_norm computes in fp32) the input and the
-    normalised input in fp32 and an fp32 1/rms, and on CUDA (a fused kernel; not measured here) its input and
-    the fp32 1/rms."""
-    e, on_cpu = setup.element_bytes, setup.device == "cpu"
-    if config.normalization == "rmsnorm":
-        return (8 if on_cpu else e), 4
-    return e, 2 * (e if on_cpu else 4)
+    """(bytes per element, bytes per token) one norm keeps: the recipe's norm's (megatron/model/recipe.py)."""
+    return norm_part(config).activation_bytes(setup.element_bytes, setup.device == "cpu")
 
 
 def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
@@ -195,9 +190,9 @@ def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
         attention += 2 * t * config.rotary_dim * 4
     mask = _dropout_mask_bytes(config, setup)
     norm_element, norm_token = _norm_bytes(config, setup)
-    # split over TP: the attention inputs, the attention output projection's input (e), the MLP's GeLU input and
-    # output (2 ffn e), or SwiGLU's gate and up (one tensor), SiLU(gate) and its product with up (4 ffn e)
-    mlp = (4 if config.swiglu else 2) * config.ffn_hidden_size * e
+    # split over TP: the attention inputs, the attention output projection's input (e), the MLP's [tokens, ffn]
+    # tensors (the recipe's MLP says how many: GELU's input and output, a gated MLP's four)
+    mlp = mlp_part(config).kept_ffn_tensors * config.ffn_hidden_size * e
     split = t * b * (h * (attention_inputs + e) + mlp) / tp
     # whole on every TP rank: the QKV and MLP inputs (the norms' outputs; under sequence parallelism
     # the column-parallel layers keep the gathered input, not their slice)

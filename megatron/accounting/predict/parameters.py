@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from megatron.model.config import GPTConfig
+from megatron.model.recipe import layer_recipes, mlp_part, norm_part
 
 
 def count_parameters(config: GPTConfig) -> int:
@@ -14,32 +15,14 @@ def active_parameters(config: GPTConfig) -> int:
     """Parameters one token goes through: everything but the experts, and --topk experts of each MoE layer (the
     gate and a residual MoE's dense MLP are outside the experts). A dense model's are all of them."""
     experts_per_token = sum(config.topk for n in config.layer_experts if n > 1)
-    return parameters_on_rank(config) + experts_per_token * sum(map(sum, _mlp(config)))
-
-
-def _mlp(config: GPTConfig, tp: int = 1) -> tuple[list[int], list[int]]:
-    """One dense MLP's (matrices, biases): in (SwiGLU: gate and up) and out. An expert is one at TP=1."""
-    h, f, f_in = config.hidden_size, config.ffn_hidden_size, config.ffn_input_width
-    return [h * f_in // tp, f * h // tp], ([f_in // tp, h] if not config.disable_bias_linear else [])
-
-
-def _moe_outside_experts(config: GPTConfig, experts: int) -> tuple[list[int], list[int]]:
-    """What an MoE layer holds besides its experts, in module order: DeepSpeed's gate (h -> experts, no bias) and,
-    for --mlp-type residual, the dense MLP beside the experts and the coefficient (h -> 2) that mixes the two."""
-    h = config.hidden_size
-    if config.mlp_type != "residual":
-        return [h * experts], []
-    matrices, biases = _mlp(config)
-    return [h * experts, *matrices, 2 * h], [*biases, 2]
+    return parameters_on_rank(config) + experts_per_token * sum(map(sum, mlp_part(config).parameters(config)))
 
 
 def expert_groups_on_rank(config: GPTConfig, expert_parallel_size: int = 1) -> tuple[list[int], list[int]]:
     """Sizes of the expert parameters one rank holds (each MoE layer's experts / EP, each a dense MLP at TP=1), in
     megatron/optimizer.py's groups (matrices; biases), which ZeRO partitions over the expert-data-parallel ranks."""
-    matrices, biases = _mlp(config)
-    local = [n // expert_parallel_size for n in config.layer_experts if n > 1]
-    return [size for n in local for _ in range(n) for size in matrices], \
-        [size for n in local for _ in range(n) for size in biases]
+    groups = [recipe.expert_parameters(expert_parallel_size) for recipe in layer_recipes(config)]
+    return [size for matrices, _ in groups for size in matrices], [size for _, biases in groups for size in biases]
 
 
 def parameter_groups_on_rank(config: GPTConfig, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
@@ -50,25 +33,21 @@ def parameter_groups_on_rank(config: GPTConfig, tensor_parallel_size: int = 1, p
     embeddings are whole on every TP rank (rotary positions have no table). Stage 0 holds the embeddings, the last stage the final
     LayerNorm and (with PP > 1) its own copy of the tied embedding module (the word embedding and an unused
     position table); each stage num_layers / pp layers.
-    Llama's shapes: RMSNorm has no bias, --disable-bias-linear drops the linear biases, QKV is h + 2 x the K/V
-    width (grouped-query attention), SwiGLU's first matrix 2 ffn wide, and an untied output layer is the last
-    stage's own [vocab / tp, h] matrix. An MoE layer's MLP is its gate (and a residual MoE's dense MLP and
-    coefficient) here; its experts are expert_groups_on_rank's."""
+    Each layer's own parameters are its recipe's (megatron/model/recipe.py: the norm's, the attention's, the MLP's;
+    an MoE layer's MLP is its gate, and a residual MoE's dense MLP and coefficient: the experts are
+    expert_groups_on_rank's); an untied output layer is the last stage's own [vocab / tp, h] matrix."""
     tp, pp = tensor_parallel_size, pipeline_parallel_size
-    h, qkv = config.hidden_size, config.hidden_size + 2 * config.kv_channels
+    h = config.hidden_size
     words = config.padded_vocab_size // tp * h
-    norm = [h] if config.normalization == "rmsnorm" else [h, h]  # weight (and bias)
-    bias = not config.disable_bias_linear
+    norm = norm_part(config).vectors(h)
     matrices, vectors = [], []
     if stage == 0:
         matrices += [words] + ([config.learned_positions * h] if config.learned_positions else [])
     layers = config.num_layers // pp
-    for experts in config.layer_experts[stage * layers:(stage + 1) * layers]:
-        # QKV, attention out, MLP in (SwiGLU: gate and up), MLP out
-        mlp_matrices, mlp_biases = _mlp(config, tp) if experts == 1 else _moe_outside_experts(config, experts)
-        matrices += [h * qkv // tp, h * h // tp, *mlp_matrices]
-        # input norm, QKV and attention-out biases, norm, MLP in and out biases
-        vectors += norm + ([qkv // tp, h] if bias else []) + norm + mlp_biases
+    for recipe in layer_recipes(config)[stage * layers:(stage + 1) * layers]:
+        layer_matrices, layer_vectors = recipe.parameters(tp)
+        matrices += layer_matrices
+        vectors += layer_vectors
     if stage == pp - 1:
         vectors += norm
         if config.untie_embeddings_and_output_weights:

@@ -38,6 +38,7 @@ from megatron.accounting.predict.traffic import (TRAFFIC_KINDS, moe_all_to_all_p
                                                ulysses_all_to_alls_per_step, zero_traffic_per_step)
 from megatron.accounting.predict.training_setup import AccountingError, TrainingSetup
 from megatron.model.config import GPTConfig
+from megatron.model.recipe import mlp_part, norm_part
 
 
 @dataclass(frozen=True)
@@ -218,11 +219,11 @@ class _Module:
 def _modules(config: GPTConfig, tp: int, pp: int, stage: int) -> list[_Module]:
     """The parameter-holding modules of pipeline `stage` in forward order (accounting.parameter_groups_on_rank's
     sizes); the last stage of a pipeline holds its own copy of the tied word embedding."""
-    h, f, qkv, f_in = config.hidden_size, config.ffn_hidden_size, h_qkv(config), config.ffn_input_width
+    h, f, qkv, f_in = config.hidden_size, config.ffn_hidden_size, h_qkv(config), mlp_part(config).input_width(config)
     words = _Module("words", (config.padded_vocab_size // tp * h,))
     positions = [_Module("positions", (config.learned_positions * h,))] if config.learned_positions else []
     modules = [words, *positions] if stage == 0 else []
-    norm = _Module("layernorm", (h,) if config.normalization == "rmsnorm" else (h, h))
+    norm = _Module("layernorm", tuple(norm_part(config).vectors(h)))
 
     def linear(kind: str, weight: int, bias: int) -> _Module:  # --disable-bias-linear: the weight alone
         return _Module(kind, (weight,) if config.disable_bias_linear else (weight, bias))

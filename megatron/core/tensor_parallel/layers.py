@@ -62,7 +62,7 @@ def fp32_cpu_init(shape: tuple[int, ...], init_method: InitMethod) -> torch.Tens
 
 
 def strided_shard(full: torch.Tensor, dim: int, group, stride: int = 1) -> torch.Tensor:
-    """This rank's slice of `full` along `dim`: with stride k the dimension is k blocks (SwiGLU's gate and up),
+    """This rank's slice of `full` along `dim`: with stride k the dimension is k blocks (a gated MLP's gate and up),
     each split over the group, and the rank holds its part of every block, in block order (Megatron's
     partition_stride): each rank's gate and up halves then belong to the same hidden units."""
     blocks = full.chunk(stride, dim=dim)
