@@ -41,7 +41,7 @@ def bench_options(argv):
     parser.set_defaults(num_layers=4, hidden_size=512, num_attention_heads=8, seq_length=128, micro_batch_size=4,
                         gradient_accumulation=1, warmup=1)
     opts = parser.parse_args(argv)
-    opts.compile = False  # bench_gpt_vs_hf.flags reads it
+    opts.compile = False  # common.flags reads it
     return opts
 
 
