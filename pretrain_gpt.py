@@ -103,7 +103,7 @@ def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
     from megatron.training_log import tuned_keys_line
     from megatron.model import GPTModel
     from megatron import accounting
-    from megatron.model.moe import expert_parallel_rank
+    from megatron.model.moe import expert_rank
     from megatron.run_record import write_environment_record
     from megatron.engine import setup_engine
 
@@ -114,7 +114,7 @@ def setup_engine_for(args: Args, dist_info: DistInfo, train_iters: int):
     else:
         builder = partial(GPTModel, args.model, parallel.get_tensor_model_parallel_group(),
                           parallel.get_sequence_parallel_group(),
-                          expert_rank=expert_parallel_rank(parallel.data.rank, args.model.moe_expert_parallel_size))
+                          expert_rank=expert_rank(args.model, parallel.data.rank))
     engine, ds_config = setup_engine(builder, accounting.count_parameters(args.model), args, dist_info, train_iters)
     user = args.deepspeed.user_config
     if user is not None and dist_info.rank == 0 and (added := tuned_keys_added(user, ds_config)):

@@ -245,7 +245,7 @@ def build_reporter(args: Args, dist_info: DistInfo, schedule: Schedule, ds_confi
                                   args.training.micro_batch_size, args.training.global_batch_size,
                                   args.model.seq_length, schedule.samples_per_epoch,
                                   [n for n in model_config.layer_experts if n > 1],
-                                  model_config.moe_expert_parallel_size, model_config.topk,
+                                  model_config.expert_parallel_size, model_config.topk,
                                   args.parallel.sequence_parallel_size))
     for line in args.notes:  # the Megatron-DeepSpeed flags accepted in place of what zero-lab does itself
         reporter.print_line(line)
@@ -273,7 +273,7 @@ def predicted_parameters(config, par, stage: int) -> tuple[int, int, int]:
 
     on_rank = accounting.parameters_on_rank(config, par.tensor_model_parallel_size, par.pipeline_model_parallel_size,
                                             stage)
-    experts = sum(map(sum, accounting.expert_groups_on_rank(config, config.moe_expert_parallel_size)))
+    experts = sum(map(sum, accounting.expert_groups_on_rank(config, config.expert_parallel_size)))
     return accounting.count_parameters(config), accounting.active_parameters(config), on_rank + experts
 
 

@@ -13,7 +13,7 @@ def training_setup(args: Args, dist_info: DistInfo):
         gradient_accumulation_steps=train.gradient_accumulation_steps,
         tensor_parallel_size=par.tensor_model_parallel_size, pipeline_parallel_size=par.pipeline_model_parallel_size,
         sequence_parallel=par.sequence_parallel, sequence_parallel_size=par.sequence_parallel_size,
-        expert_parallel_size=args.model.moe_expert_parallel_size, precision=ds.precision, zero_stage=ds.zero_stage,
+        expert_parallel_size=args.model.expert_parallel_size, precision=ds.precision, zero_stage=ds.zero_stage,
         offload_optimizer=ds.offload_optimizer, offload_params=ds.offload_params,
         offload_device="nvme" if ds.nvme_path else "cpu", activation_recompute=args.model.recompute_activations,
         device="cuda" if dist_info.on_cuda else "cpu", reduce_precision=_user_reduce_precision(ds.user_config))

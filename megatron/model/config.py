@@ -172,6 +172,11 @@ class GPTConfig:
         return any(n > 1 for n in self.layer_experts)
 
     @property
+    def expert_parallel_size(self) -> int:
+        """The ranks each MoE layer's experts are spread over (the run's layout, 1: every rank holds them all)."""
+        return self.moe_expert_parallel_size
+
+    @property
     def experts_setting(self) -> str:
         """--num-experts as the flag would give this model's (the messages that refuse an MoE model name it)."""
         return f"--num-experts {' '.join(map(str, self.num_experts))}"

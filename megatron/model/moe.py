@@ -23,6 +23,12 @@ def expert_parallel_rank(data_parallel_rank: int, ep_size: int) -> int:
     return data_parallel_rank % ep_size
 
 
+def expert_rank(config: GPTConfig, data_parallel_rank: int) -> int:
+    """This rank's place in its expert-parallel group, at the run's expert-parallel size (the GPTModel's
+    expert_rank: which experts of each MoE layer it holds)."""
+    return expert_parallel_rank(data_parallel_rank, config.expert_parallel_size)
+
+
 class RoutingStats:
     """One MoE layer's routing, summed over the forwards in training mode since the last read."""
 

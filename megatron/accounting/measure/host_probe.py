@@ -77,12 +77,12 @@ def _batches(args, device):
 
 def _builder(args, dist_info):
     from megatron.model import GPTModel
-    from megatron.model.moe import expert_parallel_rank
+    from megatron.model.moe import expert_rank
 
     parallel = dist_info.parallel
     return partial(GPTModel, args.model, parallel.get_tensor_model_parallel_group(),
                    parallel.get_sequence_parallel_group(),
-                   expert_rank=expert_parallel_rank(parallel.data.rank, args.model.moe_expert_parallel_size))
+                   expert_rank=expert_rank(args.model, parallel.data.rank))
 
 
 def _timed(step, device, group) -> float:
