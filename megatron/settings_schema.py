@@ -111,6 +111,9 @@ BY_NAME = {variable.name: variable for variable in VARIABLES}
 BY_FLAG = {flag: variable for variable in VARIABLES for flag in variable.flags}
 PASSED = VARIABLES[VARIABLES.index(BY_NAME["DATA_PATH"]):VARIABLES.index(BY_NAME["WANDB_PROJECT"]) + 1]
 MOE = tuple(BY_NAME[name] for name in ("NUM_EXPERTS", "EP_SIZE", "TOPK", "MOE_LOSS_COEFF"))
+EXPERTS, EXPERT_PARALLEL = MOE[:2]
+# the layout flags a user may give after a launch script (megatron/launch/given_flags.py), in the order it reads them
+LAYOUT = tuple(BY_NAME[name] for name in ("TP", "PP", "SP_SIZE", "NUM_EXPERTS", "EP_SIZE", "SP"))
 
 
 def problem(kind: str, name: str, value: str) -> str | None:

@@ -9,19 +9,17 @@ from __future__ import annotations
 import re
 
 from megatron.launch.settings import LaunchError
-from megatron.settings_schema import BY_FLAG
+from megatron.settings_schema import BY_FLAG, LAYOUT, SEVERAL
 
 # flag -> the variable that sets it, and that variable's other name (ALCF's) if any (megatron/settings_schema.py)
-LAYOUT_FLAGS = {flag: (BY_FLAG[flag].name, BY_FLAG[flag].alias) for flag in (
-    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--ds-sequence-parallel-size", "--num-experts",
-    "--moe-expert-parallel-size", "--sequence-parallel")}
+LAYOUT_FLAGS = {variable.flags[0]: (variable.name, variable.alias) for variable in LAYOUT}
 # a flag without a value (a 0-or-1 variable's): the variable's value it means
 SWITCHES = {flag: "1" for flag in LAYOUT_FLAGS if BY_FLAG[flag].kind == "flag"}
 
 
 def _given(flag: str, args: list[str]) -> str | None:
-    """The value of `flag`'s last occurrence in `args` (argparse's rule), its words joined by spaces (--num-experts
-    takes one per MoE layer); None when it is not given."""
+    """The value of `flag`'s last occurrence in `args` (argparse's rule), its words joined by spaces (the experts
+    flag takes one per MoE layer); None when it is not given."""
     found = None
     for index, word in enumerate(args):
         if word.startswith(flag + "="):
@@ -45,7 +43,7 @@ def read_layout_flags(v: dict[str, str], args: list[str]) -> dict[str, str]:
         if value is None:
             continue
         if flag not in SWITCHES and not re.fullmatch(r"[1-9][0-9]*( [1-9][0-9]*)*", value) or (
-                flag != "--num-experts" and " " in value):
+                BY_FLAG[flag].kind not in SEVERAL and " " in value):
             raise LaunchError(f"{flag} {value or '(no value)'} after the launch script: expected a positive integer "
                               f"(or set {variable} instead)")
         for name in filter(None, (variable, other)):

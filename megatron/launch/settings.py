@@ -20,8 +20,8 @@ from megatron.deepspeed_json import DeepSpeedJSONError, refuse_unused_sections
 from megatron.errors import ZeroLabError
 from megatron.flag_sources import ENV, name_sources
 from megatron.layout_check import batch_split, expert_parallel_problems
-from megatron.model.presets import MODEL_PRESETS
-from megatron.settings_schema import BY_FLAG, MOE, PASSED, SEVERAL, VARIABLES, problem
+from megatron.model.presets import MODEL_PRESETS, preset_experts
+from megatron.settings_schema import BY_FLAG, EXPERT_PARALLEL, EXPERTS, MOE, PASSED, SEVERAL, VARIABLES, problem
 from megatron.training_defaults import GPT3_PRESET
 
 REPO = Path(__file__).resolve().parents[2]
@@ -255,28 +255,28 @@ def _experts_checked(v: dict[str, str], model_size: str | None, world: int, name
     """EP_SIZE > 1 refused before any rank starts where the run would ignore it (no experts: it would train dense)
     or where the run would refuse it once the ranks had started (megatron/layout_check.py's
     expert_parallel_problems, in the trainer's words with the variables named)."""
-    ep = int(v.get("EP_SIZE", "1"))
+    ep = int(v.get(EXPERT_PARALLEL.name, "1"))
     if ep == 1:
         return
-    preset = MODEL_PRESETS.get(model_size or "", {}).get("num_experts", 1)
-    experts, unset = v.get("NUM_EXPERTS", str(preset)), "NUM_EXPERTS" not in v
+    experts, unset = v.get(EXPERTS.name, preset_experts(model_size)), EXPERTS.name not in v
     moe_layers = [int(n) for n in experts.split() if int(n) > 1]
     if not moe_layers:
-        given = "NUM_EXPERTS unset" if unset else f"NUM_EXPERTS={experts}"
+        given = f"{EXPERTS.name} unset" if unset else f"{EXPERTS.name}={experts}"
         raise LaunchError(f"EP_SIZE={ep}: the model has no experts to spread ({given}), so the run would train dense; "
-                          "set NUM_EXPERTS too (e.g. NUM_EXPERTS=4 EP_SIZE=2, docs/moe.md), or leave EP_SIZE unset")
+                          f"set {EXPERTS.name} too (e.g. {EXPERTS.name}=4 EP_SIZE=2, docs/moe.md), or leave EP_SIZE "
+                          "unset")
     split = int(v["TP"]) * int(v["PP"]) * int(v.get("SP_SIZE", "1"))
     problems = expert_parallel_problems(moe_layers, ep, world // split if world % split == 0 else None)
     if problems:
-        argv = ["--moe-expert-parallel-size", str(ep), *(["--num-experts", *experts.split()] if not unset else [])]
+        argv = [*EXPERT_PARALLEL.flags, str(ep), *([*EXPERTS.flags, *experts.split()] if not unset else [])]
         raise LaunchError(_named(problems[0], argv, names))
 
 
 def model_tags(s: dict[str, str], model_size: str | None) -> str:
     """What the settings `s` change in the preset's model beyond its name, for a default run name
-    (e.g. "_moe4_ep2_rotary"): the experts (NUM_EXPERTS), their spread (EP_SIZE) and positions other than the
+    (e.g. "_moe4_ep2_rotary"): the experts per MoE layer, their spread (EP_SIZE) and positions other than the
     preset's, so that such a run does not resume the preset's own run folder (issue 56)."""
-    experts = s.get("NUM_EXPERTS", "1").split()
+    experts = s.get(EXPERTS.name, "1").split()
     tags = "_moe" + "-".join(experts) if any(count != "1" for count in experts) else ""
     tags += f"_ep{s['EP_SIZE']}" if s.get("EP_SIZE", "1") != "1" else ""
     rotary = MODEL_PRESETS.get(model_size or "", {}).get("use_rotary_position_embeddings", False)

@@ -77,6 +77,11 @@ def preset_fields(model_size: str | None, given: dict) -> dict:
     return fields
 
 
+def preset_experts(model_size: str | None) -> str:
+    """A preset's experts per MoE layer as the launch's variable gives them ("1": a dense preset, or none)."""
+    return str(MODEL_PRESETS.get(model_size or "", {}).get("num_experts", 1))
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in MODEL_PRESETS:
         given = argv[0] if argv else "nothing"
