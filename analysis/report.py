@@ -10,6 +10,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Callable
 
+from analysis.run_metadata import experts_text, has_layer_experts
 from analysis.run_summary import RunSummary
 
 # CSV/JSON carry every field at full precision; the curve goes to JSON and the plot only.
@@ -94,7 +95,7 @@ def _mean_last(mean: float | None, last: float | None, digits: int) -> str:
 
 def has_experts(s: RunSummary) -> bool:
     """An MoE run: its run info line names experts, or its iteration lines carry the MoE fields."""
-    return s.num_experts is not None or s.moe_loss_last is not None
+    return has_layer_experts(s) or s.moe_loss_last is not None
 
 
 # The full table's MoE columns, after the others, when any run has experts (a dense sweep's table is as before):
@@ -102,7 +103,7 @@ def has_experts(s: RunSummary) -> bool:
 # cells are empty but for its parameters, the same count twice, which compares it with MoE runs of its
 # active size.
 MOE_COLUMNS: list[tuple[str, Callable[[RunSummary], str]]] = [
-    ("experts", lambda s: ", ".join(map(str, s.num_experts or []))),
+    ("experts", experts_text),
     ("EP", lambda s: "" if s.expert_parallel is None else str(s.expert_parallel)),
     ("top-k", lambda s: "" if s.topk is None else str(s.topk)),
     ("params total/active", lambda s: "" if s.params_total is None else f"{s.params_total:,}/{s.params_active:,}"),

@@ -100,6 +100,21 @@ def from_folder_name(name: str) -> RunMetadata:
     return meta
 
 
+def moe_layout(meta: RunMetadata) -> dict:
+    """The MoE layout's fields (None for a dense model), which a run's summary copies (analysis/run_summary.py)."""
+    return dict(num_experts=meta.num_experts, expert_parallel=meta.expert_parallel, topk=meta.topk)
+
+
+def has_layer_experts(layout) -> bool:
+    """Whether `layout` (a RunMetadata, or a summary that copied its moe_layout) names experts: an MoE model."""
+    return layout.num_experts is not None
+
+
+def experts_text(layout) -> str:
+    """Each MoE layer's experts as the summary table prints them ("4, 8"; "" for a dense model)."""
+    return ", ".join(map(str, layout.num_experts or []))
+
+
 def _experts(value: str | None) -> list[int] | None:
     """"4", "4 8" (the run info line) or "[4, 8]" (Megatron's argument dump); None for a dense model ([1])."""
     counts = [int(n) for n in re.findall(r"\d+", value or "")]

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from statistics import fmean
 
 from analysis.log_parser import EpochRecord, IterationRecord, MemoryRecord, ParsedLog
-from analysis.run_metadata import RunMetadata
+from analysis.run_metadata import RunMetadata, moe_layout
 
 # Our per-rank memory line carries host memory too, so it wins when present; upstream logs
 # mix Megatron's report_memory (once, after the first iteration) and DeepSpeed's engine timer
@@ -333,7 +333,7 @@ def _moe(log: ParsedLog, meta: RunMetadata, records: list[IterationRecord], kept
          weights: dict) -> dict:
     """The MoE layout, the parameters line's counts, and each MoE field of the iteration line as the mean over
     the kept intervals (each value is its interval's mean, so weighted by iterations) and the last logged."""
-    values = dict(num_experts=meta.num_experts, expert_parallel=meta.expert_parallel, topk=meta.topk)
+    values = moe_layout(meta)
     total, active = (_count(log.parameters.get(key)) for key in ("total", "active per token"))
     if None not in (total, active):  # both or neither: a log cut inside the line keeps only its first fields
         values |= dict(params_total=total, params_active=active)
