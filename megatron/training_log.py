@@ -25,7 +25,7 @@ class IterationStats:
     tokens_per_gpu_per_second: float
     tflops: float
     curriculum_seqlen: int | None = None  # --curriculum-learning-legacy: the last step's sequence length
-    moe: "MoEStats | None" = None  # --num-experts: the interval's routing
+    moe: "MoEStats | None" = None  # an MoE model's: the interval's routing
 
 
 @dataclass

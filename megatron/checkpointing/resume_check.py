@@ -20,7 +20,7 @@ import re
 from typing import TYPE_CHECKING
 
 from megatron.checkpointing.protocol import CheckpointError, check_resumable, read_marker
-from megatron.checkpointing.resume_model import current_model, experts_refusal, model_refusal, precision_refusal
+from megatron.checkpointing.resume_model import NEW_FOLDER, current_model, model_refusal, precision_refusal
 
 if TYPE_CHECKING:
     from megatron.arguments import Args
@@ -132,13 +132,18 @@ def saved_experts(saved: dict, tag_dir: str) -> list[int] | None:
     return [len(ids) for ids in experts.values()] or [1]
 
 
+def _experts_value(layers: list[int]) -> str:
+    """The MoE layers' experts in --num-experts's form: one value when all alike, else one per MoE layer."""
+    moe = [count for count in layers if count > 1]
+    return str(moe[0]) if len(set(moe)) == 1 else " ".join(map(str, moe))
+
+
 def kind_refusal(saved: list[int] | None, current: list[int]) -> str | None:
     """Why a dense checkpoint cannot be resumed as a mixture of experts, or the other way (None: the same kind):
     the experts' weights and optimizer states are in the one and not the other."""
     if saved is None or (max(saved) > 1) == (max(current) > 1):
         return None
-    moe = [count for count in (saved if max(saved) > 1 else current) if count > 1]
-    experts = str(moe[0]) if len(set(moe)) == 1 else " ".join(map(str, moe))  # --num-experts's form
+    experts = _experts_value(saved if max(saved) > 1 else current)
     other = "give the run its own folder (RUN_NAME, or leave RUN_NAME unset: the drivers' default name names the " \
             "experts), or FRESH=1 to start this one afresh"
     if max(saved) == 1:
@@ -146,6 +151,19 @@ def kind_refusal(saved: list[int] | None, current: list[int]) -> str | None:
                 f"it without --num-experts, or {other}")
     return (f"this is a mixture-of-experts checkpoint (--num-experts {experts} when saved) and this run is dense: "
             f"resume it with --num-experts {experts}, or {other}")
+
+
+def experts_refusal(saved: list[int] | None, current: list[int]) -> str | None:
+    """Why a mixture-of-experts checkpoint cannot be resumed with other experts per layer (None: the same; a dense
+    and an MoE model are told apart first, by kind_refusal)."""
+    if saved is None or saved == current or max(saved) == 1 or max(current) == 1:
+        return None
+
+    def where(layers: list[int]) -> str:
+        return f"--num-experts {_experts_value(layers)} in {sum(n > 1 for n in layers)} of {len(layers)} layers"
+
+    return (f"it was saved with {where(saved)}, this run has {where(current)}: resume it with --num-experts "
+            f"{_experts_value(saved)} and the --expert-interval it was saved with, or {NEW_FOLDER}")
 
 
 def _describe_moe(layout: dict) -> str:

@@ -84,23 +84,6 @@ def model_refusal(saved: dict | None, current: dict, learned_positions: bool = T
         f"{NEW_FOLDER}"
 
 
-def experts_refusal(saved: list[int] | None, current: list[int]) -> str | None:
-    """Why a mixture-of-experts checkpoint cannot be resumed with other experts per layer (None: the same; a dense
-    and an MoE model are told apart first, by resume_check.kind_refusal)."""
-    if saved is None or saved == current or max(saved) == 1 or max(current) == 1:
-        return None
-
-    def experts(layers: list[int]) -> str:  # --num-experts's form: one value, or one per MoE layer
-        moe = [count for count in layers if count > 1]
-        return str(moe[0]) if len(set(moe)) == 1 else " ".join(map(str, moe))
-
-    def where(layers: list[int]) -> str:
-        return f"--num-experts {experts(layers)} in {sum(n > 1 for n in layers)} of {len(layers)} layers"
-
-    return (f"it was saved with {where(saved)}, this run has {where(current)}: resume it with --num-experts "
-            f"{experts(saved)} and the --expert-interval it was saved with, or {NEW_FOLDER}")
-
-
 def precision_refusal(saved: str | None, current: str, convertible: bool) -> str | None:
     """Why a checkpoint saved in precision `saved` cannot be resumed as it is in `current` (None: the same, or a
     checkpoint that recorded none). convertible: DeepSpeed's universal checkpoint can carry it over (it holds the
