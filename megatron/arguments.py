@@ -701,12 +701,12 @@ def _moe_problems(args: Args):
     """What the MoE layers (--num-experts > 1) cannot run with here (docs/moe.md): ZeRO-3, the layout's rules
     (layout_check.moe_problems, the planner's too) and the optimizer states' TensorBoard lines."""
     m, par, ds = args.model, args.parallel, args.deepspeed
-    flag = f"--num-experts {' '.join(map(str, m.num_experts))}"
+    flag = m.experts_setting
     return [] if not m.is_moe else [
         (ds.zero_stage == 3, f"{flag} cannot run at --zero-stage 3: DeepSpeed {deepspeed.__version__}'s MoE layer "
                              "does not support ZeRO stage 3; use --zero-stage 0, 1 or 2"),
         *((True, problem) for problem in moe_problems(
-            m.num_experts, tensor=par.tensor_model_parallel_size, pipeline=par.pipeline_model_parallel_size,
+            flag, tensor=par.tensor_model_parallel_size, pipeline=par.pipeline_model_parallel_size,
             sequence=par.sequence_parallel_size, data=par.data_parallel_size, expert=m.moe_expert_parallel_size)),
         (args.logging.log_optimizer_states_to_tensorboard,
          f"{flag} cannot be combined with --log-optimizer-states-to-tensorboard (the experts' states are "

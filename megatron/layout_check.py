@@ -69,12 +69,10 @@ def ulysses_problems(sp: int, *, tensor: int, pipeline: int, sequence_parallel: 
     ) if refused]
 
 
-def moe_problems(num_experts: list[int], *, tensor: int, pipeline: int, sequence: int, data: int,
-                 expert: int) -> list[str]:
-    """Why an MoE model (--num-experts `num_experts`, some layer's > 1) cannot run at these parallel sizes, if it
-    cannot (docs/moe.md); [] when it can. That --moe-expert-parallel-size `expert` divides each layer's experts is
-    GPTConfig's rule."""
-    flag = f"--num-experts {' '.join(map(str, num_experts))}"
+def moe_problems(flag: str, *, tensor: int, pipeline: int, sequence: int, data: int, expert: int) -> list[str]:
+    """Why an MoE model (`flag`: its --num-experts as given, GPTConfig.experts_setting) cannot run at these
+    parallel sizes, if it cannot (docs/moe.md); [] when it can. That --moe-expert-parallel-size `expert` divides
+    each layer's experts is GPTConfig's rule."""
     return [message for refused, message in (
         (pipeline > 1, f"{flag} cannot be combined with pipeline parallelism; use --pipeline-model-parallel-size 1 "
                        "or --no-pipeline-parallel"),

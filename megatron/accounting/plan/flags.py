@@ -56,6 +56,16 @@ class PlanFlags:
     # preset's
     architecture: dict = field(default_factory=dict)
 
+    @property
+    def moe_fields(self) -> dict:
+        """GPTConfig's MoE fields as the flags give them (None leaves the preset's; an EP size of None, every size
+        that divides (request.expert_parallel_sizes), is GPTConfig's 1)."""
+        return {"num_experts": self.num_experts, "moe_expert_parallel_size": self.ep}
+
+
+# the planner's own refusal: the training ignores an EP size without experts
+EP_WITHOUT_EXPERTS = "--moe-expert-parallel-size needs --num-experts (or an MoE --model-size)"
+
 
 def build_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron.accounting.plan.flags import PlanFlags
+from megatron.accounting.plan.flags import EP_WITHOUT_EXPERTS, PlanFlags
 from megatron.accounting.plan.hardware import Hardware, hardware
 from megatron.accounting.plan.units import PlanError, parse_bandwidth, parse_memory, parse_tokens
 from megatron.core.parallel_state import ParallelLayout
@@ -57,9 +57,8 @@ def plan_request(flags: PlanFlags) -> PlanRequest:
 def model_config(flags: PlanFlags) -> GPTConfig:
     """The model the flags give over a --model-size preset's (presets.preset_fields), its vocabulary padded as
     Megatron's --make-vocab-size-divisible-by 128 x TP, refused in one line where the training refuses it."""
-    given = {name: getattr(flags, name) for name in SHAPE_FLAGS} | flags.architecture | {
-        "num_experts": flags.num_experts, "use_rotary_position_embeddings": flags.rotary,
-        "moe_expert_parallel_size": flags.ep}  # None (every size that divides, expert_parallel_sizes): 1
+    given = {name: getattr(flags, name) for name in SHAPE_FLAGS} | flags.architecture | flags.moe_fields | {
+        "use_rotary_position_embeddings": flags.rotary}
     fields = preset_fields(flags.model_size, given)
     multiple = 128 * flags.tp
     padded = -(-flags.vocab_size // multiple) * multiple
@@ -85,10 +84,10 @@ def layout_problems(config: GPTConfig, flags: PlanFlags) -> None:
     problems = []  # in the training's order: MoE's, then Ulysses'
     if config.is_moe:
         data = flags.gpus * flags.nodes // (flags.tp * flags.pp * flags.sp)
-        problems += moe_problems(config.num_experts, tensor=flags.tp, pipeline=flags.pp, sequence=flags.sp,
+        problems += moe_problems(config.experts_setting, tensor=flags.tp, pipeline=flags.pp, sequence=flags.sp,
                                  data=data, expert=flags.ep or 1)
-    elif flags.ep is not None:  # the planner's own: the training ignores an EP size without experts
-        problems.append("--moe-expert-parallel-size needs --num-experts (or an MoE --model-size)")
+    elif flags.ep is not None:
+        problems.append(EP_WITHOUT_EXPERTS)
     problems += ulysses_problems(flags.sp, tensor=flags.tp, pipeline=flags.pp,
                                  sequence_parallel=flags.sequence_parallel,
                                  num_attention_heads=config.num_attention_heads, seq_length=flags.seq_length)
