@@ -39,7 +39,8 @@ CPU ranks, whose checkpoints are in host memory already). `--loss-scale` and
 setting shared with a `--deepspeed_config` JSON follows (they must agree with the JSON's). `--no-load-optim`
 resumes without the optimizer states and without the learning-rate schedule's step (Megatron's meaning: the
 schedule starts again), and cannot be combined with `--universal-checkpoint`. `--optimizer sgd` cannot be combined
-with `--zero-offload-optimizer`; `--log-optimizer-states-to-tensorboard` cannot be combined with `--num-experts`.
+with `--zero-offload-optimizer`; `--log-optimizer-states-to-tensorboard` cannot be combined with MoE layers
+(docs/moe.md).
 
 Regenerate after changing a flag: `python tools/megatron_flags_doc.py`. "scripts" counts the 34 scripts that pass
 the flag (0: a flag of the two tables that no script passes, or one the evaluation harness's scripts pass).
