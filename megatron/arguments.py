@@ -326,9 +326,12 @@ class DeepSpeedArgs:
                                   "else {default}", from_json=True)
     hysteresis: int = flag(2, "fp16: overflows in a row before the dynamic loss scale drops; default: the JSON's "
                               "fp16.hysteresis, else {default}", from_json=True)
-    # DeepSpeed's activation checkpointing keeps its checkpoints on the CPU (--deepspeed-activation-checkpointing)
-    checkpoint_in_cpu: bool = flag(False, "with --deepspeed-activation-checkpointing: keep the checkpointed "
-                                          "activations in host memory (on CUDA; on CPU ranks they are there)")
+    # each recomputed layer's input kept in host memory until its recompute: zero-lab's host tier
+    # (megatron/core/tensor_parallel/activation_offload.py), or with --deepspeed-activation-checkpointing DeepSpeed's
+    # cpu_checkpointing on CUDA (on CPU ranks DeepSpeed's keeps them where they are)
+    checkpoint_in_cpu: bool = flag(False, "with recompute (--checkpoint-activations): keep each layer's checkpointed "
+                                          "input in host memory until its recompute (CPU ranks: an emulated host "
+                                          "tier; with --deepspeed-activation-checkpointing, CUDA only)")
     # the --deepspeed_config JSON with the flags merged in (megatron/deepspeed_json.py); None: generated
     user_config: dict | None = None
 
@@ -483,13 +486,15 @@ def _model_config(ns, params_dtype: torch.dtype, recompute: bool) -> GPTConfig:
     except PresetError as err:
         raise ConfigError(str(err)) from err
     _require(ns.seq_length is not None, "--seq-length is required")
+    with_deepspeed = _deepspeed_recompute(ns, model.get("num_experts", [1]))[0]
     return GPTConfig(**model, seq_length=ns.seq_length,
                      max_position_embeddings=ns.max_position_embeddings or ns.seq_length,
                      padded_vocab_size=None,
                      hidden_dropout=ns.hidden_dropout, attention_dropout=ns.attention_dropout,
                      layernorm_epsilon=ns.layernorm_epsilon, init_method_std=ns.init_method_std,
                      recompute_activations=recompute,
-                     recompute_with_deepspeed=_deepspeed_recompute(ns, model.get("num_experts", [1]))[0],
+                     recompute_with_deepspeed=with_deepspeed,
+                     recompute_offload=recompute and ns.checkpoint_in_cpu and not with_deepspeed,
                      params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel,
                      rotary_percent=ns.rotary_percent, squared_relu=ns.squared_relu, **_moe_shape(ns))
 
@@ -721,9 +726,9 @@ def _recompute(ns, pipeline: int) -> tuple[bool, list[str]]:
     recompute, problem, note = recompute_layers(ns.recompute_granularity, ns.recompute_method,
                                                 ns.recompute_num_layers, max(1, layers // pipeline))
     _require(problem is None, problem)
-    _require(not ns.checkpoint_in_cpu or ns.deepspeed_activation_checkpointing,
-             "--checkpoint-in-cpu keeps DeepSpeed's activation checkpoints in host memory: add "
-             "--deepspeed-activation-checkpointing (and --checkpoint-activations), or drop it")
+    _require(not ns.checkpoint_in_cpu or ns.checkpoint_activations or recompute,
+             "--checkpoint-in-cpu keeps each recomputed layer's input in host memory: add --checkpoint-activations "
+             "(or --recompute-granularity full), or drop it")
     return ns.checkpoint_activations or recompute, [note] if note and not ns.checkpoint_activations else []
 
 

@@ -41,8 +41,9 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     if args.model.recompute_with_deepspeed:  # before the model is built, as Megatron-DeepSpeed's initialize
         from megatron.core.tensor_parallel.random import configure_deepspeed_checkpointing
         stage_layers = args.model.num_layers // args.parallel.pipeline_model_parallel_size
-        # On CPU ranks the checkpoints are in host memory already; DeepSpeed 0.19.8's CPU checkpointing would empty
-        # them there (its copy to the CPU is the tensor itself), so --checkpoint-in-cpu applies on CUDA only
+        # DeepSpeed 0.19.8's CPU checkpointing would empty the checkpoints on CPU ranks (its copy to the CPU is the
+        # tensor itself), so --checkpoint-in-cpu applies to its checkpoint on CUDA only (zero-lab's own recompute
+        # offloads through megatron/core/tensor_parallel/activation_offload.py, on CPU ranks too)
         configure_deepspeed_checkpointing(state, config, stage_layers,
                                           args.deepspeed.checkpoint_in_cpu and dist_info.on_cuda)
     if args.deepspeed.zero_stage == 3:

@@ -42,6 +42,8 @@ class StepResult:
     # micro-batch's forward kept for its backward (None: not measured)
     grad_bytes: int = 0
     activation_bytes: int | None = None
+    # and what that forward moved to --checkpoint-in-cpu's host tier (the offloaded layer inputs)
+    offloaded_activation_bytes: int = 0
 
 
 @dataclass

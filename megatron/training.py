@@ -115,7 +115,7 @@ def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
     """One optimizer step over gradient_accumulation_steps micro-batches. probe_memory: also measure the
     gradients held after each backward (their peak) and the first micro-batch's activations."""
     losses = []
-    grad_bytes, activations = 0, None
+    grad_bytes, activations, offloaded = 0, None, 0
     # the engine's count: --rampup-batch-size changes it between steps
     accumulation = engine.gradient_accumulation_steps()
     for micro in range(accumulation):
@@ -129,6 +129,7 @@ def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
             per_token_loss = engine(tokens, position_ids, labels)
         if measure:
             activations = saved[0]
+            offloaded = memory.host_tier_bytes() if args.model.recompute_offload else 0
         loss, whole = sequence_mean_loss(per_token_loss, loss_mask, dist_info.parallel.sequence)
         loss = with_moe_loss(loss, engine.module, args.training.moe_loss_coeff)
         engine.backward(loss * sequence_gradient_factor(args.deepspeed.zero_stage, dist_info.parallel.sequence))
@@ -140,7 +141,7 @@ def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
     # fp16 overflow skips are loss-scale housekeeping; anywhere else a skipped step means inf/nan grads
     nan = skipped and args.deepspeed.precision != "fp16"
     return StepResult(loss=torch.stack(losses).mean(), skipped=skipped, nan=nan, grad_norm=engine.get_global_grad_norm(),
-                      grad_bytes=grad_bytes, activation_bytes=activations)
+                      grad_bytes=grad_bytes, activation_bytes=activations, offloaded_activation_bytes=offloaded)
 
 
 @torch.no_grad()

@@ -85,16 +85,21 @@ def parameters_line(total: int, active: int, on_rank: int, measured: int | None)
 def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: int, precision: str,
                      offload: str) -> str:
     """Measured: params, grads and optimizer states on the accelerator, offloaded states, the activations
-    of one micro-batch (when measured) and everything else allocated; the estimate
+    of one micro-batch (when measured), the layer inputs --checkpoint-in-cpu moved to host memory (when it
+    does) and everything else allocated; the estimate
     (megatron/accounting.memory_per_rank): the same, total = the model states on the accelerator."""
     m = {key: value / GB for key, value in measured.items()}
     e = {key: value / GB for key, value in estimate.items()}
     activations = f" activations={m['activations']:.4f}" if "activations" in m else ""
+    # --checkpoint-in-cpu's layer inputs in host memory, on runs that offload them (measured: in zero-lab's host tier)
+    host = f" activations_offloaded={m['activations_offloaded']:.4f}" if "activations_offloaded" in m else ""
+    offloads = host or estimate.get("activations_offloaded", 0) > 0
+    host_estimate = f" activations_offloaded={e.get('activations_offloaded', 0.0):.4f}" if offloads else ""
     return (f" model state memory per rank (GB) | measured: params={m['params']:.4f} grads={m['grads']:.4f} "
-            f"optim={m['optim']:.4f} offloaded={m['offloaded']:.4f}{activations} other={m['other']:.4f} | "
+            f"optim={m['optim']:.4f} offloaded={m['offloaded']:.4f}{activations}{host} other={m['other']:.4f} | "
             f"ZeRO estimate (stage={zero_stage}, dp={dp_size}, dtype={precision}, offload={offload}): "
             f"params={e['params']:.4f} grads={e['grads']:.4f} optim={e['optim']:.4f} total={e['model_states']:.4f} "
-            f"offloaded={e['offloaded']:.4f} activations={e['activations']:.4f} "
+            f"offloaded={e['offloaded']:.4f} activations={e['activations']:.4f}{host_estimate} "
             f"output_buffer={e['output_buffer']:.4f} |")
 
 

@@ -112,8 +112,8 @@ def test_recompute_flags_map_onto_per_layer_recompute(granularity, method, layer
                                         "--recompute-granularity full"),
     (["--recompute-granularity", "selective", "--recompute-method", "uniform"],
      "--recompute-method is for --recompute-granularity full only"),
-    (["--checkpoint-in-cpu"], "--checkpoint-in-cpu keeps DeepSpeed's activation checkpoints in host memory: add "
-                              "--deepspeed-activation-checkpointing"),
+    (["--checkpoint-in-cpu"], "--checkpoint-in-cpu keeps each recomputed layer's input in host memory: add "
+                              "--checkpoint-activations"),
 ])
 def test_recompute_combinations_zero_lab_lacks_are_refused(argv, message):
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):

@@ -33,8 +33,10 @@ Where a flag is honoured only in some combinations, the others are refused in on
 `--recompute-granularity full` maps onto zero-lab's activation checkpointing, which recomputes every layer of a
 pipeline stage one layer at a time, so `--recompute-method uniform` needs `--recompute-num-layers 1` and
 `--recompute-method block` all of a stage's layers (or 0, no recompute); `--recompute-granularity selective` is
-accepted with a line. `--checkpoint-in-cpu` needs `--deepspeed-activation-checkpointing` (and changes nothing on
-CPU ranks, whose checkpoints are in host memory already). `--loss-scale` and
+accepted with a line. `--checkpoint-in-cpu` needs recompute (`--checkpoint-activations` or
+`--recompute-granularity full`): each layer's input then waits in host memory until its recompute (zero-lab's host
+tier, emulated on CPU ranks; with `--deepspeed-activation-checkpointing` DeepSpeed's cpu_checkpointing, on CUDA
+only: docs/long-sequences.md). `--loss-scale` and
 `--hysteresis` are the fp16 section's `loss_scale` and `hysteresis` of the DeepSpeed JSON, under the rule every
 setting shared with a `--deepspeed_config` JSON follows (they must agree with the JSON's). `--no-load-optim`
 resumes without the optimizer states and without the learning-rate schedule's step (Megatron's meaning: the

@@ -17,6 +17,7 @@ from megatron.accounting.predict.memory import (
     gradient_bytes_per_element,
     gradient_elements_held,
     memory_per_rank,
+    offloaded_activation_bytes,
     output_layer_buffer_bytes,
     runs_bf16_optimizer,
     zero_model_state_estimate,
@@ -34,7 +35,8 @@ __all__ = [
     "fused_attention",
     "gradient_bytes_per_element", "gradient_elements_held", "hardware_flops_per_iteration", "matmul_precision",
     "memory_per_rank", "model_flops_per_iteration", "moe_all_to_all_per_step", "moe_capacity",
-    "offload_transfer_per_step", "output_layer_buffer_bytes", "parameter_groups_on_rank", "parameters_on_rank",
+    "offload_transfer_per_step", "offloaded_activation_bytes", "output_layer_buffer_bytes",
+    "parameter_groups_on_rank", "parameters_on_rank",
     "peak_tflops", "runs_bf16_optimizer", "ulysses_all_to_all_per_step", "zero_model_state_estimate",
     "zero_traffic_per_step",
 ]

@@ -189,6 +189,8 @@ class Reporter:
                     "optim": 0 if ds.offload_optimizer else optim, "offloaded": offloaded}
         if probed.activation_bytes is not None:
             measured["activations"] = probed.activation_bytes
+            if self.args.model.recompute_offload:  # --checkpoint-in-cpu's host tier
+                measured["activations_offloaded"] = probed.offloaded_activation_bytes
         # what else is allocated (the output-layer buffer, bucket and communication buffers); the CUDA
         # counter does not see host memory, so there the offloaded states are not subtracted
         measured["other"] = max(0, mem["allocated"] - (held - offloaded if self.dist_info.on_cuda else held))

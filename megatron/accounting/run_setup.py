@@ -16,7 +16,15 @@ def training_setup(args: Args, dist_info: DistInfo):
         expert_parallel_size=args.model.expert_parallel_size, precision=ds.precision, zero_stage=ds.zero_stage,
         offload_optimizer=ds.offload_optimizer, offload_params=ds.offload_params,
         offload_device="nvme" if ds.nvme_path else "cpu", activation_recompute=args.model.recompute_activations,
+        activation_offload=_activation_offload(args, dist_info.on_cuda),
         device="cuda" if dist_info.on_cuda else "cpu", reduce_precision=_user_reduce_precision(ds.user_config))
+
+
+def _activation_offload(args: Args, on_cuda: bool) -> bool:
+    """--checkpoint-in-cpu's offload runs: zero-lab's host tier under its own recompute, DeepSpeed's cpu_checkpointing
+    on CUDA under --deepspeed-activation-checkpointing (on CPU ranks megatron/engine.py leaves it off)."""
+    model = args.model
+    return model.recompute_offload or (model.recompute_with_deepspeed and args.deepspeed.checkpoint_in_cpu and on_cuda)
 
 
 def _user_reduce_precision(user_config: dict | None) -> str | None:

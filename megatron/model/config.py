@@ -35,6 +35,9 @@ class GPTConfig:
     # --deepspeed-activation-checkpointing: that recompute runs through deepspeed.checkpointing (a run's choice, not
     # the model's: checkpoints do not store it)
     recompute_with_deepspeed: bool = False
+    # --checkpoint-in-cpu with zero-lab's own recompute: each layer's input waits in host memory until its recompute
+    # (megatron/core/tensor_parallel/activation_offload.py; a run's choice, not stored either)
+    recompute_offload: bool = False
     params_dtype: torch.dtype = torch.float32
     # Megatron's --sequence-parallel: LayerNorm/dropout regions split along the sequence over the TP group.
     sequence_parallel: bool = False
@@ -211,7 +214,8 @@ class GPTConfig:
     def to_dict(self) -> dict:
         """The shape as plain values (what checkpoints store); the dtype is the run's, not the model's."""
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("params_dtype", "moe_expert_parallel_size", "recompute_with_deepspeed")}
+                if f.name not in ("params_dtype", "moe_expert_parallel_size", "recompute_with_deepspeed",
+                                  "recompute_offload")}
 
     @classmethod
     def from_dict(cls, values: dict, **overrides) -> "GPTConfig":

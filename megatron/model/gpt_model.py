@@ -137,7 +137,8 @@ class GPTModel(nn.Module):
         assert not (recompute and kv_cache is not None), "the KV cache is for inference, not recomputed training"
         for index, layer in enumerate(self.layers):
             if recompute:
-                x = checkpoint(layer, self.rng_tracker, x, with_deepspeed=self.config.recompute_with_deepspeed)
+                x = checkpoint(layer, self.rng_tracker, x, with_deepspeed=self.config.recompute_with_deepspeed,
+                               offload=self.config.recompute_offload)
             else:
                 x = layer(x, None if kv_cache is None else kv_cache.layer(index))
         if kv_cache is not None:

@@ -73,11 +73,13 @@ class TransformerLayerPipe(ParallelTransformerLayer):
         with layer_init_seed(init_seed, index + 1):
             super().__init__(config, tp_group, rng_tracker)
         self.recompute, self.with_deepspeed = config.recompute_activations, config.recompute_with_deepspeed
+        self.offload = config.recompute_offload
         self.rng_tracker = rng_tracker
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute and self.training and torch.is_grad_enabled():
-            return checkpoint(super().forward, self.rng_tracker, x, with_deepspeed=self.with_deepspeed)
+            return checkpoint(super().forward, self.rng_tracker, x, with_deepspeed=self.with_deepspeed,
+                              offload=self.offload)
         return super().forward(x)
 
 

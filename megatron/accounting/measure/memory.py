@@ -3,7 +3,8 @@
 On CUDA the accelerator numbers are torch.cuda.memory_allocated / max_memory_allocated. On the
 CPU there is no allocator counter, so "MemAllocated" is the process's live tensor memory: the
 sum of the unique storages of all tensors the garbage collector can see, sampled at log time
-(MaxMemAllocated is the largest such sample). HostRSS is the process's resident set from psutil.
+(MaxMemAllocated is the largest such sample), less --checkpoint-in-cpu's host tier (host_tier_bytes).
+HostRSS is the process's resident set from psutil.
 """
 import contextlib
 import gc
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import psutil
 import torch
+
+from megatron.core.tensor_parallel.activation_offload import HostTensor
 
 
 def _storage_key(tensor: torch.Tensor):
@@ -46,14 +49,25 @@ def _tracing_tensor_types() -> tuple[type, ...]:
 _TRACING_TENSORS = _tracing_tensor_types()
 
 
-def live_tensor_bytes() -> int:
+def _live_tensors(wanted) -> Iterator[torch.Tensor]:
     # The garbage collector's objects filtered by type at C speed (map, compress): a Python loop over them, a
     # few hundred thousand in a rank, took 0.1 s a sample. type() also reads no attribute, so dead weak proxies
     # and lazily deprecated module attributes neither raise nor warn.
     objects = gc.get_objects()
-    tensor_types = {kind for kind in set(map(type, objects))
-                    if issubclass(kind, torch.Tensor) and not issubclass(kind, _TRACING_TENSORS)}
-    return unique_storage_bytes(itertools.compress(objects, map(tensor_types.__contains__, map(type, objects))))
+    tensor_types = {kind for kind in set(map(type, objects)) if issubclass(kind, torch.Tensor) and wanted(kind)}
+    return itertools.compress(objects, map(tensor_types.__contains__, map(type, objects)))
+
+
+def live_tensor_bytes() -> int:
+    """The live tensors' bytes on the accelerator's side: the host tier of --checkpoint-in-cpu (HostTensor, host
+    memory even on CPU ranks, where it is an emulation) is left out."""
+    return unique_storage_bytes(_live_tensors(lambda kind: not issubclass(kind, (*_TRACING_TENSORS, HostTensor))))
+
+
+def host_tier_bytes() -> int:
+    """Bytes of the live tensors of --checkpoint-in-cpu's host tier: the offloaded layer inputs (pinned host
+    memory on CUDA; on CPU ranks the emulation's copies, megatron/core/tensor_parallel/activation_offload.py)."""
+    return unique_storage_bytes(_live_tensors(lambda kind: issubclass(kind, HostTensor)))
 
 
 @dataclass

@@ -213,7 +213,8 @@ def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) ->
     Outside the layers: the token and position ids and the embedding's dropout mask on the first stage;
     the final LayerNorm's input and statistics, the output layer's input, the labels and the loss's
     per-token sums on the last. Full recomputation keeps each layer's input instead of its activations
-    (memory_per_rank adds the one layer recomputed at a time). Under 1F1B the first stage holds pp
+    (memory_per_rank adds the one layer recomputed at a time), and with --checkpoint-in-cpu not even that: the
+    inputs are in host memory (offloaded_activation_bytes). Under 1F1B the first stage holds pp
     micro-batches in flight, the last one. Under DeepSpeed-Ulysses (setup.sequence_parallel_size N) each rank
     keeps s/N tokens of everything outside the attention, and inside it the whole sequence for a/N heads, plus
     under a fused kernel the attention output before the reverse all-to-all (s b h / N more per layer); the
@@ -222,8 +223,8 @@ def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) ->
     e = setup.element_bytes
     sequence_split = setup.tensor_parallel_size if setup.sequence_parallel else 1
     layers = config.num_layers // setup.pipeline_parallel_size
-    if setup.activation_recompute:
-        per_micro = layers * s * b * h * e / sequence_split
+    if setup.activation_recompute:  # with --checkpoint-in-cpu the inputs are in host memory instead
+        per_micro = 0 if setup.activation_offload else layers * layer_input_bytes(config, setup)
     else:
         per_micro = layers * _layer_activation_bytes(config, setup)
     if stage == 0:  # int64 token ids and position ids (a learned table's lookup only), the embedding's dropout mask
@@ -236,8 +237,30 @@ def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) ->
         norm_element, norm_token = _norm_bytes(config, setup)
         final_norm = (s * b * h * norm_element + norm_token * s * b) / sequence_split
         per_micro += final_norm + s * b * h * e + s * b * (8 + 1 + 4)
-    in_flight = min(setup.pipeline_parallel_size - stage, setup.gradient_accumulation_steps)
-    return int(per_micro * max(1, in_flight))
+    return int(per_micro * _in_flight(setup, stage))
+
+
+def _in_flight(setup: TrainingSetup, stage: int) -> int:
+    """Micro-batches whose activations a rank of `stage` holds at once: under 1F1B pp - stage, else one."""
+    return max(1, min(setup.pipeline_parallel_size - stage, setup.gradient_accumulation_steps))
+
+
+def layer_input_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
+    """One layer's input for one micro-batch, [s/N, b, h] (split over TP under sequence parallelism): what full
+    recomputation keeps of the layer until its backward."""
+    sequence_split = setup.tensor_parallel_size if setup.sequence_parallel else 1
+    tokens = config.seq_length // setup.sequence_parallel_size * setup.micro_batch_size
+    return tokens * config.hidden_size * setup.element_bytes / sequence_split
+
+
+def offloaded_activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
+    """Host bytes --checkpoint-in-cpu keeps on one rank of pipeline `stage` (setup.activation_offload): every
+    layer's input of each micro-batch in flight, moved out in the forward, back for the layer's recompute
+    (megatron/core/tensor_parallel/activation_offload.py; what memory.host_tier_bytes measures)."""
+    if not setup.activation_offload:
+        return 0
+    layers = config.num_layers // setup.pipeline_parallel_size
+    return int(layers * layer_input_bytes(config, setup) * _in_flight(setup, stage))
 
 
 def output_layer_buffer_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
@@ -254,8 +277,9 @@ def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> 
     """Accelerator bytes one rank of pipeline `stage` needs: ZeRO model states (params, grads as DeepSpeed
     keeps them, optimizer states and their total; offloaded ones count 0), activations, the output-layer
     buffer (last stage only) and their total (the peak, with the one layer recomputed at a time under
-    full recomputation); and the bytes offloaded to host memory or NVMe: the offloaded states, and with
-    the optimizer offloaded the fp32 gradient partition it steps with and, at stage 3, the gradient partition
+    full recomputation, and its input copied back from host memory under --checkpoint-in-cpu); the layer
+    inputs --checkpoint-in-cpu keeps in host memory (activations_offloaded); and the bytes offloaded to host
+    memory or NVMe: the offloaded states, and with the optimizer offloaded the fp32 gradient partition it steps with and, at stage 3, the gradient partition
     it accumulates in host memory. MoE: the rank's experts (each MoE layer's / EP) under the same ZeRO stage over
     the expert-data-parallel ranks (DP / EP), the rest over the data-parallel ones."""
     on_rank = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
@@ -269,11 +293,13 @@ def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> 
         offloaded += expert_offloaded
     activations = activation_bytes(config, setup, stage)
     recomputed = int(_layer_activation_bytes(config, setup)) if setup.activation_recompute else 0
+    if setup.activation_offload:  # the recomputed layer's input, copied back from host memory
+        recomputed += int(layer_input_bytes(config, setup))
     buffer = output_layer_buffer_bytes(config, setup) if stage == setup.pipeline_parallel_size - 1 else 0
     return dict(params=states["params"], grads=states["grads"], optim=states["optim"], model_states=states["total"],
                 activations=activations, output_buffer=buffer,
                 total=states["total"] + activations + recomputed + buffer,
-                offloaded=offloaded)
+                offloaded=offloaded, activations_offloaded=offloaded_activation_bytes(config, setup, stage))
 
 
 def _model_states(on_rank: int, partitions: int, gradient_elements: int,

@@ -559,7 +559,8 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     DeepSpeed-Ulysses' all-to-alls (ulysses_seconds, on `model_parallel_link` where given), and MoE's
     (moe_all_to_all_seconds, on the data-parallel link: the expert-parallel ranks are data-parallel ones).
     offload: with the optimizer offloaded, its step on the host over the same elements; and
-    offload_transfer_per_step's PCIe bytes at rates.host_copy_bytes_per_s and NVMe bytes at
+    offload_transfer_per_step's PCIe bytes (with --checkpoint-in-cpu the layer inputs' copies too) at
+    rates.host_copy_bytes_per_s and NVMe bytes at
     rates.nvme_bytes_per_s. overlap: with overlap_comm on CUDA, ZeRO 1-3's gradient reductions (the
     reduce-scatter kind of the data-parallel traffic) run during the backward, and stage 3's parameter gathers
     (stage3_gather_seconds, half in each pass) on the coordinator's all-gather stream while the modules before

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from megatron.accounting.predict.memory import runs_bf16_optimizer, zero_model_state_estimate
+from megatron.accounting.predict.memory import layer_input_bytes, runs_bf16_optimizer, zero_model_state_estimate
 from megatron.accounting.predict.parameters import expert_groups_on_rank, parameters_on_rank
 from megatron.accounting.predict.training_setup import TrainingSetup
 from megatron.model.config import GPTConfig
@@ -165,7 +165,8 @@ def offload_transfer_per_step(config: GPTConfig, setup: TrainingSetup, stage: in
     between host and NVMe ("nvme") when ZeRO offloads: with the optimizer offloaded, each gradient
     reduction (once per step at stage 1, every micro-batch at 2 and 3) lands in host memory and the
     updated parameter partition comes back; with the parameters offloaded, every gather (forward and
-    backward of each micro-batch) reads the partition from the host. On NVMe the optimizer states are
+    backward of each micro-batch) reads the partition from the host; with --checkpoint-in-cpu each layer's
+    input goes out in every micro-batch's forward and comes back for its recompute. On NVMe the optimizer states are
     read and written once per step and parameter partitions read at every gather and written once."""
     partition = math.ceil(parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size,
                                              stage) / setup.zero_partitions)
@@ -176,6 +177,8 @@ def offload_transfer_per_step(config: GPTConfig, setup: TrainingSetup, stage: in
         pcie += (reductions + 1) * partition * e
     if setup.offload_params:
         pcie += 2 * g * partition * e
+    if setup.activation_offload:  # --checkpoint-in-cpu: each layer's input out in the forward, back for its recompute
+        pcie += 2 * g * config.num_layers // setup.pipeline_parallel_size * layer_input_bytes(config, setup)
     if setup.offload_device == "nvme":
         states = zero_model_state_estimate(partition * setup.zero_partitions, setup.zero_stage,
                                            setup.zero_partitions, setup.precision)

@@ -36,6 +36,9 @@ class TrainingSetup:
     offload_params: bool = False
     offload_device: str = "cpu"  # where offloaded states live: "cpu" or "nvme" (ZeRO-Infinity)
     activation_recompute: bool = False
+    # --checkpoint-in-cpu: each recomputed layer's input waits in host memory (pinned on CUDA, an emulated host
+    # tier on CPU ranks) until its recompute; the accelerator keeps about nothing per layer
+    activation_offload: bool = False
     # "cuda": fused attention (SDPA's flash or memory-efficient kernel), 1-byte dropout masks; "cpu": SDPA's
     # math kernel with attention dropout (it keeps the attention probabilities), its flash kernel without,
     # masks in the activations' dtype
@@ -59,6 +62,9 @@ class TrainingSetup:
                 raise AccountingError(f"{name} must be one of {sorted(_ELEMENT_BYTES)}, got {value!r}")
         if self.device not in ("cuda", "cpu"):
             raise AccountingError(f"device must be cuda or cpu, got {self.device!r}")
+        if self.activation_offload and not self.activation_recompute:
+            raise AccountingError("--checkpoint-in-cpu offloads the recomputed layers' inputs: it needs "
+                                  "--checkpoint-activations")
         if self.offload_device not in ("cpu", "nvme"):
             raise AccountingError(f"offload device must be cpu or nvme, got {self.offload_device!r}")
 

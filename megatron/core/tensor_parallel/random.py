@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+from megatron.core.tensor_parallel.activation_offload import offload_to_host
+
 MODEL_PARALLEL_RNG = "model-parallel-rng"
 # Megatron's offset between the data-parallel seed and the tensor-parallel seeds.
 TENSOR_PARALLEL_SEED_OFFSET = 2718
@@ -88,12 +90,13 @@ def model_parallel_tracker(seed: int, tensor_parallel_rank: int, sequence_parall
     return tracker
 
 
-def checkpoint(function, tracker: RNGStatesTracker, *args, with_deepspeed: bool = False):
+def checkpoint(function, tracker: RNGStatesTracker, *args, with_deepspeed: bool = False, offload: bool = False):
     """Activation checkpointing: drop `function`'s activations, recompute them in backward.
 
     torch restores the default generators for the recompute; the context pair below also
     rewinds the tracker, so dropout inside forked regions draws the same masks again.
     with_deepspeed: DeepSpeed's implementation instead (`deepspeed_checkpoint`).
+    offload: --checkpoint-in-cpu, the inputs kept in the host tier until the recompute (activation_offload.py).
     """
     if with_deepspeed:
         return deepspeed_checkpoint(function, tracker, *args)
@@ -112,7 +115,8 @@ def checkpoint(function, tracker: RNGStatesTracker, *args, with_deepspeed: bool 
 
         return contextlib.nullcontext(), replay()
 
-    return torch_checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts)
+    with offload_to_host() if offload else contextlib.nullcontext():
+        return torch_checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True, context_fn=contexts)
 
 
 def deepspeed_checkpoint(function, tracker: RNGStatesTracker, *args):
