@@ -279,8 +279,8 @@ def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> 
     buffer (last stage only) and their total (the peak, with the one layer recomputed at a time under
     full recomputation, and its input copied back from host memory under --checkpoint-in-cpu); the layer
     inputs --checkpoint-in-cpu keeps in host memory (activations_offloaded); and the bytes offloaded to host
-    memory or NVMe: the offloaded states, and with the optimizer offloaded the fp32 gradient partition it steps with and, at stage 3, the gradient partition
-    it accumulates in host memory. MoE: the rank's experts (each MoE layer's / EP) under the same ZeRO stage over
+    memory or NVMe: the offloaded states, and with the optimizer offloaded the fp32 gradient partition it steps
+    with and, at stage 3, the gradient partition it accumulates in host memory. MoE: the rank's experts (each MoE layer's / EP) under the same ZeRO stage over
     the expert-data-parallel ranks (DP / EP), the rest over the data-parallel ones."""
     on_rank = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
     experts = sum(map(sum, expert_groups_on_rank(config, setup.expert_parallel_size)))
