@@ -1,10 +1,12 @@
 """A run full of faults: two hosts train, faults hit them at random iterations, the run restarts itself each time.
 
     bash bench/chaos.sh --faults 10 --seed 1 [--out bench/results/chaos-seed1.md] [--kinds kill_rank,cut_link]
+    bash bench/chaos.sh --async-save --faults 2 --kinds kill_rank_writing
 
 Two hosts of tools/virtual_cluster.py (namespaces joined by a switch, one CPU rank each) run the Z1 driver under
-torchrun (NNODES=2) with MAX_RESTARTS, the tiny model, dropout off, a save every SAVE_INTERVAL iterations and a
-loss line every iteration. The seed picks the faults' kinds and iterations and where each lands:
+torchrun (NNODES=2) with MAX_RESTARTS, the tiny model, dropout off, a save every SAVE_INTERVAL iterations (with
+--async-save in the background, ASYNC_SAVE=1) and a loss line every iteration. The seed picks the faults' kinds and
+iterations and where each lands:
 
     kill_rank         SIGKILL of one host's rank (the out-of-memory killer)
     kill_rank_saving  SIGKILL of one host's rank while a checkpoint is being written
@@ -14,6 +16,9 @@ loss line every iteration. The seed picks the faults' kinds and iterations and w
     full_disk         the next save hits a file-size limit (RLIMIT_FSIZE of node1's rank, set while it runs)
     flip_byte         one byte flipped in a file of the newest checkpoint, then a rank killed: the resume must
                       find the damage and take the checkpoint before
+    kill_rank_writing --async-save only: SIGKILL of one host's rank while its writer thread writes a checkpoint
+                      in the background; when the job restarts, `latest` and the resume rule still name the
+                      checkpoint before, which the restart loads, and the killed write committed nothing
 
 Each fault waits until the run has made new progress since the last one. A fault-free run of the same seed comes
 first. At the end a table: faults by kind, recoveries, iterations computed twice, seconds lost per fault,
@@ -42,7 +47,8 @@ from tools.vcluster import ClusterError, VirtualCluster
 
 REPO = Path(__file__).resolve().parent.parent
 
-KINDS = ("kill_rank", "kill_rank_saving", "cut_link", "sigterm_job", "full_disk", "flip_byte")
+KINDS = ("kill_rank", "kill_rank_saving", "cut_link", "sigterm_job", "full_disk", "flip_byte", "kill_rank_writing")
+ASYNC_KINDS = ("kill_rank_writing",)  # only an --async-save run has a writer thread
 SAVE_INTERVAL = 2
 FIRST_FAULT = 3  # iterations before the first fault: the run has saved once
 FAULT_GAP = 4  # iterations between two faults' planned iterations
@@ -62,14 +68,16 @@ def plan(faults: int, seed: int, kinds: tuple[str, ...]) -> tuple[list[Fault], i
     planned, iteration = [], FIRST_FAULT
     for kind in chosen:
         iteration += rng.randint(0, 2)
-        host = rng.choice(HOSTS) if kind in ("kill_rank", "kill_rank_saving", "flip_byte") else "node1"
+        host = rng.choice(HOSTS) if kind in ("kill_rank", "kill_rank_saving", "flip_byte", "kill_rank_writing") \
+            else "node1"
         planned.append(Fault(iteration, kind, "both" if kind == "sigterm_job" else host))
         iteration += FAULT_GAP
     return planned, iteration + 2
 
 
-def driver_env(runs: Path, iterations: int, restarts: int, port: int) -> dict:
+def driver_env(runs: Path, iterations: int, restarts: int, port: int, async_save: bool) -> dict:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "RUNS_DIR": str(runs),
+           "ASYNC_SAVE": "1" if async_save else "0",
            "NNODES": "2", "NGPUS": "1", "MASTER_ADDR": HOSTS[0], "MASTER_PORT": str(port),
            "MODEL_SIZE": "tiny", "SEQ_LEN": "64", "MICRO_BATCH": "4", "TRAIN_ITERS": str(iterations),
            "LOG_INTERVAL": "1", "SAVE_INTERVAL": str(SAVE_INTERVAL), "EVAL_INTERVAL": str(iterations),
@@ -82,11 +90,11 @@ NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
 
 
 def run_job(cluster: VirtualCluster, runs: Path, iterations: int, faults: list[Fault], seed: int,
-            restarts: int, port: int) -> tuple[LogWatch, int, float]:
+            restarts: int, port: int, async_save: bool) -> tuple[LogWatch, int, float]:
     """One run to its end: (what its logs said, how many times it was launched, seconds it took)."""
     runs.mkdir(parents=True, exist_ok=True)
     watch = LogWatch(runs / "gpt_tiny_Z1")
-    job = TwoHostJob(cluster, driver_env(runs, iterations, restarts, port), NO_DROPOUT, runs / "driver")
+    job = TwoHostJob(cluster, driver_env(runs, iterations, restarts, port, async_save), NO_DROPOUT, runs / "driver")
     inject = Injector(cluster, job, watch, random.Random(seed + 1))
     start = time.monotonic()
     job.start()
@@ -144,6 +152,23 @@ def loss_differences(faulted: LogWatch, clean: LogWatch) -> tuple[bool, float, l
     return worst <= LOSS_TOLERANCE and not missing, worst, missing
 
 
+def killed_writes(faults: list[Fault], watch: LogWatch) -> tuple[str, bool]:
+    """kill_rank_writing's judgement: (the table's cell, whether every killed write left `latest` on the checkpoint
+    before, committed nothing, and the restart after it resumed that checkpoint)."""
+    cells, good = [], 0
+    for fault in faults:
+        if fault.kind != "kill_rank_writing" or fault.injected_at is None:
+            continue
+        resumed = next((tag for t, tag in watch.loaded if t >= fault.injected_at), None)
+        problems = fault.problems + ([] if resumed == fault.resume_from else
+                                     [f"the restart resumed {resumed}, not {fault.resume_from}"])
+        good += not problems
+        cells.append(f"'latest' kept on {fault.resume_from}, resumed {resumed}" if not problems
+                     else "; ".join(problems))
+    total = sum(f.kind == "kill_rank_writing" for f in faults)
+    return f"{good} of {total} ({'; '.join(cells)})", good == total
+
+
 def summary_check(run_dir: Path, iterations: int) -> str:
     """What analysis/summarize.py makes of the faulted run: attempts, and each iteration's loss once."""
     found = collect(run_dir, 0)
@@ -164,8 +189,10 @@ def report(args, faults: list[Fault], iterations: int, faulted: LogWatch, launch
     printed = len(faulted.iterations)
     lines = [f"## Chaos bench: {len(faults)} faults, seed {args.seed}", "",
              f"Two hosts (tools/virtual_cluster.py), one CPU rank each, Z1 driver under torchrun, tiny model, "
-             f"{iterations} iterations, a save every {SAVE_INTERVAL}, dropout off, MAX_RESTARTS={args.restarts} "
-             f"per host. Fault-free run: {clean_seconds:.0f} s; faulted run: {seconds:.0f} s.", "",
+             f"{iterations} iterations, a save every {SAVE_INTERVAL}"
+             f"{' in the background (--async-save)' if args.async_save else ''}, dropout off, "
+             f"MAX_RESTARTS={args.restarts} per host. Fault-free run: {clean_seconds:.0f} s; faulted run: "
+             f"{seconds:.0f} s.", "",
              "| planned at iteration | fault | where | what was done | furthest iteration before the restart | seconds "
              "from the fault to an iteration past it |", "| --- | --- | --- | --- | --- | --- |"]
     for f in faults:
@@ -188,7 +215,10 @@ def report(args, faults: list[Fault], iterations: int, faulted: LogWatch, launch
               f"| losses equal to the fault-free run (1e-5) | {'yes' if equal else 'NO'} (largest relative "
               f"difference {worst:.1e}" + (f"; never printed: {missing}" if missing else "") + ") |",
               f"| summary (analysis/summarize.py) | {summary_check(faulted.run_dir, iterations)} |"]
-    ok = equal and not lost and len(recovered) == len(faults)
+    writes, writes_ok = killed_writes(faults, faulted)
+    if any(f.kind == "kill_rank_writing" for f in faults):
+        lines.insert(-3, f"| background writes killed: nothing committed, the checkpoint before resumed | {writes} |")
+    ok = equal and not lost and len(recovered) == len(faults) and writes_ok
     return "\n".join(lines) + "\n", ok
 
 
@@ -196,16 +226,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench/chaos.sh", description=__doc__.split("\n")[0])
     parser.add_argument("--faults", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of: {', '.join(KINDS)}")
+    parser.add_argument("--kinds", default=None, help=f"comma-separated, of: {', '.join(KINDS)} (default: all "
+                        f"that the run's saves allow; {', '.join(ASYNC_KINDS)} with --async-save only)")
+    parser.add_argument("--async-save", action="store_true", help="both runs save in the background (ASYNC_SAVE=1)")
     parser.add_argument("--restarts", type=int, default=None, help="MAX_RESTARTS per host (default: 2 x faults)")
     parser.add_argument("--work", type=Path, default=None, help="run folders (default: a temporary folder, removed)")
     parser.add_argument("--out", type=Path, default=None, help="also write the table (markdown) here")
     parser.add_argument("--name", default="chaos", help="the virtual cluster's name (default chaos)")
     args = parser.parse_args(argv)
+    if args.kinds is None:
+        args.kinds = ",".join(k for k in KINDS if args.async_save or k not in ASYNC_KINDS)
     kinds = tuple(args.kinds.split(","))
     unknown = [kind for kind in kinds if kind not in KINDS]
+    synchronous = [kind for kind in kinds if kind in ASYNC_KINDS and not args.async_save]
     if unknown or args.faults < 1:
         parser.error(f"--kinds {args.kinds}: unknown {unknown}" if unknown else f"--faults {args.faults}: expected >= 1")
+    if synchronous:
+        parser.error(f"--kinds {args.kinds}: {', '.join(synchronous)} needs --async-save (a writer thread to "
+                     "kill)")
     args.kinds = kinds
     args.restarts = 2 * args.faults if args.restarts is None else args.restarts
     return args
@@ -235,10 +273,10 @@ def main(argv: list[str]) -> int:
         cluster = VirtualCluster.up(hosts=2, name=args.name, subnet=SUBNET, loopback_hostname=True)
         print(f"[chaos] fault-free run: {iterations} iterations on two hosts ({work})", flush=True)
         clean, _, clean_seconds = run_job(cluster, work / "clean", iterations, [], args.seed, 0,
-                                          MASTER_PORT)
+                                          MASTER_PORT, args.async_save)
         print(f"[chaos] faulted run: {len(faults)} faults (seed {args.seed})", flush=True)
         faulted, launches, seconds = run_job(cluster, work / "faulted", iterations, faults, args.seed,
-                                            args.restarts, MASTER_PORT + 1)
+                                            args.restarts, MASTER_PORT + 1, args.async_save)
         table, ok = report(args, faults, iterations, faulted, launches, seconds, clean_seconds, clean)
     except KeyboardInterrupt:
         print("[chaos] interrupted: taking the hosts down", file=sys.stderr)

@@ -26,8 +26,10 @@ ITERATION = re.compile(r"^ iteration +(\d+)/ +(\d+) \|.*?\| lm loss: (\S+) \|")
 SAVED = re.compile(r"^ ?successfully saved checkpoint at iteration +(\d+) ")
 RESTARTING = "[zero-lab] restarting after: "
 SKIPPED = re.compile(r"skipped checkpoint (global_step\d+): ")
+LOADED = re.compile(r"^  loaded checkpoint \S*?(global_step\d+)\S* at iteration +\d+")  # the path's tag
 ATTEMPT = "[zero-lab] attempt "
 CUT_AT_MOST_S = 150  # a cut link heals once both hosts restarted (60 s without heartbeats), or after this
+RESTART_AT_MOST_S = 300  # a killed background write's run restarts by then, or the bench ends
 
 
 class ChaosError(RuntimeError):
@@ -43,6 +45,8 @@ class Fault:
     progress_at_fault: int = 0  # the furthest iteration the run had logged when the attempt it ended stopped
     recovered_at: float | None = None  # the first log, in a later attempt, of an iteration past progress_at_fault
     note: str = ""
+    resume_from: str | None = None  # the checkpoint the restart must resume (kill_rank_writing: the one before)
+    problems: list[str] = field(default_factory=list)  # what the fault's own checks found wrong
 
 
 @dataclass
@@ -54,6 +58,7 @@ class LogWatch:
     saved: set[int] = field(default_factory=set)
     restarts: dict[str, list[str]] = field(default_factory=lambda: {host: [] for host in HOSTS})
     skipped: list[str] = field(default_factory=list)
+    loaded: list[tuple[float, str]] = field(default_factory=list)  # (time, the tag an attempt resumed)
     attempts: list[tuple[float, int]] = field(default_factory=list)  # (time, progress then) per attempt header
     last_iteration: int = 0
     total: int = 0
@@ -84,6 +89,8 @@ class LogWatch:
             self.saved.add(int(match.group(1)))
         elif host == "node0" and (match := SKIPPED.search(line)):
             self.skipped.append(match.group(1))
+        elif host == "node0" and (match := LOADED.match(line)):
+            self.loaded.append((now, match.group(1)))
 
     @property
     def progress(self) -> int:
@@ -176,6 +183,59 @@ class Injector:
             time.sleep(0.002)
         saving = [e.name for e in os.scandir(self.checkpoints) if e.name.endswith(protocol.STAGING_SUFFIX)]
         return f"SIGKILL to {fault.host}'s rank (pid {self._kill_rank(fault.host)}) while {saving} was written"
+
+    def kill_rank_writing(self, fault: Fault) -> str:
+        """An --async-save run: SIGKILL to the rank once its writer thread has opened its optimizer-state file in
+        the save's staging folder (only that thread writes files there, while training goes on); then, when the
+        job restarts, before it saves again: `latest` and the resume rule still name the checkpoint before, and
+        the killed write committed nothing."""
+        name = f"zero_pp_rank_{HOSTS.index(fault.host)}_mp_rank_00_optim_states.pt"
+        began, deadline = time.time(), time.monotonic() + 120
+        while (file := self._new_file(name, began)) is None:
+            if time.monotonic() > deadline:
+                raise ChaosError(f"no background write of {name} began within 120 s")
+            time.sleep(0.002)
+        previous = protocol.read_latest(str(self.checkpoints))  # this write's predecessor, committed before it began
+        tag = file.parent.name[:-len(protocol.STAGING_SUFFIX)]
+        committed = self._marker_time(tag)  # a folder of that name an earlier attempt committed, if any
+        pid = self._kill_rank(fault.host)
+        written = file.stat().st_size
+        fault.resume_from = previous
+        self._wait_restart(fault.injected_at)
+        latest = protocol.read_latest(str(self.checkpoints))
+        if latest != previous:
+            fault.problems.append(f"'latest' names {latest}, not {previous}, after the kill")
+        if self._marker_time(tag) != committed or (file.parent / protocol.MARKER).exists():
+            fault.problems.append(f"the killed write of {tag} was committed")
+        if previous and (resumable := protocol.check_resumable(str(self.checkpoints))) != previous:
+            fault.problems.append(f"the resume rule takes {resumable}, not {previous}")
+        return (f"SIGKILL to {fault.host}'s rank (pid {pid}) at iteration {self.watch.progress} while its writer "
+                f"thread wrote {tag}.saving/{name} ({written} bytes of it on disk); 'latest' named {previous}")
+
+    def _new_file(self, name: str, since: float) -> Path | None:
+        """`<tag>.saving/<name>`, once a save created or wrote it after `since` (an earlier save's are older)."""
+        for entry in os.scandir(self.checkpoints):
+            path = Path(entry.path) / name
+            if entry.name.endswith(protocol.STAGING_SUFFIX) and path.exists():
+                with contextlib.suppress(OSError):
+                    if path.stat().st_ctime >= since:
+                        return path
+        return None
+
+    def _marker_time(self, tag: str) -> int | None:
+        """When `tag`'s committed folder got its marker (None: no committed folder of that name)."""
+        with contextlib.suppress(OSError):
+            return (self.checkpoints / tag / protocol.MARKER).stat().st_mtime_ns
+        return None
+
+    def _wait_restart(self, since: float) -> None:
+        """Until node0's driver starts its next attempt (before that attempt can save anything)."""
+        deadline = time.monotonic() + RESTART_AT_MOST_S
+        while not any(t >= since for t, _ in self.watch.attempts):
+            if time.monotonic() > deadline:
+                raise ChaosError(f"the job did not restart within {RESTART_AT_MOST_S} s of the kill")
+            self.watch.poll()
+            time.sleep(0.05)
 
     def cut_link(self, fault: Fault) -> str:
         before = {host: len(lines) for host, lines in self.watch.restarts.items()}

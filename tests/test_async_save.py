@@ -17,7 +17,7 @@ from conftest import test_env
 from runs import SKIP_PROBES, pretrain_cmd
 from runs import run_pretrain as pretrain
 from megatron.arguments import ConfigError, parse_args
-from megatron.checkpointing.async_save import host_copy
+from megatron.checkpointing.async_save import host_copy, state_bytes
 from megatron.checkpointing.protocol import check_resumable, damage_reason
 from megatron.launch.settings import LaunchError, training_settings
 from test_faults_checkpoint import KILL_DURING_SAVE, copy_checkpoints, error_lines, losses
@@ -42,6 +42,70 @@ def test_the_host_copy_is_the_states_own_and_keeps_its_structure():
     spare = {(torch.float32, (2, 3)): [buffers[0]]}
     again, _ = host_copy({"w": weight}, spare)
     assert again["w"] is buffers[0] and torch.equal(buffers[0], weight) and spare[(torch.float32, (2, 3))] == []
+
+
+def test_the_copy_is_sized_without_copying_as_host_copy_counts_it():
+    weight, other = torch.arange(6.0).reshape(2, 3), torch.zeros(4, dtype=torch.float64)
+    state = {"a": weight, "tied": weight, "row": [weight[0]], "o": (other, 1), "n": None}
+    _, buffers = host_copy(state)
+    assert state_bytes(state) == sum(b.untyped_storage().nbytes() for b in buffers) == 6 * 4 + 3 * 4 + 4 * 8
+
+
+# The tiny preset's rank-0 files on 2 ranks, from the checkpoints themselves: 6,843,904 parameters (tied output
+# layer), optimizer groups of 6,840,320 (matrices) and 3,584 (biases, LayerNorms) elements; the generators
+# (torch's 5,056-byte state, numpy's 624 int64s) in the client state and in the rank's own file
+TINY_PARAMETERS, TINY_GROUPS, GENERATORS = 6_843_904, (6_840_320, 3_584), 5_056 + 624 * 8
+TINY_COPY = {1: TINY_PARAMETERS * 4 + sum(g // 2 * 12 + 4 for g in TINY_GROUPS) + 2 * GENERATORS,  # 68,459,144
+             3: sum(g // 2 * 12 + 4 for g in TINY_GROUPS) + 2 * GENERATORS}  # empty module tensors: 41,083,528
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_the_predicted_copy_is_what_rank_0_writes(stage):
+    from megatron.accounting import TrainingSetup
+    from megatron.accounting.predict.memory import async_save_copy_bytes
+    from megatron.model import GPTConfig
+    config = GPTConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_length=64,
+                       max_position_embeddings=64, padded_vocab_size=50304)
+    setup = TrainingSetup(world_size=2, micro_batch_size=2, zero_stage=stage, device="cpu")
+    assert async_save_copy_bytes(config, setup) == TINY_COPY[stage]
+
+
+def model_state_fields(stdout: str) -> tuple[dict, dict]:
+    from analysis.log_parser import _parse_model_state
+    line = next(line for line in stdout.splitlines() if line.startswith(" model state memory per rank (GB)"))
+    record = _parse_model_state(line)
+    return record.measured, record.estimate
+
+
+def assert_copy_is_predicted(stdout: str, stage: int):
+    """The model-state line's host copy (sized before any save) and its estimate, and every save line's copy, are
+    the tiny preset's rank-0 files (TINY_COPY)."""
+    measured, estimate = model_state_fields(stdout)
+    assert measured["async_save_copy"] == estimate["async_save_copy"] == round(TINY_COPY[stage] / 2**30, 4)
+    copies = [float(host) for *_, host, _ in SAVED.findall(stdout)]
+    assert copies and all(host == round(TINY_COPY[stage] / 1e6, 1) for host in copies), copies
+
+
+@pytest.mark.slow
+def test_the_model_state_line_holds_the_host_copy_at_zero_1(async_run):
+    assert_copy_is_predicted(async_run[0].stdout, 1)
+
+
+@pytest.mark.slow
+def test_the_model_state_line_holds_the_host_copy_at_zero_3(dolly_data_dir, tmp_path):
+    run = pretrain(dolly_data_dir, "--zero-stage", "3", "--train-iters", "4", "--save-interval", "2", "--save",
+                   str(tmp_path / "ckpt"), "--async-save")
+    assert_copy_is_predicted(run.stdout, 3)
+
+
+def test_a_run_without_async_save_has_no_copy_field():
+    from megatron.training_log import model_state_line
+    values = dict(params=1, grads=1, optim=1, offloaded=0, other=0)
+    estimate = dict(values, model_states=3, activations=0, output_buffer=0)
+    assert "async_save_copy" not in model_state_line(values, estimate, 1, 2, "fp32", "none")
+    line = model_state_line({**values, "async_save_copy": 2**30}, {**estimate, "async_save_copy": 2**29}, 1, 2,
+                            "fp32", "none")
+    assert " other=0.0000 async_save_copy=1.0000 | " in line and line.endswith(" async_save_copy=0.5000 |")
 
 
 def test_async_save_needs_save():

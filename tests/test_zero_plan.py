@@ -615,3 +615,20 @@ def test_a_pipeline_with_few_micro_batches_says_how_long_it_idles_and_the_batch_
     dp = next(p for p in data["plans"] if p["option"] == "DP")
     assert dp["bubble_ms"] == pytest.approx(7 * (dp["step_ms"] - dp["bubble_ms"] - dp["communication_ms"]), rel=0.2)
     assert not any("idles" in note for note in plan_json(capsys, *args, "--global-batch-size", "448")["notes"])
+
+
+def test_async_save_adds_each_options_host_copy(capsys):
+    """--async-save: a column of the host memory rank 0's copy of its checkpoint files takes (bf16 weights and
+    12 bytes per element of its optimizer partition; at ZeRO-3 the partition only), in the JSON too; absent
+    without the flag."""
+    from megatron.accounting.predict.memory import RNG_STATE_BYTES
+    code, out, _ = tool_in_process(capsys, "zero_plan.py", *EXAMPLE, "--async-save")
+    assert code == 0 and out.splitlines()[2].endswith("offloaded GB/GPU  async-save copy GB/GPU (host)")
+    plans = {p["option"]: p for p in plan_json(capsys, *EXAMPLE, "--async-save")["plans"]}
+    parameters = parameter_count(24, 2048, 50304, 1024)
+    vectors = 24 * 13 * 2048 + 2 * 2048  # biases and LayerNorms (parameter_count's 13h a layer, the final norm)
+    groups = (parameters - vectors, vectors)
+    partitions = sum(-(-group // 16) * 16 // 8 * 12 + 4 for group in groups)
+    assert plans["Z1"]["async_save_copy_gb"] * 2**30 == parameters * 2 + partitions + 2 * RNG_STATE_BYTES
+    assert plans["Z3"]["async_save_copy_gb"] * 2**30 == partitions + 2 * RNG_STATE_BYTES
+    assert plan_json(capsys, *EXAMPLE)["plans"][0]["async_save_copy_gb"] is None

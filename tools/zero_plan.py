@@ -13,7 +13,8 @@ communication, offload transfers, the pipeline's bubble; the bound, every FLOP a
 link at its nominal bandwidth, with what it leaves out, calibrated on the published runs of
 tools/published_runs.json), the bound beside it, tokens/s, TFLOP/s per GPU and, with --tokens, the days to
 train, and picks the fastest option that fits. With --storage-bandwidth and --mtbf-hours it prints
-the checkpoint's size, its save time and the interval between saves that loses the least time (docs/faults.md).
+the checkpoint's size, its save time and the interval between saves that loses the least time (docs/faults.md);
+with --async-save, the host memory --async-save's copy of a GPU's checkpoint files takes (docs/checkpoints.md).
 The numbers come from megatron/accounting/predict/, the same functions whose predictions the training runs print
 beside their measurements (docs/zero-tradeoff-reference.md, "Time per step: the model" and "Projecting a step onto GPUs");
 the planner itself is megatron/accounting/plan/, of which this is the command line.

@@ -17,6 +17,7 @@ from megatron.accounting.measure import comm_counter, memory
 from megatron.accounting.measure.host_probe import TrainerSteps
 from megatron.accounting.measure.step_timing import (PROBES_SKIPPED_LINE, OffloadStepClock, predict_at_startup,
                                                      probes_skipped)
+from megatron.accounting.predict.memory import async_save_copy_bytes
 from megatron.arguments import Args
 from megatron.accounting.run_setup import training_setup
 from megatron.initialize import DistInfo
@@ -197,6 +198,11 @@ class Reporter:
         # ZeRO partitions over data- x DeepSpeed-Ulysses sequence-parallel ranks (as the estimate does)
         partitions = self.predictions.setup.zero_partitions
         estimate = self.predictions.at(seq_length).memory
+        if self.args.checkpoint.async_save:  # the host copy the saves will hold, sized before the first one
+            from megatron.checkpointing.async_save import copy_bytes
+            measured["async_save_copy"] = copy_bytes(engine)
+            estimate = {**estimate, "async_save_copy": async_save_copy_bytes(
+                self.predictions.config, self.predictions.setup, self.predictions.stage)}
         self.print_line(model_state_line(measured, estimate, ds.zero_stage, partitions,
                                          ds.precision, ds.offload))
 

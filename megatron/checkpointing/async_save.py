@@ -35,6 +35,7 @@ from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
 
 from megatron.checkpointing import protocol
 from megatron.checkpointing.protocol import CheckpointError
+from megatron.checkpointing.rng import rng_state
 from megatron.checkpointing.save_load import commit_record, failed_line, saved_line, write_staged
 from megatron.checkpointing.writer import FlushingCheckpointEngine
 
@@ -52,7 +53,7 @@ def host_copy(state, spare: dict[tuple, list[torch.Tensor]] | None = None):
 
     def copy(value):
         if isinstance(value, torch.Tensor):
-            key = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
+            key = _tensor_key(value)
             if key not in copies:
                 free = spare.get(_buffer_key(value))
                 target = free.pop() if free else torch.empty(value.shape, dtype=value.dtype, device="cpu")
@@ -75,6 +76,47 @@ def host_copy(state, spare: dict[tuple, list[torch.Tensor]] | None = None):
 
 def _buffer_key(tensor: torch.Tensor) -> tuple:
     return tensor.dtype, tuple(tensor.shape)
+
+
+def _tensor_key(tensor: torch.Tensor) -> tuple:
+    """What makes two tensors of a state one copy: the same memory seen the same way (tied weights)."""
+    return tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride()
+
+
+def state_bytes(state) -> int:
+    """The bytes host_copy would copy of `state`: each distinct tensor's elements, once."""
+    seen: dict[tuple, int] = {}
+
+    def walk(value):
+        if isinstance(value, torch.Tensor):
+            seen[_tensor_key(value)] = value.numel() * value.element_size()
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk(state)
+    return sum(seen.values())
+
+
+def copy_bytes(engine) -> int:
+    """The bytes this rank's --async-save copy takes (HostCopyEngine.host_bytes), sized without copying from the
+    state dicts a save hands the checkpoint engine, each file's copied on its own: where the rank writes the
+    model-states file (DeepSpeed's save_non_zero_checkpoint: data-parallel rank 0, every rank at ZeRO-3) the
+    module's state dict with the client state's generators, and at ZeRO-0 the optimizer's; where it writes a ZeRO
+    file (save_zero_checkpoint) the optimizer's; and the generators again in the rank's own file (rng.py). The
+    copy stays allocated from the first save to the run's end (HostCopyEngine keeps its buffers for the next)."""
+    generators = rng_state(engine.module)
+    total = state_bytes(generators)
+    if engine.save_non_zero_checkpoint:
+        total += state_bytes(engine.module.state_dict()) + state_bytes(generators)
+        if not engine.zero_optimization():
+            total += state_bytes(engine.optimizer.state_dict())
+    if engine.save_zero_checkpoint:
+        total += state_bytes(engine.optimizer.state_dict())
+    return total
 
 
 class HostCopyEngine(FlushingCheckpointEngine):

@@ -52,6 +52,7 @@ class PlanFlags:
     ep: int | None = None  # --moe-expert-parallel-size; None: every size that divides
     topk: int = 1
     json: bool = False
+    async_save: bool = False  # --async-save: a column of each GPU's host copy of its checkpoint files
     # GPTConfig's Llama fields (presets.LLAMA_FLAGS), each its flag's value as given: None (or False) leaves the
     # preset's
     architecture: dict = field(default_factory=dict)
@@ -122,6 +123,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
                         help="default: every size that divides the GPUs and each layer's experts")
     parser.add_argument("--topk", type=int, help="experts per token (default: 1)")
     parser.add_argument("--json", action="store_true", help="print the plans and the choice as JSON")
+    parser.add_argument("--async-save", action="store_true",
+                        help="the host memory per GPU that --async-save's copy of its checkpoint files takes")
     parser.set_defaults(**{spec.name: spec.default for spec in fields(PlanFlags) if spec.default is not MISSING})
     return parser
 

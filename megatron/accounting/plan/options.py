@@ -10,6 +10,7 @@ from megatron.accounting.plan import calibration
 from megatron.accounting.plan.request import PlanRequest, expert_parallel_sizes
 from megatron.accounting.predict.fit import peak_memory, stage_config
 from megatron.accounting.predict.host_work import HOST_COEFFICIENTS, host_seconds
+from megatron.accounting.predict.memory import async_save_copy_bytes
 from megatron.accounting.predict.step_time import StepTime
 from megatron.accounting.predict.traffic import OWNER_REDUCTION
 from megatron.model.config import GPTConfig
@@ -45,6 +46,8 @@ class Plan:
     offload_ms: float | None = None
     bubble_ms: float | None = None
     host_ms: float | None = None  # the engine's host work, HOST_COEFFICIENTS["cuda"]'s (not in step_ms)
+    # --async-save: the host copy of the checkpoint files of the GPU that writes most (data-parallel rank 0)
+    async_save_copy_gb: float | None = None
     tokens_per_s: float | None = None
     tflops_per_gpu: float | None = None  # model FLOPs (the MFU numerator)
     hardware_tflops_per_gpu: float | None = None  # recomputation counted, as the published runs count
@@ -100,8 +103,18 @@ def plan(request: PlanRequest) -> list[Plan]:
                           pcie_gb=moved["pcie"] / GB, nvme_gb=moved["nvme"] / GB,
                           fits=memory["total"] / GB <= request.usable_gb,
                           longest_seq=longest_sequence(busiest, setup, request.usable_gb),
+                          async_save_copy_gb=async_save_copy_gb(request, setup),
                           **timing(request, busiest, setup)))
     return plans
+
+
+def async_save_copy_gb(request: PlanRequest, setup: accounting.TrainingSetup) -> float | None:
+    """With --async-save, the largest host copy a GPU keeps (megatron/accounting/predict/memory.py's
+    async_save_copy_bytes on data-parallel rank 0 of each pipeline stage), GB; None without."""
+    if not request.flags.async_save:
+        return None
+    return max(async_save_copy_bytes(request.config, setup, stage)
+               for stage in range(request.flags.pp)) / GB
 
 
 def longest_sequence(busiest: GPTConfig, setup: accounting.TrainingSetup, usable_gb: float) -> int:

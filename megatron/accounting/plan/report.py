@@ -49,6 +49,9 @@ def table(plans: list[Plan], usable_gb: float) -> str:
                         f"{p.bytes_per_param:.2f}", f"{p.pcie_gb:.2f}",
                         f"{p.offloaded_gb:.2f}" + (" (NVMe)" if "NVMe" in p.option else ""))
                        for p in plans]
+    if plans and plans[0].async_save_copy_gb is not None:  # --async-save: host memory beside the offloaded states
+        header += ("async-save copy GB/GPU (host)",)
+        rows = [header] + [(*row, f"{p.async_save_copy_gb:.2f}") for row, p in zip(rows[1:], plans)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 

@@ -321,3 +321,42 @@ def checkpoint_bytes(num_params: int, precision: str, zero_stage: int) -> int:
     109.5 MB on disk (27.4 MB of model states, 2 x 41.1 MB of optimizer partitions)."""
     states = zero_model_state_estimate(num_params, zero_stage, 1, precision)
     return states["params"] + states["optim"]
+
+
+# megatron/checkpointing/rng.py's generators as a checkpoint holds them: torch's CPU generator state (5,056 bytes)
+# and numpy's MT19937 key as 624 int64s (CUDA's generator states add 16 bytes per GPU, not counted)
+RNG_STATE_BYTES = 5056 + 624 * 8
+_ZERO_ALIGNMENT = 2  # DeepSpeed 0.19.8 pads a stage 1-2 group to 2 x dp elements (nccl_start_alignment_factor)
+
+
+def async_save_copy_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> int:
+    """Host bytes data-parallel rank 0 of pipeline `stage` holds for --async-save (megatron/checkpointing/
+    async_save.py): a copy of every tensor of the files it writes, kept from the first save to the run's end. Its
+    model-states file: the module's weights in the run's dtype (at ZeRO-3 DeepSpeed 0.19.8's module state dict
+    holds empty tensors: every weight is in the ZeRO files) and the client state's generators; at ZeRO-0 the
+    optimizer's Adam m and v there too, with a step per parameter. Its ZeRO file: each optimizer group's partition
+    (stages 1-2: the flattened group padded to 2 x dp elements and split; stage 3: each parameter split) as fp32
+    master weights and Adam's m and v, with one fp32 step per group. Its own generators' file. Gradients are not
+    saved: none are copied."""
+    # bytes per optimizer element: Adam's m and v, and at stages 1-3 the fp32 master (fp32: 8, then 12)
+    per_element = zero_model_state_estimate(1, setup.zero_stage, 1, setup.precision)["optim"]
+    module = 0 if setup.zero_stage == 3 else parameters_on_rank(
+        config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage) * setup.element_bytes
+    groups = [(group, setup.zero_partitions) for group in
+              parameter_groups_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)]
+    groups += [(group, setup.expert_data_parallel_size)
+               for group in expert_groups_on_rank(config, setup.expert_parallel_size)]
+    groups = [(group, dp) for group, dp in groups if group]
+    if setup.zero_stage == 0:  # torch's Adam: a step per parameter
+        optim = sum(sum(group) * per_element + 4 * len(group) for group, _ in groups)
+    else:
+        optim = sum(_partition_elements(group, dp, setup.zero_stage) * per_element + 4 for group, dp in groups)
+    return module + optim + 2 * RNG_STATE_BYTES
+
+
+def _partition_elements(group: list[int], dp: int, zero_stage: int) -> int:
+    """Elements of one rank's partition of an optimizer group, as DeepSpeed 0.19.8 pads and splits it."""
+    if zero_stage == 3:
+        return sum(math.ceil(size / dp) for size in group)
+    align = _ZERO_ALIGNMENT * dp
+    return math.ceil(sum(group) / align) * align // dp
