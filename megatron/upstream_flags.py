@@ -47,8 +47,11 @@ ACCEPTED = {
 
 _KD = ("Megatron-DeepSpeed's knowledge distillation (a teacher model beside the student, MoS) is not part of "
        "zero-lab: train the student alone, without the teacher flags")
-_FPDT = ("DeepSpeed's FPDT (chunked, offloaded Ulysses) is not part of zero-lab: use --ds-sequence-parallel-size N "
-         "(DeepSpeed-Ulysses, docs/long-sequences.md)")
+# DeepSpeed 0.19.8's FPDT layer (deepspeed/sequence/fpdt_layer.py) calls flash-attn's CUDA kernels on CUDA streams:
+# on CPU ranks it has no attention kernel at all (tests/test_upstream_flags.py), so it is refused everywhere
+_FPDT = ("DeepSpeed's FPDT layer (chunked, offloaded Ulysses) runs its attention only through flash-attn's CUDA "
+         "kernels, so it cannot run on CPU ranks and is not part of zero-lab: use --ds-sequence-parallel-size N with "
+         "--tiled-mlp-compute, --tiled-logits-loss and --checkpoint-in-cpu (docs/long-sequences.md)")
 _INDEX = ("zero-lab builds the dataset's index arrays itself and caches them next to the data: drop the flag "
           "(--data-cache-path picks another folder)")
 

@@ -1,6 +1,7 @@
 """Every training flag of Megatron-DeepSpeed's GPT example scripts (tests/fixtures/megatron_deepspeed_flags.tsv) is
 honoured, accepted with a start-up line, or refused in one line (megatron/upstream_flags.py, docs/megatron-flags.md),
 and docs/megatron-flags.md is the table generated from the parser."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -67,6 +68,16 @@ def test_each_refused_flag_stops_in_one_line_saying_what_to_use_instead(flag, va
         parse_args(argv_of(flag, values, tmp_path), world_size=WORLD, device_type="cuda")
     assert str(err.value) == f"{flag} is not supported: {REFUSED[flag].line}"
     assert "\n" not in str(err.value)
+
+
+def test_deepspeeds_fpdt_layer_has_no_attention_kernel_on_cpu_ranks():
+    # the reason the FPDT flags are refused: its attention is flash-attn's CUDA kernel or nothing
+    pytest.importorskip("einops")
+    from deepspeed.sequence import fpdt_layer
+
+    assert importlib.util.find_spec("flash_attn") is None
+    assert fpdt_layer._flash_attn_forward is None and fpdt_layer._flash_attn_backward is None
+    assert "flash-attn's CUDA kernels" in REFUSED["--ds-sequence-parallel-fpdt"].line
 
 
 def test_refused_messages_name_what_to_use_instead():
