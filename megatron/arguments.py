@@ -434,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the recompute runs through deepspeed.checkpointing, configured by the JSON's "
                             "activation_checkpointing section and --checkpoint-in-cpu")
     _add_flags(model, DeepSpeedArgs, "checkpoint_in_cpu")
+    _add_flags(model, GPTConfig, "tiled_mlp_compute", "tiled_mlp_shards", "tiled_logits_loss",
+               "tiled_logits_loss_shards")
     # Megatron's query-key layer scaling divides scores by the layer number in fp16 kernels; zero-lab's SDPA has none
     model.add_argument("--no-query-key-layer-scaling", action="store_true",
                        help="accepted and ignored: the attention has no query-key layer scaling (docs/model.md)")
@@ -496,7 +498,9 @@ def _model_config(ns, params_dtype: torch.dtype, recompute: bool) -> GPTConfig:
                      recompute_with_deepspeed=with_deepspeed,
                      recompute_offload=recompute and ns.checkpoint_in_cpu and not with_deepspeed,
                      params_dtype=params_dtype, sequence_parallel=ns.sequence_parallel,
-                     rotary_percent=ns.rotary_percent, squared_relu=ns.squared_relu, **_moe_shape(ns))
+                     rotary_percent=ns.rotary_percent, squared_relu=ns.squared_relu, **_moe_shape(ns),
+                     **{name: getattr(ns, name) for name in (
+                         "tiled_mlp_compute", "tiled_mlp_shards", "tiled_logits_loss", "tiled_logits_loss_shards")})
 
 
 def _parse_with_preset(argv: list[str]) -> argparse.Namespace:

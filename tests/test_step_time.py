@@ -259,6 +259,14 @@ def test_predicted_step_time_counts_recomputation_and_stage0_optimizer():
     assert predicted.communication == pytest.approx(1e-4 + 2 * SHARE * 1.07 / 25e6)  # one all-reduce of 2 passes
 
 
+def test_predicted_step_time_counts_the_tiled_recomputed_forwards():
+    """--tiled-mlp-compute recomputes the MLP's forward (2 h x 2f = 4096 FLOPs a token), --tiled-logits-loss the
+    logits' (2 h V = 2048), over the step's 32 tokens, half on each rank."""
+    tiled = replace(CONFIG, tiled_mlp_compute=True, tiled_logits_loss=True)
+    predicted = predict_step_time(tiled, setup(zero_stage=1), 0, RATES, GLOO, BUCKETS, overlap_comm=False)
+    assert predicted.compute == pytest.approx((FLOPS + 32 * (4096 + 2048)) / 2 / 1e9 + 2232 * 1e-8)
+
+
 def test_predicted_offload_moves_the_optimizer_to_the_host_and_counts_transfers():
     offload = setup(zero_stage=3, offload_optimizer=True, offload_params=True)
     predicted = predict_step_time(CONFIG, offload, 0, RATES, GLOO, BUCKETS, overlap_comm=False)

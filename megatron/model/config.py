@@ -12,6 +12,11 @@ _PARAMS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NORMALIZATIONS = ("layernorm", "rmsnorm")
 
 
+# GPTConfig's fields that are a run's choice, not the model's: checkpoints do not store them
+RUN_FIELDS = ("params_dtype", "moe_expert_parallel_size", "recompute_with_deepspeed", "recompute_offload",
+              "tiled_mlp_compute", "tiled_mlp_shards", "tiled_logits_loss", "tiled_logits_loss_shards")
+
+
 class ModelConfigError(ZeroLabError, ValueError):
     """An inconsistent model shape; the message names the Megatron flag."""
 
@@ -68,6 +73,19 @@ class GPTConfig:
     moe_min_capacity: int = 4
     moe_token_dropping: bool = True  # --disable-moe-token-dropping turns it off
     mlp_type: str = "standard"  # residual: PR-MoE's dense MLP beside the experts
+    # ALST's tiling along the sequence (docs/long-sequences.md), a run's choice (checkpoints do not store it): the
+    # MLP computed a tile of tokens at a time and recomputed in the backward (ArcticTraining's tiled_mlp_compute),
+    # and the output layer's logits and loss likewise; shards 0: as ALST picks them (megatron/model/tiling.py)
+    tiled_mlp_compute: bool = field(default=False, metadata=dict(help=(
+        "compute each MLP over --tiled-mlp-shards tiles of the sequence, keeping only its input for the backward, "
+        "which recomputes it tile by tile (ALST's tiled MLP)")))
+    tiled_mlp_shards: int = field(default=0, metadata=dict(help=(
+        "tiles of --tiled-mlp-compute; 0: ceil(the rank's tokens per sequence / --hidden-size), as ALST")))
+    tiled_logits_loss: bool = field(default=False, metadata=dict(help=(
+        "compute the output layer's logits and loss over --tiled-logits-loss-shards tiles of the tokens, one "
+        "tile's [tokens, vocab / TP] buffer at a time; the backward recomputes each tile's logits")))
+    tiled_logits_loss_shards: int = field(default=0, metadata=dict(help=(
+        "tiles of --tiled-logits-loss; 0: as ALST, tiles of about 1 GiB of fp32 logits")))
 
     def __post_init__(self):
         if self.ffn_hidden_size is None:
@@ -106,6 +124,7 @@ class GPTConfig:
         self._check_rotary()
         self._check_llama()
         self._check_moe()
+        self._check_tiling()
         if self.params_dtype not in _PARAMS_DTYPES:
             raise ModelConfigError(f"params dtype must be one of float32, bfloat16, float16, got {self.params_dtype}")
 
@@ -161,6 +180,17 @@ class GPTConfig:
         if problems:
             raise ModelConfigError(problems[0])
 
+    def _check_tiling(self) -> None:
+        for flag, value in (("--tiled-mlp-shards", self.tiled_mlp_shards),
+                            ("--tiled-logits-loss-shards", self.tiled_logits_loss_shards)):
+            if not isinstance(value, int) or value < 0:
+                raise ModelConfigError(f"{flag} must be an integer >= 0 (0: as ALST picks), got {value!r}")
+        if self.tiled_mlp_compute and self.is_moe:
+            # DeepSpeed's MoE layer sizes its experts' capacity by the tokens of each call: tiles would route
+            # differently from the whole sequence
+            raise ModelConfigError(f"--tiled-mlp-compute cannot be combined with MoE layers ({self.experts_setting}):"
+                                   " the experts' capacity depends on the tokens of each call; drop one of them")
+
     @property
     def layer_experts(self) -> list[int]:
         """Experts of each layer (1: a dense MLP), Megatron-DeepSpeed's rule: layer i (from 1) is an MoE layer
@@ -214,8 +244,7 @@ class GPTConfig:
     def to_dict(self) -> dict:
         """The shape as plain values (what checkpoints store); the dtype is the run's, not the model's."""
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("params_dtype", "moe_expert_parallel_size", "recompute_with_deepspeed",
-                                  "recompute_offload")}
+                if f.name not in RUN_FIELDS}
 
     @classmethod
     def from_dict(cls, values: dict, **overrides) -> "GPTConfig":

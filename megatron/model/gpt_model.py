@@ -31,6 +31,7 @@ from megatron.core.tensor_parallel.mappings import group_rank, group_size
 from megatron.core.tensor_parallel.random import RNGStatesTracker
 from megatron.model.config import GPTConfig, check_parallel_shape
 from megatron.model.kv_cache import KVCache
+from megatron.model.tiling import loss_tiles
 from megatron.model.transformer import ParallelTransformerLayer, layer_norm
 
 
@@ -148,5 +149,6 @@ class GPTModel(nn.Module):
         if labels is None:
             local_logits = parallel_lm_logits(x, weight, self.tp_group, self.config.sequence_parallel)
             return gather_from_tensor_model_parallel_region(local_logits, self.tp_group)
+        tiles = loss_tiles(self.config, labels.numel(), self.config.padded_vocab_size // group_size(self.tp_group))
         return vocab_parallel_lm_loss(lm_head_input(x, self.tp_group, self.config.sequence_parallel),
-                                      weight, labels, self.tp_group, self.lm_loss_scratch)
+                                      weight, labels, self.tp_group, self.lm_loss_scratch, tiles)

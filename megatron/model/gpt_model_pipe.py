@@ -23,9 +23,11 @@ from megatron.core.tensor_parallel import (
     model_parallel_tracker,
     vocab_parallel_lm_loss,
 )
+from megatron.core.tensor_parallel.mappings import group_size
 from megatron.core.tensor_parallel.random import RNGStatesTracker
 from megatron.model.config import GPTConfig, check_parallel_shape
 from megatron.model.gpt_model import OutputLayer, build_embeddings, embed, layer_init_seed, output_layer_seed_index
+from megatron.model.tiling import loss_tiles
 from megatron.model.transformer import ParallelTransformerLayer, norm_class
 
 
@@ -86,15 +88,16 @@ class TransformerLayerPipe(ParallelTransformerLayer):
 class MaskedLMLoss:
     """Mean per-token loss over the tokens whose loss_mask is 1 (the pipeline's loss_fn)."""
 
-    def __init__(self, tp_group):
-        self.tp_group = tp_group
+    def __init__(self, config: GPTConfig, tp_group):
+        self.config, self.tp_group = config, tp_group
         self.scratch = ScratchBuffers()  # the [tokens, vocab] logits buffer, reused each step
 
     def __call__(self, head: tuple[torch.Tensor, torch.Tensor],
                  targets: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         hidden, weight = head
         labels, loss_mask = targets
-        losses = vocab_parallel_lm_loss(hidden, weight, labels, self.tp_group, self.scratch)
+        tiles = loss_tiles(self.config, labels.numel(), self.config.padded_vocab_size // group_size(self.tp_group))
+        losses = vocab_parallel_lm_loss(hidden, weight, labels, self.tp_group, self.scratch, tiles)
         mask = loss_mask.to(losses.dtype)
         return (losses * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -125,7 +128,7 @@ def build_gpt_pipe(config: GPTConfig, state: ParallelState) -> PipelineModule:
     topology = PipeModelDataParallelTopology(num_pp=layout.pipeline_model_parallel_size,
                                              num_mp=layout.tensor_model_parallel_size,
                                              num_dp=layout.data_parallel_size)
-    module = PipelineModule(layers=specs, loss_fn=MaskedLMLoss(tp_group), topology=topology,
+    module = PipelineModule(layers=specs, loss_fn=MaskedLMLoss(config, tp_group), topology=topology,
                             partition_method="type:TransformerLayerPipe")
     module.rng_tracker = tracker  # saved and restored with checkpoints, as GPTModel's
     return module

@@ -24,6 +24,7 @@ from megatron.core.tensor_parallel import (
     scaled_init_method_normal,
 )
 from megatron.model.config import GPTConfig
+from megatron.model.tiling import mlp_tiles, tiled_mlp
 
 # (our name in a layer, Hugging Face's names in a layer, transposed?): several HF names are our tensor's rows cut
 # into that many equal blocks (a gated MLP's input: HF's gate and up)
@@ -172,11 +173,13 @@ def mlp_part(config: GPTConfig | None = None, **flags: bool) -> MLP:
 
 
 class ParallelMLP(nn.Module):
-    """h -> f_in (column split) -> activation -> h (row split), of the kind the config's recipe picks."""
+    """h -> f_in (column split) -> activation -> h (row split), of the kind the config's recipe picks; with
+    --tiled-mlp-compute a tile of tokens at a time (megatron/model/tiling.py)."""
 
     def __init__(self, config: GPTConfig, tp_group, kind: MLP | None = None):
         super().__init__()
         self.kind = kind or mlp_part(config)
+        self.config = config
         bias = not config.disable_bias_linear
         self.dense_h_to_4h = ColumnParallelLinear(
             config.hidden_size, self.kind.input_width(config), group=tp_group,
@@ -190,6 +193,10 @@ class ParallelMLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tiles = mlp_tiles(self.config, x.shape[0], x.shape[1])
+        return self.untiled(x) if tiles == 1 else tiled_mlp(self.untiled, self, x, tiles)
+
+    def untiled(self, x: torch.Tensor) -> torch.Tensor:
         y = self.dense_h_to_4h(x)
         if self.kind.gated:
             gate, up = y.chunk(2, dim=-1)

@@ -5,7 +5,7 @@ import re
 
 from megatron.accounting.predict.training_setup import PRECISIONS, AccountingError
 from megatron.model.config import GPTConfig
-from megatron.model.recipe import layer_recipe
+from megatron.model.recipe import layer_recipe, mlp_part
 
 # Dense peaks in TFLOP/s per accelerator part and matmul precision: bf16/fp16 tensor cores, TF32 tensor
 # cores, fp32 without them. Never the sparsity figures: where a datasheet gives only those ("* with
@@ -86,12 +86,30 @@ def model_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> floa
 def hardware_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> float:
     """FLOPs the accelerator executes (the HFU numerator, Korthikanti et al. 2022): the model FLOPs plus,
     with --checkpoint-activations, a second forward of every transformer layer (the logit layer is not
-    recomputed)."""
+    recomputed); with --tiled-mlp-compute one more forward of every MLP (its backward recomputes the tiles, under
+    --checkpoint-activations a third time); with --tiled-logits-loss one more forward of the logit layer
+    (output_layer_hardware_flops)."""
+    tokens = global_batch_size * config.seq_length
     flops = model_flops_per_iteration(config, global_batch_size)
     if config.recompute_activations:
-        flops += sum(layer_forward_flops(config, global_batch_size * config.seq_length, experts)
-                     for experts in config.layer_experts)
-    return flops
+        flops += sum(layer_forward_flops(config, tokens, experts) for experts in config.layer_experts)
+    if config.tiled_logits_loss:
+        flops += logit_forward_flops(config, tokens)
+    return flops + tiled_mlp_recompute_flops(config, tokens)
+
+
+def tiled_mlp_recompute_flops(config: GPTConfig, tokens: int) -> float:
+    """--tiled-mlp-compute's recomputed forward of every layer's MLP over `tokens` tokens (0 untiled; MoE layers
+    are refused with it)."""
+    if not config.tiled_mlp_compute:
+        return 0.0
+    return config.num_layers * 2.0 * tokens * config.hidden_size * mlp_part(config).matmul_width(config)
+
+
+def output_layer_hardware_flops(config: GPTConfig, tokens: int) -> float:
+    """The logit layer's FLOPs in a training step over `tokens` tokens: its forward and the backward's two
+    products, and tiled (--tiled-logits-loss) the backward's recomputed logits, a fourth."""
+    return (4.0 if config.tiled_logits_loss else 3.0) * logit_forward_flops(config, tokens)
 
 
 def accelerator_part(device_name: str | None) -> str | None:

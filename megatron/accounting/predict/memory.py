@@ -7,6 +7,7 @@ from megatron.accounting.predict.parameters import expert_groups_on_rank, parame
 from megatron.accounting.predict.training_setup import AccountingError, TrainingSetup
 from megatron.model.config import GPTConfig
 from megatron.model.recipe import mlp_part, norm_part
+from megatron.model.tiling import loss_tiles, mlp_tiles
 
 # ZeRO paper (Rajbhandari et al. 2020), bytes per parameter for (params, grads, optimizer
 # states). Mixed precision: 16-bit params and grads, K=12 for fp32 master copy + Adam m + v.
@@ -191,12 +192,13 @@ def _layer_activation_bytes(config: GPTConfig, setup: TrainingSetup) -> float:
     mask = _dropout_mask_bytes(config, setup)
     norm_element, norm_token = _norm_bytes(config, setup)
     # split over TP: the attention inputs, the attention output projection's input (e), the MLP's [tokens, ffn]
-    # tensors (the recipe's MLP says how many: GELU's input and output, a gated MLP's four)
-    mlp = mlp_part(config).kept_ffn_tensors * config.ffn_hidden_size * e
+    # tensors (the recipe's MLP says how many: GELU's input and output, a gated MLP's four; none tiled, whose
+    # backward recomputes them a tile at a time: tiled_mlp_peak_bytes)
+    mlp = 0 if config.tiled_mlp_compute else mlp_part(config).kept_ffn_tensors * config.ffn_hidden_size * e
     split = t * b * (h * (attention_inputs + e) + mlp) / tp
     # whole on every TP rank: the QKV and MLP inputs (the norms' outputs; under sequence parallelism
-    # the column-parallel layers keep the gathered input, not their slice)
-    whole = t * b * h * 2 * e
+    # the column-parallel layers keep the gathered input, not their slice, but the tiled MLP keeps its slice)
+    whole = t * b * h * e * (1 + (1 / sequence_split if config.tiled_mlp_compute else 1))
     # replicated unless sequence parallel: what both norms keep (_norm_bytes), the two residual dropout masks
     replicated = (t * b * h * 2 * (norm_element + mask) + 2 * norm_token * t * b) / sequence_split
     return split + whole + replicated + attention
@@ -233,10 +235,10 @@ def activation_bytes(config: GPTConfig, setup: TrainingSetup, stage: int = 0) ->
     if stage == setup.pipeline_parallel_size - 1:
         # what the final norm keeps (_norm_bytes); the output layer's input (e, gathered under sequence
         # parallelism); int64 labels, a 1-byte "label outside this vocabulary slice" flag and an fp32 sum of
-        # exponentials per token
+        # exponentials per token, and tiled (--tiled-logits-loss) the fp32 max logit its backward recomputes from
         norm_element, norm_token = _norm_bytes(config, setup)
         final_norm = (s * b * h * norm_element + norm_token * s * b) / sequence_split
-        per_micro += final_norm + s * b * h * e + s * b * (8 + 1 + 4)
+        per_micro += final_norm + s * b * h * e + s * b * (8 + 1 + 4 + (4 if config.tiled_logits_loss else 0))
     return int(per_micro * _in_flight(setup, stage))
 
 
@@ -267,20 +269,38 @@ def output_layer_buffer_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
     """The [micro batch x seq, vocab / tp] buffer of the fused output-layer loss on the last stage
     (megatron/core/tensor_parallel/cross_entropy.py): fp32 exps that become the logits' gradient,
     plus the 16-bit logits (then their 16-bit gradient, in the same reused buffer) in bf16/fp16; under
-    DeepSpeed-Ulysses the rank's s/N positions only."""
+    DeepSpeed-Ulysses the rank's s/N positions only; tiled (--tiled-logits-loss), one tile's rows."""
     vocab_slice = config.padded_vocab_size // setup.tensor_parallel_size
-    rows_by_vocab = setup.micro_batch_size * config.seq_length // setup.sequence_parallel_size * vocab_slice
-    return rows_by_vocab * (4 + (setup.element_bytes if setup.element_bytes != 4 else 0))
+    rows = setup.micro_batch_size * config.seq_length // setup.sequence_parallel_size
+    rows = math.ceil(rows / loss_tiles(config, rows, vocab_slice))
+    return rows * vocab_slice * (4 + (setup.element_bytes if setup.element_bytes != 4 else 0))
+
+
+def tiled_mlp_peak_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
+    """--tiled-mlp-compute: what the backward's recompute of one MLP tile keeps at a time on top of the
+    activations (megatron/model/tiling.py): the tile's [tokens, ffn] tensors (the recipe's MLP says how many),
+    split over TP, and under --sequence-parallel the tile's input gathered over the TP ranks; 0 untiled."""
+    if not config.tiled_mlp_compute:
+        return 0
+    s, b, e, tp = config.seq_length // setup.sequence_parallel_size, setup.micro_batch_size, setup.element_bytes, \
+        setup.tensor_parallel_size
+    local = s // tp if setup.sequence_parallel else s  # each TP rank's tokens of a sequence
+    rows = math.ceil(b * local / mlp_tiles(config, b, local))
+    tokens = rows * tp if setup.sequence_parallel else rows  # the tile's tokens the MLP's matmuls see
+    ffn = mlp_part(config).kept_ffn_tensors * config.ffn_hidden_size * e / tp
+    gathered = config.hidden_size * e if setup.sequence_parallel and tp > 1 else 0
+    return int(tokens * (ffn + gathered))
 
 
 def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> dict[str, int]:
     """Accelerator bytes one rank of pipeline `stage` needs: ZeRO model states (params, grads as DeepSpeed
     keeps them, optimizer states and their total; offloaded ones count 0), activations, the output-layer
     buffer (last stage only) and their total (the peak, with the one layer recomputed at a time under
-    full recomputation, and its input copied back from host memory under --checkpoint-in-cpu); the layer
-    inputs --checkpoint-in-cpu keeps in host memory (activations_offloaded); and the bytes offloaded to host
-    memory or NVMe: the offloaded states, and with the optimizer offloaded the fp32 gradient partition it steps
-    with and, at stage 3, the gradient partition it accumulates in host memory. MoE: the rank's experts (each MoE layer's / EP) under the same ZeRO stage over
+    full recomputation, its input copied back from host memory under --checkpoint-in-cpu, and the one MLP tile
+    under --tiled-mlp-compute, tiled_mlp_peak_bytes); the layer inputs --checkpoint-in-cpu keeps in host memory
+    (activations_offloaded); and the bytes offloaded to host memory or NVMe: the offloaded states, and with the
+    optimizer offloaded the fp32 gradient partition it steps with and, at stage 3, the gradient partition it
+    accumulates in host memory. MoE: the rank's experts (each MoE layer's / EP) under the same ZeRO stage over
     the expert-data-parallel ranks (DP / EP), the rest over the data-parallel ones."""
     on_rank = parameters_on_rank(config, setup.tensor_parallel_size, setup.pipeline_parallel_size, stage)
     experts = sum(map(sum, expert_groups_on_rank(config, setup.expert_parallel_size)))
@@ -295,6 +315,7 @@ def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> 
     recomputed = int(_layer_activation_bytes(config, setup)) if setup.activation_recompute else 0
     if setup.activation_offload:  # the recomputed layer's input, copied back from host memory
         recomputed += int(layer_input_bytes(config, setup))
+    recomputed += tiled_mlp_peak_bytes(config, setup)
     buffer = output_layer_buffer_bytes(config, setup) if stage == setup.pipeline_parallel_size - 1 else 0
     return dict(params=states["params"], grads=states["grads"], optim=states["optim"], model_states=states["total"],
                 activations=activations, output_buffer=buffer,

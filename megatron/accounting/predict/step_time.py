@@ -30,7 +30,8 @@ import collections
 import math
 from dataclasses import dataclass, replace
 
-from megatron.accounting.predict.flops import hardware_flops_per_iteration, logit_forward_flops, model_flops_per_iteration
+from megatron.accounting.predict.flops import (hardware_flops_per_iteration, model_flops_per_iteration,
+                                              output_layer_hardware_flops)
 from megatron.accounting.predict.memory import runs_bf16_optimizer
 from megatron.accounting.predict.parameters import parameters_on_rank
 from megatron.accounting.predict.traffic import (TRAFFIC_KINDS, moe_all_to_all_per_step, offload_transfer_per_step,
@@ -576,7 +577,7 @@ def predict_step_time(config: GPTConfig, setup: TrainingSetup, stage: int, rates
     `host`: seconds of the engine's host work, host_work.host_seconds (0: no host part)."""
     global_batch = setup.micro_batch_size * setup.gradient_accumulation_steps * setup.data_parallel_size
     hardware = hardware_flops_per_iteration(config, global_batch)
-    output_layer = 3 * logit_forward_flops(config, global_batch * config.seq_length)
+    output_layer = output_layer_hardware_flops(config, global_batch * config.seq_length)
     forward_backward = ((hardware - output_layer) / rates.flops_per_s
                         + output_layer / (rates.output_flops_per_s or rates.flops_per_s)) / setup.world_size
     optimizer = rates.optimizer_step_s + optimizer_elements(config, setup, stage) * rates.optimizer_s_per_element
