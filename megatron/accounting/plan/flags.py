@@ -7,7 +7,7 @@ import argparse
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 
-from megatron.accounting.plan.hardware import DEFAULT_LATENCY_US, GPU_KINDS
+from megatron.accounting.plan.hardware import DEFAULT_HOST_GB, DEFAULT_LATENCY_US, GPU_KINDS
 from megatron.accounting.predict.fit import HEADROOM
 from megatron.model.config import NORMALIZATIONS, GPTConfig
 from megatron.model.presets import LLAMA_FLAGS, MODEL_PRESETS, PRESET_SEQ_LENGTH, PRESET_VOCABULARY
@@ -48,6 +48,13 @@ class PlanFlags:
     flash_attn: bool = False  # --use-flash-attn-v2
     precision: str = "bf16"
     recompute: bool = False
+    # the long-sequence levers, the training's flags (docs/long-sequences.md): ALST's tiled MLP and tiled logits and
+    # loss, and the recomputed layers' inputs kept in host memory
+    tiled_mlp_compute: bool = False
+    tiled_logits_loss: bool = False
+    checkpoint_in_cpu: bool = False
+    host_gb: float = DEFAULT_HOST_GB  # host memory per node, GB: what offloaded states and layer inputs may take
+    alst_check: bool = False  # --alst-check: print only the planner against ALST's published longest sequences
     num_experts: list[int] | None = None
     ep: int | None = None  # --moe-expert-parallel-size; None: every size that divides
     topk: int = 1
@@ -116,6 +123,18 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--precision", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--recompute", "--checkpoint-activations", dest="recompute", action="store_true",
                         help="full activation recomputation")
+    parser.add_argument("--tiled-mlp-compute", action="store_true",
+                        help="each MLP a tile of tokens at a time, recomputed in the backward (ALST's tiled MLP)")
+    parser.add_argument("--tiled-logits-loss", action="store_true",
+                        help="the output layer's logits and loss a tile of tokens at a time (ALST's tiled loss)")
+    parser.add_argument("--checkpoint-in-cpu", action="store_true",
+                        help="with --recompute: each recomputed layer's input waits in host memory")
+    parser.add_argument("--host-gb", type=float,
+                        help=f"host memory per node in GB, for what offload keeps there (default: {DEFAULT_HOST_GB:g}, "
+                             "a DGX A100 320GB's)")
+    parser.add_argument("--alst-check", action="store_true",
+                        help="print only the planned longest sequences of ALST's published Llama-8B runs beside "
+                             "them (takes no other flag)")
     parser.add_argument("--num-experts", type=int, nargs="+",
                         help="experts of every other layer, one value or one per MoE layer (an MoE --model-size, "
                              "gpt-125m-moe8 say, has its own)")
@@ -149,6 +168,8 @@ def parse_flags(argv: list[str], description: str = "tools/zero_plan.py") -> Pla
     """The flags as given; --vocab-size and --seq-length default to the preset's. A usage error exits (code 2)."""
     parser = build_parser(description)
     ns = parser.parse_args(argv)
+    if ns.alst_check:
+        parser.error("--alst-check takes no other flag: python tools/zero_plan.py --alst-check")
     if ns.model_size is None and ns.num_layers is None:
         parser.error("give --model-size or --num-layers/--hidden-size/--num-attention-heads")
     if ns.vocab_size is None:

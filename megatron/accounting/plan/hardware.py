@@ -66,6 +66,9 @@ GPU_KINDS: dict[str, GpuKind] = {
 # write master, m and v (12) and the 16-bit copy (2); it streams, so memory bandwidth bounds it
 ADAM_BYTES_PER_ELEMENT = 30
 HOST_MEMORY_BYTES_PER_S = 409.6e9  # two EPYC 7742 sockets of a DGX A100, 8 channels of DDR4-3200 each (AMD)
+# host memory per node, GB (2**30 bytes): a DGX A100 320GB's 1 TB (NVIDIA's datasheet; the DGX A100 640GB and DGX
+# H100 have 2 TB): what offloaded model states and --checkpoint-in-cpu's layer inputs may take, all of the node's GPUs'
+DEFAULT_HOST_GB = 1024.0
 DEFAULT_LATENCY_US = 10.0  # per message and level crossed; assumed, no published figure used (see the docs)
 
 

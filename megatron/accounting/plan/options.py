@@ -69,7 +69,7 @@ def training_setup(request: PlanRequest, stage: int, offload_optimizer: bool, of
         gradient_accumulation_steps=request.accumulation, tensor_parallel_size=f.tp, pipeline_parallel_size=f.pp,
         sequence_parallel=f.sequence_parallel, sequence_parallel_size=f.sp, expert_parallel_size=expert_parallel_size,
         precision=f.precision, zero_stage=stage, offload_optimizer=offload_optimizer, offload_params=offload_params,
-        offload_device=device, activation_recompute=f.recompute)
+        offload_device=device, activation_recompute=f.recompute, activation_offload=f.checkpoint_in_cpu)
 
 
 def layout_options(request: PlanRequest) -> list[tuple]:
@@ -119,25 +119,35 @@ def async_save_copy_gb(request: PlanRequest, setup: accounting.TrainingSetup) ->
 
 def longest_sequence(busiest: GPTConfig, setup: accounting.TrainingSetup, usable_gb: float) -> int:
     """The longest sequence whose predicted memory fits `usable_gb` on every GPU of the option `setup`, at
-    micro-batch 1 and the plan's recomputation: a multiple of the DeepSpeed-Ulysses size, found by doubling and
-    then halving the step (memory grows with the length; learned positions grow the table too). 0: none fits."""
+    micro-batch 1 and the plan's recomputation: a multiple of the DeepSpeed-Ulysses size (`longest_length`).
+    0: none fits."""
     one = replace(setup, micro_batch_size=1)
-    sp = setup.sequence_parallel_size
+    return longest_length(lambda length: gpu_gb(busiest, one, length) <= usable_gb, setup.sequence_parallel_size)
 
-    def fits(slices: int) -> bool:
-        length = slices * sp
-        config = replace(busiest, seq_length=length, max_position_embeddings=length)
-        return all(accounting.memory_per_rank(config, one, stage)["total"] / GB <= usable_gb
-                   for stage in range(setup.pipeline_parallel_size))
 
-    if not fits(1):
+def at_length(config: GPTConfig, length: int) -> GPTConfig:
+    """`config` at `length` tokens (learned positions grow the table with it)."""
+    return replace(config, seq_length=length, max_position_embeddings=length)
+
+
+def gpu_gb(busiest: GPTConfig, setup: accounting.TrainingSetup, length: int) -> float:
+    """The predicted peak of the busiest GPU at `length` tokens, GB: the largest over the pipeline's stages."""
+    config = at_length(busiest, length)
+    return max(accounting.memory_per_rank(config, setup, stage)["total"]
+               for stage in range(setup.pipeline_parallel_size)) / GB
+
+
+def longest_length(fits, sp: int) -> int:
+    """The longest multiple of `sp` tokens for which `fits(length)` holds, found by doubling and then halving the
+    step (what fits grows shorter only as the length grows). 0: not even `sp` tokens fit."""
+    if not fits(sp):
         return 0
     low = 1
-    while low < 2**40 and fits(2 * low):
+    while low < 2**40 and fits(2 * low * sp):
         low *= 2
     step = low // 2
     while step:  # low fits, 2 low does not: add the largest steps that still fit
-        low += step if fits(low + step) else 0
+        low += step if fits((low + step) * sp) else 0
         step //= 2
     return low * sp
 

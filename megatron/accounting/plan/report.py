@@ -8,6 +8,7 @@ from dataclasses import asdict
 from megatron import accounting
 from megatron.accounting.plan import calibration
 from megatron.accounting.plan.hardware import Hardware
+from megatron.accounting.plan.levers import Longest
 from megatron.accounting.plan.options import Plan
 from megatron.accounting.plan.request import PlanRequest
 from megatron.accounting.predict.host_work import HOST_COEFFICIENTS
@@ -32,13 +33,15 @@ def step_time_header(request: PlanRequest) -> str:
             + "\n" + expected_line(hw) + "\n")
 
 
-def json_report(request: PlanRequest, plans: list[Plan], best: Plan | None, why: str, advice: dict | None) -> str:
+def json_report(request: PlanRequest, plans: list[Plan], best: Plan | None, why: str, advice: dict | None,
+                levers: list[Longest]) -> str:
     hw = request.hardware
     gpu = None if hw is None else dict(
         gpu=hw.gpu, peak_tflops=hw.peak_tflops, efficiency=hw.efficiency, intra_node_gbps=hw.intra_node_gbps,
         inter_node_gbps=hw.inter_node_gbps, latency_us=hw.latency_us, tokens=request.token_budget)
     return json.dumps({"plans": [asdict(p) for p in plans], "hardware": gpu, "choice": best.option if best else None,
-                       "why": why, "checkpoint": advice, "notes": notes(request, plans)}, indent=2)
+                       "why": why, "checkpoint": advice, "notes": notes(request, plans),
+                       "levers": [asdict(row) for row in levers]}, indent=2)
 
 
 def table(plans: list[Plan], usable_gb: float) -> str:
@@ -78,13 +81,33 @@ def time_table(plans: list[Plan], tokens: bool, bubble: bool, recompute: bool) -
 def longest_table(plans: list[Plan], request: PlanRequest) -> str:
     """How long a sequence fits per GPU, option by option; the positions are the model's (a Llama preset's rotary
     ones without --use-rotary-position-embeddings)."""
+    f = request.flags
     positions = "rotary positions" if request.config.use_rotary_position_embeddings else "learned positions"
+    given = [words for flag, words in ((f.tiled_mlp_compute, "tiled MLP"), (f.tiled_logits_loss, "tiled loss"),
+                                       (f.checkpoint_in_cpu, "layer inputs in host memory")) if flag]
     lines = [f"longest sequence that fits {request.usable_gb:.1f} GB per GPU (micro batch 1, "
-             f"{'with' if request.flags.recompute else 'without'} recomputation, {positions}, SP={request.flags.sp}):"]
+             f"{'with' if f.recompute else 'without'} recomputation, {''.join(w + ', ' for w in given)}{positions}, "
+             f"SP={f.sp}):"]
     width = max(len(p.option) for p in plans)
     lines += [f"  {p.option.ljust(width)}  {f'{p.longest_seq:,}' if p.longest_seq else 'none'}" for p in plans]
     return "\n".join(lines)
 
+
+
+def lever_table(rows: list[Longest], request: PlanRequest) -> str:
+    """The longest sequence of each lever combination (levers.py), each row adding its flags to the row above, with
+    the option that fits it longest, the GPU and host memory it takes there and which of the two one more slice
+    of SP tokens would overflow."""
+    f = request.flags
+    header = ("levers", "adds", "longest", "option", "GPU GB", "host GB/node", "limit")
+    table = [header] + [(r.levers, r.flags or "-", f"{r.longest_seq:,}" if r.longest_seq else "none", r.option or "-",
+                         f"{r.gpu_gb:.1f}", f"{r.host_gb:.1f}", r.limit) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = [f"longest sequence per lever, each row adding to the one above (micro batch 1, SP={f.sp}, the option "
+             f"that fits it longest; limits: {request.usable_gb:.1f} GB per GPU, {f.host_gb:g} GB of host memory "
+             f"per node for the offloaded states and layer inputs, --host-gb):"]
+    return "\n".join(lines + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+                              for row in table])
 
 
 def calibration_summary() -> str:

@@ -39,6 +39,11 @@ def plan_request(flags: PlanFlags) -> PlanRequest:
             raise PlanError(f"{flag} must be >= 1, got {value}")
     if not 0.0 <= flags.headroom < 1.0:
         raise PlanError(f"--headroom must be in [0, 1), got {flags.headroom}")
+    if flags.host_gb <= 0:
+        raise PlanError(f"--host-gb must be > 0 (GB of host memory per node), got {flags.host_gb:g}")
+    if flags.checkpoint_in_cpu and not flags.recompute:  # the training's words (megatron/arguments.py)
+        raise PlanError("--checkpoint-in-cpu keeps each recomputed layer's input in host memory: add "
+                        "--checkpoint-activations (or --recompute), or drop it")
     hw = hardware(flags.gpu, flags.precision, flags.efficiency, flags.intra_node_bandwidth,
                   flags.inter_node_bandwidth, flags.latency, flags.nvme_bandwidth)
     if flags.gpu_memory is None and hw is None:
@@ -64,7 +69,9 @@ def model_config(flags: PlanFlags) -> GPTConfig:
     padded = -(-flags.vocab_size // multiple) * multiple
     config = GPTConfig(**fields, seq_length=flags.seq_length, max_position_embeddings=flags.seq_length,
                        padded_vocab_size=padded, recompute_activations=flags.recompute,
-                       sequence_parallel=flags.sequence_parallel, topk=flags.topk)
+                       recompute_offload=flags.checkpoint_in_cpu, tiled_mlp_compute=flags.tiled_mlp_compute,
+                       tiled_logits_loss=flags.tiled_logits_loss, sequence_parallel=flags.sequence_parallel,
+                       topk=flags.topk)
     # layers that do not divide into the stages are split unevenly (stage_config), as Megatron-DeepSpeed does
     problems = [p for p in parallel_shape_problems(config, flags.tp, flags.pp) if not p.startswith("--num-layers")]
     if config.num_layers < flags.pp:
