@@ -114,12 +114,19 @@ def test_the_levers_plan_the_main_tables_as_the_training_runs_them(capsys):
     assert plans["Z3"]["total_gb"] == pytest.approx(memory(config, setup, 1048576)[0], rel=1e-6)
     untiled = {p["option"]: p for p in json.loads(run(capsys, *LONG, "--recompute", "--json"))["plans"]}
     assert plans["Z3"]["output_buffer_gb"] < untiled["Z3"]["output_buffer_gb"] / 8
+    # the trainer's shard counts: 64 loss tiles hold a 64th of the [s/8, vocab] buffer
+    sharded = {p["option"]: p for p in json.loads(run(capsys, *args, "--tiled-logits-loss-shards", "64",
+                                                      "--tiled-mlp-shards", "4", "--json"))["plans"]}
+    assert sharded["Z3"]["output_buffer_gb"] == pytest.approx(
+        -(-1048576 // 8 // 64) * untiled["Z3"]["output_buffer_gb"] / (1048576 // 8), rel=1e-9)
 
 
 @pytest.mark.parametrize("extra, message", [
     (["--checkpoint-in-cpu"], "error: --checkpoint-in-cpu keeps each recomputed layer's input in host memory: add "
                               "--checkpoint-activations (or --recompute), or drop it"),
     (["--host-gb", "0"], "error: --host-gb must be > 0 (GB of host memory per node), got 0"),
+    (["--tiled-mlp-compute", "--tiled-mlp-shards", "-1"],
+     "error: --tiled-mlp-shards must be an integer >= 0 (0: as ALST picks), got -1"),
     (["--model-size", "gpt-125m-moe8", "--tiled-mlp-compute"], None),
 ])
 def test_lever_flags_the_training_refuses_are_refused_in_one_line(capsys, extra, message):

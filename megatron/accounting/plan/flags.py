@@ -51,7 +51,9 @@ class PlanFlags:
     # the long-sequence levers, the training's flags (docs/long-sequences.md): ALST's tiled MLP and tiled logits and
     # loss, and the recomputed layers' inputs kept in host memory
     tiled_mlp_compute: bool = False
+    tiled_mlp_shards: int = 0  # 0: as ALST picks them (megatron/model/tiling.py)
     tiled_logits_loss: bool = False
+    tiled_logits_loss_shards: int = 0
     checkpoint_in_cpu: bool = False
     host_gb: float = DEFAULT_HOST_GB  # host memory per node, GB: what offloaded states and layer inputs may take
     alst_check: bool = False  # --alst-check: print only the planner against ALST's published longest sequences
@@ -125,8 +127,11 @@ def build_parser(description: str) -> argparse.ArgumentParser:
                         help="full activation recomputation")
     parser.add_argument("--tiled-mlp-compute", action="store_true",
                         help="each MLP a tile of tokens at a time, recomputed in the backward (ALST's tiled MLP)")
+    parser.add_argument("--tiled-mlp-shards", type=int, help="tiles of --tiled-mlp-compute (default: 0, as ALST)")
     parser.add_argument("--tiled-logits-loss", action="store_true",
                         help="the output layer's logits and loss a tile of tokens at a time (ALST's tiled loss)")
+    parser.add_argument("--tiled-logits-loss-shards", type=int,
+                        help="tiles of --tiled-logits-loss (default: 0, as ALST)")
     parser.add_argument("--checkpoint-in-cpu", action="store_true",
                         help="with --recompute: each recomputed layer's input waits in host memory")
     parser.add_argument("--host-gb", type=float,

@@ -70,8 +70,9 @@ def model_config(flags: PlanFlags) -> GPTConfig:
     config = GPTConfig(**fields, seq_length=flags.seq_length, max_position_embeddings=flags.seq_length,
                        padded_vocab_size=padded, recompute_activations=flags.recompute,
                        recompute_offload=flags.checkpoint_in_cpu, tiled_mlp_compute=flags.tiled_mlp_compute,
-                       tiled_logits_loss=flags.tiled_logits_loss, sequence_parallel=flags.sequence_parallel,
-                       topk=flags.topk)
+                       tiled_mlp_shards=flags.tiled_mlp_shards, tiled_logits_loss=flags.tiled_logits_loss,
+                       tiled_logits_loss_shards=flags.tiled_logits_loss_shards,
+                       sequence_parallel=flags.sequence_parallel, topk=flags.topk)
     # layers that do not divide into the stages are split unevenly (stage_config), as Megatron-DeepSpeed does
     problems = [p for p in parallel_shape_problems(config, flags.tp, flags.pp) if not p.startswith("--num-layers")]
     if config.num_layers < flags.pp:
