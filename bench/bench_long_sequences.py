@@ -24,6 +24,7 @@ one STEP longer exceeds the cap by prediction (printed, not run).
     python bench/bench_long_sequences.py --json long_sequences.json         # about 10 minutes on 2 cores
     python bench/bench_long_sequences.py --sp-sizes 4 --ranks 4 --cap-mb 32  # one column
     python bench/bench_long_sequences.py --paper-only   # the planner against DeepSpeed-Ulysses' published figure
+    python bench/bench_long_sequences.py --levers --iters 4  # SP=4 per lever combination (long_sequence_levers.py)
 """
 from __future__ import annotations
 
@@ -357,9 +358,10 @@ def options(argv):
     parser.add_argument("--paper-only", action="store_true",
                         help="print only tools/zero_plan.py against DeepSpeed-Ulysses' published throughput (no runs)")
     opts = parser.parse_args(argv)
-    for sp in opts.sp_sizes:
+    for sp in [opts.ranks] if opts.levers is not None else opts.sp_sizes:  # the lever columns run SP = --ranks
         if sp < 1 or opts.ranks % sp or SHAPE["num_attention_heads"] % sp or STEP % sp:
-            parser.error(f"--sp-sizes {sp}: must divide --ranks {opts.ranks}, the model's "
+            flag = f"--levers at SP = --ranks {sp}" if opts.levers is not None else f"--sp-sizes {sp}"
+            parser.error(f"{flag}: must divide --ranks {opts.ranks}, the model's "
                          f"{SHAPE['num_attention_heads']} heads and the {STEP}-token step")
     if opts.iters < 2 * LOG_INTERVAL:
         parser.error(f"--iters {opts.iters}: expected at least 2 logging intervals of {LOG_INTERVAL} (the first is "
