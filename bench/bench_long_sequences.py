@@ -24,6 +24,7 @@ one STEP longer exceeds the cap by prediction (printed, not run).
     python bench/bench_long_sequences.py --json long_sequences.json         # about 10 minutes on 2 cores
     python bench/bench_long_sequences.py --sp-sizes 4 --ranks 4 --cap-mb 32  # one column
     python bench/bench_long_sequences.py --paper-only   # the planner against DeepSpeed-Ulysses' published figure
+    python bench/bench_long_sequences.py --levers --iters 4  # SP=4 per lever combination (long_sequence_levers.py)
 """
 from __future__ import annotations
 
@@ -50,6 +51,30 @@ GB = 2**30  # the log lines' GB
 STEP = 128  # tokens: the longest-sequence search's step (divisible by every SP size run)
 LOG_INTERVAL = 2
 SHAPE = MODEL_PRESETS["tiny"]
+# --tiled-logits-loss's tiles: ALST's default (tiles of about 1 GiB of fp32 logits) is one tile at this byte
+# vocabulary, which would leave the output-layer buffer whole; 8 tiles cut it to an eighth
+LOSS_TILES = 8
+
+
+@dataclass(frozen=True)
+class Levers:
+    """The memory levers past Ulysses' N ranks (docs/long-sequences.md), as pretrain_gpt.py's flags."""
+    name: str
+    recompute: bool = False  # --checkpoint-activations
+    tiled: bool = False  # --tiled-mlp-compute and --tiled-logits-loss (LOSS_TILES tiles)
+    offload: bool = False  # --checkpoint-in-cpu (with recompute)
+
+    def flags(self) -> list[str]:
+        return ((["--checkpoint-activations"] if self.recompute else [])
+                + (["--tiled-mlp-compute", "--tiled-logits-loss", "--tiled-logits-loss-shards", str(LOSS_TILES)]
+                   if self.tiled else []) + (["--checkpoint-in-cpu"] if self.offload else []))
+
+
+NO_LEVERS = Levers("none")
+# in the order a user pulls them (--levers); tiling alone as a column too: it buys about what recomputation does
+LEVER_COLUMNS = (NO_LEVERS, Levers("recompute", recompute=True), Levers("tiled MLP + loss", tiled=True),
+                 Levers("recompute + tiled", recompute=True, tiled=True),
+                 Levers("recompute + tiled + checkpoint-in-cpu", recompute=True, tiled=True, offload=True))
 
 
 @dataclass
@@ -85,26 +110,35 @@ class Row:
 
 # ---- predictions before running ----
 
-def model_config(seq_length: int) -> GPTConfig:
+def model_config(seq_length: int, levers: Levers = NO_LEVERS) -> GPTConfig:
     return GPTConfig(**SHAPE, seq_length=seq_length, max_position_embeddings=seq_length,
                      padded_vocab_size=BYTE_PADDED_VOCAB, hidden_dropout=0.0, attention_dropout=0.0,
-                     use_rotary_position_embeddings=True)
+                     use_rotary_position_embeddings=True, tiled_mlp_compute=levers.tiled,
+                     tiled_logits_loss=levers.tiled, tiled_logits_loss_shards=LOSS_TILES if levers.tiled else 0)
 
 
-def training_setup(ranks: int, sp: int) -> accounting.TrainingSetup:
+def training_setup(ranks: int, sp: int, levers: Levers = NO_LEVERS) -> accounting.TrainingSetup:
     return accounting.TrainingSetup(world_size=ranks, micro_batch_size=1, sequence_parallel_size=sp, zero_stage=1,
-                                    precision="fp32", device="cpu")
+                                    precision="fp32", device="cpu", activation_recompute=levers.recompute,
+                                    activation_offload=levers.offload)
 
 
-def predicted_peak_mb(ranks: int, sp: int, seq_length: int) -> float:
-    return accounting.memory_per_rank(model_config(seq_length), training_setup(ranks, sp))["total"] / MiB
+def predicted_memory_mb(ranks: int, sp: int, seq_length: int, levers: Levers = NO_LEVERS) -> dict[str, float]:
+    memory = accounting.memory_per_rank(model_config(seq_length, levers), training_setup(ranks, sp, levers))
+    return {name: value / MiB for name, value in memory.items()}
 
 
-def longest_fitting(ranks: int, sp: int, cap_mb: float) -> int:
+def predicted_peak_mb(ranks: int, sp: int, seq_length: int, levers: Levers = NO_LEVERS) -> float:
+    """memory_per_rank's total: the accelerator's peak, the backward's recomputed layer and MLP tile included;
+    --checkpoint-in-cpu's host tier is not in it."""
+    return predicted_memory_mb(ranks, sp, seq_length, levers)["total"]
+
+
+def longest_fitting(ranks: int, sp: int, cap_mb: float, levers: Levers = NO_LEVERS) -> int:
     """The longest multiple of STEP whose predicted peak per rank is within cap_mb (0: none); memory grows with
     the length, so a doubling search then a bisection."""
     def fits(steps: int) -> bool:
-        return predicted_peak_mb(ranks, sp, steps * STEP) <= cap_mb
+        return predicted_peak_mb(ranks, sp, steps * STEP, levers) <= cap_mb
 
     if not fits(1):
         return 0
@@ -130,7 +164,7 @@ def lengths_to_run(longest: int) -> list[int]:
 # ---- one run ----
 
 
-def command(data: Path, ranks: int, sp: int, seq_length: int, iters: int) -> list[str]:
+def command(data: Path, ranks: int, sp: int, seq_length: int, iters: int, levers: Levers = NO_LEVERS) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
             "--master_port", str(free_port()), str(REPO / "pretrain_gpt.py"),
             "--num-layers", str(SHAPE["num_layers"]), "--hidden-size", str(SHAPE["hidden_size"]),
@@ -139,16 +173,17 @@ def command(data: Path, ranks: int, sp: int, seq_length: int, iters: int) -> lis
             "--ds-sequence-parallel-size", str(sp), "--zero-stage", "1", "--train-iters", str(iters),
             "--log-interval", str(LOG_INTERVAL), "--eval-interval", str(iters + 1), "--eval-iters", "0",
             "--lr", "1e-3", "--hidden-dropout", "0", "--attention-dropout", "0", "--data-path", str(data),
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", str(BYTE_VOCAB)]
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", str(BYTE_VOCAB)] + levers.flags()
 
 
-def run(data: Path, ranks: int, sp: int, seq_length: int, iters: int, output: Path, timeout: float) -> Path:
+def run(data: Path, ranks: int, sp: int, seq_length: int, iters: int, output: Path, timeout: float,
+        levers: Levers = NO_LEVERS) -> Path:
     """pretrain_gpt.py on `ranks` CPU ranks; its output (rank 0 prints the log lines) goes to `output`."""
     env = dict(os.environ, DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("ZERO_LAB_SKIP_PROBES", None)  # the time prediction needs the probes
     with open(output, "w") as out:
-        process = subprocess.Popen(command(data, ranks, sp, seq_length, iters), cwd=REPO, env=env, stdout=out,
+        process = subprocess.Popen(command(data, ranks, sp, seq_length, iters, levers), cwd=REPO, env=env, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         try:
             process.wait(timeout=timeout)
@@ -316,12 +351,17 @@ def options(argv):
     parser.add_argument("--json", help="write the rows and the longest sequences to this file")
     parser.add_argument("--runs-dir", help="keep the runs' outputs here (default: a temporary folder)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take (default 600)")
+    parser.add_argument("--levers", nargs="*", choices=[x.name for x in LEVER_COLUMNS],
+                        help="the lever columns at SP = --ranks: per lever combination the longest sequence that "
+                             "fits --cap-mb by prediction, run at it (no names: every column but none, whose "
+                             "longest is the SP table's; bench/long_sequence_levers.py)")
     parser.add_argument("--paper-only", action="store_true",
                         help="print only tools/zero_plan.py against DeepSpeed-Ulysses' published throughput (no runs)")
     opts = parser.parse_args(argv)
-    for sp in opts.sp_sizes:
+    for sp in [opts.ranks] if opts.levers is not None else opts.sp_sizes:  # the lever columns run SP = --ranks
         if sp < 1 or opts.ranks % sp or SHAPE["num_attention_heads"] % sp or STEP % sp:
-            parser.error(f"--sp-sizes {sp}: must divide --ranks {opts.ranks}, the model's "
+            flag = f"--levers at SP = --ranks {sp}" if opts.levers is not None else f"--sp-sizes {sp}"
+            parser.error(f"{flag}: must divide --ranks {opts.ranks}, the model's "
                          f"{SHAPE['num_attention_heads']} heads and the {STEP}-token step")
     if opts.iters < 2 * LOG_INTERVAL:
         parser.error(f"--iters {opts.iters}: expected at least 2 logging intervals of {LOG_INTERVAL} (the first is "
@@ -335,6 +375,9 @@ def main(argv) -> int:
     if opts.paper_only:
         print(paper_check()[0])
         return 0
+    if opts.levers is not None:
+        from long_sequence_levers import lever_bench  # its columns run through this file's run and summarize
+        return lever_bench(opts)
     with tempfile.TemporaryDirectory(prefix="bench_long_sequences.") as tmp:
         data = byte_data(Path(tmp) / "data")
         runs_dir = Path(opts.runs_dir or Path(tmp) / "runs").resolve()

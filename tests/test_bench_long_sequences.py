@@ -54,3 +54,35 @@ def test_the_smallest_case_prints_measured_beside_predicted(tmp_path):
     assert [(r["sp"], r["dp"], r["seq_length"], r["longest"]) for r in record["rows"]] == [(2, 1, 1024, True)]
     assert record["longest"][0]["one_step_longer_mb"] > 16.0 >= record["longest"][0]["predicted_mb"]
     assert [r["published_bound_tflops"] for r in record["paper"]] == [175.0, 175.0]
+
+
+def test_each_lever_lengthens_the_longest_sequence_and_the_cap_holds_its_peak():
+    import long_sequence_levers as levers
+
+    rows = {row.levers: row for row in levers.plan(4, 64.0)}
+    none, recompute, tiled, both, offload = (rows[x.name] for x in bench.LEVER_COLUMNS)
+    assert none.seq_length == bench.longest_fitting(4, 4, 64.0) == 12288  # the SP table's SP=4 longest
+    assert none.seq_length < recompute.seq_length < both.seq_length < offload.seq_length
+    assert none.seq_length < tiled.seq_length < both.seq_length
+    for row in rows.values():
+        assert row.seq_length % bench.STEP == 0 and row.predicted_peak_mb <= 64.0 < row.one_step_longer_mb
+    # the host tier is beside the cap, not in it: only --checkpoint-in-cpu has one
+    assert offload.predicted_host_mb > 0 and all(not r.predicted_host_mb for r in (none, recompute, tiled, both))
+    flags = bench.command(REPO_ROOT, 4, 4, 1024, 4, bench.LEVER_COLUMNS[-1])
+    assert flags[-6:] == ["--checkpoint-activations", "--tiled-mlp-compute", "--tiled-logits-loss",
+                          "--tiled-logits-loss-shards", str(bench.LOSS_TILES), "--checkpoint-in-cpu"]
+
+
+@pytest.mark.slow
+def test_the_lever_mode_runs_a_column_at_its_longest_and_prints_its_host_tier(tmp_path):
+    out = tmp_path / "result.json"
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bench_long_sequences.py"), "--ranks", "2",
+                          "--cap-mb", "16", "--iters", "4", "--levers", "recompute + tiled + checkpoint-in-cpu",
+                          "--json", str(out)], env=test_env(), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    record = json.loads(out.read_text())
+    (row,) = record["levers"]
+    assert row["levers"] == "recompute + tiled + checkpoint-in-cpu" and row["ratio"] > 1.5
+    assert row["run"]["peak_mb"] == pytest.approx(row["run"]["predicted_peak_mb"], rel=0.10)
+    assert row["host_mb"] == pytest.approx(row["predicted_host_mb"], rel=0.10) and row["host_mb"] > 0
+    assert f"| recompute + tiled + checkpoint-in-cpu | {row['seq_length']} |" in run.stdout

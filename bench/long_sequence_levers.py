@@ -1,0 +1,122 @@
+"""bench_long_sequences.py --levers: the longest sequence at SP = --ranks within --cap-mb per rank, one column per
+combination of the memory levers past Ulysses (recomputation, the tiled MLP and loss, --checkpoint-in-cpu), each
+run at its longest length, measured beside predicted.
+
+The cap holds memory_per_rank's total (the accelerator's peak: the backward's one recomputed layer, its input
+copied back, and one MLP tile included; --checkpoint-in-cpu's host tier beside it, not counted). The measured side
+is the model-state line's sum as the SP table takes it (params + grads + optim + activations + other, after the
+first step): what the forward keeps for the backward, which cannot see the backward's recomputed layer or MLP
+tile. So each row compares like with like (that sum against the estimate's total + activations + output_buffer)
+and prints the peak the cap was applied to, predicted only, beside it.
+
+    python bench/bench_long_sequences.py --levers --iters 4 --json long_sequences_levers.json
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench_long_sequences import (GB, LEVER_COLUMNS, LOG_INTERVAL, MiB, NO_LEVERS, STEP, Levers, Row,
+                                  longest_fitting, predicted_memory_mb, run, summarize)
+from common import BenchError, OtherWork, byte_data, end_of_bench, machine
+
+
+@dataclass
+class LeverRow:
+    """One lever column: its longest sequence by prediction, and the run at it (None if it failed)."""
+    levers: str
+    seq_length: int
+    predicted_peak_mb: float  # memory_per_rank's total, which the cap holds
+    one_step_longer_mb: float
+    predicted_host_mb: float  # --checkpoint-in-cpu's host tier, not counted against the cap
+    run: Row | None = None
+    host_mb: float | None = None  # the model-state line's measured activations_offloaded
+
+    def ratio(self, baseline: int) -> float:
+        return self.seq_length / baseline if baseline else 0.0
+
+
+def plan(ranks: int, cap_mb: float, columns: tuple[Levers, ...] = LEVER_COLUMNS) -> list[LeverRow]:
+    """Each column's longest sequence at SP = ranks within cap_mb by prediction, before any run."""
+    rows = []
+    for levers in columns:
+        longest = longest_fitting(ranks, ranks, cap_mb, levers)
+        memory = predicted_memory_mb(ranks, ranks, longest, levers)
+        rows.append(LeverRow(levers.name, longest, memory["total"],
+                             predicted_memory_mb(ranks, ranks, longest + STEP, levers)["total"],
+                             memory["activations_offloaded"]))
+    return rows
+
+
+def run_column(data: Path, runs_dir: Path, opts, levers: Levers, row: LeverRow) -> str | None:
+    """Runs `row`'s longest length with `levers`; the failure's words, or None."""
+    started, other = time.monotonic(), OtherWork().start()
+    output = runs_dir / f"sp{opts.ranks}_seq{row.seq_length}_{levers.name.replace(' ', '').replace('+', '_')}.log"
+    try:
+        run(data, opts.ranks, opts.ranks, row.seq_length, opts.iters, output, opts.timeout, levers)
+        row.run = summarize(output, opts.ranks, opts.ranks, row.seq_length, True)
+    except BenchError as error:
+        print(f"[bench] {levers.name} seq {row.seq_length}: failed: {error}", file=sys.stderr, flush=True)
+        return f"{levers.name} seq {row.seq_length}: {error}"
+    row.run.others_cores = other.cores()
+    row.host_mb = _measured_host_mb(output)
+    print(f"[bench] {levers.name} seq {row.seq_length}: {time.monotonic() - started:.0f} s", file=sys.stderr,
+          flush=True)
+    return None
+
+
+def _measured_host_mb(output: Path) -> float:
+    from analysis.log_parser import parse_log
+
+    return parse_log(output).model_state.measured.get("activations_offloaded", 0.0) * GB / MiB
+
+
+def table(rows: list[LeverRow], baseline: int, cap_mb: float) -> str:
+    lines = [f"| levers | longest within {cap_mb:g} MiB (predicted) | x {baseline} | peak MiB predicted (the cap's) "
+             "| +128 tokens MiB | forward-kept MiB meas / pred | error | host tier MiB meas / pred "
+             "| tokens/s per rank meas / pred | step ms meas / pred | time error | others' CPU |",
+             "| --- |" + " ---: |" * 11]
+    for x in rows:
+        host = "-" if not x.predicted_host_mb else f"{x.host_mb or 0:.1f} / {x.predicted_host_mb:.1f}"
+        plan_cells = (f"| {x.levers} | {x.seq_length} | {x.ratio(baseline):.2f}x | {x.predicted_peak_mb:.1f} | "
+                      f"{x.one_step_longer_mb:.1f} |")
+        r = x.run
+        if r is None:
+            lines.append(plan_cells + " not run |" + " |" * 6)
+            continue
+        others = "n/a" if r.others_cores is None else f"{r.others_cores:.2f} cores"
+        lines.append(plan_cells + f" {r.peak_mb:.1f} / {r.predicted_peak_mb:.1f} | {r.peak_error_pct:+.1f}% | {host} "
+                     f"| {r.tokens_per_s:.0f} / {r.predicted_tokens_per_s:.0f} | {r.step_ms:.0f} / "
+                     f"{r.predicted_step_ms:.0f} | {r.time_error_pct:+.0f}% | {others} |")
+    return "\n".join(lines)
+
+
+def lever_bench(opts) -> int:
+    names = opts.levers or [x.name for x in LEVER_COLUMNS if x != NO_LEVERS]
+    columns = tuple(x for x in LEVER_COLUMNS if x.name in names)
+    baseline = longest_fitting(opts.ranks, opts.ranks, opts.cap_mb)
+    rows, failures = plan(opts.ranks, opts.cap_mb, columns), []
+    with tempfile.TemporaryDirectory(prefix="bench_long_sequences.") as tmp:
+        data = byte_data(Path(tmp) / "data")
+        runs_dir = Path(opts.runs_dir or Path(tmp) / "runs").resolve()
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        start, started = machine(), time.monotonic()
+        print(f"machine: {start['cpus']} CPUs, load average {start['load_average']} at start; torch {start['torch']}, "
+              f"deepspeed {start['deepspeed']}; commit {start['commit']}; {start['date']}; cap {opts.cap_mb:g} MiB "
+              f"per rank; SP={opts.ranks} on {opts.ranks} ranks, no levers' longest {baseline}\n", flush=True)
+        for levers, row in zip(columns, rows):
+            failure = run_column(data, runs_dir, opts, levers, row)
+            failures += [failure] if failure else []
+        print(f"## {opts.ranks} CPU ranks, SP={opts.ranks}, ZeRO-1 fp32, tiny shape with rotary positions, byte "
+              f"vocabulary, micro-batch 1, {opts.iters} iterations per run (the first of "
+              f"{opts.iters // LOG_INTERVAL} logging intervals left out)\n")
+        print(table(rows, baseline, opts.cap_mb))
+        for failure in failures:
+            print(f"failed: {failure}")
+        end_of_bench(started, start, opts.json, ranks=opts.ranks, cap_mb=opts.cap_mb, iters=opts.iters,
+                     baseline_seq_length=baseline, failures=failures,
+                     levers=[{**asdict(x), "ratio": x.ratio(baseline)} for x in rows])
+    return 1 if failures else 0
