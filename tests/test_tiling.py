@@ -15,7 +15,7 @@ from conftest import parallel_pretrain
 from megatron.accounting import TrainingSetup, activation_bytes, hardware_flops_per_iteration, memory_per_rank
 from megatron.accounting import output_layer_buffer_bytes
 from megatron.accounting.measure import memory
-from megatron.accounting.predict.memory import tiled_mlp_peak_bytes
+from megatron.accounting.predict.memory import backward_gradient_bytes, tiled_mlp_peak_bytes
 from megatron.arguments import parse_args
 from megatron.core.layout import ParallelLayout
 from megatron.core.parallel_state import ParallelState
@@ -174,7 +174,8 @@ def test_tiling_keeps_the_predicted_activations_at_2048_tokens():
     assert tile == pytest.approx(tiled_mlp_peak_bytes(tiled, setup), rel=0.01) == 128 * 2 * 512 * 4
     assert output_layer_buffer_bytes(tiled, setup) == output_layer_buffer_bytes(untiled, setup) / 4
     assert memory_per_rank(tiled, setup)["total"] == memory_per_rank(tiled, setup)["model_states"] + \
-        activation_bytes(tiled, setup) + output_layer_buffer_bytes(tiled, setup) + tile
+        activation_bytes(tiled, setup) + output_layer_buffer_bytes(tiled, setup) + tile + \
+        backward_gradient_bytes(tiled, setup)
     print(f"activations at 2048 tokens: untiled measured {measured / 2**20:.2f} MiB, predicted "
           f"{activation_bytes(untiled, setup) / 2**20:.2f}; tiled measured {measured_tiled / 2**20:.2f} MiB, "
           f"predicted {activation_bytes(tiled, setup) / 2**20:.2f}; one MLP tile {tile / 2**20:.3f} MiB")

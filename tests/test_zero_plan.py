@@ -136,6 +136,7 @@ def test_two_nodes_tensor_parallel_by_hand(capsys):
         + 16 * s * b + s * b * h + 2 * s * b * h + 8 * s * b + 2 * s * b * h + 13 * s * b
     assert activations == 4_475_998_208
     output_buffer = b * s * vocab // 2 * (4 + 2)  # fp32 exps and bf16 logits over this rank's half vocabulary
+    mlp_gradient = b * s * 4 * h // 2 * 2  # the backward's bf16 gradient of one MLP's [tokens, 4h / TP] at the peak
     # sent per step: ZeRO (n-1)/n of the rank's 2-byte gradients/params twice: DP's all-reduce, Z2's reduce and
     # all-gather; three times: Z3's two gathers and a reduce, and Z1's bf16 optimizer, which all-reduces the
     # gradients (cast to bf16) and all-gathers the parameters; and two TP all-reduces' (t-1)/t x 2 of [b, s, h]
@@ -151,10 +152,11 @@ def test_two_nodes_tensor_parallel_by_hand(capsys):
         assert plan["offloaded_gb"] * 2**30 == pytest.approx(offloaded.get(option, 0), rel=1e-12), option
         assert plan["activations_gb"] * 2**30 == pytest.approx(activations, rel=1e-12), option
         assert plan["output_buffer_gb"] * 2**30 == pytest.approx(output_buffer, rel=1e-12), option
-        assert plan["total_gb"] * 2**30 == pytest.approx(states + activations + output_buffer, rel=1e-12), option
+        total = states + activations + output_buffer + mlp_gradient
+        assert plan["total_gb"] * 2**30 == pytest.approx(total, rel=1e-12), option
         sent = (3 if option.startswith(("Z1", "Z3")) else 2) * zero + all_reduces
         assert plan["traffic_gb"] * 2**30 == pytest.approx(sent, rel=1e-12), option
-        assert plan["fits"] == (states + activations + output_buffer <= 40 * 0.9 * 2**30)
+        assert plan["fits"] == (total <= 40 * 0.9 * 2**30)
 
 
 def test_a_model_that_fits_nowhere_and_pipeline_parallel_options(capsys):
