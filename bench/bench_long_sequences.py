@@ -376,8 +376,8 @@ def main(argv) -> int:
         print(paper_check()[0])
         return 0
     if opts.levers is not None:
-        from long_sequence_levers import lever_bench  # its columns run through this file's run and summarize
-        return lever_bench(opts)
+        from long_sequence_levers import lever_bench  # this bench's own second part: bench/long_sequence_levers.py
+        return lever_bench(opts, sys.modules[__name__])
     with tempfile.TemporaryDirectory(prefix="bench_long_sequences.") as tmp:
         data = byte_data(Path(tmp) / "data")
         runs_dir = Path(opts.runs_dir or Path(tmp) / "runs").resolve()

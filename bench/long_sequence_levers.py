@@ -19,9 +19,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench_long_sequences import (GB, LEVER_COLUMNS, LOG_INTERVAL, MiB, NO_LEVERS, STEP, Levers, Row,
-                                  longest_fitting, predicted_memory_mb, run, summarize)
+from types import ModuleType
+
 from common import BenchError, OtherWork, byte_data, end_of_bench, machine
+
+# `bench` below is bench_long_sequences.py, which hands itself in: this file runs its columns through that file's
+# run and summarize, and a bench imports no other bench (tests/test_import_structure.py)
+GB, MiB = 2**30, 2**20
 
 
 @dataclass
@@ -32,32 +36,32 @@ class LeverRow:
     predicted_peak_mb: float  # memory_per_rank's total, which the cap holds
     one_step_longer_mb: float
     predicted_host_mb: float  # --checkpoint-in-cpu's host tier, not counted against the cap
-    run: Row | None = None
+    run: object | None = None  # bench_long_sequences.Row
     host_mb: float | None = None  # the model-state line's measured activations_offloaded
 
     def ratio(self, baseline: int) -> float:
         return self.seq_length / baseline if baseline else 0.0
 
 
-def plan(ranks: int, cap_mb: float, columns: tuple[Levers, ...] = LEVER_COLUMNS) -> list[LeverRow]:
+def plan(bench: ModuleType, ranks: int, cap_mb: float, columns: tuple | None = None) -> list[LeverRow]:
     """Each column's longest sequence at SP = ranks within cap_mb by prediction, before any run."""
     rows = []
-    for levers in columns:
-        longest = longest_fitting(ranks, ranks, cap_mb, levers)
-        memory = predicted_memory_mb(ranks, ranks, longest, levers)
+    for levers in columns or bench.LEVER_COLUMNS:
+        longest = bench.longest_fitting(ranks, ranks, cap_mb, levers)
+        memory = bench.predicted_memory_mb(ranks, ranks, longest, levers)
         rows.append(LeverRow(levers.name, longest, memory["total"],
-                             predicted_memory_mb(ranks, ranks, longest + STEP, levers)["total"],
+                             bench.predicted_memory_mb(ranks, ranks, longest + bench.STEP, levers)["total"],
                              memory["activations_offloaded"]))
     return rows
 
 
-def run_column(data: Path, runs_dir: Path, opts, levers: Levers, row: LeverRow) -> str | None:
+def run_column(bench: ModuleType, data: Path, runs_dir: Path, opts, levers, row: LeverRow) -> str | None:
     """Runs `row`'s longest length with `levers`; the failure's words, or None."""
     started, other = time.monotonic(), OtherWork().start()
     output = runs_dir / f"sp{opts.ranks}_seq{row.seq_length}_{levers.name.replace(' ', '').replace('+', '_')}.log"
     try:
-        run(data, opts.ranks, opts.ranks, row.seq_length, opts.iters, output, opts.timeout, levers)
-        row.run = summarize(output, opts.ranks, opts.ranks, row.seq_length, True)
+        bench.run(data, opts.ranks, opts.ranks, row.seq_length, opts.iters, output, opts.timeout, levers)
+        row.run = bench.summarize(output, opts.ranks, opts.ranks, row.seq_length, True)
     except BenchError as error:
         print(f"[bench] {levers.name} seq {row.seq_length}: failed: {error}", file=sys.stderr, flush=True)
         return f"{levers.name} seq {row.seq_length}: {error}"
@@ -94,11 +98,11 @@ def table(rows: list[LeverRow], baseline: int, cap_mb: float) -> str:
     return "\n".join(lines)
 
 
-def lever_bench(opts) -> int:
-    names = opts.levers or [x.name for x in LEVER_COLUMNS if x != NO_LEVERS]
-    columns = tuple(x for x in LEVER_COLUMNS if x.name in names)
-    baseline = longest_fitting(opts.ranks, opts.ranks, opts.cap_mb)
-    rows, failures = plan(opts.ranks, opts.cap_mb, columns), []
+def lever_bench(opts, bench: ModuleType) -> int:
+    names = opts.levers or [x.name for x in bench.LEVER_COLUMNS if x != bench.NO_LEVERS]
+    columns = tuple(x for x in bench.LEVER_COLUMNS if x.name in names)
+    baseline = bench.longest_fitting(opts.ranks, opts.ranks, opts.cap_mb)
+    rows, failures = plan(bench, opts.ranks, opts.cap_mb, columns), []
     with tempfile.TemporaryDirectory(prefix="bench_long_sequences.") as tmp:
         data = byte_data(Path(tmp) / "data")
         runs_dir = Path(opts.runs_dir or Path(tmp) / "runs").resolve()
@@ -108,11 +112,11 @@ def lever_bench(opts) -> int:
               f"deepspeed {start['deepspeed']}; commit {start['commit']}; {start['date']}; cap {opts.cap_mb:g} MiB "
               f"per rank; SP={opts.ranks} on {opts.ranks} ranks, no levers' longest {baseline}\n", flush=True)
         for levers, row in zip(columns, rows):
-            failure = run_column(data, runs_dir, opts, levers, row)
+            failure = run_column(bench, data, runs_dir, opts, levers, row)
             failures += [failure] if failure else []
         print(f"## {opts.ranks} CPU ranks, SP={opts.ranks}, ZeRO-1 fp32, tiny shape with rotary positions, byte "
               f"vocabulary, micro-batch 1, {opts.iters} iterations per run (the first of "
-              f"{opts.iters // LOG_INTERVAL} logging intervals left out)\n")
+              f"{opts.iters // bench.LOG_INTERVAL} logging intervals left out)\n")
         print(table(rows, baseline, opts.cap_mb))
         for failure in failures:
             print(f"failed: {failure}")
