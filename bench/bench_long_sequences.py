@@ -369,6 +369,19 @@ def options(argv):
     return opts
 
 
+def start_runs(opts, tmp: str, header: str = "") -> tuple[Path, Path, dict, float]:
+    """The byte data and the runs' folder under `tmp`, the machine at the start and its header line (`header` added
+    to it), the start time: what the SP table's runs and the lever columns (long_sequence_levers.py) begin with."""
+    data = byte_data(Path(tmp) / "data")
+    runs_dir = Path(opts.runs_dir or Path(tmp) / "runs").resolve()
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    start, started = machine(), time.monotonic()
+    print(f"machine: {start['cpus']} CPUs, load average {start['load_average']} at start; torch {start['torch']}, "
+          f"deepspeed {start['deepspeed']}; commit {start['commit']}; {start['date']}; cap {opts.cap_mb:g} MiB "
+          f"per rank{header}\n", flush=True)
+    return data, runs_dir, start, started
+
+
 def main(argv) -> int:
     opts = options(argv)
     stop_on_sigterm()  # the running torchrun is ended on the way out (run's finally)
@@ -379,13 +392,7 @@ def main(argv) -> int:
         from long_sequence_levers import lever_bench  # this bench's own second part: bench/long_sequence_levers.py
         return lever_bench(opts, sys.modules[__name__])
     with tempfile.TemporaryDirectory(prefix="bench_long_sequences.") as tmp:
-        data = byte_data(Path(tmp) / "data")
-        runs_dir = Path(opts.runs_dir or Path(tmp) / "runs").resolve()
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        start, started = machine(), time.monotonic()
-        print(f"machine: {start['cpus']} CPUs, load average {start['load_average']} at start; torch {start['torch']}, "
-              f"deepspeed {start['deepspeed']}; commit {start['commit']}; {start['date']}; cap {opts.cap_mb:g} MiB "
-              f"per rank\n", flush=True)
+        data, runs_dir, start, started = start_runs(opts, tmp)
         rows, failures, longest = [], [], []
         for sp in opts.sp_sizes:
             sp_rows, sp_failures, sp_longest = column(data, runs_dir, opts, sp)

@@ -18,10 +18,9 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
 from types import ModuleType
 
-from common import BenchError, OtherWork, byte_data, end_of_bench, machine
+from common import BenchError, OtherWork, end_of_bench
 
 # `bench` below is bench_long_sequences.py, which hands itself in: this file runs its columns through that file's
 # run and summarize, and a bench imports no other bench (tests/test_import_structure.py)
@@ -104,13 +103,8 @@ def lever_bench(opts, bench: ModuleType) -> int:
     baseline = bench.longest_fitting(opts.ranks, opts.ranks, opts.cap_mb)
     rows, failures = plan(bench, opts.ranks, opts.cap_mb, columns), []
     with tempfile.TemporaryDirectory(prefix="bench_long_sequences.") as tmp:
-        data = byte_data(Path(tmp) / "data")
-        runs_dir = Path(opts.runs_dir or Path(tmp) / "runs").resolve()
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        start, started = machine(), time.monotonic()
-        print(f"machine: {start['cpus']} CPUs, load average {start['load_average']} at start; torch {start['torch']}, "
-              f"deepspeed {start['deepspeed']}; commit {start['commit']}; {start['date']}; cap {opts.cap_mb:g} MiB "
-              f"per rank; SP={opts.ranks} on {opts.ranks} ranks, no levers' longest {baseline}\n", flush=True)
+        data, runs_dir, start, started = bench.start_runs(
+            opts, tmp, f"; SP={opts.ranks} on {opts.ranks} ranks, no levers' longest {baseline}")
         for levers, row in zip(columns, rows):
             failure = run_column(bench, data, runs_dir, opts, levers, row)
             failures += [failure] if failure else []
