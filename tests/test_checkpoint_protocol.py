@@ -37,7 +37,9 @@ def test_an_overwrite_replaces_the_old_checkpoint_only_when_the_new_one_is_compl
     protocol.commit(str(tmp_path), "global_step2", {"iteration": 2}, exchange=exchange)
     assert (tmp_path / "global_step2" / "model.pt").read_bytes() == b"new"
     assert protocol.read_marker(str(tmp_path / "global_step2"))["files"] == {"model.pt": 3}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step2", "latest"]  # the stale conversion too
+    # the stale conversion too; Megatron's tracker names the iteration
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step2", "latest", protocol.TRACKER]
+    assert (tmp_path / protocol.TRACKER).read_text() == "2"
 
 
 def test_a_commit_killed_between_its_renames_is_undone(tmp_path):
@@ -50,7 +52,7 @@ def test_a_commit_killed_between_its_renames_is_undone(tmp_path):
     assert (tmp_path / "global_step4" / "model.pt").read_bytes() == b"old"
     assert protocol.check_resumable(str(tmp_path)) == "global_step4"
     protocol.prepare_save(str(tmp_path), "global_step6")  # the next save removes the interrupted staging folder
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step4", "latest"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step4", "latest", protocol.TRACKER]
 
 
 def test_incomplete_checkpoint_named_by_latest_is_one_line_naming_the_intact_one(tmp_path):

@@ -107,6 +107,8 @@ def test_the_moe_example_script_trains_with_its_flags(dolly_data_dir, tmp_path):
     assert [line[3] for line in lines[:3]] == pytest.approx([0.0, lr * 0.5, lr], rel=1e-3)
     assert " moe loss: " in run.stdout
     assert (checkpoint_path / "latest").read_text().strip() == "global_step6"
+    # the tracker the example scripts read to find the iteration to resume (their "iteration_file")
+    assert (checkpoint_path / "latest_checkpointed_iteration.txt").read_text() == "6"
     assert list(tensorboard_dir.glob("events.out.tfevents.*"))
 
 

@@ -1,6 +1,7 @@
 """The on-disk protocol of training checkpoints: what makes a checkpoint complete, and how a save becomes one.
 
     <save>/latest                    the tag of the newest committed checkpoint
+    <save>/latest_checkpointed_iteration.txt   its iteration (Megatron's tracker, which its launch scripts read)
     <save>/global_step<N>/           one checkpoint; complete when its marker lists every file at its size,
                                      intact when each file also has the CRC-32 the marker lists (the manifest)
     <save>/global_step<N>.saving/    a save in progress (never loaded; removed by the next save)
@@ -33,6 +34,7 @@ from megatron.errors import ZeroLabError
 MARKER = "zero_lab_state.json"
 CHECKSUMS = "crc32"  # the marker's manifest of file contents: path -> CRC-32 as 8 hex digits
 LATEST = "latest"
+TRACKER = "latest_checkpointed_iteration.txt"
 STAGING_SUFFIX = ".saving"
 REPLACED_SUFFIX = ".replaced"
 UNIVERSAL_SUFFIX = "_universal"
@@ -260,10 +262,10 @@ def _exchange(first: str, second: str) -> bool:
 
 def commit(save_dir: str, tag: str, record: dict, exchange: bool = True,
            checksums: dict[str, str] | None = None) -> None:
-    """Make the complete save in `<tag>.saving` the checkpoint `tag` and point `latest` at it (rank 0,
-    after every rank has written and flushed its files; `checksums`: every rank's files' CRC-32, by path
-    relative to the folder). exchange=False takes the two-rename path that filesystems without
-    RENAME_EXCHANGE use."""
+    """Make the complete save in `<tag>.saving` the checkpoint `tag` and point `latest` at it, then Megatron's
+    tracker at its iteration (rank 0, after every rank has written and flushed its files; `checksums`: every
+    rank's files' CRC-32, by path relative to the folder). exchange=False takes the two-rename path that
+    filesystems without RENAME_EXCHANGE use."""
     staging, final = os.path.join(save_dir, staging_tag(tag)), os.path.join(save_dir, tag)
     write_marker(staging, record, checksums)
     if not os.path.exists(final):
@@ -279,3 +281,4 @@ def commit(save_dir: str, tag: str, record: dict, exchange: bool = True,
     shutil.rmtree(final + UNIVERSAL_SUFFIX, ignore_errors=True)
     fsync_path(save_dir)
     write_atomic(os.path.join(save_dir, LATEST), tag)
+    write_atomic(os.path.join(save_dir, TRACKER), str(record["iteration"]))
