@@ -29,7 +29,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
 
     from megatron.deepspeed_config import deepspeed_config
     from megatron.optimizer import LRSchedule, build_optimizer, import_muon_uncompiled
-    from megatron.stage0_optimizer import expert_norm_unfused_optimizer
+    from megatron.stage0_optimizer import whole_norm_unfused_optimizer
     from megatron.zero_clipping import clip_without_host_reads
 
     config = deepspeed_config(args, num_params, args.model.hidden_size, dist_info.on_cuda)
@@ -63,7 +63,7 @@ def setup_engine(model_builder, num_params: int, args: Args, dist_info: DistInfo
     import_muon_uncompiled()
     # stage 0 in 16-bit: one host read a step, a norm with the experts; each rank's line for the expert groups
     # the engine always creates is dropped
-    with expert_norm_unfused_optimizer(enabled=not deepspeed_defaults), without_lines(EXPERT_GROUP_CREATED):
+    with whole_norm_unfused_optimizer(enabled=not deepspeed_defaults), without_lines(EXPERT_GROUP_CREATED):
         engine, _, _, _ = deepspeed.initialize(args=engine_device_args(dist_info), model=model, optimizer=optimizer,
                                                lr_scheduler=schedule, config=config, mpu=mpu,
                                                dist_init_required=False)

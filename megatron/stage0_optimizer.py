@@ -7,9 +7,9 @@ norm it clips by and reports (split_params_grads_into_shared_and_expert_params),
 logged, the dense part alone; it reads the host once per parameter for its overflow check and per group for its
 norm (on a GPU each read waits for the device: issue 55, docs/gpu-reference.md); and as it is built it steps AdamW once
 with zero gradients, so the first real update was Adam's second step (0.74 x the rate) and decayed weights shrank once
-by lr x wd. ExpertNormUnfusedOptimizer is that wrapper with the step taking the norm of the whole model, experts over
+by lr x wd. WholeNormUnfusedOptimizer is that wrapper with the step taking the norm of the whole model, experts over
 their expert-parallel groups, as the fp32 step and ZeRO 1-2 take it, read to the host once, and with AdamW's states
-made as Adam's first step finds them; the rest is DeepSpeed's. `expert_norm_unfused_optimizer` makes the engine
+made as Adam's first step finds them; the rest is DeepSpeed's. `whole_norm_unfused_optimizer` makes the engine
 build it, for every model at stage 0 in 16-bit.
 """
 import contextlib
@@ -22,7 +22,7 @@ from deepspeed.utils.bwc import bwc_tensor_model_parallel_rank
 from megatron.optimizer import replica_grad_norm
 
 
-class ExpertNormUnfusedOptimizer(FP16_UnfusedOptimizer):
+class WholeNormUnfusedOptimizer(FP16_UnfusedOptimizer):
     """FP16_UnfusedOptimizer whose step clips by, and reports, the norm of every gradient of the replica, experts
     included. It reads one value to the host per step (the norm, which decides a skip); DeepSpeed's read one per
     parameter for its overflow check and one per parameter for its norm. A non-finite norm skips the step as
@@ -81,15 +81,15 @@ def states_without_a_step(wrapper: FP16_UnfusedOptimizer):
 
 
 @contextlib.contextmanager
-def expert_norm_unfused_optimizer(enabled: bool = True):
+def whole_norm_unfused_optimizer(enabled: bool = True):
     """Inside, with `enabled`, the DeepSpeed engines built wrap a stage-0 16-bit optimizer
-    in ExpertNormUnfusedOptimizer: the engine looks FP16_UnfusedOptimizer up in its module when it builds it."""
+    in WholeNormUnfusedOptimizer: the engine looks FP16_UnfusedOptimizer up in its module when it builds it."""
     import deepspeed.runtime.engine as engine_module
 
     if not enabled:
         yield
         return
-    engine_module.FP16_UnfusedOptimizer = ExpertNormUnfusedOptimizer
+    engine_module.FP16_UnfusedOptimizer = WholeNormUnfusedOptimizer
     try:
         yield
     finally:

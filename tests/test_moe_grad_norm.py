@@ -106,7 +106,7 @@ def _check_the_logged_norm(rank, world, clip, flags=()):
         assert logged == pytest.approx(true, rel=1e-5)
         assert stepped == pytest.approx(min(true, clip), rel=1e-5)  # clipped by the whole norm
     assert any(true > clip for _, true, _, _ in rows), "nothing was clipped: the test would prove less"
-    assert type(z0.optimizer).__name__ == "ExpertNormUnfusedOptimizer"
+    assert type(z0.optimizer).__name__ == "WholeNormUnfusedOptimizer"
     # the memory measurement still finds DeepSpeed's fp32 masters: 4 bytes a parameter, and AdamW's m and v 8
     num_params = sum(p.numel() for p in z0.module.parameters())
     assert memory.optimizer_bytes(z0) == pytest.approx(12 * num_params, rel=0.01)
@@ -126,7 +126,7 @@ def test_with_expert_parallelism_the_norm_counts_the_experts_of_every_rank():
 
 
 def _check_the_rest_is_deepspeeds(rank, world):
-    """Without clipping, ExpertNormUnfusedOptimizer and DeepSpeed's FP16_UnfusedOptimizer (its initial AdamW step
+    """Without clipping, WholeNormUnfusedOptimizer and DeepSpeed's FP16_UnfusedOptimizer (its initial AdamW step
     undone as ours undoes it) train the same bf16 and fp32 master weights bit for bit; only the logged norm differs
     (DeepSpeed's: the dense part alone)."""
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
@@ -140,7 +140,7 @@ def _check_the_rest_is_deepspeeds(rank, world):
 
     ours, args, dist_info = _engine(rank, world, "--bf16", "--zero-stage", "0", "--clip-grad", "0")
     ours_rows = _train(ours, args, dist_info, steps=3)
-    stage0_optimizer.ExpertNormUnfusedOptimizer = DeepSpeeds  # the engine builds DeepSpeed's own
+    stage0_optimizer.WholeNormUnfusedOptimizer = DeepSpeeds  # the engine builds DeepSpeed's own
     theirs, args, dist_info = _engine(rank, world, "--bf16", "--zero-stage", "0", "--clip-grad", "0")
     assert type(theirs.optimizer) is DeepSpeeds
     theirs_rows = _train(theirs, args, dist_info, steps=3)
@@ -188,23 +188,23 @@ def _check_fp16(rank, world):
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
     from deepspeed.utils import groups
 
-    from megatron.stage0_optimizer import ExpertNormUnfusedOptimizer
+    from megatron.stage0_optimizer import WholeNormUnfusedOptimizer
 
     os.environ["LOCAL_RANK"] = str(rank)
     deepspeed.init_distributed(dist_backend="gloo")  # deepspeed.comm over the process's gloo group
     groups._create_expert_and_data_parallel(1)  # the group "ep_size_1" the engine makes for EP 1
-    ours = _fp16_wrapper(ExpertNormUnfusedOptimizer, clip=1.0, dynamic=False)
+    ours = _fp16_wrapper(WholeNormUnfusedOptimizer, clip=1.0, dynamic=False)
     assert _step(*ours, scale=1024.0) == pytest.approx([-0.6, 0.0, 0.0, -0.8], rel=1e-5)  # clipped by 5
     assert ours[0]._global_grad_norm == pytest.approx(5.0, rel=1e-6)
     theirs = _fp16_wrapper(FP16_UnfusedOptimizer, clip=1.0, dynamic=False)
     assert _step(*theirs, scale=1024.0) == pytest.approx([-1.0, 0.0, 0.0, -4 / 3], rel=1e-5)  # clipped by 3
     assert theirs[0]._global_grad_norm == pytest.approx(3.0 * 1024)
-    ours = _fp16_wrapper(ExpertNormUnfusedOptimizer, clip=0.0, dynamic=True)
+    ours = _fp16_wrapper(WholeNormUnfusedOptimizer, clip=0.0, dynamic=True)
     assert _step(*ours, scale=1024.0) == pytest.approx([-3.0, 0.0, 0.0, -4.0])
     # the second step grows the scale to 2048 (window 1) after unscaling the gradients made at 1024
     assert _step(*ours, scale=1024.0) == pytest.approx([-6.0, 0.0, 0.0, -8.0])
     assert ours[0].loss_scale == 2048.0 and ours[0]._global_grad_norm == pytest.approx(5.0)
-    overflowed = _fp16_wrapper(ExpertNormUnfusedOptimizer, clip=1.0, dynamic=True)
+    overflowed = _fp16_wrapper(WholeNormUnfusedOptimizer, clip=1.0, dynamic=True)
     assert _step(*overflowed, scale=float("inf")) == [0.0] * 4 and overflowed[0].overflow
     assert overflowed[0].loss_scale == 512.0
 
