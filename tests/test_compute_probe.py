@@ -1,14 +1,17 @@
 """megatron/accounting/measure/compute_probe.py on this CPU: a real transformer layer, optimizer, copies and swap file timed; the
 rates positive, finite and in a CPU's range, a 4x wider layer taking longer per pass, the TP rank's layer
-holding exactly its share of the parameters, the NVMe probe leaving nothing behind."""
+holding exactly its share of the parameters, each pass dividing by the FLOPs torch counts in it, the NVMe probe leaving
+nothing behind."""
 import math
 import mmap
 import os
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from megatron.accounting.measure import compute_probe
 from megatron.accounting.measure.compute_probe import (
@@ -19,13 +22,15 @@ from megatron.accounting.measure.compute_probe import (
     _direct_io_seconds,
     _sizes,
     layer_flops_per_s,
+    layer_pass,
     optimizer_seconds,
     probe_compute,
     probe_layer,
 )
 from megatron.accounting import TrainingSetup, parameter_groups_on_rank
-from megatron.accounting.predict.flops import layer_forward_flops
+from megatron.accounting.predict.flops import layer_forward_flops, layer_hardware_flops
 from megatron.model.config import GPTConfig
+from test_flops import MatmulFlops
 
 CPU = torch.device("cpu")
 
@@ -40,6 +45,25 @@ SETUP = TrainingSetup(world_size=2, micro_batch_size=2, zero_stage=1, device="cp
 
 def adamw(params):
     return torch.optim.AdamW(params, lr=1e-4, fused=True)
+
+
+@pytest.mark.parametrize("t, overrides", [
+    (1, dict(recompute_activations=True)),  # no dropout: the recompute stops before the MLP's output matmul
+    (2, dict(recompute_activations=True)),
+    (1, dict(recompute_activations=True, recompute_with_deepspeed=True, hidden_dropout=0.1)),
+    (1, dict(recompute_activations=True, tiled_mlp_compute=True, tiled_mlp_shards=4)),
+    (2, dict()),
+])
+def test_the_layer_probe_divides_by_the_flops_it_runs(t, overrides):
+    """The probe's rate is layer_hardware_flops / t per pass: what the pass runs, counted by torch's FLOP counter.
+    A DeepSpeed-checkpointed run's probe recomputes through zero-lab's checkpoint, and is counted so."""
+    c = config(64, **{**dict(hidden_dropout=0.0, attention_dropout=0.0), **overrides})
+    layer = probe_layer(c, t).train()
+    x = torch.randn(2, 32, 64, requires_grad=True)
+    counter = MatmulFlops()
+    with sdpa_kernel(SDPBackend.MATH), counter:
+        layer_pass(c, layer, x, torch.randn(2, 32, 64))
+    assert counter.total == layer_hardware_flops(replace(c, recompute_with_deepspeed=False), 2 * 32) / t
 
 
 def test_rates_of_a_real_layer_on_this_cpu():

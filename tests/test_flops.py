@@ -1,8 +1,11 @@
 """Model and hardware FLOPs against torch's own count of the real model, and the accelerator peaks."""
+from dataclasses import replace
+
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 from megatron.model import GPTConfig, GPTModel
 from megatron.accounting import (
@@ -13,6 +16,7 @@ from megatron.accounting import (
     model_flops_per_iteration,
     peak_tflops,
 )
+from megatron.accounting.predict.flops import layer_forward_flops, recompute_skips_mlp_output
 from megatron.training_log import memory_line, peak_line
 
 
@@ -22,22 +26,44 @@ def config(layers, hidden, heads, seq, vocab, ffn=None, recompute=False):
                      recompute_activations=recompute)
 
 
-def counted_flops(c: GPTConfig, batch: int) -> int:
-    """What FlopCounterMode counts for one forward and backward of GPTModel on the CPU.
+class MatmulFlops(TorchDispatchMode):
+    """torch.utils.flop_counter.FlopCounterMode's count (its flop_registry: mm, addmm, bmm, the attention kernels)
+    without its module tracker, which fails on DeepSpeed's TiledMLP (its tiles run under no_grad). `forward`:
+    what ran outside the backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.total = self.forward = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func._overloadpacket in flop_registry:
+            flops = flop_registry[func._overloadpacket](*args, **(kwargs or {}), out_val=out)
+            self.total += flops
+            self.forward += flops if torch._C._current_graph_task_id() == -1 else 0
+        return out
+
+
+def count(c: GPTConfig, batch: int) -> MatmulFlops:
+    """What torch's FLOP counter counts for one forward and backward of GPTModel on the CPU.
 
     It counts matmuls (mm, addmm, bmm: 2 m n k each, a bias add not counted) and the fused attention
     kernels of CUDA, but not the CPU's flash-attention kernel; the math backend runs attention as two bmm,
     Q K^T and softmax(.) V over the whole s x s square, which it then counts. Softmax, LayerNorm, GELU,
     dropout and the embedding lookups are not matmuls: neither count includes them. With recomputation
-    the backward re-runs each layer's forward, and the counter counts that too."""
+    the backward re-runs what the recompute runs of each layer's forward, and the counter counts that too."""
     torch.manual_seed(0)
     model = GPTModel(c).train()
     tokens = torch.randint(0, c.padded_vocab_size, (batch, c.seq_length))
     positions = torch.arange(c.seq_length).expand(batch, c.seq_length)
-    counter = FlopCounterMode(display=False)
+    counter = MatmulFlops()
     with sdpa_kernel(SDPBackend.MATH), counter:
         model(tokens, positions, tokens).sum().backward()
-    return counter.get_total_flops()
+    return counter
+
+
+def counted_flops(c: GPTConfig, batch: int) -> int:
+    return count(c, batch).total
 
 
 @pytest.mark.parametrize("layers, hidden, heads, seq, vocab, ffn, batch", [
@@ -76,6 +102,69 @@ def test_recomputation_adds_one_forward_of_the_layers_not_of_the_logit_layer():
     layer_forward = 2 * 4 * 32 * 64 * (4 * 64 + 2 * 256) + 4 * 4 * 32 * 32 * 64
     assert hardware_flops_per_iteration(recomputed, 4) - hardware_flops_per_iteration(plain, 4) == 2 * layer_forward
     assert hardware_flops_per_iteration(plain, 4) == model_flops_per_iteration(plain, 4)
+
+
+# 2 layers whose widths all differ (h 32, QKV 96, f 80, V 64), no dropout unless a case adds it
+NO_DROPOUT = GPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
+                       padded_vocab_size=64, ffn_hidden_size=80, hidden_dropout=0.0, attention_dropout=0.0)
+LLAMA = dict(swiglu=True, normalization="rmsnorm", num_key_value_heads=2, untie_embeddings_and_output_weights=True,
+             disable_bias_linear=True, use_rotary_position_embeddings=True)
+RECOMPUTE_CASES = {  # name: (overrides, whether the recompute skips the MLP's output matmul)
+    "gelu": ({}, True),
+    "attention dropout only": (dict(attention_dropout=0.1), True),
+    "hidden dropout": (dict(hidden_dropout=0.1), False),
+    "swiglu": (LLAMA, True),
+    "swiglu with dropout": (dict(LLAMA, hidden_dropout=0.1, attention_dropout=0.1), False),
+    "squared relu": (dict(squared_relu=True), True),
+    "checkpoint-in-cpu": (dict(recompute_offload=True), True),
+    "checkpoint-in-cpu with dropout": (dict(recompute_offload=True, hidden_dropout=0.1), False),
+    "tiled mlp": (dict(tiled_mlp_compute=True, tiled_mlp_shards=4), False),
+    "tiled mlp with dropout": (dict(tiled_mlp_compute=True, tiled_mlp_shards=4, hidden_dropout=0.1), False),
+}
+
+
+@pytest.mark.parametrize("case", RECOMPUTE_CASES)
+def test_hardware_flops_are_what_the_recompute_runs(case):
+    """zero-lab's recompute is torch's non-reentrant checkpoint, which stops once the backward's saved tensors are
+    regenerated: without hidden dropout nothing saves the MLP's output, so its h <- f matmul (2 tokens f h) is not
+    rerun; with it (its mask), or with the tiled MLP (which saves only after its whole forward), all of the layer
+    is. Predicted and counted agree exactly, with and without recomputation."""
+    overrides, skips = RECOMPUTE_CASES[case]
+    plain = replace(NO_DROPOUT, **overrides)
+    recomputed = replace(plain, recompute_activations=True)
+    assert recompute_skips_mlp_output(recomputed) == skips
+    for c in (plain, recomputed):
+        assert hardware_flops_per_iteration(c, 2) == pytest.approx(counted_flops(c, 2), rel=1e-12)
+    tokens, forward = 2 * 16, layer_forward_flops(plain, 2 * 16)
+    rerun = forward - 2 * tokens * 80 * 32 if skips else forward
+    assert hardware_flops_per_iteration(recomputed, 2) - hardware_flops_per_iteration(plain, 2) == 2 * rerun
+
+
+def _deepspeed_and_moe_recompute(rank):
+    """DeepSpeed's reentrant checkpoint reruns the whole layer, dropout or not; so does an MoE layer without dropout
+    (the experts' combine keeps their outputs). The MoE count holds DeepSpeed's dispatch and combine einsums, which
+    the prediction leaves out: there the counted recompute is checked against the counted forward of the layers."""
+    from megatron.core.tensor_parallel.random import configure_deepspeed_checkpointing
+
+    configure_deepspeed_checkpointing(None, {"train_micro_batch_size_per_gpu": 2}, 2, in_cpu=False)
+    for dropout in (0.0, 0.1):
+        c = replace(NO_DROPOUT, hidden_dropout=dropout, recompute_activations=True, recompute_with_deepspeed=True)
+        assert not recompute_skips_mlp_output(c)
+        assert hardware_flops_per_iteration(c, 2) == counted_flops(c, 2)
+    moe = replace(NO_DROPOUT, num_experts=[2], expert_interval=1)
+    plain, recomputed = count(moe, 2), count(replace(moe, recompute_activations=True), 2)
+    logits = 2 * 2 * 16 * 32 * 64
+    assert recomputed.total - plain.total == plain.forward - logits
+    assert not recompute_skips_mlp_output(moe, experts=2)
+
+
+@pytest.mark.slow  # DeepSpeed's checkpointing and MoE layer ask its communication backend for the rank: one rank
+def test_deepspeed_recompute_and_moe_layers_rerun_the_whole_layer():
+    from test_parallel_training import _spawned
+    from test_upstream_flag_effects import _with_deepspeed_comm, free_port
+
+    torch.multiprocessing.spawn(_spawned, args=(1, free_port(), _with_deepspeed_comm(_deepspeed_and_moe_recompute)),
+                                nprocs=1, join=True)
 
 
 @pytest.mark.parametrize("b, s, layers, h, heads, v, old_low", [

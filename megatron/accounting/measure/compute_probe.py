@@ -30,7 +30,7 @@ from megatron.core.tensor_parallel import (
 from megatron.core.scratch import ScratchBuffers
 from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_lm_loss
 # the one place a layer's FLOPs are counted
-from megatron.accounting.predict.flops import layer_forward_flops, logit_forward_flops
+from megatron.accounting.predict.flops import layer_hardware_flops, logit_forward_flops
 from megatron.accounting.predict.step_time import ComputeRates
 from megatron.accounting.predict.training_setup import TrainingSetup
 from megatron.model.config import GPTConfig
@@ -106,23 +106,27 @@ def probe_layer(config: GPTConfig, tensor_parallel_size: int) -> ParallelTransfo
     return layer
 
 
+def layer_pass(config: GPTConfig, layer: ParallelTransformerLayer, x: torch.Tensor, grad: torch.Tensor) -> None:
+    """One timed pass of the layer probe: forward and backward, through zero-lab's checkpoint under
+    --checkpoint-activations."""
+    out = checkpoint(layer, layer.rng_tracker, x) if config.recompute_activations else layer(x)
+    out.backward(grad)
+
+
 def layer_flops_per_s(config: GPTConfig, setup: TrainingSetup, device: torch.device, dtype: torch.dtype) -> float:
     """Hardware FLOPs per second of one layer's forward and backward on a [micro batch, seq, hidden] input in
     training mode (the run's dropout), recomputing the forward in the backward under --checkpoint-activations:
-    3 (4 with recomputation) x the layer's forward FLOPs over the rank's 1/tp of them, per median pass."""
+    layer_hardware_flops over the rank's 1/tp of them, per median pass. The probe recomputes through zero-lab's
+    checkpoint even for a DeepSpeed-checkpointed run, so its FLOPs are counted as that recompute runs them."""
     t = setup.tensor_parallel_size
     layer = probe_layer(replace(config, params_dtype=dtype), t).to(device).train()
     shape = (setup.micro_batch_size, config.seq_length, config.hidden_size)
     x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn(shape, device=device, dtype=dtype)
 
-    def forward_backward():
-        out = checkpoint(layer, layer.rng_tracker, x) if config.recompute_activations else layer(x)
-        out.backward(grad)
-
-    seconds = _median_seconds(forward_backward, device, LAYER_REPEATS)
-    passes = 4 if config.recompute_activations else 3
-    return passes * layer_forward_flops(config, setup.micro_batch_size * config.seq_length) / t / seconds
+    seconds = _median_seconds(lambda: layer_pass(config, layer, x, grad), device, LAYER_REPEATS)
+    probed = replace(config, recompute_with_deepspeed=False)
+    return layer_hardware_flops(probed, setup.micro_batch_size * config.seq_length) / t / seconds
 
 
 def output_flops_per_s(config: GPTConfig, setup: TrainingSetup, device: torch.device, dtype: torch.dtype) -> float:

@@ -84,26 +84,53 @@ def model_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> floa
 
 
 def hardware_flops_per_iteration(config: GPTConfig, global_batch_size: int) -> float:
-    """FLOPs the accelerator executes (the HFU numerator, Korthikanti et al. 2022): the model FLOPs plus,
-    with --checkpoint-activations, a second forward of every transformer layer (the logit layer is not
-    recomputed); with --tiled-mlp-compute one more forward of every MLP (its backward recomputes the tiles, under
-    --checkpoint-activations a third time); with --tiled-logits-loss one more forward of the logit layer
-    (output_layer_hardware_flops)."""
+    """FLOPs the accelerator executes (the HFU numerator, Korthikanti et al. 2022): every layer's
+    (layer_hardware_flops: the model FLOPs plus what --checkpoint-activations and --tiled-mlp-compute run again)
+    and the logit layer's (output_layer_hardware_flops: never recomputed, but once more with
+    --tiled-logits-loss)."""
     tokens = global_batch_size * config.seq_length
-    flops = model_flops_per_iteration(config, global_batch_size)
-    if config.recompute_activations:
-        flops += sum(layer_forward_flops(config, tokens, experts) for experts in config.layer_experts)
-    if config.tiled_logits_loss:
-        flops += logit_forward_flops(config, tokens)
-    return flops + tiled_mlp_recompute_flops(config, tokens)
+    layers = sum(layer_hardware_flops(config, tokens, experts) for experts in config.layer_experts)
+    return layers + output_layer_hardware_flops(config, tokens)
+
+
+def layer_hardware_flops(config: GPTConfig, tokens: int, experts: int = 1) -> float:
+    """One layer's FLOPs in a training step over `tokens` tokens: its forward, the backward's two products of it,
+    the recompute's (recomputed_forward_flops) and --tiled-mlp-compute's recomputed MLP (tiled_mlp_recompute_flops;
+    under --checkpoint-activations the tiled MLP so runs three times)."""
+    return (3.0 * layer_forward_flops(config, tokens, experts) + recomputed_forward_flops(config, tokens, experts)
+            + tiled_mlp_recompute_flops(config, tokens))
+
+
+def recomputed_forward_flops(config: GPTConfig, tokens: int, experts: int = 1) -> float:
+    """What --checkpoint-activations runs again of one layer's forward over `tokens` tokens in the backward: all
+    of it, less the MLP's output matmul (h <- f) where the recompute stops before it (recompute_skips_mlp_output).
+    0 without recomputation."""
+    if not config.recompute_activations:
+        return 0.0
+    skipped = 2.0 * tokens * config.ffn_hidden_size * config.hidden_size
+    return layer_forward_flops(config, tokens, experts) - (skipped if recompute_skips_mlp_output(config, experts)
+                                                           else 0.0)
+
+
+def recompute_skips_mlp_output(config: GPTConfig, experts: int = 1) -> bool:
+    """Whether the recompute of a layer stops before its MLP's output matmul. zero-lab's recompute is torch's
+    non-reentrant checkpoint, which stops once it has regenerated every tensor the layer's backward saved; with
+    --hidden-dropout 0 the dropout after the MLP is the identity and the residual add saves nothing, so the MLP's
+    output is saved by nothing and its matmul is not rerun (the attention's output projection is: the next norm
+    saves its sum). Everything is rerun by DeepSpeed's reentrant checkpoint (--deepspeed-activation-checkpointing),
+    with hidden dropout (it keeps its mask), in an MoE layer (the experts' combine keeps their outputs) and with
+    --tiled-mlp-compute (the tiled MLP runs its whole forward before it saves its input). --checkpoint-in-cpu
+    recomputes as without it (tests/test_flops.py counts each case)."""
+    return (not config.recompute_with_deepspeed and config.hidden_dropout == 0.0 and experts == 1
+            and not config.tiled_mlp_compute)
 
 
 def tiled_mlp_recompute_flops(config: GPTConfig, tokens: int) -> float:
-    """--tiled-mlp-compute's recomputed forward of every layer's MLP over `tokens` tokens (0 untiled; MoE layers
+    """--tiled-mlp-compute's recomputed forward of one layer's MLP over `tokens` tokens (0 untiled; MoE layers
     are refused with it)."""
     if not config.tiled_mlp_compute:
         return 0.0
-    return config.num_layers * 2.0 * tokens * config.hidden_size * mlp_part(config).matmul_width(config)
+    return 2.0 * tokens * config.hidden_size * mlp_part(config).matmul_width(config)
 
 
 def output_layer_hardware_flops(config: GPTConfig, tokens: int) -> float:
