@@ -42,7 +42,9 @@ def get_batch(batch: dict, device: torch.device, eod: int, eod_mask_loss: bool, 
     the loss leaves out each position whose input is the end-of-document id (the prediction across a document
     boundary), as Megatron-DeepSpeed's get_ltor_masks_and_position_ids does; the prediction of the id is trained.
     With `sequence`, a DeepSpeed-Ulysses group (its rank and size): this rank's slice of every sample, at its
-    global positions (the group's ranks read the same samples)."""
+    global positions (the group's ranks read the same samples), each a copy of its own: the embedding saves the
+    token and position ids for its backward, and a view (Megatron-DeepSpeed slices views) would keep the whole
+    sample's ids alive, 8 bytes per token of the whole sequence each at micro-batch 1."""
     text = batch["text"].to(device, non_blocking=True).long()
     tokens, labels = text[:, :-1].contiguous(), text[:, 1:].contiguous()
     position_ids = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
@@ -53,7 +55,8 @@ def get_batch(batch: dict, device: torch.device, eod: int, eod_mask_loss: bool, 
         return tokens, labels, position_ids, loss_mask
     part = tokens.shape[1] // sequence.size
     mine = slice(sequence.rank * part, (sequence.rank + 1) * part)
-    return tuple(t[:, mine].contiguous() for t in (tokens, labels, position_ids, loss_mask))
+    copies = (t[:, mine].clone(memory_format=torch.contiguous_format) for t in (tokens, labels, position_ids, loss_mask))
+    return tuple(copies)
 
 
 def masked_mean_loss(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

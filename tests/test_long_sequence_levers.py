@@ -106,10 +106,7 @@ def _grid(sp: int, sp_group=None, sequence=None) -> list[str]:
             measured, predicted = _measure(config, sp_group, sequence), _predict(config, setup)
             rows.append(f"SP={sp} s={seq_length} recompute={recompute:d} tiled={tiled:d} offload={offload:d}: " +
                         " ".join(f"{key} {measured[key] / MIB:.3f}/{predicted[key] / MIB:.3f}" for key in measured))
-            # under Ulysses a rank keeps 8-9 bytes per token of the whole sequence more than predicted (8 KiB at 1,024
-            # tokens, 16 at 2,048: one int64 [s] tensor, not yet found), 1.5% of the offloaded cells' activations
-            unexplained = 12 * seq_length if sp > 1 else 0
-            if not (measured["activations"] == pytest.approx(predicted["activations"], rel=0.01, abs=unexplained)
+            if not (measured["activations"] == pytest.approx(predicted["activations"], rel=0.01)
                     and measured["host"] == predicted["host"]
                     and measured["peak"] == pytest.approx(predicted["peak"], rel=0.1)):
                 misses.append(rows[-1])

@@ -114,6 +114,20 @@ def test_each_sequence_rank_gets_its_slice_at_its_positions():
     assert positions.tolist() == [[4, 5, 6, 7]] * 2 and mask.shape == (2, 4)
 
 
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_a_sequence_rank_keeps_only_its_slice_of_the_sample(micro_batch):
+    """The token and position ids the embedding saves for its backward hold the rank's s/N ids, not the whole
+    sample's: a slice of one sample is contiguous, so .contiguous() kept it a view of the whole sample's storage,
+    8 bytes per token of the whole sequence more than activation_bytes predicts (tests/test_long_sequence_levers.py
+    measured them at micro-batch 1)."""
+    text = torch.arange(micro_batch * 9).view(micro_batch, 9)
+    group = type("Group", (), {"rank": 1, "size": 2})
+    for kept in get_batch({"text": text}, torch.device("cpu"), eod=-1, eod_mask_loss=False, sequence=group):
+        assert kept.shape == (micro_batch, 4)
+        held = kept.untyped_storage().nbytes()
+        assert held == micro_batch * 4 * kept.element_size(), f"{held} bytes held for {kept.tolist()}"
+
+
 # llama-tiny's architecture at the tests' small width: grouped-query attention (4 query heads over 2 K/V heads),
 # RMSNorm, SwiGLU, untied output, no biases, rotary positions (docs/model.md)
 LLAMA_SHAPE = dict(use_rotary_position_embeddings=True, num_key_value_heads=2, normalization="rmsnorm", swiglu=True,
