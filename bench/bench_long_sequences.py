@@ -25,6 +25,7 @@ one STEP longer exceeds the cap by prediction (printed, not run).
     python bench/bench_long_sequences.py --sp-sizes 4 --ranks 4 --cap-mb 32  # one column
     python bench/bench_long_sequences.py --paper-only   # the planner against DeepSpeed-Ulysses' published figure
     python bench/bench_long_sequences.py --levers --iters 4  # SP=4 per lever combination (long_sequence_levers.py)
+    python bench/bench_long_sequences.py --levers --layers 8 --iters 4  # the same at 8 layers
 """
 from __future__ import annotations
 
@@ -94,6 +95,11 @@ class Row:
     predicted_activations_mb: float
     intervals: int
     others_cores: float | None = None
+    # the model-state line's step_peak (CPU ranks: the first micro-batch's peak beyond the model states) beside
+    # its estimate, and the measured model states (params + grads + optim) it stands on
+    step_peak_mb: float | None = None
+    predicted_step_peak_mb: float | None = None
+    model_states_mb: float = 0.0
 
     @property
     def dp(self) -> int:
@@ -110,8 +116,9 @@ class Row:
 
 # ---- predictions before running ----
 
-def model_config(seq_length: int, levers: Levers = NO_LEVERS) -> GPTConfig:
-    return GPTConfig(**SHAPE, seq_length=seq_length, max_position_embeddings=seq_length,
+def model_config(seq_length: int, levers: Levers = NO_LEVERS, layers: int = SHAPE["num_layers"]) -> GPTConfig:
+    """The tiny preset's shape at `layers` layers (--layers), byte vocabulary, rotary positions, dropout off."""
+    return GPTConfig(**{**SHAPE, "num_layers": layers}, seq_length=seq_length, max_position_embeddings=seq_length,
                      padded_vocab_size=BYTE_PADDED_VOCAB, hidden_dropout=0.0, attention_dropout=0.0,
                      use_rotary_position_embeddings=True, tiled_mlp_compute=levers.tiled,
                      tiled_logits_loss=levers.tiled, tiled_logits_loss_shards=LOSS_TILES if levers.tiled else 0)
@@ -123,22 +130,25 @@ def training_setup(ranks: int, sp: int, levers: Levers = NO_LEVERS) -> accountin
                                     activation_offload=levers.offload)
 
 
-def predicted_memory_mb(ranks: int, sp: int, seq_length: int, levers: Levers = NO_LEVERS) -> dict[str, float]:
-    memory = accounting.memory_per_rank(model_config(seq_length, levers), training_setup(ranks, sp, levers))
+def predicted_memory_mb(ranks: int, sp: int, seq_length: int, levers: Levers = NO_LEVERS,
+                        layers: int = SHAPE["num_layers"]) -> dict[str, float]:
+    memory = accounting.memory_per_rank(model_config(seq_length, levers, layers), training_setup(ranks, sp, levers))
     return {name: value / MiB for name, value in memory.items()}
 
 
-def predicted_peak_mb(ranks: int, sp: int, seq_length: int, levers: Levers = NO_LEVERS) -> float:
+def predicted_peak_mb(ranks: int, sp: int, seq_length: int, levers: Levers = NO_LEVERS,
+                      layers: int = SHAPE["num_layers"]) -> float:
     """memory_per_rank's total: the accelerator's peak, the backward's recomputed layer and MLP tile included;
     --checkpoint-in-cpu's host tier is not in it."""
-    return predicted_memory_mb(ranks, sp, seq_length, levers)["total"]
+    return predicted_memory_mb(ranks, sp, seq_length, levers, layers)["total"]
 
 
-def longest_fitting(ranks: int, sp: int, cap_mb: float, levers: Levers = NO_LEVERS) -> int:
+def longest_fitting(ranks: int, sp: int, cap_mb: float, levers: Levers = NO_LEVERS,
+                    layers: int = SHAPE["num_layers"]) -> int:
     """The longest multiple of STEP whose predicted peak per rank is within cap_mb (0: none); memory grows with
     the length, so a doubling search then a bisection."""
     def fits(steps: int) -> bool:
-        return predicted_peak_mb(ranks, sp, steps * STEP, levers) <= cap_mb
+        return predicted_peak_mb(ranks, sp, steps * STEP, levers, layers) <= cap_mb
 
     if not fits(1):
         return 0
@@ -164,10 +174,11 @@ def lengths_to_run(longest: int) -> list[int]:
 # ---- one run ----
 
 
-def command(data: Path, ranks: int, sp: int, seq_length: int, iters: int, levers: Levers = NO_LEVERS) -> list[str]:
+def command(data: Path, ranks: int, sp: int, seq_length: int, iters: int, levers: Levers = NO_LEVERS,
+            layers: int = SHAPE["num_layers"]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
             "--master_port", str(free_port()), str(REPO / "pretrain_gpt.py"),
-            "--num-layers", str(SHAPE["num_layers"]), "--hidden-size", str(SHAPE["hidden_size"]),
+            "--num-layers", str(layers), "--hidden-size", str(SHAPE["hidden_size"]),
             "--num-attention-heads", str(SHAPE["num_attention_heads"]), "--use-rotary-position-embeddings",
             "--seq-length", str(seq_length), "--micro-batch-size", "1", "--global-batch-size", str(ranks // sp),
             "--ds-sequence-parallel-size", str(sp), "--zero-stage", "1", "--train-iters", str(iters),
@@ -177,14 +188,14 @@ def command(data: Path, ranks: int, sp: int, seq_length: int, iters: int, levers
 
 
 def run(data: Path, ranks: int, sp: int, seq_length: int, iters: int, output: Path, timeout: float,
-        levers: Levers = NO_LEVERS) -> Path:
+        levers: Levers = NO_LEVERS, layers: int = SHAPE["num_layers"]) -> Path:
     """pretrain_gpt.py on `ranks` CPU ranks; its output (rank 0 prints the log lines) goes to `output`."""
     env = dict(os.environ, DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("ZERO_LAB_SKIP_PROBES", None)  # the time prediction needs the probes
     with open(output, "w") as out:
-        process = subprocess.Popen(command(data, ranks, sp, seq_length, iters, levers), cwd=REPO, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command(data, ranks, sp, seq_length, iters, levers, layers), cwd=REPO, env=env,
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -210,10 +221,13 @@ def summarize(path: Path, ranks: int, sp: int, seq_length: int, longest: bool) -
     step_ms = statistics.fmean(t.measured_ms["total"] for t in times)
     predicted_ms = statistics.fmean(t.predicted_ms["total"] for t in times)
     tokens_per_rank_step = (ranks // sp) * seq_length / ranks
+    step_peak = measured.get("step_peak")
     return Row(ranks, sp, seq_length, longest, statistics.fmean(i.tgs for i in iterations),
                tokens_per_rank_step / (predicted_ms / 1000), step_ms, predicted_ms, peak * GB / MiB,
                predicted_peak * GB / MiB, measured["activations"] * GB / MiB, estimate["activations"] * GB / MiB,
-               len(times))
+               len(times), step_peak_mb=None if step_peak is None else step_peak * GB / MiB,
+               predicted_step_peak_mb=estimate.get("step_peak", 0.0) * GB / MiB,
+               model_states_mb=sum(measured[name] for name in ("params", "grads", "optim")) * GB / MiB)
 
 
 # ---- printing ----
@@ -353,8 +367,10 @@ def options(argv):
     parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take (default 600)")
     parser.add_argument("--levers", nargs="*", choices=[x.name for x in LEVER_COLUMNS],
                         help="the lever columns at SP = --ranks: per lever combination the longest sequence that "
-                             "fits --cap-mb by prediction, run at it (no names: every column but none, whose "
-                             "longest is the SP table's; bench/long_sequence_levers.py)")
+                             "fits --cap-mb by prediction, run at it (no names: every column, none included; "
+                             "bench/long_sequence_levers.py)")
+    parser.add_argument("--layers", type=int, default=SHAPE["num_layers"],
+                        help=f"with --levers: the tiny shape at this many layers (default {SHAPE['num_layers']})")
     parser.add_argument("--paper-only", action="store_true",
                         help="print only tools/zero_plan.py against DeepSpeed-Ulysses' published throughput (no runs)")
     opts = parser.parse_args(argv)
@@ -363,6 +379,9 @@ def options(argv):
             flag = f"--levers at SP = --ranks {sp}" if opts.levers is not None else f"--sp-sizes {sp}"
             parser.error(f"{flag}: must divide --ranks {opts.ranks}, the model's "
                          f"{SHAPE['num_attention_heads']} heads and the {STEP}-token step")
+    if opts.layers < 1 or (opts.levers is None and opts.layers != SHAPE["num_layers"]):
+        parser.error(f"--layers {opts.layers}: expected a positive layer count, with --levers (the SP table runs the "
+                     f"tiny shape's {SHAPE['num_layers']})")
     if opts.iters < 2 * LOG_INTERVAL:
         parser.error(f"--iters {opts.iters}: expected at least 2 logging intervals of {LOG_INTERVAL} (the first is "
                      "warm-up)")

@@ -44,6 +44,8 @@ class StepResult:
     activation_bytes: int | None = None
     # and what that forward moved to --checkpoint-in-cpu's host tier (the offloaded layer inputs)
     offloaded_activation_bytes: int = 0
+    # on CPU ranks, the peak that micro-batch's forward and backward held beyond the model states (None: not measured)
+    step_peak_bytes: int | None = None
 
 
 @dataclass

@@ -116,9 +116,10 @@ def data_parallel_means(values: list, dist_info: DistInfo) -> list[float]:
 
 def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int, probe_memory=False) -> StepResult:
     """One optimizer step over gradient_accumulation_steps micro-batches. probe_memory: also measure the
-    gradients held after each backward (their peak) and the first micro-batch's activations."""
+    gradients held after each backward (their peak), the first micro-batch's activations and, on CPU ranks, the
+    peak its forward and backward hold beyond the model states (memory.step_peak_bytes; on CUDA not measured)."""
     losses = []
-    grad_bytes, activations, offloaded = 0, None, 0
+    grad_bytes, activations, offloaded, peak = 0, None, 0, None
     # the engine's count: --rampup-batch-size changes it between steps
     accumulation = engine.gradient_accumulation_steps()
     for micro in range(accumulation):
@@ -128,14 +129,18 @@ def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
         tokens, labels, position_ids, loss_mask = get_batch(next(data_iterator), dist_info.device, eod,
                                                             args.training.eod_mask_loss, dist_info.parallel.sequence)
         measure = probe_memory and micro == 0
-        with memory.saved_activation_bytes(engine.module) if measure else contextlib.nullcontext() as saved:
-            per_token_loss = engine(tokens, position_ids, labels)
-        if measure:
-            activations = saved[0]
-            offloaded = memory.host_tier_bytes() if args.model.recompute_offload else 0
-        loss, whole = sequence_mean_loss(per_token_loss, loss_mask, dist_info.parallel.sequence)
-        loss = with_moe_loss(loss, engine.module, args.training.moe_loss_coeff)
-        engine.backward(loss * sequence_gradient_factor(args.deepspeed.zero_stage, dist_info.parallel.sequence))
+        probe_peak = measure and not dist_info.on_cuda
+        with memory.step_peak_bytes(engine) if probe_peak else contextlib.nullcontext() as step_peak:
+            with memory.saved_activation_bytes(engine.module) if measure else contextlib.nullcontext() as saved:
+                per_token_loss = engine(tokens, position_ids, labels)
+            if measure:
+                activations = saved[0]
+                offloaded = memory.host_tier_bytes() if args.model.recompute_offload else 0
+            loss, whole = sequence_mean_loss(per_token_loss, loss_mask, dist_info.parallel.sequence)
+            loss = with_moe_loss(loss, engine.module, args.training.moe_loss_coeff)
+            engine.backward(loss * sequence_gradient_factor(args.deepspeed.zero_stage, dist_info.parallel.sequence))
+        if probe_peak:
+            peak = step_peak[0]
         losses.append(whole)
         if probe_memory:
             grad_bytes = max(grad_bytes, memory.grad_bytes(engine))
@@ -144,7 +149,8 @@ def train_step(engine, data_iterator, args: Args, dist_info: DistInfo, eod: int,
     # fp16 overflow skips are loss-scale housekeeping; anywhere else a skipped step means inf/nan grads
     nan = skipped and args.deepspeed.precision != "fp16"
     return StepResult(loss=torch.stack(losses).mean(), skipped=skipped, nan=nan, grad_norm=engine.get_global_grad_norm(),
-                      grad_bytes=grad_bytes, activation_bytes=activations, offloaded_activation_bytes=offloaded)
+                      grad_bytes=grad_bytes, activation_bytes=activations, offloaded_activation_bytes=offloaded,
+                      step_peak_bytes=peak)
 
 
 @torch.no_grad()

@@ -86,8 +86,10 @@ def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: i
                      offload: str) -> str:
     """Measured: params, grads and optimizer states on the accelerator, offloaded states, the activations
     of one micro-batch (when measured), the layer inputs --checkpoint-in-cpu moved to host memory (when it
-    does), everything else allocated, and --async-save's host copy (when saves are asynchronous); the estimate
-    (megatron/accounting.memory_per_rank): the same, total = the model states on the accelerator."""
+    does), everything else allocated, on CPU ranks the first micro-batch's peak beyond the model states (step_peak,
+    when measured) and --async-save's host copy (when saves are asynchronous); the estimate
+    (megatron/accounting.memory_per_rank): the same, total = the model states on the accelerator, step_peak = its
+    total less them."""
     m = {key: value / GB for key, value in measured.items()}
     e = {key: value / GB for key, value in estimate.items()}
     activations = f" activations={m['activations']:.4f}" if "activations" in m else ""
@@ -98,12 +100,16 @@ def model_state_line(measured: dict, estimate: dict, zero_stage: int, dp_size: i
     # --async-save's host copy (megatron/checkpointing/async_save.py), on both sides where the run saves so
     copy = f" async_save_copy={m['async_save_copy']:.4f}" if "async_save_copy" in m else ""
     copy_estimate = f" async_save_copy={e['async_save_copy']:.4f}" if "async_save_copy" in e else ""
+    # on CPU ranks the first micro-batch's peak beyond the model states, beside memory_per_rank's total less them
+    peak = f" step_peak={m['step_peak']:.4f}" if "step_peak" in m else ""
+    peak_estimate = f" step_peak={e['total'] - e['model_states']:.4f}" if "step_peak" in m else ""
     return (f" model state memory per rank (GB) | measured: params={m['params']:.4f} grads={m['grads']:.4f} "
-            f"optim={m['optim']:.4f} offloaded={m['offloaded']:.4f}{activations}{host} other={m['other']:.4f}{copy} | "
+            f"optim={m['optim']:.4f} offloaded={m['offloaded']:.4f}{activations}{host} other={m['other']:.4f}{peak}"
+            f"{copy} | "
             f"ZeRO estimate (stage={zero_stage}, dp={dp_size}, dtype={precision}, offload={offload}): "
             f"params={e['params']:.4f} grads={e['grads']:.4f} optim={e['optim']:.4f} total={e['model_states']:.4f} "
             f"offloaded={e['offloaded']:.4f} activations={e['activations']:.4f}{host_estimate} "
-            f"output_buffer={e['output_buffer']:.4f}{copy_estimate} |")
+            f"output_buffer={e['output_buffer']:.4f}{peak_estimate}{copy_estimate} |")
 
 
 def comm_line(rank: int, iteration: int, sent_per_iteration: dict, num_params: int, predicted: float) -> str:

@@ -75,16 +75,44 @@ def test_each_lever_lengthens_the_longest_sequence_and_the_cap_holds_its_peak():
                           "--tiled-logits-loss-shards", str(bench.LOSS_TILES), "--checkpoint-in-cpu"]
 
 
+def test_the_lever_columns_run_at_a_deeper_shape_by_layers():
+    """--layers N: the tiny shape at N layers in the plan and the runs' flags; the SP table refuses it."""
+    import long_sequence_levers as levers
+
+    two, four = (levers.plan(bench, 4, 64.0, (bench.NO_LEVERS,), layers)[0] for layers in (2, 4))
+    assert four.seq_length == bench.longest_fitting(4, 4, 64.0, layers=4) < two.seq_length
+    assert bench.predicted_peak_mb(4, 4, four.seq_length, layers=4) <= 64.0
+    flags = bench.command(REPO_ROOT, 4, 4, 1024, 4, bench.NO_LEVERS, 4)
+    assert flags[flags.index("--num-layers") + 1] == "4"
+    assert bench.options(["--levers", "--layers", "4"]).layers == 4
+    assert bench.options(["--levers"]).layers == 2
+    run = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bench_long_sequences.py"), "--layers", "4"],
+                         env=test_env(), capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stderr.strip().splitlines()[-1].endswith(
+        "error: --layers 4: expected a positive layer count, with --levers (the SP table runs the tiny shape's 2)")
+
+
 @pytest.mark.slow
-def test_the_lever_mode_runs_a_column_at_its_longest_and_prints_its_host_tier(tmp_path):
+def test_the_lever_mode_runs_its_columns_at_their_longest_with_the_measured_peak(tmp_path):
+    """The no-lever column and every lever's, each run at its longest length in one invocation: the measured peak
+    (the model states plus the model-state line's step_peak) within 10% of the cap's figure, the host tier too."""
     out = tmp_path / "result.json"
     run = subprocess.run([sys.executable, str(REPO_ROOT / "bench" / "bench_long_sequences.py"), "--ranks", "2",
-                          "--cap-mb", "16", "--iters", "4", "--levers", "recompute + tiled + checkpoint-in-cpu",
-                          "--json", str(out)], env=test_env(), capture_output=True, text=True, timeout=600)
+                          "--cap-mb", "16", "--iters", "4", "--levers", "none",
+                          "recompute + tiled + checkpoint-in-cpu", "--json", str(out)], env=test_env(),
+                         capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     record = json.loads(out.read_text())
-    (row,) = record["levers"]
+    none, row = record["levers"]
+    assert none["levers"] == "none" and none["seq_length"] == record["baseline_seq_length"] and none["ratio"] == 1.0
     assert row["levers"] == "recompute + tiled + checkpoint-in-cpu" and row["ratio"] > 1.5
-    assert row["run"]["peak_mb"] == pytest.approx(row["run"]["predicted_peak_mb"], rel=0.10)
+    assert record["layers"] == 2 and "tiny shape at 2 layers" in run.stdout
+    for column in (none, row):
+        assert column["run"]["step_peak_mb"] > 0
+        assert column["peak_mb"] == pytest.approx(column["predicted_peak_mb"], rel=0.10), column
+        assert column["run"]["peak_mb"] == pytest.approx(column["run"]["predicted_peak_mb"], rel=0.10)
+        measured = re.search(rf"^\| {re.escape(column['levers'])} \| {column['seq_length']} \| \d\.\d\dx \| "
+                             r"(\d+\.\d) / (\d+\.\d) \| ([+-]\d+\.\d)% \|", run.stdout, re.M)
+        assert measured and float(measured.group(1)) == pytest.approx(column["peak_mb"], abs=0.05), run.stdout
+        assert abs(float(measured.group(3))) < 10
     assert row["host_mb"] == pytest.approx(row["predicted_host_mb"], rel=0.10) and row["host_mb"] > 0
-    assert f"| recompute + tiled + checkpoint-in-cpu | {row['seq_length']} |" in run.stdout

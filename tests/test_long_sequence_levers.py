@@ -4,19 +4,15 @@ full recomputation x --tiled-mlp-compute with --tiled-logits-loss x --checkpoint
 megatron/accounting/predict/memory.py to what it measures: the activations autograd saves in the forward
 (activation_bytes, within 1%), the host tier (offloaded_activation_bytes, exactly) and the peak of the accelerator's
 live bytes over the forward and the backward (memory_per_rank's total less the model states, within 10%)."""
-import weakref
 from dataclasses import replace
 
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from megatron.accounting import TrainingSetup, activation_bytes, memory_per_rank
 from megatron.accounting.measure import memory
 from megatron.core.scratch import ScratchBuffers
-from megatron.core.tensor_parallel.activation_offload import HostTensor
 from megatron.model import GPTConfig, GPTModel
 from megatron.training import get_batch
 
@@ -27,45 +23,6 @@ TINY = GPTConfig(num_layers=2, hidden_size=128, num_attention_heads=4, seq_lengt
 CELLS = [(False, False, False), (False, True, False), (True, False, False), (True, True, False),
          (True, False, True), (True, True, True)]
 TILED = dict(tiled_mlp_compute=True, tiled_mlp_shards=4, tiled_logits_loss=True, tiled_logits_loss_shards=4)
-
-
-class LiveBytes(TorchDispatchMode):
-    """The bytes of the live storages of every tensor an op makes inside (views count their storage once), and
-    their peak, sampled after each op of the forward and the backward. A tensor autograd keeps from C++ keeps its
-    Python object, so its storage stays counted while it lives. The host tier (HostTensor) and the storages in
-    `excluded` (the weights and their gradients: the model states) are left out."""
-
-    def __init__(self, excluded: set[int]):
-        super().__init__()
-        self.excluded, self.tensors, self.storages, self.live, self.peak = excluded, {}, {}, 0, 0
-
-    def _forget(self, ident: int, key: int) -> None:
-        self.tensors.pop(ident, None)
-        nbytes, count = self.storages[key]
-        self.storages[key] = (nbytes, count - 1)
-        if count == 1:
-            del self.storages[key]
-            self.live -= nbytes
-
-    def _track(self, tensor: torch.Tensor) -> None:
-        if id(tensor) in self.tensors or isinstance(tensor, HostTensor) or tensor.numel() == 0:
-            return
-        storage = tensor.untyped_storage()
-        key = storage.data_ptr()
-        if key in self.excluded:
-            return
-        nbytes, count = self.storages.get(key, (storage.nbytes(), 0))
-        self.live += nbytes if count == 0 else 0
-        self.storages[key] = (nbytes, count + 1)
-        self.tensors[id(tensor)] = weakref.ref(tensor, lambda _, ident=id(tensor), key=key: self._forget(ident, key))
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for tensor in tree_leaves(out):
-            if isinstance(tensor, torch.Tensor):
-                self._track(tensor)
-        self.peak = max(self.peak, self.live)
-        return out
 
 
 def _measure(config: GPTConfig, sp_group=None, sequence=None) -> dict[str, int]:
@@ -80,7 +37,7 @@ def _measure(config: GPTConfig, sp_group=None, sequence=None) -> dict[str, int]:
     # a new logits buffer, made inside and so counted: on CPU ranks the model keeps it from the loss's forward to
     # the step's end (megatron/core/scratch.py), and the predicted total holds it beside the recomputed layer
     model.lm_loss_scratch = ScratchBuffers()
-    with LiveBytes(states) as live:
+    with memory.LiveBytes(states) as live:
         with memory.saved_activation_bytes(model) as saved:
             loss = model(tokens, positions, labels)
         host = memory.host_tier_bytes()
@@ -142,3 +99,69 @@ def test_every_combination_on_two_ulysses_ranks_keeps_the_predicted_memory():
 def test_offload_without_recompute_is_refused_in_one_line():
     with pytest.raises(ValueError, match="^--checkpoint-in-cpu offloads the recomputed layers' inputs"):
         TrainingSetup(world_size=1, micro_batch_size=1, activation_offload=True)
+
+
+LEVER_FLAGS = ("--checkpoint-activations", "--tiled-mlp-compute", "--tiled-logits-loss", "--checkpoint-in-cpu")
+
+
+def _check_the_probed_step_alone_measures_its_peak(rank, world):
+    """A real engine (setup_engine, ZeRO-1 fp32, one gloo rank, 2 micro-batches of 2 a step) at 1,024 tokens with
+    every lever: the probed step's step_peak_bytes within 10% of memory_per_rank's total less the model states (15.5
+    MiB measured, 16.1 predicted); only its first micro-batch's forward runs under the dispatch mode, the second's
+    and a later step's under none, and a later step measures nothing."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    import test_host_syncs as syncs
+    from megatron.accounting.run_setup import training_setup
+    from megatron.training import train_step
+
+    syncs.SEQ = 1024
+    engine, args, dist_info = syncs._engine(2, 1, "fp32", *LEVER_FLAGS, "--hidden-dropout", "0",
+                                            "--attention-dropout", "0")
+    data, modes = syncs.batches(), []
+    engine.module.register_forward_hook(lambda *_: modes.append(len(_get_current_dispatch_mode_stack())))
+    probed = train_step(engine, data, args, dist_info, syncs.VOCAB - 1, probe_memory=True)
+    later = train_step(engine, data, args, dist_info, syncs.VOCAB - 1)
+    predicted = memory_per_rank(args.model, training_setup(args, dist_info))
+    assert probed.step_peak_bytes == pytest.approx(predicted["total"] - predicted["model_states"], rel=0.1)
+    assert later.step_peak_bytes is None and modes == [1, 0, 0, 0]
+
+
+@pytest.mark.slow
+def test_the_probed_step_alone_measures_its_peak():
+    from test_tensor_parallel import run_ranks
+    run_ranks(_check_the_probed_step_alone_measures_its_peak, world_size=1)
+
+
+@pytest.mark.slow
+def test_the_model_state_line_holds_the_step_peak_at_sp2_with_every_lever(tmp_path):
+    """pretrain_gpt.py on 2 CPU ranks at SP=2, 1,024 tokens of the byte vocabulary (bench/common.py's byte_data: a
+    small output layer, as the long-sequence bench runs), recompute + tiled MLP and loss + --checkpoint-in-cpu: the
+    model-state line's measured step_peak within 10% of its estimate, memory_per_rank's total less the model
+    states; no other line carries one."""
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT, free_port, test_env
+    from analysis.log_parser import parse_log
+
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
+    from common import BYTE_VOCAB, byte_data
+
+    data = byte_data(tmp_path / "data")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(free_port()), str(REPO_ROOT / "pretrain_gpt.py"), "--model-size", "tiny",
+                          "--use-rotary-position-embeddings", "--seq-length", "1024", "--micro-batch-size", "1",
+                          "--global-batch-size", "1", "--ds-sequence-parallel-size", "2", "--zero-stage", "1",
+                          "--train-iters", "2", "--log-interval", "1", "--eval-interval", "3", "--eval-iters", "0",
+                          "--lr", "1e-3", "--hidden-dropout", "0", "--attention-dropout", "0", "--data-path",
+                          str(data), "--tokenizer-type", "NullTokenizer", "--vocab-size", str(BYTE_VOCAB),
+                          *LEVER_FLAGS], env=test_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    log = tmp_path / "train.log"
+    log.write_text(run.stdout)
+    state = parse_log(log).model_state
+    assert state.measured["step_peak"] > 0, run.stdout[-3000:]
+    assert state.measured["step_peak"] == pytest.approx(state.estimate["step_peak"], rel=0.1)
+    assert run.stdout.count("step_peak=") == 2  # the model-state line's two halves, once: no other step measures

@@ -224,3 +224,41 @@ def test_deepspeeds_muon_is_imported_without_compiling():
     run = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "DS_ACCELERATOR": "cpu"})
     assert run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def test_live_bytes_tracks_what_ops_make_and_leaves_out_excluded_storages_over_their_life():
+    """1 MiB tensors: the peak of the ops' outputs alive at once; a storage handed to exclude() after it was made
+    (as a first backward's gradients are) leaves every sample, those taken before included; close() ends the peak."""
+    weight = torch.ones(1 << 18)  # made outside: not counted
+    with memory.LiveBytes() as live:
+        a = weight * 2
+        b = a + 1  # 2 MiB live
+        del a
+        c = b * 3  # 2 MiB live (b, c)
+        live.exclude([b])
+        live.close()
+        d = c + b  # 3 MiB live, after close()
+    assert len(live.samples) == 4 and live.samples == [1 << 20, 2 << 20, 2 << 20, 3 << 20]
+    assert live.peak == 1 << 20  # b left out from its birth; d after close()
+    views = memory.LiveBytes()
+    with views:
+        e = weight + 0
+        f, g = e[:10], e.view(2, -1)  # views of e's storage: counted once
+    assert views.peak == 1 << 20 and f.numel() == 10 and g.shape[0] == 2 and d.numel() == 1 << 18
+
+
+def test_the_model_state_line_adds_the_step_peak_where_it_is_measured():
+    from analysis.log_parser import ParsedLog, parse_line
+    from megatron.training_log import GB, model_state_line
+
+    measured = dict(params=GB, grads=GB, optim=GB, offloaded=0, activations=GB / 4, other=GB)
+    estimate = dict(params=GB, grads=GB, optim=GB, model_states=3 * GB, offloaded=0, activations=GB / 4,
+                    output_buffer=GB, total=4.5 * GB)
+    plain = model_state_line(measured, estimate, 1, 2, "fp32", "none")
+    assert "step_peak" not in plain  # CUDA, the pipeline engine: as before
+    line = model_state_line({**measured, "step_peak": 1.25 * GB}, estimate, 1, 2, "fp32", "none")
+    assert line == plain.replace("other=1.0000 |", "other=1.0000 step_peak=1.2500 |").replace(
+        "output_buffer=1.0000 |", "output_buffer=1.0000 step_peak=1.5000 |")
+    log = ParsedLog(path=None)
+    parse_line(log, line)
+    assert log.model_state.measured["step_peak"] == 1.25 and log.model_state.estimate["step_peak"] == 1.5

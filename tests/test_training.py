@@ -15,7 +15,9 @@ from runs import SKIP_PROBES
 pytestmark = pytest.mark.slow
 
 STAGES = {"Z1": ["--zero-stage", "1"], "Z2": ["--zero-stage", "2"], "Z3": ["--zero-stage", "3"]}
-MEMORY = re.compile(r"measured: params=(\S+) grads=(\S+) optim=(\S+) offloaded=\S+ activations=\S+ other=(\S+) \| "
+# CPU ranks add step_peak= after other= (docs/log-lines.md)
+MEMORY = re.compile(r"measured: params=(\S+) grads=(\S+) optim=(\S+) offloaded=\S+ activations=\S+ other=(\S+)"
+                    r"(?: step_peak=\S+)? \| "
                     r"ZeRO estimate .*?: params=(\S+) grads=(\S+) optim=(\S+) total=(\S+)(?: \w+=\S+)* \|")
 
 

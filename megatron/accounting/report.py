@@ -192,6 +192,8 @@ class Reporter:
             measured["activations"] = probed.activation_bytes
             if self.args.model.recompute_offload:  # --checkpoint-in-cpu's host tier
                 measured["activations_offloaded"] = probed.offloaded_activation_bytes
+        if probed.step_peak_bytes is not None:  # on CPU ranks: the first micro-batch's peak beyond the model states
+            measured["step_peak"] = probed.step_peak_bytes
         # what else is allocated (the output-layer buffer, bucket and communication buffers); the CUDA
         # counter does not see host memory, so there the offloaded states are not subtracted
         measured["other"] = max(0, mem["allocated"] - (held - offloaded if self.dist_info.on_cuda else held))

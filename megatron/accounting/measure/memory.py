@@ -4,17 +4,21 @@ On CUDA the accelerator numbers are torch.cuda.memory_allocated / max_memory_all
 CPU there is no allocator counter, so "MemAllocated" is the process's live tensor memory: the
 sum of the unique storages of all tensors the garbage collector can see, sampled at log time
 (MaxMemAllocated is the largest such sample), less --checkpoint-in-cpu's host tier (host_tier_bytes).
-HostRSS is the process's resident set from psutil.
+HostRSS is the process's resident set from psutil. The step's peak on CPU ranks, which no sample at log time
+sees, is measured op by op over the first micro-batch of the first step (LiveBytes, step_peak_bytes).
 """
 import contextlib
 import gc
 import itertools
-from collections.abc import Iterator
+import weakref
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from megatron.core.tensor_parallel.activation_offload import HostTensor
 
@@ -242,3 +246,109 @@ def saved_activation_bytes(module: torch.nn.Module) -> Iterator[list[int]]:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         yield result
     result.append(sum(storages.values()))
+
+
+class LiveBytes(TorchDispatchMode):
+    """The bytes of the live storages of every tensor an op makes inside (views count their storage once), sampled
+    after each op of the forward and the backward, and their peak: on CPU ranks, which have no allocator counter,
+    the step's peak beside memory_per_rank's total less the model states. A tensor autograd keeps from C++ keeps
+    its Python object, so its storage stays counted while it lives. Left out: the host tier (HostTensor), tensors
+    made outside (the weights, the inputs), the storages in `excluded`, and those handed to exclude() later, over
+    their whole life (the gradients a first backward makes: model states, not known as such when they are made)."""
+
+    def __init__(self, excluded: Iterable[int] = ()):
+        super().__init__()
+        self.excluded = set(excluded)
+        self.tensors, self.storages, self.live, self.samples = {}, {}, 0, []
+        self.born: dict[int, int] = {}  # storage -> the sample it was first counted in
+        self.left_out: list[tuple[int, int, int]] = []  # (first sample, last sample + 1, bytes) of excluded ones
+        self.closed_at: int | None = None  # the samples from here on are not in the peak (close())
+
+    @property
+    def peak(self) -> int:
+        """The largest sample before close(), the storages handed to exclude() left out over their whole life."""
+        delta = [0] * (len(self.samples) + 1)
+        for first, end, nbytes in self.left_out + [(self.born[key], len(self.samples), self.storages[key][0])
+                                                   for key in self.excluded if key in self.storages]:
+            delta[first] -= nbytes
+            delta[end] += nbytes
+        less = itertools.accumulate(delta[:-1])
+        return max((sample + dropped for sample, dropped in zip(self.samples[:self.closed_at], less)), default=0)
+
+    def close(self) -> None:
+        """Leave the ops from here on out of the peak (they are still tracked, so exclude() keeps working)."""
+        if self.closed_at is None:
+            self.closed_at = len(self.samples)
+
+    def exclude(self, tensors: Iterable[torch.Tensor | None]) -> None:
+        """Leave the storages of `tensors` out of every sample, those already taken included."""
+        self.excluded.update(t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor))
+
+    def _forget(self, ident: int, key: int) -> None:
+        self.tensors.pop(ident, None)
+        nbytes, count = self.storages[key]
+        self.storages[key] = (nbytes, count - 1)
+        if count == 1:
+            del self.storages[key]
+            self.live -= nbytes
+            first = self.born.pop(key)
+            if key in self.excluded:  # its address may be reused by a storage that is not
+                self.excluded.discard(key)
+                self.left_out.append((first, len(self.samples), nbytes))
+
+    def _track(self, tensor: torch.Tensor) -> None:
+        if id(tensor) in self.tensors or isinstance(tensor, HostTensor) or tensor.numel() == 0:
+            return
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key in self.excluded and key not in self.storages:
+            return
+        nbytes, count = self.storages.get(key, (storage.nbytes(), 0))
+        if count == 0:
+            self.live += nbytes
+            self.born[key] = len(self.samples)
+        self.storages[key] = (nbytes, count + 1)
+        self.tensors[id(tensor)] = weakref.ref(tensor, lambda _, ident=id(tensor), key=key: self._forget(ident, key))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                self._track(tensor)
+        self.samples.append(self.live)
+        return out
+
+
+@contextlib.contextmanager
+def step_peak_bytes(engine) -> Iterator[list[int]]:
+    """Measure the peak of what the forward and autograd's backward run inside hold beyond the model states, on
+    CPU ranks (LiveBytes): memory_per_rank's total less its model_states is its prediction (the kept activations,
+    the backward's recomputed layer and MLP tile, its gradients of activations, the output-layer buffer). The
+    measurement ends with autograd's backward: ZeRO-1's gradient reduction, which engine.backward runs after it
+    (its flat buffers, with the activations freed), is not in the figure nor in the prediction; with gradient hooks
+    that reduce during the backward (ZeRO-2, overlap_comm) those are in. Left out over their whole life: the
+    parameters, every tensor that becomes a parameter's .grad (seen by a post-accumulate-grad hook, so a gradient
+    DeepSpeed later reduces and frees counts as held, as the predicted grads do) and DeepSpeed's gradient buffers
+    after it. ZeRO-3's gathered parameters are made inside, so they count. On exit the yielded list gets the
+    bytes. One dispatch per op in Python: meant for one micro-batch of the probed step."""
+    params = [param for param in engine.module.parameters() if param.requires_grad]
+    live = LiveBytes(param.untyped_storage().data_ptr() for param in params)
+
+    def accumulated(param: torch.nn.Parameter) -> None:
+        live.exclude([param.grad])
+        if not ending:  # autograd calls it once its backward is done, before engine.backward goes on
+            torch.autograd.Variable._execution_engine.queue_callback(live.close)
+            ending.append(True)
+
+    ending: list[bool] = []
+    hooks = [param.register_post_accumulate_grad_hook(accumulated) for param in params]
+    result: list[int] = []
+    try:
+        with live:
+            yield result
+    finally:
+        for hook in hooks:
+            hook.remove()
+    live.exclude([param.grad for param in params] + _gradient_buffer_tensors(engine, "accelerator")
+                 + _gradient_buffer_tensors(engine, "host"))
+    result.append(live.peak)
