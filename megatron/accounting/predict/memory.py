@@ -310,12 +310,44 @@ def backward_gradient_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
     return int(max(mlp, attention))
 
 
+def tied_output_gradient_bytes(config: GPTConfig, setup: TrainingSetup) -> int:
+    """The output layer's [vocab / tp, h] weight gradient autograd holds through the whole backward when the output
+    layer shares the word embeddings' weight (GPT-2's tied output, without a pipeline): the loss's backward makes it
+    first, and autograd keeps it until the embeddings' backward makes theirs and adds the two into the parameter's
+    gradient. 0 untied (--untie-embeddings-and-output-weights) or under a pipeline, where the first and the last stage
+    each hold their own copy of the weight and each gradient becomes that copy's .grad at once."""
+    if config.untie_embeddings_and_output_weights or setup.pipeline_parallel_size > 1:
+        return 0
+    return config.padded_vocab_size // setup.tensor_parallel_size * config.hidden_size * setup.element_bytes
+
+
+def embedding_backward_bytes(config: GPTConfig, setup: TrainingSetup, output_buffer: int) -> int:
+    """What the backward holds when it reaches a tied word embedding (tied_output_gradient_bytes, else 0), the layers'
+    activations freed by then: the output layer's held weight gradient and the embedding's dense [vocab / tp, h] one
+    before autograd adds them (their sum becomes the parameter's .grad, a model state), the gradient of the
+    embeddings' [t, b, h] output, the saved token (and position) ids, and on CPU ranks the logits buffer, which the
+    model keeps to the step's end (megatron/core/scratch.py). GPT-2's vocabulary on the tiny preset (seq 128,
+    micro-batch 4, fp32): 98.3 + 2 x 24.6 + 0.3 MiB, measured 147.6 (tests/test_tied_embedding_memory.py).
+    memory_per_rank takes the larger of this and the layers' phase. The held gradient is live in the layers' phase
+    too, but is not added there: at the byte vocabulary the layers' fitted terms (backward_gradient_bytes) already
+    cover it, and with it the DeepSpeed-Ulysses grid's tiled cells come out 13% over what they measure
+    (tests/test_long_sequence_levers.py)."""
+    held = tied_output_gradient_bytes(config, setup)
+    if not held:
+        return 0
+    tokens = config.seq_length // setup.sequence_parallel_size * setup.micro_batch_size
+    ids = (2 if config.learned_positions else 1) * 8 * tokens
+    kept_buffer = output_buffer if setup.device == "cpu" else 0
+    return 2 * held + tokens * config.hidden_size * setup.element_bytes + ids + kept_buffer
+
+
 def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> dict[str, int]:
     """Accelerator bytes one rank of pipeline `stage` needs: ZeRO model states (params, grads as DeepSpeed
     keeps them, optimizer states and their total; offloaded ones count 0), activations, the output-layer
     buffer (last stage only) and their total (the peak, with the one layer recomputed at a time under
     full recomputation, its input copied back from host memory under --checkpoint-in-cpu, the one MLP tile
-    under --tiled-mlp-compute, tiled_mlp_peak_bytes, and the backward's gradients, backward_gradient_bytes);
+    under --tiled-mlp-compute, tiled_mlp_peak_bytes, and the backward's gradients, backward_gradient_bytes; with a
+    tied output layer, the embedding's backward instead where it holds more, embedding_backward_bytes);
     the layer inputs --checkpoint-in-cpu keeps in host memory (activations_offloaded); and the bytes offloaded to host memory or NVMe: the offloaded states, and with the
     optimizer offloaded the fp32 gradient partition it steps with and, at stage 3, the gradient partition it
     accumulates in host memory. MoE: the rank's experts (each MoE layer's / EP) under the same ZeRO stage over
@@ -335,9 +367,10 @@ def memory_per_rank(config: GPTConfig, setup: TrainingSetup, stage: int = 0) -> 
         recomputed += int(layer_input_bytes(config, setup))
     recomputed += tiled_mlp_peak_bytes(config, setup) + backward_gradient_bytes(config, setup)
     buffer = output_layer_buffer_bytes(config, setup) if stage == setup.pipeline_parallel_size - 1 else 0
+    # the layers' phase or, with a tied output layer, the embedding's backward (embedding_backward_bytes)
+    peak = max(activations + recomputed + buffer, embedding_backward_bytes(config, setup, buffer))
     return dict(params=states["params"], grads=states["grads"], optim=states["optim"], model_states=states["total"],
-                activations=activations, output_buffer=buffer,
-                total=states["total"] + activations + recomputed + buffer,
+                activations=activations, output_buffer=buffer, total=states["total"] + peak,
                 offloaded=offloaded, activations_offloaded=offloaded_activation_bytes(config, setup, stage))
 
 
