@@ -120,7 +120,9 @@ def recompute_skips_mlp_output(config: GPTConfig, experts: int = 1) -> bool:
     saves its sum). Everything is rerun by DeepSpeed's reentrant checkpoint (--deepspeed-activation-checkpointing),
     with hidden dropout (it keeps its mask), in an MoE layer (the experts' combine keeps their outputs) and with
     --tiled-mlp-compute (the tiled MLP runs its whole forward before it saves its input). --checkpoint-in-cpu
-    recomputes as without it (tests/test_flops.py counts each case)."""
+    recomputes as without it (tests/test_flops.py counts each case). Not known here: at ZeRO-3 deepspeed.zero.Init
+    replaces F.linear process-wide with DeepSpeed's autograd function, which saves its input after its matmul, so
+    there the output matmul is rerun too (2 tokens f h a layer more than this counts)."""
     return (not config.recompute_with_deepspeed and config.hidden_dropout == 0.0 and experts == 1
             and not config.tiled_mlp_compute)
 
