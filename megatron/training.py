@@ -55,8 +55,8 @@ def get_batch(batch: dict, device: torch.device, eod: int, eod_mask_loss: bool, 
         return tokens, labels, position_ids, loss_mask
     part = tokens.shape[1] // sequence.size
     mine = slice(sequence.rank * part, (sequence.rank + 1) * part)
-    copies = (t[:, mine].clone(memory_format=torch.contiguous_format) for t in (tokens, labels, position_ids, loss_mask))
-    return tuple(copies)
+    return tuple(t[:, mine].clone(memory_format=torch.contiguous_format)
+                 for t in (tokens, labels, position_ids, loss_mask))
 
 
 def masked_mean_loss(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
