@@ -3,9 +3,11 @@ GPT model, DeepSpeed with our mpu and the pipeline form against their serial cou
 the parallel layout's rank order and errors. The checks of one world size run in one spawn of its ranks
 (the fixtures world_2, world_4); each test asserts on its check's result on every rank."""
 import datetime
+import faulthandler
 import json
 import os
 import socket
+import sys
 import traceback
 from pathlib import Path
 
@@ -43,12 +45,30 @@ def _free_port() -> int:
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
 
 
+def start_rank() -> None:
+    """A spawned rank that aborts in C++ prints every thread's Python stack first (faulthandler), so the test's
+    captured output says where it was."""
+    faulthandler.enable()
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    torch.set_num_threads(1)
+
+
+def leave_rank() -> None:
+    """End a spawned rank whose work is done and whose process group is destroyed, without tearing the
+    interpreter down. A backward that recomputes collectives (a checkpointed layer, DeepSpeed's TiledMLP) leaves
+    a reference to the gloo group in torch, so its worker threads outlive destroy_process_group and still run
+    while Python finalizes; once in CI that ended a finished rank with SIGABRT ("terminate called without an
+    active exception") and failed its test. Nothing is left to finalize: results are files or raised errors."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _worker(rank, world_size, port, checks, results_dir):
     """Run each of `checks` (name -> fn(rank, world_size)) in order on this rank, writing {name: None, or the
     failure} to results_dir/rank<rank>.json. After the first failure on any rank the ranks may no longer agree
     on which collective comes next, so the rest are not run (recorded as such)."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    torch.set_num_threads(1)
+    start_rank()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=COLLECTIVE_TIMEOUT)
     results, failed = {}, None
@@ -72,17 +92,18 @@ def _worker(rank, world_size, port, checks, results_dir):
     finally:
         (Path(results_dir) / f"rank{rank}.json").write_text(json.dumps(results))
         dist.destroy_process_group()
+    leave_rank()
 
 
 def _single_worker(rank, world_size, port, fn):
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    torch.set_num_threads(1)
+    start_rank()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
         fn(rank, world_size)
         dist.barrier()  # gloo's threads are torn down only once no rank still talks to them
     finally:
         dist.destroy_process_group()
+    leave_rank()
 
 
 def run_ranks(fn, world_size=2):
