@@ -223,3 +223,26 @@ def test_nvme_probe_goes_through_deepspeeds_aio_handle_when_the_engine_loaded_it
     assert compute_probe.nvme_bytes_per_s(str(tmp_path), aio) > 0
     assert handles == [(2**20, 4, False, True, 2)]  # block size, queue depth, single submit, overlap, threads
     assert list(tmp_path.iterdir()) == []
+
+
+def _timed_calls_on_each_rank(rank, world):
+    """Rank 0's calls take 0.25 s, so it alone would stop after 3 (BUDGET_S); rank 1's take 10 ms and would go on
+    to LAYER_REPEATS. Each call records when it started."""
+    starts = []
+
+    def call():
+        starts.append(time.monotonic())
+        time.sleep(0.25 if rank == 0 else 0.01)
+
+    compute_probe._median_seconds(call, CPU, compute_probe.LAYER_REPEATS)
+    counts = [None] * world
+    torch.distributed.all_gather_object(counts, len(starts))
+    assert counts == [1 + compute_probe.LAYER_REPEATS] * world  # the warm-up, then as many as the rank going on
+
+
+@pytest.mark.slow
+def test_the_ranks_time_their_calls_together_and_make_as_many():
+    """Every rank of a run probes at once: a rank whose calls are quick does not go on alone (nor wait at a
+    collective of the step the other has left), and the slow one makes as many calls."""
+    from test_tensor_parallel import run_ranks
+    run_ranks(_timed_calls_on_each_rank)

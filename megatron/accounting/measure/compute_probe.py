@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
+import torch.distributed as dist
 
 from megatron.core.tensor_parallel import (
     ColumnParallelLinear,
@@ -54,11 +55,13 @@ BUDGET_S = 0.5  # a timing stops repeating after this long (at least 3 repeats):
 
 def _median_seconds(fn, device: torch.device, repeats: int) -> float:
     """Median seconds of `fn` over up to `repeats` calls after one warm-up (which takes the first call's
-    one-time costs: kernels chosen, buffers allocated)."""
+    one-time costs: kernels chosen, buffers allocated). With a process group every rank starts each call together
+    and all make as many calls (_in_step), so each call is timed while every rank runs the same work, as the
+    ranks of a step do between its collectives."""
     cuda = device.type == "cuda"
     fn()
     seconds = []
-    while len(seconds) < repeats and (len(seconds) < 3 or sum(seconds) < BUDGET_S):
+    while len(seconds) < repeats and _in_step(len(seconds) < 3 or sum(seconds) < BUDGET_S):
         if cuda:
             torch.cuda.synchronize(device)
         start = time.perf_counter()
@@ -67,6 +70,18 @@ def _median_seconds(fn, device: torch.device, repeats: int) -> float:
             torch.cuda.synchronize(device)
         seconds.append(time.perf_counter() - start)
     return statistics.median(seconds)
+
+
+def _in_step(go_on: bool) -> bool:
+    """Whether every rank goes on (any rank's wish to go on is every rank's), the ranks leaving together: a
+    rank that ran ahead would otherwise time its calls on cores the others no longer share with it (the 2-core
+    box's 4 ranks probed the same layer at 44 to 72 GFLOP/s from one run to the next)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return go_on
+    on_cuda = dist.get_backend() == "nccl"
+    flag = torch.tensor([float(go_on)], device=torch.device("cuda", torch.cuda.current_device()) if on_cuda else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _sizes(sizes: dict[str, tuple[int, ...]], device: torch.device) -> tuple[int, ...]:
