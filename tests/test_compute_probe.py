@@ -227,16 +227,16 @@ def test_nvme_probe_goes_through_deepspeeds_aio_handle_when_the_engine_loaded_it
 
 def _timed_calls_on_each_rank(rank, world):
     """Rank 0's calls take 0.25 s, so it alone would stop after 3 (BUDGET_S); rank 1's take 10 ms and would go on
-    to LAYER_REPEATS. Each call records when it started."""
-    starts = []
+    to LAYER_REPEATS."""
+    calls = []
 
     def call():
-        starts.append(time.monotonic())
+        calls.append(rank)
         time.sleep(0.25 if rank == 0 else 0.01)
 
     compute_probe._median_seconds(call, CPU, compute_probe.LAYER_REPEATS)
     counts = [None] * world
-    torch.distributed.all_gather_object(counts, len(starts))
+    torch.distributed.all_gather_object(counts, len(calls))
     assert counts == [1 + compute_probe.LAYER_REPEATS] * world  # the warm-up, then as many as the rank going on
 
 

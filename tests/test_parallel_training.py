@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from conftest import PARALLEL_ITERS, PARALLEL_LAYOUTS, REPO_ROOT, TP2, free_port, parallel_pretrain, test_env
 from megatron.model import GPTConfig, GPTModel, ModelConfigError
 from megatron.accounting import count_parameters, parameters_on_rank
-from test_tensor_parallel import leave_rank, start_rank
+from test_tensor_parallel import _single_worker
 
 pytestmark = pytest.mark.slow
 
@@ -117,14 +117,8 @@ def test_tp2_pp2_checkpoint_holds_each_tp_rank_s_half(tp2_pp2_runs):
 # --- sequence parallelism inside the model, on 2 real gloo ranks (seconds, no DeepSpeed) ---
 
 def _spawned(rank, world, port, fn):
-    start_rank()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        fn(rank)
-        dist.barrier()  # gloo's threads are torn down only once no rank still talks to them
-    finally:
-        dist.destroy_process_group()
-    leave_rank()
+    """test_tensor_parallel's rank, for a check that takes its rank only."""
+    _single_worker(rank, world, port, lambda rank, _: fn(rank))
 
 
 def _sp_config(**overrides):
